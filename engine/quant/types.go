@@ -1,0 +1,123 @@
+// Package quant holds the ggml tensor types that kvasir reads and computes
+// with, their block layouts, (de)quantisation, the activation conversions that
+// llama.cpp's CPU backend applies before each matrix product, and the dot
+// product / matrix product kernels.
+//
+// Block layouts follow llama.cpp ggml/src/ggml-common.h at commit
+// 3f545beccee69d9975f466ec7e45fd9aacd8ba90.
+package quant
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Type is a ggml tensor type id (enum ggml_type in ggml/include/ggml.h). The
+// numeric values are the ones stored in GGUF tensor infos.
+type Type uint32
+
+// ggml type ids (ggml.h). Only the types listed in blockInfo are known to this
+// package; Supported reports which ones it can compute with.
+const (
+	F32  Type = 0
+	F16  Type = 1
+	Q4_0 Type = 2
+	Q4_1 Type = 3
+	Q5_0 Type = 6
+	Q5_1 Type = 7
+	Q8_0 Type = 8
+	Q8_1 Type = 9
+	Q2_K Type = 10
+	Q3_K Type = 11
+	Q4_K Type = 12
+	Q5_K Type = 13
+	Q6_K Type = 14
+	Q8_K Type = 15
+	BF16 Type = 30
+)
+
+// QK_K is the super-block size of the K-quants (ggml-common.h).
+const QK_K = 256
+
+type blockInfo struct {
+	name   string
+	elems  int // elements per block
+	bytes  int // bytes per block
+	vecDot Type
+}
+
+// Block sizes from ggml-common.h (static_asserts next to each block_* struct).
+var blockInfos = map[Type]blockInfo{
+	F32:  {"F32", 1, 4, F32},
+	F16:  {"F16", 1, 2, F16},
+	BF16: {"BF16", 1, 2, BF16},
+	Q4_0: {"Q4_0", 32, 2 + 16, Q8_0},
+	Q4_1: {"Q4_1", 32, 2 + 2 + 16, Q8_1},
+	Q5_0: {"Q5_0", 32, 2 + 4 + 16, Q8_0},
+	Q5_1: {"Q5_1", 32, 2 + 2 + 4 + 16, Q8_1},
+	Q8_0: {"Q8_0", 32, 2 + 32, Q8_0},
+	Q8_1: {"Q8_1", 32, 2 + 2 + 32, Q8_1},
+	Q2_K: {"Q2_K", QK_K, QK_K/16 + QK_K/4 + 2 + 2, Q8_K},
+	Q3_K: {"Q3_K", QK_K, QK_K/8 + QK_K/4 + 12 + 2, Q8_K},
+	Q4_K: {"Q4_K", QK_K, 2 + 2 + 12 + QK_K/2, Q8_K},
+	Q5_K: {"Q5_K", QK_K, 2 + 2 + 12 + QK_K/8 + QK_K/2, Q8_K},
+	Q6_K: {"Q6_K", QK_K, QK_K/2 + QK_K/4 + QK_K/16 + 2, Q8_K},
+	Q8_K: {"Q8_K", QK_K, 4 + QK_K + QK_K/16*2, Q8_K},
+}
+
+// Known reports whether t is a type whose block layout this package knows.
+func (t Type) Known() bool { _, ok := blockInfos[t]; return ok }
+
+// Supported reports whether weights of type t can be dequantised and used in
+// matrix products (the types of llama.cpp's Q4_K_M, Q5_K_M, Q6_K and Q8_0
+// quantisations of Qwen MoE models).
+func (t Type) Supported() bool {
+	switch t {
+	case F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K:
+		return true
+	}
+	return false
+}
+
+// String returns the ggml name of the type ("Q4_K"), or "type(N)" if unknown.
+func (t Type) String() string {
+	if b, ok := blockInfos[t]; ok {
+		return b.name
+	}
+	return fmt.Sprintf("type(%d)", uint32(t))
+}
+
+// BlockSize returns the number of elements per block (1 for float types), or 0
+// for an unknown type.
+func (t Type) BlockSize() int { return blockInfos[t].elems }
+
+// BlockBytes returns the number of bytes per block, or 0 for an unknown type.
+func (t Type) BlockBytes() int { return blockInfos[t].bytes }
+
+// VecDotType returns the type that llama.cpp's CPU backend converts
+// activations to before a matrix product with weights of type t
+// (type_traits_cpu[t].vec_dot_type in ggml/src/ggml-cpu/ggml-cpu.c).
+func (t Type) VecDotType() Type { return blockInfos[t].vecDot }
+
+// RowBytes returns the bytes taken by n elements of type t. It fails when t is
+// unknown or n is not a multiple of the block size.
+func (t Type) RowBytes(n int) (int, error) {
+	b, ok := blockInfos[t]
+	if !ok {
+		return 0, fmt.Errorf("quant: unknown tensor type %d", uint32(t))
+	}
+	if n < 0 || n%b.elems != 0 {
+		return 0, fmt.Errorf("quant: %d elements is not a multiple of the %s block size %d", n, b.name, b.elems)
+	}
+	return n / b.elems * b.bytes, nil
+}
+
+// ParseType parses a ggml type name such as "Q4_K" or "f16" (case-insensitive).
+func ParseType(s string) (Type, error) {
+	for t, b := range blockInfos {
+		if strings.EqualFold(b.name, s) {
+			return t, nil
+		}
+	}
+	return 0, fmt.Errorf("quant: unknown tensor type %q", s)
+}

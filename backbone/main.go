@@ -1,0 +1,59 @@
+// Command backbone is kvasir's headless server: it generates and slices
+// models, decodes, and runs the swarm roles (hub, gateway, worker, dispatch).
+//
+// Usage: backbone <command> [flags]. Each command lives in its own cmd_*.go
+// file and registers itself in commands.
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+)
+
+// command is one backbone subcommand. run receives the arguments after the
+// command name and returns the process exit code.
+type command struct {
+	summary string
+	run     func(args []string) int
+}
+
+// commands is filled by the init functions of the cmd_*.go files.
+var commands = map[string]command{}
+
+func register(name, summary string, run func(args []string) int) {
+	if _, dup := commands[name]; dup {
+		panic("backbone: command registered twice: " + name)
+	}
+	commands[name] = command{summary: summary, run: run}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: backbone <command> [flags]\n\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(os.Stderr, "\nRun 'backbone <command> -h' for the flags of one command.")
+}
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage()
+		if len(os.Args) < 2 {
+			os.Exit(2)
+		}
+		return
+	}
+	c, ok := commands[os.Args[1]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "backbone: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	os.Exit(c.run(os.Args[2:]))
+}

@@ -71,8 +71,16 @@ const Magic = "GGUF"
 const DefaultAlignment = 32
 
 // KeyAlignment is the metadata key that overrides DefaultAlignment; its value
-// must be an unsigned integer power of two.
+// must be an unsigned integer power of two, at most MaxAlignment.
 const KeyAlignment = "general.alignment"
+
+// MaxAlignment is the largest general.alignment accepted, 1 GiB (a sanity
+// bound; ggml stores it as uint32).
+const MaxAlignment = 1 << 30
+
+// MaxNameBytes is the longest tensor name read or written, 63 bytes
+// (GGML_MAX_NAME = 64 including the NUL, ggml.h; gguf.cpp refuses longer).
+const MaxNameBytes = 63
 
 // MaxDims is the most dimensions a tensor may have (GGML_MAX_DIMS, ggml.h).
 const MaxDims = 4

@@ -107,18 +107,14 @@ func (d *decoder) u64(field string) (uint64, error) {
 
 // str reads a GGUF string: uint64 length, then that many bytes (copied).
 func (d *decoder) str(field string) (string, error) {
-	start := d.off
 	n, err := d.u64(field + " length")
 	if err != nil {
 		return "", err
 	}
-	if n > d.left() {
-		err := d.truncated(field, n)
-		d.off = start
-		return "", fmt.Errorf("%w (string length %d at offset %d)", err, n, start)
+	p, err := d.take(n, field)
+	if err != nil {
+		return "", err
 	}
-	p := d.b[d.off : d.off+n]
-	d.off += n
 	return string(p), nil
 }
 
@@ -210,9 +206,9 @@ func (d *decoder) parse(f *File) error {
 
 	f.Alignment = DefaultAlignment
 	if v, ok := f.Value(KeyAlignment); ok {
-		a, isUint := v.Uint()
-		if !isUint || a == 0 || a&(a-1) != 0 {
-			return fmt.Errorf("%w: %s = %v (%s), want an unsigned power of two", ErrMalformed, KeyAlignment, v, v.TypeName())
+		a, err := checkAlignment(v)
+		if err != nil {
+			return err
 		}
 		f.Alignment = a
 	}
@@ -245,8 +241,8 @@ func (d *decoder) parse(f *File) error {
 	size := uint64(len(d.b))
 	for _, ti := range f.Tensors {
 		if f.DataOffset > size || ti.Offset > size-f.DataOffset || ti.Size > size-f.DataOffset-ti.Offset {
-			return fmt.Errorf("%w: tensor %q (%s, ne %v) at data offset %d + %d, %d bytes, ends past the end of the file (%d bytes)",
-				ErrTensorBounds, ti.Name, ti.Type, ti.Dims, f.DataOffset, ti.Offset, ti.Size, size)
+			return &boundsError{fmt.Sprintf("%v: tensor %q (%s, ne %v, %d bytes) at data section %d + offset %d ends past the end of the file (%d bytes); truncated file?",
+				ErrTensorBounds, ti.Name, ti.Type, ti.Dims, ti.Size, f.DataOffset, ti.Offset, size)}
 		}
 	}
 	return nil
@@ -260,6 +256,9 @@ func (d *decoder) tensorInfo(alignment uint64) (TensorInfo, error) {
 	}
 	ti.Name = name
 	d.where = fmt.Sprintf("%s (%q)", d.where, name)
+	if len(name) > MaxNameBytes {
+		return ti, d.malformed("tensor name is %d bytes, at most %d allowed", len(name), MaxNameBytes)
+	}
 	nDims, err := d.u32("dimension count")
 	if err != nil {
 		return ti, err
@@ -294,7 +293,7 @@ func (d *decoder) tensorInfo(alignment uint64) (TensorInfo, error) {
 	}
 	ti.Size, err = tensorSize(ti.Type, ti.Dims)
 	if err != nil {
-		return ti, fmt.Errorf("%w: tensor %q: %v", ErrTensorBounds, name, err)
+		return ti, fmt.Errorf("%w (tensor %q)", err, name)
 	}
 	return ti, nil
 }
@@ -307,7 +306,7 @@ func tensorSize(t quant.Type, dims []uint64) (uint64, error) {
 	for _, ne := range dims {
 		hi, lo := bits.Mul64(elems, ne)
 		if hi != 0 || lo > math.MaxInt64 {
-			return 0, fmt.Errorf("element count of ne %v overflows int64", dims)
+			return 0, fmt.Errorf("%w: element count of ne %v overflows int64", ErrTensorBounds, dims)
 		}
 		elems = lo
 	}
@@ -316,7 +315,7 @@ func tensorSize(t quant.Type, dims []uint64) (uint64, error) {
 		ne0 = dims[0]
 	}
 	if ne0 > math.MaxInt {
-		return 0, fmt.Errorf("ne[0] = %d too large", ne0)
+		return 0, fmt.Errorf("%w: ne[0] = %d too large", ErrTensorBounds, ne0)
 	}
 	rb, err := t.RowBytes(int(ne0))
 	if err != nil {
@@ -326,7 +325,7 @@ func tensorSize(t quant.Type, dims []uint64) (uint64, error) {
 	for _, ne := range dims[min(1, len(dims)):] {
 		hi, lo := bits.Mul64(size, ne)
 		if hi != 0 || lo > math.MaxInt64 {
-			return 0, fmt.Errorf("byte size of %s ne %v overflows int64", t, dims)
+			return 0, fmt.Errorf("%w: byte size of %s ne %v overflows int64", ErrTensorBounds, t, dims)
 		}
 		size = lo
 	}
@@ -474,4 +473,22 @@ func decodeN[T any](p []byte, n, size int, f func([]byte) T) []T {
 		out[i] = f(p[i*size : i*size+size])
 	}
 	return out
+}
+
+// boundsError is a tensor lying past the end of the file: it matches both
+// ErrTensorBounds and ErrTruncated, since a truncated file and a bad offset
+// cannot be told apart.
+type boundsError struct{ msg string }
+
+func (e *boundsError) Error() string   { return e.msg }
+func (e *boundsError) Unwrap() []error { return []error{ErrTensorBounds, ErrTruncated} }
+
+// checkAlignment validates a general.alignment value.
+func checkAlignment(v Value) (uint64, error) {
+	a, isUint := v.Uint()
+	if v.Type() == TypeArray || !isUint || a == 0 || a&(a-1) != 0 || a > MaxAlignment {
+		return 0, fmt.Errorf("%w: %s = %v (%s), want an unsigned integer power of two <= %d",
+			ErrMalformed, KeyAlignment, v, v.TypeName(), MaxAlignment)
+	}
+	return a, nil
 }

@@ -13,10 +13,6 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
-// MaxNameBytes is the longest tensor name the Writer accepts, 63 bytes
-// (GGML_MAX_NAME = 64 including the NUL, ggml.h; llama.cpp refuses longer).
-const MaxNameBytes = 63
-
 // Writer builds a GGUF v3 little-endian file: metadata in the order first
 // set, tensors in the order added, each tensor's data padded with zeros to
 // the alignment (general.alignment if set, else DefaultAlignment), as
@@ -74,13 +70,16 @@ func (w *Writer) SetInt32s(key string, v []int32) { w.Set(key, Array(v)) }
 func (w *Writer) SetFloat32s(key string, v []float32) { w.Set(key, Array(v)) }
 
 // AddTensor appends a tensor of type t with ggml dims ne (innermost first,
-// 1..MaxDims entries) and its raw bytes, which must be exactly
+// 0..MaxDims entries; no entries is a single element) and its raw bytes, which must be exactly
 // t.RowBytes(ne[0]) * ne[1] * ... long. data is not copied and must stay
-// unchanged until WriteTo returns. Errors: empty, over-long (MaxNameBytes)
-// or duplicate name; unknown type (ErrTensorType); bad dims or data length.
+// unchanged until WriteTo returns. Errors: over-long (MaxNameBytes) or
+// duplicate name; unknown type (ErrTensorType); more than MaxDims dims or
+// ne[0] not a multiple of the block size (ErrMalformed); overflowing size
+// (ErrTensorBounds); wrong data length. The Writer accepts exactly the
+// tensor infos that Parse accepts.
 func (w *Writer) AddTensor(name string, t quant.Type, dims []uint64, data []byte) error {
-	if name == "" || len(name) > MaxNameBytes {
-		return fmt.Errorf("gguf: tensor name %q must be 1..%d bytes", name, MaxNameBytes)
+	if len(name) > MaxNameBytes {
+		return fmt.Errorf("gguf: tensor name %q is longer than %d bytes", name, MaxNameBytes)
 	}
 	if _, dup := w.tIndex[name]; dup {
 		return fmt.Errorf("gguf: duplicate tensor %q", name)
@@ -88,12 +87,12 @@ func (w *Writer) AddTensor(name string, t quant.Type, dims []uint64, data []byte
 	if !t.Known() {
 		return fmt.Errorf("%w: tensor %q has type id %d", ErrTensorType, name, uint32(t))
 	}
-	if len(dims) == 0 || len(dims) > MaxDims {
-		return fmt.Errorf("gguf: tensor %q has %d dims, want 1..%d", name, len(dims), MaxDims)
+	if len(dims) > MaxDims {
+		return fmt.Errorf("%w: tensor %q has %d dims, at most %d allowed", ErrMalformed, name, len(dims), MaxDims)
 	}
 	size, err := tensorSize(t, dims)
 	if err != nil {
-		return fmt.Errorf("gguf: tensor %q: %w", name, err)
+		return fmt.Errorf("%w (tensor %q)", err, name)
 	}
 	if uint64(len(data)) != size {
 		return fmt.Errorf("gguf: tensor %q (%s, ne %v) needs %d bytes of data, got %d", name, t, dims, size, len(data))
@@ -113,11 +112,7 @@ func (w *Writer) alignment() (uint64, error) {
 		return DefaultAlignment, nil
 	}
 	v := w.kvs[i].Value
-	a, isUint := v.Uint()
-	if !isUint || a == 0 || a&(a-1) != 0 || a > 1<<30 {
-		return 0, fmt.Errorf("%w: %s = %v (%s), want an unsigned power of two <= 2^30", ErrKeyType, KeyAlignment, v, v.TypeName())
-	}
-	return a, nil
+	return checkAlignment(v)
 }
 
 func padTo(n, align uint64) uint64 { return (n + align - 1) / align * align }

@@ -8,8 +8,23 @@
 package quant
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"strings"
+)
+
+// Sentinel errors; functions of this package wrap them with details
+// (test with errors.Is).
+var (
+	// ErrUnknownType: the type id or name is not a ggml type this package knows.
+	ErrUnknownType = errors.New("quant: unknown tensor type")
+	// ErrUnsupported: the type is known but cannot be used for this operation
+	// (e.g. Q2_K weights, or Q8_K as a weight type in VecDot).
+	ErrUnsupported = errors.New("quant: unsupported tensor type for this operation")
+	// ErrSize: an element count is not a multiple of the block size, or a
+	// buffer does not have the length the element count requires.
+	ErrSize = errors.New("quant: bad size")
 )
 
 // Type is a ggml tensor type id (enum ggml_type in ggml/include/ggml.h). The
@@ -47,7 +62,7 @@ type blockInfo struct {
 }
 
 // Block sizes from ggml-common.h (static_asserts next to each block_* struct).
-var blockInfos = map[Type]blockInfo{
+var blockInfos = [...]blockInfo{
 	F32:  {"F32", 1, 4, F32},
 	F16:  {"F16", 1, 2, F16},
 	BF16: {"BF16", 1, 2, BF16},
@@ -66,7 +81,16 @@ var blockInfos = map[Type]blockInfo{
 }
 
 // Known reports whether t is a type whose block layout this package knows.
-func (t Type) Known() bool { _, ok := blockInfos[t]; return ok }
+func (t Type) Known() bool { _, ok := t.info(); return ok }
+
+// info returns the block description of t (array lookup: used per row in
+// the kernels).
+func (t Type) info() (blockInfo, bool) {
+	if uint64(t) >= uint64(len(blockInfos)) || blockInfos[t].elems == 0 {
+		return blockInfo{}, false
+	}
+	return blockInfos[t], true
+}
 
 // Supported reports whether weights of type t can be dequantised and used in
 // matrix products (the types of llama.cpp's Q4_K_M, Q5_K_M, Q6_K and Q8_0
@@ -81,7 +105,7 @@ func (t Type) Supported() bool {
 
 // String returns the ggml name of the type ("Q4_K"), or "type(N)" if unknown.
 func (t Type) String() string {
-	if b, ok := blockInfos[t]; ok {
+	if b, ok := t.info(); ok {
 		return b.name
 	}
 	return fmt.Sprintf("type(%d)", uint32(t))
@@ -89,35 +113,41 @@ func (t Type) String() string {
 
 // BlockSize returns the number of elements per block (1 for float types), or 0
 // for an unknown type.
-func (t Type) BlockSize() int { return blockInfos[t].elems }
+func (t Type) BlockSize() int { b, _ := t.info(); return b.elems }
 
 // BlockBytes returns the number of bytes per block, or 0 for an unknown type.
-func (t Type) BlockBytes() int { return blockInfos[t].bytes }
+func (t Type) BlockBytes() int { b, _ := t.info(); return b.bytes }
 
 // VecDotType returns the type that llama.cpp's CPU backend converts
 // activations to before a matrix product with weights of type t
 // (type_traits_cpu[t].vec_dot_type in ggml/src/ggml-cpu/ggml-cpu.c).
-func (t Type) VecDotType() Type { return blockInfos[t].vecDot }
+// It returns 0 (F32) for an unknown type.
+func (t Type) VecDotType() Type { b, _ := t.info(); return b.vecDot }
 
-// RowBytes returns the bytes taken by n elements of type t. It fails when t is
-// unknown or n is not a multiple of the block size.
+// RowBytes returns the bytes taken by n elements of type t. It fails with
+// ErrUnknownType when t is unknown and ErrSize when n is negative or not a
+// multiple of the block size.
 func (t Type) RowBytes(n int) (int, error) {
-	b, ok := blockInfos[t]
+	b, ok := t.info()
 	if !ok {
-		return 0, fmt.Errorf("quant: unknown tensor type %d", uint32(t))
+		return 0, fmt.Errorf("%w: id %d", ErrUnknownType, uint32(t))
 	}
 	if n < 0 || n%b.elems != 0 {
-		return 0, fmt.Errorf("quant: %d elements is not a multiple of the %s block size %d", n, b.name, b.elems)
+		return 0, fmt.Errorf("%w: %d elements is not a multiple of the %s block size %d", ErrSize, n, b.name, b.elems)
+	}
+	if n/b.elems > math.MaxInt/b.bytes {
+		return 0, fmt.Errorf("%w: %d elements of %s overflow int", ErrSize, n, b.name)
 	}
 	return n / b.elems * b.bytes, nil
 }
 
-// ParseType parses a ggml type name such as "Q4_K" or "f16" (case-insensitive).
+// ParseType parses a ggml type name such as "Q4_K" or "f16" (case-insensitive);
+// unknown names give ErrUnknownType.
 func ParseType(s string) (Type, error) {
 	for t, b := range blockInfos {
-		if strings.EqualFold(b.name, s) {
-			return t, nil
+		if b.elems != 0 && strings.EqualFold(b.name, s) {
+			return Type(t), nil
 		}
 	}
-	return 0, fmt.Errorf("quant: unknown tensor type %q", s)
+	return 0, fmt.Errorf("%w: %q", ErrUnknownType, s)
 }

@@ -1,0 +1,107 @@
+package quant
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+)
+
+// ParallelFor splits [0, n) into min(threads, n) contiguous chunks of
+// near-equal size and calls fn(lo, hi) for each on its own goroutine (the
+// calling goroutine runs the first), returning when all are done.
+// threads <= 0 means runtime.GOMAXPROCS(0). n <= 0 calls nothing.
+func ParallelFor(n, threads int, fn func(lo, hi int)) {
+	if n <= 0 {
+		return
+	}
+	if threads <= 0 {
+		threads = runtime.GOMAXPROCS(0)
+	}
+	threads = min(threads, n)
+	if threads == 1 {
+		fn(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	for t := 1; t < threads; t++ {
+		lo, hi := n*t/threads, n*(t+1)/threads
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(lo, hi)
+		}()
+	}
+	fn(0, n/threads)
+	wg.Wait()
+}
+
+// MatMul computes y = x . W^T: x is m x cols float32 (row-major), W is rows x
+// cols of type weight (row r at bytes [r*RowBytes(cols), (r+1)*RowBytes(cols))),
+// y is m x rows float32 (row-major). Each x row is converted once with
+// ConvertActivation, then output rows are split over threads goroutines
+// (<= 0: GOMAXPROCS). Every y element is one VecDot call, so the result is
+// bit-identical for any m and any thread count. Errors: ErrUnknownType,
+// ErrUnsupported, ErrSize (a length that does not match the shapes).
+func MatMul(weight Type, w []byte, rows, cols int, x []float32, m int, y []float32, threads int) error {
+	if m < 0 || rows < 0 || cols < 0 {
+		return fmt.Errorf("%w: negative shape m=%d rows=%d cols=%d", ErrSize, m, rows, cols)
+	}
+	ab, err := ActivationBytes(weight, cols)
+	if err != nil {
+		return err
+	}
+	if m > 0 && cols > math.MaxInt/m || m > 0 && ab > math.MaxInt/m {
+		return fmt.Errorf("%w: m=%d x cols=%d overflows", ErrSize, m, cols)
+	}
+	if len(x) != m*cols {
+		return fmt.Errorf("%w: x has %d floats, want m*cols = %d*%d", ErrSize, len(x), m, cols)
+	}
+	xc := make([]byte, m*ab)
+	for i := range m {
+		if err := ConvertActivation(weight, x[i*cols:(i+1)*cols], xc[i*ab:(i+1)*ab]); err != nil {
+			return err
+		}
+	}
+	return MatMulConverted(weight, w, rows, cols, xc, m, y, threads)
+}
+
+// MatMulConverted is MatMul with x already converted: xc holds m rows of
+// ActivationBytes(weight, cols) bytes each. Same shapes, order and errors.
+func MatMulConverted(weight Type, w []byte, rows, cols int, xc []byte, m int, y []float32, threads int) error {
+	if m < 0 || rows < 0 || cols < 0 {
+		return fmt.Errorf("%w: negative shape m=%d rows=%d cols=%d", ErrSize, m, rows, cols)
+	}
+	rb, err := weight.RowBytes(cols)
+	if err != nil {
+		return err
+	}
+	ab, err := ActivationBytes(weight, cols)
+	if err != nil {
+		return err
+	}
+	if rows > 0 && rb > math.MaxInt/rows || m > 0 && ab > math.MaxInt/m || m > 0 && rows > math.MaxInt/m {
+		return fmt.Errorf("%w: shapes overflow (rows=%d cols=%d m=%d)", ErrSize, rows, cols, m)
+	}
+	if len(w) != rows*rb {
+		return fmt.Errorf("%w: weights have %d bytes, %d x %d %s need %d", ErrSize, len(w), rows, cols, weight, rows*rb)
+	}
+	if len(xc) != m*ab {
+		return fmt.Errorf("%w: converted activations have %d bytes, want %d x %d", ErrSize, len(xc), m, ab)
+	}
+	if len(y) != m*rows {
+		return fmt.Errorf("%w: y has %d floats, want m*rows = %d*%d", ErrSize, len(y), m, rows)
+	}
+	if m == 0 || rows == 0 {
+		return nil
+	}
+	ParallelFor(rows, threads, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			wr := w[r*rb : (r+1)*rb]
+			for i := range m {
+				y[i*rows+r] = vecDot(weight, wr, xc[i*ab:(i+1)*ab], cols)
+			}
+		}
+	})
+	return nil
+}

@@ -1,0 +1,526 @@
+package wire
+
+import (
+	"crypto/ed25519"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"unicode/utf8"
+)
+
+// Sentinel errors returned (wrapped) by the decoder. Any of them means the
+// message is invalid and the receiver closes the session with the reason.
+var (
+	ErrTruncated = errors.New("wire: truncated frame")
+	ErrTooLarge  = errors.New("wire: frame too large")
+	ErrMagic     = errors.New("wire: bad magic")
+	ErrVersion   = errors.New("wire: unsupported protocol version")
+	ErrType      = errors.New("wire: unknown frame type")
+	ErrShape     = errors.New("wire: shape does not match the model")
+	ErrRange     = errors.New("wire: value out of range")
+	ErrNotHeld   = errors.New("wire: expert not held")
+	ErrTrailing  = errors.New("wire: trailing bytes after frame")
+	ErrString    = errors.New("wire: invalid string")
+)
+
+// Limits are the model shapes a decoder validates DISPATCH, RESULT, HELLO and
+// WELCOME frames against. The backbone knows them from its model; a worker
+// learns them from WELCOME.
+type Limits struct {
+	D       int // hidden size d (floats per row), > 0 for DISPATCH/RESULT
+	K       int // experts per row (top-k routing), > 0 for DISPATCH
+	NLayer  int // number of layers; layer ids are in [0, NLayer)
+	NExpert int // experts per layer; expert ids are in [0, NExpert)
+	// MaxRows bounds n in DISPATCH and m in RESULT (m <= MaxRows*K); 0 means
+	// only MaxMessage bounds them.
+	MaxRows int
+	// Holds, when non-nil, reports whether the receiver holds (layer, expert);
+	// a DISPATCH naming an expert it does not hold fails with ErrNotHeld.
+	Holds func(layer, expert int) bool
+}
+
+// Frame is one decoded protocol frame: *Hello, *Welcome, *Dispatch, *Result,
+// *Error, *Ping, *Pong or *Pause.
+type Frame interface {
+	// Type is the frame's type byte.
+	Type() Type
+	// Append appends the whole encoded message (header and payload) to b and
+	// returns the extended slice.
+	Append(b []byte) []byte
+}
+
+// Holding is one expert a worker holds: (layer, expert) and the SHA-256 of
+// the expert's bytes as stored in its slice.
+type Holding struct {
+	Layer  uint16
+	Expert uint32
+	SHA256 [32]byte
+}
+
+// Hello is the worker's first message: who it is and what it holds.
+type Hello struct {
+	Key      ed25519.PublicKey // 32 bytes, must equal the key that signed the upgrade
+	ModelID  string            // model identity, <= MaxModelID bytes of UTF-8
+	Backend  string            // e.g. "cpu-avx2", <= MaxBackend bytes of UTF-8
+	Threads  uint16            // compute threads the worker uses
+	Holdings []Holding         // <= MaxHoldings entries, no duplicates
+}
+
+// Welcome is the backbone's answer to HELLO: the session id and model shapes.
+type Welcome struct {
+	Session  string // hub-assigned session id, <= MaxSession bytes
+	D        uint32 // hidden size
+	K        uint16 // experts per row
+	NLayer   uint16 // layers
+	NExpert  uint32 // experts per layer
+	Accepted uint32 // holdings the backbone accepted (hash and range checked)
+}
+
+// Dispatch asks a worker to compute the experts of one layer for N rows.
+// Hidden is N x D float32 row-major; IDs is N x K int32 row-major, where -1
+// marks a slot this worker must not compute. The RESULT carries one output
+// row (D floats) per id != -1, in row-major (row, slot) order.
+type Dispatch struct {
+	Request uint64
+	Layer   uint16
+	N, D, K int
+	Hidden  []float32
+	IDs     []int32
+}
+
+// Result is a worker's answer: M output rows of D float32, M being the count
+// of ids != -1 in the DISPATCH with the same Request.
+type Result struct {
+	Request uint64
+	M, D    int
+	Out     []float32
+}
+
+// Error reports a failure; Request is 0 when it concerns no request.
+type Error struct {
+	Request uint64
+	Code    uint16
+	Message string // <= MaxErrorMsg bytes of UTF-8
+}
+
+// Ping asks for a Pong; Time is the sender's clock in unix nanoseconds.
+type Ping struct{ Time int64 }
+
+// Pong echoes a Ping's Time, giving the sender the round-trip time.
+type Pong struct{ Time int64 }
+
+// Pause tells the backbone whether the worker takes new work.
+type Pause struct{ Paused bool }
+
+// Type implementations.
+func (*Hello) Type() Type    { return TypeHello }
+func (*Welcome) Type() Type  { return TypeWelcome }
+func (*Dispatch) Type() Type { return TypeDispatch }
+func (*Result) Type() Type   { return TypeResult }
+func (*Error) Type() Type    { return TypeError }
+func (*Ping) Type() Type     { return TypePing }
+func (*Pong) Type() Type     { return TypePong }
+func (*Pause) Type() Type    { return TypePause }
+
+var le = binary.LittleEndian
+
+func appendHeader(b []byte, t Type) []byte {
+	b = append(b, Magic)
+	b = le.AppendUint16(b, Version)
+	return append(b, byte(t))
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = le.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+// AppendFloats appends v as little-endian float32 bits.
+func AppendFloats(b []byte, v []float32) []byte {
+	for _, f := range v {
+		b = le.AppendUint32(b, math.Float32bits(f))
+	}
+	return b
+}
+
+// Append encodes the HELLO. Strings longer than their maximum are truncated.
+func (h *Hello) Append(b []byte) []byte {
+	b = appendHeader(b, TypeHello)
+	var key [ed25519.PublicKeySize]byte
+	copy(key[:], h.Key)
+	b = append(b, key[:]...)
+	b = appendStr(b, clip(h.ModelID, MaxModelID))
+	b = appendStr(b, clip(h.Backend, MaxBackend))
+	b = le.AppendUint16(b, h.Threads)
+	b = le.AppendUint32(b, uint32(len(h.Holdings)))
+	for _, x := range h.Holdings {
+		b = le.AppendUint16(b, x.Layer)
+		b = le.AppendUint32(b, x.Expert)
+		b = append(b, x.SHA256[:]...)
+	}
+	return b
+}
+
+// Append encodes the WELCOME.
+func (w *Welcome) Append(b []byte) []byte {
+	b = appendHeader(b, TypeWelcome)
+	b = appendStr(b, clip(w.Session, MaxSession))
+	b = le.AppendUint32(b, w.D)
+	b = le.AppendUint16(b, w.K)
+	b = le.AppendUint16(b, w.NLayer)
+	b = le.AppendUint32(b, w.NExpert)
+	return le.AppendUint32(b, w.Accepted)
+}
+
+// DispatchSize is the encoded size in bytes of a DISPATCH with n rows of d
+// floats and k slots: 4 + 20 + 4*n*d + 4*n*k.
+func DispatchSize(n, d, k int) int { return HeaderSize + 20 + 4*n*d + 4*n*k }
+
+// ResultSize is the encoded size in bytes of a RESULT with m rows of d
+// floats: 4 + 16 + 4*m*d.
+func ResultSize(m, d int) int { return HeaderSize + 16 + 4*m*d }
+
+// Append encodes the DISPATCH; Hidden must hold N*D and IDs N*K values.
+func (d *Dispatch) Append(b []byte) []byte {
+	b = appendHeader(b, TypeDispatch)
+	b = le.AppendUint64(b, d.Request)
+	b = le.AppendUint16(b, d.Layer)
+	b = le.AppendUint32(b, uint32(d.N))
+	b = le.AppendUint32(b, uint32(d.D))
+	b = le.AppendUint16(b, uint16(d.K))
+	b = AppendFloats(b, d.Hidden)
+	for _, id := range d.IDs {
+		b = le.AppendUint32(b, uint32(id))
+	}
+	return b
+}
+
+// Append encodes the RESULT; Out must hold M*D values.
+func (r *Result) Append(b []byte) []byte {
+	b = appendHeader(b, TypeResult)
+	b = le.AppendUint64(b, r.Request)
+	b = le.AppendUint32(b, uint32(r.M))
+	b = le.AppendUint32(b, uint32(r.D))
+	return AppendFloats(b, r.Out)
+}
+
+// Append encodes the ERROR; a message longer than MaxErrorMsg is truncated.
+func (e *Error) Append(b []byte) []byte {
+	b = appendHeader(b, TypeError)
+	b = le.AppendUint64(b, e.Request)
+	b = le.AppendUint16(b, e.Code)
+	return appendStr(b, clip(e.Message, MaxErrorMsg))
+}
+
+// Append encodes the PING.
+func (p *Ping) Append(b []byte) []byte {
+	return le.AppendUint64(appendHeader(b, TypePing), uint64(p.Time))
+}
+
+// Append encodes the PONG.
+func (p *Pong) Append(b []byte) []byte {
+	return le.AppendUint64(appendHeader(b, TypePong), uint64(p.Time))
+}
+
+// Append encodes the PAUSE.
+func (p *Pause) Append(b []byte) []byte {
+	v := byte(0)
+	if p.Paused {
+		v = 1
+	}
+	return append(appendHeader(b, TypePause), v)
+}
+
+// Error makes *Error an error value.
+func (e *Error) Error() string {
+	return fmt.Sprintf("wire: peer error %d (request %d): %s", e.Code, e.Request, e.Message)
+}
+
+// clip cuts s to at most n bytes on a UTF-8 boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// Peek returns a message's frame type after checking its header (magic and
+// version). It does not validate the payload.
+func Peek(msg []byte) (Type, error) {
+	if len(msg) > MaxMessage {
+		return 0, fmt.Errorf("%w: %d bytes > %d", ErrTooLarge, len(msg), MaxMessage)
+	}
+	if len(msg) < HeaderSize {
+		return 0, fmt.Errorf("%w: %d bytes < header", ErrTruncated, len(msg))
+	}
+	if msg[0] != Magic {
+		return 0, fmt.Errorf("%w: 0x%02x", ErrMagic, msg[0])
+	}
+	if v := le.Uint16(msg[1:]); v != Version {
+		return 0, fmt.Errorf("%w: %d (want %d)", ErrVersion, v, Version)
+	}
+	return Type(msg[3]), nil
+}
+
+// PeekRequest returns the request id of a DISPATCH, RESULT or ERROR message
+// after checking its header; ok is false for other types or short messages.
+func PeekRequest(msg []byte) (t Type, req uint64, ok bool) {
+	t, err := Peek(msg)
+	if err != nil || len(msg) < HeaderSize+8 {
+		return t, 0, false
+	}
+	switch t {
+	case TypeDispatch, TypeResult, TypeError:
+		return t, le.Uint64(msg[HeaderSize:]), true
+	}
+	return t, 0, false
+}
+
+// reader is a bounds-checked cursor over a payload.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) take(n int, what string) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(r.b) {
+		r.err = fmt.Errorf("%w: %s needs %d bytes, %d left", ErrTruncated, what, n, len(r.b))
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) u8(what string) uint8 {
+	if v := r.take(1, what); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (r *reader) u16(what string) uint16 {
+	if v := r.take(2, what); v != nil {
+		return le.Uint16(v)
+	}
+	return 0
+}
+
+func (r *reader) u32(what string) uint32 {
+	if v := r.take(4, what); v != nil {
+		return le.Uint32(v)
+	}
+	return 0
+}
+
+func (r *reader) u64(what string) uint64 {
+	if v := r.take(8, what); v != nil {
+		return le.Uint64(v)
+	}
+	return 0
+}
+
+func (r *reader) str(max int, what string) string {
+	n := int(r.u16(what + " length"))
+	if r.err != nil {
+		return ""
+	}
+	if n > max {
+		r.err = fmt.Errorf("%w: %s is %d bytes > %d", ErrString, what, n, max)
+		return ""
+	}
+	v := r.take(n, what)
+	if r.err == nil && !utf8.Valid(v) {
+		r.err = fmt.Errorf("%w: %s is not UTF-8", ErrString, what)
+		return ""
+	}
+	return string(v)
+}
+
+func (r *reader) done() error {
+	if r.err == nil && len(r.b) != 0 {
+		r.err = fmt.Errorf("%w: %d bytes", ErrTrailing, len(r.b))
+	}
+	return r.err
+}
+
+// Decode parses and validates one message against lim. It never panics and
+// never allocates more than a small multiple of len(msg). Errors wrap
+// ErrTruncated, ErrTooLarge, ErrMagic, ErrVersion, ErrType, ErrShape,
+// ErrRange, ErrNotHeld, ErrTrailing or ErrString.
+func Decode(msg []byte, lim *Limits) (Frame, error) {
+	if lim == nil {
+		lim = &Limits{}
+	}
+	t, err := Peek(msg)
+	if err != nil {
+		return nil, err
+	}
+	r := &reader{b: msg[HeaderSize:]}
+	var f Frame
+	switch t {
+	case TypeHello:
+		f, err = decodeHello(r, lim)
+	case TypeWelcome:
+		w := &Welcome{}
+		w.Session = r.str(MaxSession, "session")
+		w.D = r.u32("d")
+		w.K = r.u16("k")
+		w.NLayer = r.u16("n_layer")
+		w.NExpert = r.u32("n_expert")
+		w.Accepted = r.u32("accepted")
+		if r.err == nil && (w.D == 0 || w.K == 0 || w.NLayer == 0 || w.NExpert == 0 || uint32(w.K) > w.NExpert) {
+			err = fmt.Errorf("%w: welcome d=%d k=%d n_layer=%d n_expert=%d", ErrRange, w.D, w.K, w.NLayer, w.NExpert)
+		}
+		f = w
+	case TypeDispatch:
+		f, err = decodeDispatch(r, lim)
+	case TypeResult:
+		f, err = decodeResult(r, lim)
+	case TypeError:
+		e := &Error{Request: r.u64("request"), Code: r.u16("code")}
+		e.Message = r.str(MaxErrorMsg, "message")
+		f = e
+	case TypePing:
+		f = &Ping{Time: int64(r.u64("time"))}
+	case TypePong:
+		f = &Pong{Time: int64(r.u64("time"))}
+	case TypePause:
+		v := r.u8("paused")
+		if r.err == nil && v > 1 {
+			err = fmt.Errorf("%w: pause flag %d", ErrRange, v)
+		}
+		f = &Pause{Paused: v == 1}
+	default:
+		return nil, fmt.Errorf("%w: %s", ErrType, t)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := r.done(); err != nil {
+		return nil, fmt.Errorf("%s: %w", t, err)
+	}
+	return f, nil
+}
+
+const holdingSize = 2 + 4 + 32
+
+func decodeHello(r *reader, lim *Limits) (*Hello, error) {
+	h := &Hello{}
+	if k := r.take(ed25519.PublicKeySize, "key"); k != nil {
+		h.Key = ed25519.PublicKey(append([]byte(nil), k...))
+	}
+	h.ModelID = r.str(MaxModelID, "model id")
+	h.Backend = r.str(MaxBackend, "backend")
+	h.Threads = r.u16("threads")
+	n := r.u32("holdings count")
+	if r.err != nil {
+		return nil, r.err
+	}
+	if n > MaxHoldings {
+		return nil, fmt.Errorf("%w: %d holdings > %d", ErrTooLarge, n, MaxHoldings)
+	}
+	if int(n)*holdingSize != len(r.b) {
+		return nil, fmt.Errorf("%w: %d holdings need %d bytes, %d left", ErrTruncated, n, int(n)*holdingSize, len(r.b))
+	}
+	h.Holdings = make([]Holding, n)
+	seen := make(map[uint64]struct{}, n)
+	for i := range h.Holdings {
+		x := &h.Holdings[i]
+		x.Layer = r.u16("layer")
+		x.Expert = r.u32("expert")
+		copy(x.SHA256[:], r.take(32, "sha256"))
+		if lim.NLayer > 0 && int(x.Layer) >= lim.NLayer {
+			return nil, fmt.Errorf("%w: holding layer %d >= %d", ErrRange, x.Layer, lim.NLayer)
+		}
+		if lim.NExpert > 0 && uint64(x.Expert) >= uint64(lim.NExpert) {
+			return nil, fmt.Errorf("%w: holding expert %d >= %d", ErrRange, x.Expert, lim.NExpert)
+		}
+		key := uint64(x.Layer)<<32 | uint64(x.Expert)
+		if _, dup := seen[key]; dup {
+			return nil, fmt.Errorf("%w: duplicate holding (%d, %d)", ErrRange, x.Layer, x.Expert)
+		}
+		seen[key] = struct{}{}
+	}
+	return h, r.err
+}
+
+func decodeDispatch(r *reader, lim *Limits) (*Dispatch, error) {
+	d := &Dispatch{Request: r.u64("request"), Layer: r.u16("layer")}
+	n, dd, k := r.u32("n"), r.u32("d"), r.u16("k")
+	if r.err != nil {
+		return nil, r.err
+	}
+	if lim.D <= 0 || int64(dd) != int64(lim.D) || lim.K <= 0 || int(k) != lim.K {
+		return nil, fmt.Errorf("%w: dispatch d=%d k=%d, model d=%d k=%d", ErrShape, dd, k, lim.D, lim.K)
+	}
+	if lim.NLayer <= 0 || int(d.Layer) >= lim.NLayer {
+		return nil, fmt.Errorf("%w: dispatch layer %d, model has %d", ErrRange, d.Layer, lim.NLayer)
+	}
+	if n == 0 || (lim.MaxRows > 0 && int64(n) > int64(lim.MaxRows)) {
+		return nil, fmt.Errorf("%w: dispatch n=%d (max %d)", ErrShape, n, lim.MaxRows)
+	}
+	need := uint64(n) * (uint64(dd) + uint64(k)) * 4
+	if need != uint64(len(r.b)) {
+		return nil, fmt.Errorf("%w: dispatch n=%d d=%d k=%d needs %d payload bytes, have %d", ErrTruncated, n, dd, k, need, len(r.b))
+	}
+	d.N, d.D, d.K = int(n), int(dd), int(k)
+	hb := r.take(d.N*d.D*4, "hidden")
+	ib := r.take(d.N*d.K*4, "ids")
+	d.Hidden = make([]float32, d.N*d.D)
+	for i := range d.Hidden {
+		d.Hidden[i] = math.Float32frombits(le.Uint32(hb[4*i:]))
+	}
+	d.IDs = make([]int32, d.N*d.K)
+	some := false
+	for i := range d.IDs {
+		id := int32(le.Uint32(ib[4*i:]))
+		d.IDs[i] = id
+		if id == -1 {
+			continue
+		}
+		if id < 0 || lim.NExpert <= 0 || int(id) >= lim.NExpert {
+			return nil, fmt.Errorf("%w: dispatch expert id %d (n_expert %d)", ErrRange, id, lim.NExpert)
+		}
+		if lim.Holds != nil && !lim.Holds(int(d.Layer), int(id)) {
+			return nil, fmt.Errorf("%w: layer %d expert %d", ErrNotHeld, d.Layer, id)
+		}
+		some = true
+	}
+	if !some {
+		return nil, fmt.Errorf("%w: dispatch has no slot to compute", ErrShape)
+	}
+	return d, nil
+}
+
+func decodeResult(r *reader, lim *Limits) (*Result, error) {
+	res := &Result{Request: r.u64("request")}
+	m, dd := r.u32("m"), r.u32("d")
+	if r.err != nil {
+		return nil, r.err
+	}
+	if lim.D <= 0 || int64(dd) != int64(lim.D) {
+		return nil, fmt.Errorf("%w: result d=%d, model d=%d", ErrShape, dd, lim.D)
+	}
+	if m == 0 || (lim.MaxRows > 0 && lim.K > 0 && int64(m) > int64(lim.MaxRows)*int64(lim.K)) {
+		return nil, fmt.Errorf("%w: result m=%d", ErrShape, m)
+	}
+	need := uint64(m) * uint64(dd) * 4
+	if need != uint64(len(r.b)) {
+		return nil, fmt.Errorf("%w: result m=%d d=%d needs %d payload bytes, have %d", ErrTruncated, m, dd, need, len(r.b))
+	}
+	res.M, res.D = int(m), int(dd)
+	ob := r.take(res.M*res.D*4, "out")
+	res.Out = make([]float32, res.M*res.D)
+	for i := range res.Out {
+		res.Out[i] = math.Float32frombits(le.Uint32(ob[4*i:]))
+	}
+	return res, nil
+}

@@ -1,0 +1,95 @@
+package wire
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Headers of a signed worker upgrade request (GET /v1/worker).
+const (
+	HeaderKey   = "X-Kvasir-Key"   // hex of the worker's 32-byte ed25519 public key (64 chars)
+	HeaderTime  = "X-Kvasir-Time"  // decimal unix time in milliseconds when signed
+	HeaderNonce = "X-Kvasir-Nonce" // hex of 16 random bytes (32 chars)
+	HeaderSig   = "X-Kvasir-Sig"   // hex of the 64-byte ed25519 signature over UpgradeMessage
+)
+
+// WorkerPath is the HTTP path of the worker WebSocket on gateway and hub.
+const WorkerPath = "/v1/worker"
+
+// Errors returned (wrapped) by VerifyUpgrade.
+var (
+	ErrNoSignature  = errors.New("wire: upgrade not signed")
+	ErrBadSignature = errors.New("wire: bad upgrade signature")
+	ErrStale        = errors.New("wire: upgrade timestamp outside the allowed skew")
+)
+
+// UpgradeMessage is the byte string a worker signs at the upgrade:
+//
+//	"kvasir-upgrade-v1\n" + method + "\n" + path + "\n" + unixMillis + "\n" + nonceHex
+//
+// Binding method and path keeps a signature for one endpoint from being used
+// on another; the time bounds its life and the nonce makes it single-use for
+// a verifier that remembers nonces for the skew window.
+func UpgradeMessage(method, path string, unixMillis int64, nonce string) []byte {
+	return []byte("kvasir-upgrade-v1\n" + method + "\n" + path + "\n" + strconv.FormatInt(unixMillis, 10) + "\n" + nonce)
+}
+
+// SignUpgrade returns the four X-Kvasir-* headers that authenticate a worker
+// holding key for one upgrade request (method, path) made at now. It draws a
+// fresh 16-byte nonce from crypto/rand. key must be a 64-byte ed25519
+// private key.
+func SignUpgrade(key ed25519.PrivateKey, method, path string, now time.Time) http.Header {
+	var nb [16]byte
+	_, _ = rand.Read(nb[:]) // crypto/rand.Read never fails on supported platforms
+	nonce := hex.EncodeToString(nb[:])
+	ms := now.UnixMilli()
+	sig := ed25519.Sign(key, UpgradeMessage(method, path, ms, nonce))
+	h := http.Header{}
+	h.Set(HeaderKey, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
+	h.Set(HeaderTime, strconv.FormatInt(ms, 10))
+	h.Set(HeaderNonce, nonce)
+	h.Set(HeaderSig, hex.EncodeToString(sig))
+	return h
+}
+
+// VerifyUpgrade checks the X-Kvasir-* headers of an upgrade request for
+// (method, path) received at now: all four present (else ErrNoSignature),
+// well-formed and a valid ed25519 signature (else ErrBadSignature), and a
+// timestamp within maxSkew of now either way (else ErrStale). It returns the
+// worker's public key and the nonce; remembering nonces to refuse replays
+// within the skew window is the caller's job.
+func VerifyUpgrade(h http.Header, method, path string, now time.Time, maxSkew time.Duration) (ed25519.PublicKey, string, error) {
+	ks, ts, ns, ss := h.Get(HeaderKey), h.Get(HeaderTime), h.Get(HeaderNonce), h.Get(HeaderSig)
+	if ks == "" || ts == "" || ns == "" || ss == "" {
+		return nil, "", fmt.Errorf("%w: missing X-Kvasir-* header", ErrNoSignature)
+	}
+	key, err := hex.DecodeString(ks)
+	if err != nil || len(key) != ed25519.PublicKeySize {
+		return nil, "", fmt.Errorf("%w: key is not 32 hex bytes", ErrBadSignature)
+	}
+	sig, err := hex.DecodeString(ss)
+	if err != nil || len(sig) != ed25519.SignatureSize {
+		return nil, "", fmt.Errorf("%w: signature is not 64 hex bytes", ErrBadSignature)
+	}
+	if nb, err := hex.DecodeString(ns); err != nil || len(nb) != 16 {
+		return nil, "", fmt.Errorf("%w: nonce is not 16 hex bytes", ErrBadSignature)
+	}
+	ms, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: time %q", ErrBadSignature, ts)
+	}
+	if !ed25519.Verify(key, UpgradeMessage(method, path, ms, ns), sig) {
+		return nil, "", fmt.Errorf("%w: verification failed", ErrBadSignature)
+	}
+	skew := now.Sub(time.UnixMilli(ms))
+	if skew > maxSkew || skew < -maxSkew {
+		return nil, "", fmt.Errorf("%w: %v off (max %v)", ErrStale, skew.Round(time.Millisecond), maxSkew)
+	}
+	return ed25519.PublicKey(key), ns, nil
+}

@@ -1,0 +1,212 @@
+package wire
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"errors"
+	"math"
+	"reflect"
+	"testing"
+	"time"
+)
+
+func testLimits() *Limits {
+	return &Limits{D: 3, K: 2, NLayer: 4, NExpert: 8, MaxRows: 16}
+}
+
+func sampleFrames() []Frame {
+	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
+	return []Frame{
+		&Hello{Key: key.Public().(ed25519.PublicKey), ModelID: "qwen3moe-test", Backend: "cpu", Threads: 4,
+			Holdings: []Holding{{Layer: 1, Expert: 3, SHA256: sha256.Sum256([]byte("a"))}, {Layer: 3, Expert: 7}}},
+		&Welcome{Session: "s-1", D: 3, K: 2, NLayer: 4, NExpert: 8, Accepted: 2},
+		&Dispatch{Request: 42, Layer: 2, N: 2, D: 3, K: 2,
+			Hidden: []float32{1, -2, 3.5, float32(math.Inf(1)), 0, -0.25}, IDs: []int32{5, -1, 0, 7}},
+		&Result{Request: 42, M: 3, D: 3, Out: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9}},
+		&Error{Request: 9, Code: CodeNotHeld, Message: "nope"},
+		&Ping{Time: 123456789},
+		&Pong{Time: -5},
+		&Pause{Paused: true},
+		&Pause{Paused: false},
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, f := range sampleFrames() {
+		msg := f.Append(nil)
+		got, err := Decode(msg, testLimits())
+		if err != nil {
+			t.Fatalf("%s: %v", f.Type(), err)
+		}
+		if !reflect.DeepEqual(got, f) {
+			t.Fatalf("%s: round trip\n got %#v\nwant %#v", f.Type(), got, f)
+		}
+		if typ, _ := Peek(msg); typ != f.Type() {
+			t.Fatalf("Peek = %s, want %s", typ, f.Type())
+		}
+	}
+}
+
+// TestEncodingBytes checks the exact bytes of small frames against the
+// layouts written next to the type constants (worked by hand).
+func TestEncodingBytes(t *testing.T) {
+	ping := (&Ping{Time: 0x0102030405060708}).Append(nil)
+	want := []byte{0x6B, 1, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
+	if !bytes.Equal(ping, want) {
+		t.Fatalf("ping = % x, want % x", ping, want)
+	}
+	// DISPATCH req=1 layer=2 n=1 d=1 k=1 hidden=[1.0] ids=[-1]:
+	// 1.0f = 0x3F800000, -1 = 0xFFFFFFFF.
+	d := (&Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 1, Hidden: []float32{1}, IDs: []int32{-1}}).Append(nil)
+	want = []byte{0x6B, 1, 0, 0x03,
+		1, 0, 0, 0, 0, 0, 0, 0, // req
+		2, 0, // layer
+		1, 0, 0, 0, // n
+		1, 0, 0, 0, // d
+		1, 0, // k
+		0, 0, 0x80, 0x3F, // hidden
+		0xFF, 0xFF, 0xFF, 0xFF} // ids
+	if !bytes.Equal(d, want) {
+		t.Fatalf("dispatch = % x\nwant       % x", d, want)
+	}
+	if len(d) != DispatchSize(1, 1, 1) {
+		t.Fatalf("DispatchSize = %d, encoded %d", DispatchSize(1, 1, 1), len(d))
+	}
+	r := (&Result{Request: 1, M: 2, D: 3, Out: make([]float32, 6)}).Append(nil)
+	if len(r) != ResultSize(2, 3) || len(r) != 4+8+4+4+24 {
+		t.Fatalf("ResultSize = %d, encoded %d", ResultSize(2, 3), len(r))
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	lim := testLimits()
+	good := sampleFrames()[2].Append(nil) // DISPATCH
+	mut := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
+	disp := func(layer uint16, n, d uint32, k uint16, ids ...int32) []byte {
+		b := appendHeader(nil, TypeDispatch)
+		b = le.AppendUint64(b, 1)
+		b = le.AppendUint16(b, layer)
+		b = le.AppendUint32(b, n)
+		b = le.AppendUint32(b, d)
+		b = le.AppendUint16(b, k)
+		b = AppendFloats(b, make([]float32, min(int(n)*int(d), 64)))
+		for _, id := range ids {
+			b = le.AppendUint32(b, uint32(id))
+		}
+		return b
+	}
+	cases := []struct {
+		name string
+		msg  []byte
+		lim  *Limits
+		want error
+	}{
+		{"empty", nil, lim, ErrTruncated},
+		{"magic", mut(func(b []byte) []byte { b[0] = 'x'; return b }), lim, ErrMagic},
+		{"version", mut(func(b []byte) []byte { b[1] = 2; return b }), lim, ErrVersion},
+		{"type", mut(func(b []byte) []byte { b[3] = 0x7F; return b }), lim, ErrType},
+		{"truncated", good[:len(good)-1], lim, ErrTruncated},
+		{"trailing", append(append([]byte(nil), good...), 0), lim, ErrTruncated},
+		{"wrong d", disp(0, 1, 2, 2, 1, 2), lim, ErrShape},
+		{"wrong k", disp(0, 1, 3, 1, 1), lim, ErrShape},
+		{"layer", disp(4, 1, 3, 2, 1, 2), lim, ErrRange},
+		{"expert", disp(0, 1, 3, 2, 8, 2), lim, ErrRange},
+		{"negative", disp(0, 1, 3, 2, -2, 2), lim, ErrRange},
+		{"all -1", disp(0, 1, 3, 2, -1, -1), lim, ErrShape},
+		{"zero rows", disp(0, 0, 3, 2), lim, ErrShape},
+		{"too many rows", disp(0, 17, 3, 2, make([]int32, 34)...), lim, ErrShape},
+		{"huge n", disp(0, 0xFFFFFFFF, 3, 2), &Limits{D: 3, K: 2, NLayer: 4, NExpert: 8}, ErrTruncated},
+		{"not held", disp(0, 1, 3, 2, 1, 2), &Limits{D: 3, K: 2, NLayer: 4, NExpert: 8, Holds: func(l, e int) bool { return e == 1 }}, ErrNotHeld},
+		{"no limits", good, &Limits{}, ErrShape},
+		{"result d", (&Result{Request: 1, M: 1, D: 2, Out: []float32{1, 2}}).Append(nil), lim, ErrShape},
+		{"result m=0", (&Result{Request: 1, M: 0, D: 3}).Append(nil), lim, ErrShape},
+		{"result short", (&Result{Request: 1, M: 2, D: 3, Out: []float32{1, 2, 3}}).Append(nil), lim, ErrTruncated},
+		{"hello layer", (&Hello{Key: make([]byte, 32), Holdings: []Holding{{Layer: 4}}}).Append(nil), lim, ErrRange},
+		{"hello dup", (&Hello{Key: make([]byte, 32), Holdings: []Holding{{Layer: 1, Expert: 2}, {Layer: 1, Expert: 2}}}).Append(nil), lim, ErrRange},
+		{"pause 2", append(appendHeader(nil, TypePause), 2), lim, ErrRange},
+		{"bad utf8", append(le.AppendUint16(le.AppendUint16(le.AppendUint64(appendHeader(nil, TypeError), 0), 1), 1), 0xFF), lim, ErrString},
+		{"oversized", append(appendHeader(nil, TypeResult), make([]byte, MaxMessage)...), lim, ErrTooLarge},
+	}
+	for _, c := range cases {
+		f, err := Decode(c.msg, c.lim)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: err = %v (frame %v), want %v", c.name, err, f, c.want)
+		}
+	}
+}
+
+func TestUpgradeSignature(t *testing.T) {
+	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{1}, 32))
+	now := time.Unix(1_800_000_000, 0)
+	h := SignUpgrade(key, "GET", WorkerPath, now)
+	pub, nonce, err := VerifyUpgrade(h, "GET", WorkerPath, now.Add(10*time.Second), time.Minute)
+	if err != nil || !pub.Equal(key.Public()) || len(nonce) != 32 {
+		t.Fatalf("verify: %v %x %q", err, pub, nonce)
+	}
+	if h2 := SignUpgrade(key, "GET", WorkerPath, now); h2.Get(HeaderNonce) == nonce {
+		t.Fatal("nonce repeated")
+	}
+	if _, _, err := VerifyUpgrade(h, "GET", "/v1/other", now, time.Minute); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("other path: %v", err)
+	}
+	if _, _, err := VerifyUpgrade(h, "GET", WorkerPath, now.Add(61*time.Second), time.Minute); !errors.Is(err, ErrStale) {
+		t.Fatalf("stale: %v", err)
+	}
+	if _, _, err := VerifyUpgrade(h, "GET", WorkerPath, now.Add(-61*time.Second), time.Minute); !errors.Is(err, ErrStale) {
+		t.Fatalf("future: %v", err)
+	}
+	if _, _, err := VerifyUpgrade(http_Header(), "GET", WorkerPath, now, time.Minute); !errors.Is(err, ErrNoSignature) {
+		t.Fatalf("unsigned: %v", err)
+	}
+	other := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{2}, 32))
+	forged := h.Clone()
+	forged.Set(HeaderKey, SignUpgrade(other, "GET", WorkerPath, now).Get(HeaderKey))
+	if _, _, err := VerifyUpgrade(forged, "GET", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("forged key: %v", err)
+	}
+	bumped := h.Clone()
+	bumped.Set(HeaderTime, "1800000001000")
+	if _, _, err := VerifyUpgrade(bumped, "GET", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("bumped time: %v", err)
+	}
+}
+
+func http_Header() map[string][]string { return map[string][]string{} }
+
+func TestLink(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteLinkPreamble(&buf, "sess", "abcd"); err != nil {
+		t.Fatal(err)
+	}
+	msg := (&Ping{Time: 5}).Append(nil)
+	_ = WriteLink(&buf, LinkData, msg[:3], msg[3:])
+	_ = WriteLink(&buf, LinkAccepted, AppendLinkRequest(nil, 77))
+	_ = WriteLink(&buf, LinkClose, AppendLinkClose(nil, 1008, "bad frame"))
+	r := bufio.NewReader(&buf)
+	s, w, err := ReadLinkPreamble(r)
+	if err != nil || s != "sess" || w != "abcd" {
+		t.Fatalf("preamble %q %q %v", s, w, err)
+	}
+	k, p, err := ReadLink(r)
+	if err != nil || k != LinkData || !bytes.Equal(p, msg) {
+		t.Fatalf("data %d % x %v", k, p, err)
+	}
+	k, p, _ = ReadLink(r)
+	if req, err := LinkRequest(p); k != LinkAccepted || req != 77 || err != nil {
+		t.Fatalf("accepted %d %d %v", k, req, err)
+	}
+	k, p, _ = ReadLink(r)
+	if code, reason, err := LinkCloseReason(p); k != LinkClose || code != 1008 || reason != "bad frame" || err != nil {
+		t.Fatalf("close %d %d %q %v", k, code, reason, err)
+	}
+	bad := bufio.NewReader(bytes.NewReader([]byte{0, 0, 0, 0, 1}))
+	if _, _, err := ReadLink(bad); !errors.Is(err, ErrLink) {
+		t.Fatalf("zero length: %v", err)
+	}
+	huge := bufio.NewReader(bytes.NewReader([]byte{0xFF, 0xFF, 0xFF, 0xFF, 1}))
+	if _, _, err := ReadLink(huge); !errors.Is(err, ErrLink) {
+		t.Fatalf("huge length: %v", err)
+	}
+}

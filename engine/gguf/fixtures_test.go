@@ -184,13 +184,20 @@ func TestFixtureMetadata(t *testing.T) {
 				}
 			}
 			uints := map[string]uint64{
-				"general.file_type": uint64(m.fileType), "general.quantization_version": 2,
-				"qwen3moe.context_length": 4096, "qwen3moe.embedding_length": 256, "qwen3moe.block_count": 4,
-				"qwen3moe.attention.head_count": 8, "qwen3moe.attention.head_count_kv": 2,
-				"qwen3moe.attention.key_length": 64, "qwen3moe.attention.value_length": 64,
-				"qwen3moe.expert_count": 16, "qwen3moe.expert_used_count": 4,
+				"general.file_type":                   uint64(m.fileType),
+				"general.quantization_version":        2,
+				"qwen3moe.context_length":             4096,
+				"qwen3moe.embedding_length":           256,
+				"qwen3moe.block_count":                4,
+				"qwen3moe.attention.head_count":       8,
+				"qwen3moe.attention.head_count_kv":    2,
+				"qwen3moe.attention.key_length":       64,
+				"qwen3moe.attention.value_length":     64,
+				"qwen3moe.expert_count":               16,
+				"qwen3moe.expert_used_count":          4,
 				"qwen3moe.expert_feed_forward_length": 256,
-				"tokenizer.ggml.bos_token_id": 50256, "tokenizer.ggml.eos_token_id": 50256,
+				"tokenizer.ggml.bos_token_id":         50256,
+				"tokenizer.ggml.eos_token_id":         50256,
 			}
 			for k, want := range uints {
 				if got, err := f.Uint(k); err != nil || got != want {

@@ -1,0 +1,290 @@
+package expert
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvasir-ai/kvasir/engine/quant"
+)
+
+// Local computes experts in-process from the Layers it holds. It is the
+// backbone's default Computer and the worker's expert function.
+//
+// Every output element out[r][s][i] is one quant.VecDot call over the row's
+// activation converted exactly as ggml-cpu converts it (the gate/up input to
+// gate's vec_dot_type, the SwiGLU product to down's), so results are
+// bit-identical whatever n, the other rows, the grouping of rows by expert and
+// the number of goroutines. Rows are grouped by expert only so that each
+// weight row is read once per call.
+//
+// A Local is safe for concurrent use.
+type Local struct {
+	layers  []*Layer
+	threads int
+	pool    sync.Pool // *scratch
+}
+
+var _ Computer = (*Local)(nil)
+
+// NewLocal returns a Computer over layers, indexed by layer number (nil
+// entries: layers not held). threads <= 0 means runtime.GOMAXPROCS(0).
+// Each non-nil layer is validated; errors wrap ErrShape or ErrType.
+func NewLocal(layers []*Layer, threads int) (*Local, error) {
+	for i, l := range layers {
+		if l == nil {
+			continue
+		}
+		if err := l.Validate(); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", i, err)
+		}
+	}
+	return &Local{layers: layers, threads: threads}, nil
+}
+
+// Layer returns layer i, or nil when it is not held.
+func (c *Local) Layer(i int) *Layer {
+	if i < 0 || i >= len(c.layers) {
+		return nil
+	}
+	return c.layers[i]
+}
+
+// NumLayers returns the number of layer slots (held or not).
+func (c *Local) NumLayers() int { return len(c.layers) }
+
+// Threads returns the number of goroutines a call uses.
+func (c *Local) Threads() int {
+	if c.threads <= 0 {
+		return runtime.GOMAXPROCS(0)
+	}
+	return c.threads
+}
+
+// scratch is one call's working memory, pooled between calls.
+type scratch struct {
+	xg, xu, hc []byte
+	g, u       []float32
+	count      []int32
+	start      []int32
+	order      []int32 // pair indices (r*k+s) grouped by expert, ascending within a group
+	units      []unit
+	active     []int32 // experts with at least one pair
+}
+
+// unit is a slice [lo, hi) of one expert's output rows (or of pairs in the
+// activation phase, where e is unused).
+type unit struct{ e, lo, hi int32 }
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// ComputeExperts implements Computer. hidden is n x DModel float32, ids is
+// n x k int32, out is n x k x DModel float32. Errors wrap ErrUnknownLayer,
+// ErrUnknownExpert or ErrShape, or are ctx.Err().
+func (c *Local) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	l := c.Layer(layer)
+	if l == nil {
+		return fmt.Errorf("%w: %d", ErrUnknownLayer, layer)
+	}
+	d, dff := l.DModel, l.DFF
+	if n < 0 || k <= 0 || len(hidden) != n*d || len(ids) != n*k || len(out) != n*k*d {
+		return fmt.Errorf("%w: n %d, k %d, d %d: hidden %d, ids %d, out %d", ErrShape, n, k, d, len(hidden), len(ids), len(out))
+	}
+	if n == 0 {
+		return nil
+	}
+	for _, e := range ids {
+		if !l.Held(int(e)) {
+			return fmt.Errorf("%w: layer %d expert %d", ErrUnknownExpert, layer, e)
+		}
+	}
+	threads := c.Threads()
+	s, _ := c.pool.Get().(*scratch)
+	if s == nil {
+		s = new(scratch)
+	}
+	defer c.pool.Put(s)
+
+	gT, uT, dT := l.Gate.Type, l.Up.Type, l.Down.Type
+	gab, err := quant.ActivationBytes(gT, d)
+	if err != nil {
+		return err
+	}
+	uab, err := quant.ActivationBytes(uT, d)
+	if err != nil {
+		return err
+	}
+	hab, err := quant.ActivationBytes(dT, dff)
+	if err != nil {
+		return err
+	}
+	grb, _ := gT.RowBytes(d)
+	urb, _ := uT.RowBytes(d)
+	drb, _ := dT.RowBytes(dff)
+
+	// Convert every input row once per activation type.
+	s.xg = grow(s.xg, n*gab)
+	if err := quant.ConvertActivation(gT, hidden, s.xg); err != nil {
+		return err
+	}
+	xu := s.xg
+	if uT.VecDotType() != gT.VecDotType() {
+		s.xu = grow(s.xu, n*uab)
+		if err := quant.ConvertActivation(uT, hidden, s.xu); err != nil {
+			return err
+		}
+		xu = s.xu
+	}
+
+	// Group the n*k (row, slot) pairs by expert (counting sort; stable, so
+	// pairs stay in ascending order within an expert).
+	np := n * k
+	s.count = grow(s.count, l.NExpert)
+	clear(s.count)
+	for _, e := range ids {
+		s.count[e]++
+	}
+	s.start = grow(s.start, l.NExpert+1)
+	s.active = s.active[:0]
+	var acc int32
+	for e, cnt := range s.count {
+		s.start[e] = acc
+		acc += cnt
+		if cnt > 0 {
+			s.active = append(s.active, int32(e))
+		}
+	}
+	s.start[l.NExpert] = acc
+	s.order = grow(s.order, np)
+	fill := s.count // reuse as a cursor
+	copy(fill, s.start[:l.NExpert])
+	for p, e := range ids {
+		s.order[fill[e]] = int32(p)
+		fill[e]++
+	}
+
+	// Phase 1: gate and up projections, units over (expert, DFF row range).
+	s.g = grow(s.g, np*dff)
+	s.u = grow(s.u, np*dff)
+	s.units = splitUnits(s.units[:0], s.active, dff, threads)
+	parallel(len(s.units), threads, func(ui int) {
+		un := s.units[ui]
+		gw, uw := l.Gate.Expert[un.e], l.Up.Expert[un.e]
+		pairs := s.order[s.start[un.e]:s.start[un.e+1]]
+		for j := int(un.lo); j < int(un.hi); j++ {
+			gRow := gw[j*grb : (j+1)*grb]
+			uRow := uw[j*urb : (j+1)*urb]
+			for _, p := range pairs {
+				r := int(p) / k
+				s.g[int(p)*dff+j] = quant.VecDot(gT, gRow, s.xg[r*gab:(r+1)*gab], d)
+				s.u[int(p)*dff+j] = quant.VecDot(uT, uRow, xu[r*uab:(r+1)*uab], d)
+			}
+		}
+	})
+
+	// Phase 2: h = silu(gate) * up per pair, converted for down.
+	s.hc = grow(s.hc, np*hab)
+	var firstErr atomic.Pointer[error]
+	chunk := max(1, (np+4*threads-1)/(4*threads))
+	parallel((np+chunk-1)/chunk, threads, func(ui int) {
+		for p := ui * chunk; p < min(np, (ui+1)*chunk); p++ {
+			g := s.g[p*dff : (p+1)*dff]
+			u := s.u[p*dff : (p+1)*dff]
+			SwiGLU(g, g, u)
+			if err := quant.ConvertActivation(dT, g, s.hc[p*hab:(p+1)*hab]); err != nil {
+				firstErr.CompareAndSwap(nil, &err)
+			}
+		}
+	})
+	if e := firstErr.Load(); e != nil {
+		return *e
+	}
+
+	// Phase 3: down projection, units over (expert, DModel row range).
+	s.units = splitUnits(s.units[:0], s.active, d, threads)
+	parallel(len(s.units), threads, func(ui int) {
+		un := s.units[ui]
+		dw := l.Down.Expert[un.e]
+		pairs := s.order[s.start[un.e]:s.start[un.e+1]]
+		for i := int(un.lo); i < int(un.hi); i++ {
+			row := dw[i*drb : (i+1)*drb]
+			for _, p := range pairs {
+				out[int(p)*d+i] = quant.VecDot(dT, row, s.hc[int(p)*hab:(int(p)+1)*hab], dff)
+			}
+		}
+	})
+	return ctx.Err()
+}
+
+// splitUnits cuts each active expert's rows output rows into ranges so that
+// there are about 4 units per goroutine (at least 16 rows each).
+func splitUnits(dst []unit, active []int32, rows, threads int) []unit {
+	per := 1
+	if threads > 1 && len(active) > 0 {
+		per = (4*threads + len(active) - 1) / len(active)
+	}
+	per = max(1, min(per, rows/16))
+	step := (rows + per - 1) / per
+	for _, e := range active {
+		for lo := 0; lo < rows; lo += step {
+			dst = append(dst, unit{e: e, lo: int32(lo), hi: int32(min(rows, lo+step))})
+		}
+	}
+	return dst
+}
+
+// parallel runs fn(0..n-1) on up to threads goroutines, handing out units
+// in order from a shared counter. With one thread or one unit it runs inline.
+func parallel(n, threads int, fn func(unit int)) {
+	if threads <= 1 || n <= 1 {
+		for i := range n {
+			fn(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	w := min(threads, n)
+	wg.Add(w - 1)
+	work := func() {
+		for {
+			i := int(next.Add(1) - 1)
+			if i >= n {
+				return
+			}
+			fn(i)
+		}
+	}
+	for range w - 1 {
+		go func() { defer wg.Done(); work() }()
+	}
+	work()
+	wg.Wait()
+}
+
+// SwiGLU sets dst[i] = silu(gate[i]) * up[i] with silu(x) = x / (1 + e^-x),
+// in float32 as ggml_vec_swiglu_f32 (ggml/src/ggml-cpu/vec.h) computes it;
+// e^-x is evaluated in float64 and rounded, so results can differ from
+// ggml's vectorised expf in the last bit. dst may alias gate or up.
+func SwiGLU(dst, gate, up []float32) {
+	if len(gate) == 0 {
+		return
+	}
+	_ = dst[len(gate)-1]
+	_ = up[len(gate)-1]
+	for i, x := range gate {
+		e := float32(math.Exp(float64(-x)))
+		dst[i] = x / (1 + e) * up[i]
+	}
+}

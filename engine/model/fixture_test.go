@@ -1,0 +1,201 @@
+package model
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/tokenizer"
+)
+
+const fixtures = "../../../shared/fixtures"
+
+type refFile struct {
+	NVocab  int `json:"n_vocab"`
+	Prompts []struct {
+		Prompt       string   `json:"prompt"`
+		PromptTokens []int32  `json:"prompt_tokens"`
+		GenTokens    []int32  `json:"gen_tokens"`
+		Rows         []refRow `json:"rows"`
+	} `json:"prompts"`
+}
+
+// refRow is one logits row of a reference file (fixtures README, refs/).
+type refRow struct {
+	Pos          int         `json:"pos"`
+	InputToken   int32       `json:"input_token"`
+	IsGen        bool        `json:"is_generation_step"`
+	Top          [][]float64 `json:"top"`
+	Gap          float64     `json:"gap_top1_top2"`
+	RouterMargin float64     `json:"router_min_margin"`
+}
+
+func skipNoFixtures(t testing.TB) {
+	if _, err := os.Stat(fixtures); err != nil {
+		t.Skipf("fixtures not found at %s (llama.cpp reference checks skipped; the generated-model tests still run)", fixtures)
+	}
+}
+
+func loadFixture(t testing.TB, name string) (*gguf.File, *Model) {
+	t.Helper()
+	f, err := gguf.Open(filepath.Join(fixtures, name+".gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	m, err := Load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, m
+}
+
+// logitBound is this engine's measured error against llama.cpp per model:
+// the largest |logit diff| over the reference's top-32 ids of any row of any
+// prompt (logged as "all rows"), rounded up. Measured: F16 0.043, Q8_0 2.18,
+// Q4_K_M 2.32. The large Q8_0/Q4_K_M values come from a handful of rows where
+// a Q8 activation code lands on the other side of a rounding boundary than in
+// ggml's kernels (ACTIVATIONS.md: the float64 reference with the same
+// conversions shows the same rows, e.g. C prompt 0 row 0 = 0.228 in both);
+// rows without such a flip agree to ~1e-5 (Q4_K_M prompt 1). Every row must
+// stay within the bound, and a greedy step must equal llama.cpp's up to the
+// first step whose llama.cpp top-1/top-2 gap is below the bound or after a
+// row whose router K-th/(K+1)-th margin is below routerBound (our router
+// logits agree to ~1e-5 on rows without a flip; 1e-3 leaves 100x).
+var logitBound = map[string]float64{"tiny-qwen3moe-F16": 0.05, "tiny-qwen3moe-Q8_0": 2.5, "tiny-qwen3moe-Q4_K_M": 2.5}
+
+const routerBound = 1e-3
+
+func TestFixtures(t *testing.T) {
+	skipNoFixtures(t)
+	for _, name := range []string{"tiny-qwen3moe-F16", "tiny-qwen3moe-Q8_0", "tiny-qwen3moe-Q4_K_M"} {
+		t.Run(name, func(t *testing.T) {
+			var ref refFile
+			b, err := os.ReadFile(filepath.Join(fixtures, "refs", name+".ref.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal(b, &ref); err != nil {
+				t.Fatal(err)
+			}
+			f, m := loadFixture(t, name)
+			tok, err := tokenizer.FromGGUF(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Params().Vocab != ref.NVocab {
+				t.Fatalf("vocab %d, want %d", m.Params().Vocab, ref.NVocab)
+			}
+			for pi, p := range ref.Prompts {
+				ids := tok.Tokenize(p.Prompt, true, false)
+				if !equalIDs(ids, p.PromptTokens) {
+					t.Errorf("prompt %d: tokens %v, want %v", pi, ids, p.PromptTokens)
+				}
+				checkPrompt(t, m, name, pi, p.PromptTokens, p.GenTokens, ref.NVocab, p.Rows)
+			}
+		})
+	}
+}
+
+// checkPrompt feeds llama.cpp's sequence (prompt in one batch, then each
+// generated token singly, as the reference did) and compares every row.
+func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int32, vocab int, rows []refRow) {
+	seq := m.NewSequence()
+	np := len(prompt)
+	all := make([]float32, (np+len(gen))*vocab)
+	batch := make([]Row, np)
+	for i, tk := range prompt {
+		batch[i] = Row{Seq: seq, Token: tk, Pos: i, Logits: true}
+	}
+	if err := m.Forward(context.Background(), batch, all[:np*vocab]); err != nil {
+		t.Fatal(err)
+	}
+	for s, tk := range gen {
+		pos := np + s
+		if err := m.Forward(context.Background(), []Row{{Seq: seq, Token: tk, Pos: pos, Logits: true}}, all[pos*vocab:(pos+1)*vocab]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fragile := false
+	bound := logitBound[name]
+	var cleanMax, allMax float64
+	matched := 0
+	for i, r := range rows {
+		lg := all[i*vocab : (i+1)*vocab]
+		var diff float64
+		for _, pair := range r.Top {
+			diff = max(diff, math.Abs(float64(lg[int(pair[0])])-pair[1]))
+		}
+		allMax = max(allMax, diff)
+		if diff > bound {
+			t.Errorf("%s prompt %d row %d: max |logit diff| %.3g > %g", name, pi, i, diff, bound)
+		}
+		if !fragile {
+			cleanMax = max(cleanMax, diff)
+		}
+		if r.RouterMargin < routerBound {
+			fragile = true
+		}
+		if r.IsGen {
+			s := i - (np - 1)
+			got := Greedy(lg)
+			if got == gen[s] && matched == s {
+				matched++
+			} else if got != gen[s] && !fragile && r.Gap > bound && matched == s {
+				t.Errorf("%s prompt %d step %d: greedy %d, llama.cpp %d (gap %.3g, router margin %.3g)", name, pi, s, got, gen[s], r.Gap, r.RouterMargin)
+			}
+			if r.Gap <= bound {
+				fragile = true
+			}
+		}
+	}
+	t.Logf("%s prompt %d: greedy tokens equal for %d/%d steps; rows before the first fragile one: max |diff| %.3g; all rows: %.3g",
+		name, pi, matched, len(gen), cleanMax, allMax)
+	if name == "tiny-qwen3moe-F16" && pi == 0 {
+		checkFullLogits(t, all, vocab)
+	}
+}
+
+// checkFullLogits compares model A prompt 0 with llama.cpp's full logits
+// (21 x 50257): cosine >= 0.99999 per row (issue 2), max |diff| logged.
+func checkFullLogits(t *testing.T, all []float32, vocab int) {
+	b, err := os.ReadFile(filepath.Join(fixtures, "refs", "tiny-qwen3moe-F16.prompt0.full_logits.f32"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(b) / 4 / vocab
+	minCos, maxDiff := 1.0, 0.0
+	for r := range n {
+		var dot, na, nb float64
+		for j := range vocab {
+			want := float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*(r*vocab+j):])))
+			got := float64(all[r*vocab+j])
+			dot += want * got
+			na += want * want
+			nb += got * got
+			maxDiff = max(maxDiff, math.Abs(want-got))
+		}
+		minCos = min(minCos, dot/math.Sqrt(na*nb))
+	}
+	t.Logf("F16 prompt 0 full logits (%d rows): min cosine %.8f, max |diff| %.3g", n, minCos, maxDiff)
+	if minCos < 0.99999 {
+		t.Errorf("F16 full logits: min cosine %.8f < 0.99999", minCos)
+	}
+}
+
+func equalIDs(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,510 @@
+package model
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvasir-ai/kvasir/engine/quant"
+)
+
+// Sequence is one token sequence's state: its F32 KV cache (llama.cpp
+// type_k = type_v = F32) and the number of positions filled. Create one with
+// Model.NewSequence; several sequences may be decoded in one Forward call.
+// A Sequence belongs to the Model that created it.
+type Sequence struct {
+	m       *Model
+	n       int // positions filled: 0..n-1
+	pending int // scratch for Forward's validation
+	capPos  int
+	// k[l], v[l]: layer l's cache, capPos x HeadsKV x HeadDim(V) float32,
+	// position-major.
+	k, v [][]float32
+}
+
+// NewSequence returns an empty sequence. Its cache grows on demand (doubling,
+// at most Params.Context positions: 2 x Layers x HeadsKV x HeadDim x 4 bytes
+// per position).
+func (m *Model) NewSequence() *Sequence {
+	return &Sequence{m: m, k: make([][]float32, m.p.Layers), v: make([][]float32, m.p.Layers)}
+}
+
+// Len returns the number of positions filled; the next token goes at Len().
+func (s *Sequence) Len() int { return s.n }
+
+// Truncate drops positions n and later (to rewind or reuse the sequence).
+// It fails with ErrBatch if n is negative or beyond Len.
+func (s *Sequence) Truncate(n int) error {
+	if n < 0 || n > s.n {
+		return fmt.Errorf("%w: truncate to %d of %d positions", ErrBatch, n, s.n)
+	}
+	s.n = n
+	return nil
+}
+
+func (s *Sequence) reserve(need int) {
+	if need <= s.capPos {
+		return
+	}
+	p := s.m.p
+	c := min(p.Context, max(need, 2*s.capPos, 64))
+	kd, vd := p.HeadsKV*p.HeadDim, p.HeadsKV*p.HeadDimV
+	for l := range s.k {
+		k := make([]float32, c*kd)
+		copy(k, s.k[l][:s.n*kd])
+		s.k[l] = k
+		v := make([]float32, c*vd)
+		copy(v, s.v[l][:s.n*vd])
+		s.v[l] = v
+	}
+	s.capPos = c
+}
+
+// Row is one token of a Forward batch: Token goes into Seq at position Pos,
+// which must be Seq.Len() plus the number of earlier rows of the same
+// sequence in the batch (rows of one sequence appear in position order).
+// Logits asks for this row's logits.
+type Row struct {
+	Seq    *Sequence
+	Token  int32
+	Pos    int
+	Logits bool
+}
+
+// workspace holds Forward's buffers, grown on demand and reused.
+type workspace struct {
+	rows                     int
+	x, xn, q, k, v, att, tmp []float32
+	cos, sin                 []float32 // rows x RopeDim/2
+	router, probs, wts, eo   []float32
+	ids                      []int32
+	sel                      []float32
+	conv                     [3][]byte
+	convType                 [3]quant.Type
+	convN                    int
+	scores                   [][]float32 // per worker
+}
+
+func (ws *workspace) ensure(p Params, n int) {
+	if n <= ws.rows {
+		return
+	}
+	qd, kd, vd := p.Heads*p.HeadDim, p.HeadsKV*p.HeadDim, p.HeadsKV*p.HeadDimV
+	ws.rows = n
+	ws.x = make([]float32, n*p.Embd)
+	ws.xn = make([]float32, n*p.Embd)
+	ws.tmp = make([]float32, n*p.Embd)
+	ws.q = make([]float32, n*qd)
+	ws.k = make([]float32, n*kd)
+	ws.v = make([]float32, n*vd)
+	ws.att = make([]float32, n*p.Heads*p.HeadDimV)
+	ws.cos = make([]float32, n*p.RopeDim/2)
+	ws.sin = make([]float32, n*p.RopeDim/2)
+	ws.router = make([]float32, n*p.Experts)
+	ws.probs = make([]float32, p.Experts)
+	ws.wts = make([]float32, n*p.ExpertsUsed)
+	ws.ids = make([]int32, n*p.ExpertsUsed)
+	ws.eo = make([]float32, n*p.ExpertsUsed*p.Embd)
+	ws.sel = make([]float32, n*p.Embd)
+}
+
+// Forward runs rows through the model: each row's token is embedded at its
+// position, its K and V are appended to its sequence's cache, and for the
+// rows with Logits set (in row order) logits receives Vocab float32 logits,
+// so len(logits) = (rows with Logits) x Vocab. Rows of different sequences
+// share each layer's expert call. On success every sequence's Len advances
+// by its number of rows; on error Len is unchanged.
+//
+// Errors wrap ErrBatch or ErrContext, or come from the expert Computer or ctx.
+func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) error {
+	p := m.p
+	n := len(rows)
+	if n == 0 {
+		if len(logits) != 0 {
+			return fmt.Errorf("%w: logits buffer for an empty batch", ErrBatch)
+		}
+		return nil
+	}
+	for i := range rows {
+		r := &rows[i]
+		if r.Seq == nil || r.Seq.m != m {
+			return fmt.Errorf("%w: row %d: sequence of another model", ErrBatch, i)
+		}
+		r.Seq.pending = r.Seq.n
+	}
+	nl := 0
+	for i := range rows {
+		r := &rows[i]
+		switch {
+		case r.Token < 0 || int(r.Token) >= p.Vocab:
+			return fmt.Errorf("%w: row %d: token %d outside the vocabulary of %d", ErrBatch, i, r.Token, p.Vocab)
+		case r.Pos != r.Seq.pending:
+			return fmt.Errorf("%w: row %d: position %d, want %d", ErrBatch, i, r.Pos, r.Seq.pending)
+		case r.Pos >= p.Context:
+			return fmt.Errorf("%w: row %d: position %d >= %d", ErrContext, i, r.Pos, p.Context)
+		}
+		r.Seq.pending++
+		if r.Logits {
+			nl++
+		}
+	}
+	if len(logits) != nl*p.Vocab {
+		return fmt.Errorf("%w: logits buffer holds %d floats, want %d x %d", ErrBatch, len(logits), nl, p.Vocab)
+	}
+	maxPos := 0
+	for i := range rows {
+		rows[i].Seq.reserve(rows[i].Seq.pending)
+		maxPos = max(maxPos, rows[i].Pos)
+	}
+	ws := &m.ws
+	ws.ensure(p, n)
+	for len(ws.scores) < m.threads {
+		ws.scores = append(ws.scores, nil)
+	}
+	for w := range ws.scores {
+		if len(ws.scores[w]) < maxPos+1 {
+			ws.scores[w] = make([]float32, max(maxPos+1, 2*len(ws.scores[w])))
+		}
+	}
+
+	d := p.Embd
+	erb, err := m.TokenEmbd.Type.RowBytes(d)
+	if err != nil {
+		return err
+	}
+	half := p.RopeDim / 2
+	for i := range rows {
+		t := int(rows[i].Token)
+		if err := quant.Dequantize(m.TokenEmbd.Type, m.TokenEmbd.Data[t*erb:(t+1)*erb], ws.x[i*d:(i+1)*d]); err != nil {
+			return err
+		}
+		ropeTable(p, rows[i].Pos, ws.cos[i*half:(i+1)*half], ws.sin[i*half:(i+1)*half])
+	}
+
+	for il := range m.Blocks {
+		if err := m.layer(ctx, il, rows); err != nil {
+			return err
+		}
+	}
+
+	if nl > 0 {
+		j := 0
+		for i := range rows {
+			if rows[i].Logits {
+				rmsNorm(ws.sel[j*d:(j+1)*d], ws.x[i*d:(i+1)*d], m.OutputNorm, p.NormEps)
+				j++
+			}
+		}
+		ws.convN = 0
+		if err := m.project(ws.sel[:nl*d], nl, &m.Output, logits); err != nil {
+			return err
+		}
+	}
+	for i := range rows {
+		rows[i].Seq.n = rows[i].Seq.pending
+	}
+	return nil
+}
+
+// layer runs block il on the rows held in ws.x (llama.cpp
+// src/models/qwen3moe.cpp).
+func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
+	p, ws, b := m.p, &m.ws, &m.Blocks[il]
+	n, d := len(rows), p.Embd
+	qd, kd, vd := p.Heads*p.HeadDim, p.HeadsKV*p.HeadDim, p.HeadsKV*p.HeadDimV
+	hd, half := p.HeadDim, p.RopeDim/2
+
+	for i := range n {
+		rmsNorm(ws.xn[i*d:(i+1)*d], ws.x[i*d:(i+1)*d], b.AttnNorm, p.NormEps)
+	}
+	ws.convN = 0
+	if err := m.project(ws.xn[:n*d], n, &b.AttnQ, ws.q[:n*qd]); err != nil {
+		return err
+	}
+	if err := m.project(ws.xn[:n*d], n, &b.AttnK, ws.k[:n*kd]); err != nil {
+		return err
+	}
+	if err := m.project(ws.xn[:n*d], n, &b.AttnV, ws.v[:n*vd]); err != nil {
+		return err
+	}
+	for i := range rows {
+		c, s := ws.cos[i*half:(i+1)*half], ws.sin[i*half:(i+1)*half]
+		for h := range p.Heads {
+			x := ws.q[i*qd+h*hd : i*qd+(h+1)*hd]
+			rmsNorm(x, x, b.AttnQNorm, p.NormEps)
+			ropeNeox(x, c, s)
+		}
+		seq, pos := rows[i].Seq, rows[i].Pos
+		kc := seq.k[il][pos*kd : (pos+1)*kd]
+		for h := range p.HeadsKV {
+			x := ws.k[i*kd+h*hd : i*kd+(h+1)*hd]
+			rmsNorm(kc[h*hd:(h+1)*hd], x, b.AttnKNorm, p.NormEps)
+			ropeNeox(kc[h*hd:(h+1)*hd], c, s)
+		}
+		copy(seq.v[il][pos*vd:(pos+1)*vd], ws.v[i*vd:(i+1)*vd])
+	}
+	m.attention(il, rows)
+
+	ws.convN = 0
+	if err := m.project(ws.att[:n*p.Heads*p.HeadDimV], n, &b.AttnOutput, ws.tmp[:n*d]); err != nil {
+		return err
+	}
+	for i, v := range ws.tmp[:n*d] {
+		ws.x[i] += v // ffn_inp = cur + inpSA
+	}
+	for i := range n {
+		rmsNorm(ws.xn[i*d:(i+1)*d], ws.x[i*d:(i+1)*d], b.FFNNorm, p.NormEps)
+	}
+	ne, k := p.Experts, p.ExpertsUsed
+	ws.convN = 0
+	if err := m.project(ws.xn[:n*d], n, &b.FFNGateInp, ws.router[:n*ne]); err != nil {
+		return err
+	}
+	for i := range n {
+		route(ws.router[i*ne:(i+1)*ne], ws.probs, ws.ids[i*k:(i+1)*k], ws.wts[i*k:(i+1)*k])
+	}
+	eo := ws.eo[:n*k*d]
+	if err := m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo); err != nil {
+		return fmt.Errorf("model: layer %d experts: %w", il, err)
+	}
+	// experts = ggml_mul(experts, weights); moe_out = sum over slots in slot
+	// order with ggml_add; cur = moe_out + ffn_inp (llama-graph.cpp
+	// build_moe_ffn). float32() on each product keeps the rounding of
+	// separate multiplies and adds on every architecture (no FMA fusion).
+	for i := range n {
+		x := ws.x[i*d : (i+1)*d]
+		w := ws.wts[i*k : (i+1)*k]
+		o := eo[i*k*d : (i+1)*k*d]
+		for j := range x {
+			acc := float32(w[0] * o[j])
+			for s := 1; s < k; s++ {
+				acc += float32(w[s] * o[s*d+j])
+			}
+			x[j] += acc
+		}
+	}
+	return nil
+}
+
+// project computes y [n x w.Rows] = x [n x w.Cols] . w^T through
+// quant.MatMulConverted, converting x to w's vec_dot_type once per type
+// until ws.convN is reset (callers reset it when x changes).
+func (m *Model) project(x []float32, n int, w *Weight, y []float32) error {
+	ws := &m.ws
+	vt := w.Type.VecDotType()
+	slot := -1
+	for j := range ws.convN {
+		if ws.convType[j] == vt {
+			slot = j
+			break
+		}
+	}
+	if slot < 0 {
+		if ws.convN == len(ws.conv) {
+			ws.convN = 0
+		}
+		slot = ws.convN
+		ab, err := quant.ActivationBytes(w.Type, len(x))
+		if err != nil {
+			return fmt.Errorf("model: %s: %w", w.Name, err)
+		}
+		if cap(ws.conv[slot]) < ab {
+			ws.conv[slot] = make([]byte, ab)
+		}
+		ws.conv[slot] = ws.conv[slot][:ab]
+		if err := quant.ConvertActivation(w.Type, x, ws.conv[slot]); err != nil {
+			return fmt.Errorf("model: %s: %w", w.Name, err)
+		}
+		ws.convType[slot] = vt
+		ws.convN++
+	}
+	threads := m.threads
+	if w.Rows*w.Cols*n < 1<<16 {
+		threads = 1
+	}
+	if err := quant.MatMulConverted(w.Type, w.Data, w.Rows, w.Cols, ws.conv[slot], n, y, threads); err != nil {
+		return fmt.Errorf("model: %s: %w", w.Name, err)
+	}
+	return nil
+}
+
+// attention computes ws.att (rows x Heads*HeadDimV) from ws.q and the
+// sequences' caches for layer il: per head, scores q.k_t * 1/sqrt(HeadDim)
+// over positions t <= pos (causal), softmax as ggml_soft_max_ext (max
+// subtracted, float64 sum, scaled by float32(1/sum)), then sum_t p_t v_t.
+// Query head h reads KV head h / (Heads/HeadsKV) (GQA as ggml_mul_mat
+// broadcasts).
+func (m *Model) attention(il int, rows []Row) {
+	p, ws := m.p, &m.ws
+	hd, hdv := p.HeadDim, p.HeadDimV
+	qd, ad := p.Heads*hd, p.Heads*hdv
+	group := p.Heads / p.HeadsKV
+	scale := 1 / float32(math.Sqrt(float64(hd)))
+	units := len(rows) * p.Heads
+	work := 0
+	for i := range rows {
+		work += (rows[i].Pos + 1) * p.Heads * (hd + hdv)
+	}
+	threads := m.threads
+	if work < 1<<15 {
+		threads = 1
+	}
+	parallelW(units, threads, func(w, u int) {
+		i, h := u/p.Heads, u%p.Heads
+		kvh := h / group
+		seq, pos := rows[i].Seq, rows[i].Pos
+		kc, vc := seq.k[il], seq.v[il]
+		q := ws.q[i*qd+h*hd : i*qd+(h+1)*hd]
+		sc := ws.scores[w][:pos+1]
+		mx := float32(math.Inf(-1))
+		for t := range sc {
+			off := (t*p.HeadsKV + kvh) * hd
+			s := quant.DotF32(q, kc[off:off+hd]) * scale
+			sc[t] = s
+			mx = max(mx, s)
+		}
+		var sum float64
+		for t, s := range sc {
+			e := float32(math.Exp(float64(s - mx)))
+			sc[t] = e
+			sum += float64(e)
+		}
+		inv := float32(1 / sum)
+		out := ws.att[i*ad+h*hdv : i*ad+(h+1)*hdv]
+		clear(out)
+		for t, e := range sc {
+			pt := e * inv
+			off := (t*p.HeadsKV + kvh) * hdv
+			v := vc[off : off+hdv]
+			for j := range out {
+				out[j] += float32(pt * v[j])
+			}
+		}
+	})
+}
+
+// rmsNorm sets dst = src / sqrt(mean(src^2) + eps) * w as
+// ggml_compute_forward_rms_norm_f32 (float64 sum of float32 squares, float32
+// scale) followed by ggml_mul with the norm weight. dst may alias src.
+func rmsNorm(dst, src, w []float32, eps float32) {
+	var sum float64
+	for _, v := range src {
+		sum += float64(v * v)
+	}
+	mean := float32(sum / float64(len(src)))
+	scale := 1 / float32(math.Sqrt(float64(mean+eps)))
+	w = w[:len(src)]
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = float32(v*scale) * w[i]
+	}
+}
+
+// ropeTable fills the cos/sin of position pos for the RopeDim/2 rotated
+// pairs as ggml_rope_cache_init does (ggml-cpu/ops.cpp): theta starts at
+// pos and is multiplied in float32 by base^(-2/RopeDim) per pair; with no
+// YaRN, theta is scaled by RopeScale (freq_scale) and mscale is 1.
+func ropeTable(p Params, pos int, cos, sin []float32) {
+	thetaScale := float32(math.Pow(float64(p.RopeBase), float64(float32(-2)/float32(p.RopeDim))))
+	theta := float32(pos)
+	for i := range cos {
+		t := p.RopeScale * theta
+		cos[i] = float32(math.Cos(float64(t)))
+		sin[i] = float32(math.Sin(float64(t)))
+		theta *= thetaScale
+	}
+}
+
+// ropeNeox rotates x's first 2*len(cos) dims in NEOX style (rotate-half:
+// pair (i, i+half)), as ggml's rope with GGML_ROPE_TYPE_NEOX.
+func ropeNeox(x, cos, sin []float32) {
+	half := len(cos)
+	lo, hi := x[:half], x[half:2*half]
+	for i := range half {
+		x0, x1 := lo[i], hi[i]
+		c, s := cos[i], sin[i]
+		lo[i] = float32(x0*c) - float32(x1*s)
+		hi[i] = float32(x0*s) + float32(x1*c)
+	}
+}
+
+// softmax sets dst = softmax(src) as ggml_soft_max (max subtracted, float64
+// sum of the float32 exponentials, multiplied by float32(1/sum)).
+func softmax(dst, src []float32) {
+	mx := float32(math.Inf(-1))
+	for _, v := range src {
+		mx = max(mx, v)
+	}
+	var sum float64
+	for i, v := range src {
+		e := float32(math.Exp(float64(v - mx)))
+		dst[i] = e
+		sum += float64(e)
+	}
+	inv := float32(1 / sum)
+	for i := range src {
+		dst[i] *= inv
+	}
+}
+
+// minWeightSum is the clamp on the sum of the selected router probabilities
+// (llama-graph.cpp build_moe_ffn: ggml_clamp(weights_sum, 6.103515625e-5, INF)).
+const minWeightSum = 6.103515625e-5
+
+// route turns one row's router logits into the top-k experts (by softmax
+// probability, descending; ties: lower id) and their probabilities divided
+// by their float64-accumulated sum (clamped at minWeightSum). probs is
+// scratch of len(logits).
+func route(logits, probs []float32, ids []int32, w []float32) {
+	softmax(probs, logits)
+	for s := range ids {
+		best := -1
+		for e, v := range probs {
+			if v >= 0 && (best < 0 || v > probs[best]) {
+				best = e
+			}
+		}
+		ids[s] = int32(best)
+		w[s] = probs[best]
+		probs[best] = -1 // taken
+	}
+	var sum float64
+	for _, v := range w {
+		sum += float64(v)
+	}
+	ws := max(float32(sum), minWeightSum)
+	for s := range w {
+		w[s] /= ws
+	}
+}
+
+// parallelW runs fn(worker, unit) for unit in [0, n) on up to threads
+// goroutines (worker in [0, threads)), handing units out in order.
+func parallelW(n, threads int, fn func(worker, unit int)) {
+	if threads <= 1 || n <= 1 {
+		for i := range n {
+			fn(0, i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	nw := min(threads, n)
+	work := func(w int) {
+		for {
+			i := int(next.Add(1) - 1)
+			if i >= n {
+				return
+			}
+			fn(w, i)
+		}
+	}
+	wg.Add(nw - 1)
+	for w := 1; w < nw; w++ {
+		go func() { defer wg.Done(); work(w) }()
+	}
+	work(0)
+	wg.Wait()
+}

@@ -1,0 +1,294 @@
+package quant
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func f32b(bits uint32) float32 { return math.Float32frombits(bits) }
+
+func TestFP32ToFP16Cases(t *testing.T) {
+	cases := []struct {
+		f    float32
+		want uint16
+	}{
+		{1, 0x3c00},
+		{-2, 0xc000},
+		{0.5, 0x3800},
+		{65504, 0x7bff},
+		{65519.99, 0x7bff},                       // below the halfway point to 2^16
+		{65520, 0x7c00},                          // tie between 65504 (odd) and 2^16: even -> inf
+		{1e6, 0x7c00},                            // overflow
+		{f32b(0x3f801000), 0x3c00},               // 1+2^-11: tie, 0x3c00 is even
+		{f32b(0x3f803000), 0x3c02},               // 1+3*2^-11: tie, rounds up to even 0x3c02
+		{f32b(0x3f801001), 0x3c01},               // just above the tie
+		{float32(math.Ldexp(1, -14)), 0x0400},    // smallest normal
+		{float32(math.Ldexp(1, -24)), 0x0001},    // smallest subnormal
+		{float32(math.Ldexp(1, -25)), 0x0000},    // tie between 0 and 2^-24: even -> 0
+		{float32(math.Ldexp(3, -25)), 0x0002},    // 1.5 units: tie -> 2
+		{float32(math.Ldexp(5, -25)), 0x0002},    // 2.5 units: tie -> 2
+		{float32(math.Ldexp(1023, -24)), 0x03ff}, // largest subnormal
+		{float32(math.Ldexp(2047, -25)), 0x0400}, // 1023.5 units: tie -> 1024 = smallest normal
+		{float32(math.Ldexp(1, -26)), 0x0000},
+		{f32b(0x00000001), 0x0000}, // float32 subnormal
+		{f32b(0x80000000), 0x8000}, // -0
+		{float32(math.Inf(1)), 0x7c00},
+		{float32(math.Inf(-1)), 0xfc00},
+		{f32b(0x7fc00000), 0x7e00}, // quiet NaN
+		{f32b(0x7f800001), 0x7e00}, // signalling NaN, payload below the kept bits: quieted
+		{f32b(0xffa02000), 0xff01}, // NaN keeps sign and top payload bits
+	}
+	for _, c := range cases {
+		if got := FP32ToFP16(c.f); got != c.want {
+			t.Errorf("FP32ToFP16(%g = %#08x) = %#04x, want %#04x", c.f, math.Float32bits(c.f), got, c.want)
+		}
+	}
+}
+
+func TestFP16ToFP32Cases(t *testing.T) {
+	cases := []struct {
+		h    uint16
+		want float64
+	}{
+		{0x3c00, 1}, {0xc000, -2}, {0x7bff, 65504}, {0x0001, math.Ldexp(1, -24)},
+		{0x03ff, math.Ldexp(1023, -24)}, {0x0400, math.Ldexp(1, -14)}, {0x8000, 0},
+		{0x7c00, math.Inf(1)}, {0xfc00, math.Inf(-1)}, {0x3555, 0.333251953125},
+	}
+	for _, c := range cases {
+		if got := FP16ToFP32(c.h); float64(got) != c.want {
+			t.Errorf("FP16ToFP32(%#04x) = %g, want %g", c.h, got, c.want)
+		}
+	}
+	if got := FP16ToFP32(0x8000); !math.Signbit(float64(got)) {
+		t.Error("FP16ToFP32(0x8000) lost the sign of -0")
+	}
+	for _, h := range []uint16{0x7c01, 0x7e00, 0xffff} {
+		if got := FP16ToFP32(h); !math.IsNaN(float64(got)) {
+			t.Errorf("FP16ToFP32(%#04x) = %g, want NaN", h, got)
+		}
+	}
+	// Every non-NaN half survives the round trip.
+	for i := range 1 << 16 {
+		h := uint16(i)
+		if h&0x7c00 == 0x7c00 && h&0x3ff != 0 {
+			continue
+		}
+		if got := FP32ToFP16(FP16ToFP32(h)); got != h {
+			t.Fatalf("round trip %#04x -> %#04x", h, got)
+		}
+	}
+}
+
+// TestFP32ToFP16Nearest checks round-to-nearest-even as a property: for
+// random finite float32 in the half range, no neighbouring half is closer,
+// and on an exact tie the chosen half is even.
+func TestFP32ToFP16Nearest(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 200000 {
+		f := float32(math.Ldexp(r.Float64()*2-1, r.IntN(42)-26))
+		h := FP32ToFP16(f)
+		if h&0x7fff >= 0x7c00 {
+			t.Fatalf("%g -> %#04x not finite", f, h)
+		}
+		got := float64(FP16ToFP32(h))
+		err := math.Abs(float64(f) - got)
+		for _, nb := range []uint16{h + 1, h - 1} {
+			if nb&0x7fff >= 0x7c00 || nb&0x8000 != h&0x8000 {
+				continue
+			}
+			e2 := math.Abs(float64(f) - float64(FP16ToFP32(nb)))
+			if e2 < err || (e2 == err && h&1 == 1) {
+				t.Fatalf("%g (%#08x) -> %#04x (err %g), neighbour %#04x err %g", f, math.Float32bits(f), h, err, nb, e2)
+			}
+		}
+	}
+}
+
+func TestBF16(t *testing.T) {
+	cases := []struct {
+		in   uint32
+		want uint16
+	}{
+		{0x3f800000, 0x3f80},
+		{0x3f808000, 0x3f80}, // tie, low even
+		{0x3f818000, 0x3f82}, // tie, odd -> up
+		{0x3f808001, 0x3f81},
+		{0x3f807fff, 0x3f80},
+		{0x7f7fffff, 0x7f80}, // max float rounds to inf
+		{0x7f800000, 0x7f80},
+		{0xff800000, 0xff80},
+		{0x7f800001, 0x7fc0}, // NaN: high bits | 64
+		{0xff812345, 0xffc1},
+		{0x00008000, 0x0000}, // subnormal tie -> even (kept, not flushed)
+		{0x00018000, 0x0002},
+		{0x80010000, 0x8001},
+	}
+	for _, c := range cases {
+		if got := FP32ToBF16(f32b(c.in)); got != c.want {
+			t.Errorf("FP32ToBF16(%#08x) = %#04x, want %#04x", c.in, got, c.want)
+		}
+	}
+	if got := BF16ToFP32(0xc0a0); got != -5 {
+		t.Errorf("BF16ToFP32(0xc0a0) = %g, want -5", got)
+	}
+}
+
+func TestConvertQ8_0(t *testing.T) {
+	// amax 254 -> d = fp16(2), multiplier 127/254 = 0.5: ties round to even.
+	x := make([]float32, 32)
+	in := []float32{1, 3, 5, -5, 7, -7, 254, -253, 2, 0.9, 9, 11}
+	want := []int8{0, 2, 2, -2, 4, -4, 127, -126, 1, 0, 4, 6}
+	copy(x, in)
+	dst := make([]byte, 34)
+	if err := ConvertActivation(Q4_0, x, dst); err != nil {
+		t.Fatal(err)
+	}
+	if d := binary.LittleEndian.Uint16(dst); d != 0x4000 {
+		t.Errorf("d = %#04x, want 0x4000 (2.0)", d)
+	}
+	for i, w := range want {
+		if got := int8(dst[2+i]); got != w {
+			t.Errorf("q[%d] (x=%g) = %d, want %d", i, in[i], got, w)
+		}
+	}
+	// Q8_1 adds s = fp16(d * sum q) with the float32 d = 254/127 = 2.
+	dst1 := make([]byte, 36)
+	if err := ConvertActivation(Q5_1, x, dst1); err != nil {
+		t.Fatal(err)
+	}
+	sum := 0
+	for _, w := range want {
+		sum += int(w)
+	}
+	if s := binary.LittleEndian.Uint16(dst1[2:]); s != FP32ToFP16(float32(2*sum)) {
+		t.Errorf("q8_1 s = %#04x, want fp16(%d)", s, 2*sum)
+	}
+	// The scale is fp16(amax/127) while codes use the float32 127/amax:
+	// amax = 100 gives d = fp16(0.787401..) = 0x3a4d (0.787597..).
+	x2 := make([]float32, 32)
+	x2[0], x2[1] = 100, 50.2
+	if err := ConvertActivation(Q8_0, x2, dst); err != nil {
+		t.Fatal(err)
+	}
+	if d := binary.LittleEndian.Uint16(dst); d != 0x3a4d {
+		t.Errorf("d(100/127) = %#04x, want 0x3a4d", d)
+	}
+	if q := int8(dst[3]); q != 64 { // 50.2*1.27 = 63.754 -> 64
+		t.Errorf("q(50.2) = %d, want 64", q)
+	}
+	// All zero block: d = 0, codes 0.
+	if err := ConvertActivation(Q8_0, make([]float32, 32), dst); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range dst {
+		if b != 0 {
+			t.Fatalf("zero block byte %d = %d", i, b)
+		}
+	}
+}
+
+func TestConvertQ8K(t *testing.T) {
+	x := make([]float32, QK_K)
+	x[0], x[1], x[2], x[3], x[17] = -4, 2, 4, 0.1, -2
+	dst := make([]byte, 292)
+	if err := ConvertActivation(Q4_K, x, dst); err != nil {
+		t.Fatal(err)
+	}
+	// m = -4 (first of largest |x|), s = -127/m = 31.75, d = 1/31.75.
+	if d := math.Float32frombits(binary.LittleEndian.Uint32(dst)); d != float32(1)/31.75 {
+		t.Errorf("d = %g, want 1/31.75", d)
+	}
+	// 2*31.75 = 63.5 -> 64 (even); 0.1*31.75 = 3.175 -> 3.
+	for i, w := range map[int]int8{0: -127, 1: 64, 2: 127, 3: 3, 17: -64, 4: 0} {
+		if got := int8(dst[4+i]); got != w {
+			t.Errorf("q[%d] = %d, want %d", i, got, w)
+		}
+	}
+	b0 := int16(binary.LittleEndian.Uint16(dst[4+QK_K:]))
+	b1 := int16(binary.LittleEndian.Uint16(dst[4+QK_K+2:]))
+	if b0 != -127+64+127+3 || b1 != -64 {
+		t.Errorf("bsums = %d, %d", b0, b1)
+	}
+	// +4 first: m = +4, every code flips sign (-63.5 -> -64, even).
+	x[0], x[2] = 4, -4
+	if err := ConvertActivation(Q6_K, x, dst); err != nil {
+		t.Fatal(err)
+	}
+	if d := math.Float32frombits(binary.LittleEndian.Uint32(dst)); d != float32(1)/-31.75 {
+		t.Errorf("d = %g, want -1/31.75", d)
+	}
+	if q := int8(dst[5]); q != -64 {
+		t.Errorf("q[1] = %d, want -64", q)
+	}
+}
+
+func TestConvertFloat(t *testing.T) {
+	x := []float32{1, f32b(0x3f801000), 65520, -0.1}
+	dst := make([]byte, 8)
+	if err := ConvertActivation(F16, x, dst); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range []uint16{0x3c00, 0x3c00, 0x7c00, FP32ToFP16(-0.1)} {
+		if got := binary.LittleEndian.Uint16(dst[2*i:]); got != w {
+			t.Errorf("F16[%d] = %#04x, want %#04x", i, got, w)
+		}
+	}
+	if err := ConvertActivation(BF16, x, dst); err != nil {
+		t.Fatal(err)
+	}
+	if got := binary.LittleEndian.Uint16(dst[2:]); got != 0x3f80 {
+		t.Errorf("BF16[1] = %#04x", got)
+	}
+	d32 := make([]byte, 16)
+	if err := ConvertActivation(F32, x, d32); err != nil {
+		t.Fatal(err)
+	}
+	if math.Float32frombits(binary.LittleEndian.Uint32(d32[12:])) != -0.1 {
+		t.Error("F32 copy")
+	}
+}
+
+func TestErrors(t *testing.T) {
+	if _, err := ActivationBytes(Type(99), 32); !errors.Is(err, ErrUnknownType) {
+		t.Errorf("unknown type: %v", err)
+	}
+	if _, err := ActivationBytes(Q2_K, 256); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("Q2_K: %v", err)
+	}
+	if _, err := ActivationBytes(Q4_K, 100); !errors.Is(err, ErrSize) {
+		t.Errorf("Q4_K 100: %v", err)
+	}
+	if err := Dequantize(Q8_0, make([]byte, 33), make([]float32, 32)); !errors.Is(err, ErrSize) {
+		t.Errorf("short Q8_0: %v", err)
+	}
+	if err := Dequantize(Q3_K, make([]byte, 110), make([]float32, 256)); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("Q3_K: %v", err)
+	}
+	if err := Quantize(Q4_0, make([]float32, 31), make([]byte, 18)); !errors.Is(err, ErrSize) {
+		t.Errorf("Quantize 31: %v", err)
+	}
+	if err := ConvertActivation(Q8_0, make([]float32, 32), make([]byte, 36)); !errors.Is(err, ErrSize) {
+		t.Errorf("Convert wrong dst: %v", err)
+	}
+	if _, err := CheckedVecDot(Q8_0, make([]byte, 34), make([]byte, 33), 32); !errors.Is(err, ErrSize) {
+		t.Errorf("VecDot short a: %v", err)
+	}
+	if v := VecDot(Q8_0, make([]byte, 34), make([]byte, 33), 32); !math.IsNaN(float64(v)) {
+		t.Errorf("VecDot on bad input = %g, want NaN", v)
+	}
+	if _, err := F32.RowBytes(math.MaxInt); !errors.Is(err, ErrSize) {
+		t.Errorf("RowBytes overflow: %v", err)
+	}
+	if err := MatMul(Q8_0, make([]byte, 34), 1, 32, make([]float32, 32), 1, make([]float32, 2), 1); !errors.Is(err, ErrSize) {
+		t.Errorf("MatMul wrong y: %v", err)
+	}
+	if tt, err := ParseType("q4_k"); err != nil || tt != Q4_K {
+		t.Errorf("ParseType(q4_k) = %v, %v", tt, err)
+	}
+	if _, err := ParseType("Q9"); !errors.Is(err, ErrUnknownType) {
+		t.Errorf("ParseType(Q9): %v", err)
+	}
+}

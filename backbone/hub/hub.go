@@ -1,0 +1,510 @@
+// Package hub is the LAN-only bridge between worker sessions (arriving from
+// the gateway as WebSockets on /v1/worker) and the backbone's dispatch
+// listener (one TCP link per session, framed as in engine/wire/link.go). It
+// meters the bytes it bridges per session into the contribution ledger.
+//
+// Metering (docs/protocol.md, backbone/ledger): every WebSocket message is
+// counted whole, both ways. Backbone->worker DISPATCH messages are creditable
+// (BytesOut). A worker's RESULT is held as pending under its request id until
+// the backbone sends LinkAccepted (creditable BytesIn) or LinkRejected, or
+// ResultHold passes, or the session ends (both: RejectedBytes). Worker
+// messages that are not valid frames are rejected at once. Other control
+// frames (HELLO, PING, PONG, PAUSE, ERROR, WELCOME) are overhead: counted in
+// the session totals, neither credited nor rejected.
+package hub
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/kvasir-ai/kvasir/backbone/ledger"
+	"github.com/kvasir-ai/kvasir/engine/wire"
+)
+
+// Meter receives the ledger deltas of every session (at least every
+// FlushEvery and a Final entry when the session ends). Append's error is
+// logged; the hub keeps the unflushed delta and retries on the next flush.
+type Meter interface {
+	Append(e ledger.Entry) error
+}
+
+// Config configures a Hub. Zero durations take the defaults noted.
+type Config struct {
+	Listen      string                  // host:port, loopback or private unless AllowPublic ("127.0.0.1:0" picks a port)
+	Backbone    string                  // host:port of the backbone's dispatch listener
+	Secret      []byte                  // shared gateway secret, >= 16 bytes
+	Meter       Meter                   // may be nil: counts are still kept (Sessions)
+	AllowPublic bool                    // allow a public listen address
+	Extra       map[string]http.Handler // more handlers by path pattern (http.ServeMux syntax)
+
+	MaxSkew     time.Duration // gateway timestamp window; default DefaultMaxSkew
+	IdleTimeout time.Duration // close a session after this long without a worker message; default 75 s (> the 20 s ping)
+	ResultHold  time.Duration // how long a RESULT waits for LinkAccepted before it is rejected; default 60 s
+	FlushEvery  time.Duration // ledger flush period; default 1 s
+	DialTimeout time.Duration // backbone dial timeout; default 5 s
+	Logger      *slog.Logger  // default slog.Default()
+}
+
+// SessionStats is a snapshot of one session's counts; bytes are whole
+// WebSocket message bytes.
+type SessionStats struct {
+	ID, WorkerID    string
+	Started         time.Time
+	Ended           bool
+	Reason          string // why it ended ("" while open)
+	ToWorker        uint64 // all bytes backbone -> worker
+	FromWorker      uint64 // all bytes worker -> backbone
+	CreditOut       uint64 // DISPATCH bytes (creditable)
+	CreditIn        uint64 // accepted RESULT bytes (creditable)
+	Rejected        uint64 // worker bytes refused, late, malformed or never accepted
+	Pending         uint64 // RESULT bytes awaiting the backbone's verdict
+	Messages        uint64 // messages bridged, both ways
+	DispatchesSent  uint64 // DISPATCH messages to the worker
+	ResultsReceived uint64 // RESULT messages from the worker
+}
+
+// Hub is a running hub. Create with New, then Start.
+type Hub struct {
+	cfg    Config
+	log    *slog.Logger
+	srv    *http.Server
+	ln     net.Listener
+	nonces nonceCache
+
+	mu       sync.Mutex
+	sessions map[string]*session
+	ended    []SessionStats // most recent last, bounded by maxEnded
+	conns    uint64         // accepted /v1/worker upgrades
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+const maxEnded = 1024
+
+// New validates cfg (listen address, secret) and returns a Hub that is not
+// yet listening. Errors wrap ErrPublic or ErrNoSecret.
+func New(cfg Config) (*Hub, error) {
+	if err := CheckListenAddr(cfg.Listen, cfg.AllowPublic); err != nil {
+		return nil, err
+	}
+	if len(cfg.Secret) < 16 {
+		return nil, ErrNoSecret
+	}
+	if cfg.Backbone == "" {
+		return nil, errors.New("hub: Backbone address required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.MaxSkew, DefaultMaxSkew)
+	def(&cfg.IdleTimeout, 75*time.Second)
+	def(&cfg.ResultHold, 60*time.Second)
+	def(&cfg.FlushEvery, time.Second)
+	def(&cfg.DialTimeout, 5*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	h := &Hub{cfg: cfg, log: cfg.Logger, sessions: map[string]*session{}, stop: make(chan struct{})}
+	mux := http.NewServeMux()
+	mux.HandleFunc(wire.WorkerPath, h.serveWorker)
+	for p, x := range cfg.Extra {
+		mux.Handle(p, x)
+	}
+	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+	return h, nil
+}
+
+// Start binds the listen address and serves in the background.
+func (h *Hub) Start() error {
+	ln, err := net.Listen("tcp", h.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("hub: %w", err)
+	}
+	h.ln = ln
+	h.wg.Add(2)
+	go func() { defer h.wg.Done(); _ = h.srv.Serve(ln) }()
+	go func() { defer h.wg.Done(); h.flushLoop() }()
+	h.log.Info("hub listening", "addr", ln.Addr().String(), "backbone", h.cfg.Backbone)
+	return nil
+}
+
+// Addr is the bound listen address (after Start).
+func (h *Hub) Addr() string { return h.ln.Addr().String() }
+
+// Close stops listening, ends every session (writing their Final entries)
+// and waits for the hub's goroutines.
+func (h *Hub) Close() error {
+	select {
+	case <-h.stop:
+		return nil
+	default:
+	}
+	close(h.stop)
+	err := h.srv.Close() // hijacked WebSockets are not closed by this
+	h.mu.Lock()
+	for _, s := range h.sessions {
+		s.cancel()
+	}
+	h.mu.Unlock()
+	h.wg.Wait()
+	return err
+}
+
+// Upgrades is the number of /v1/worker requests that passed the gateway
+// check (each becomes a session if the backbone answers).
+func (h *Hub) Upgrades() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.conns
+}
+
+// Sessions returns a snapshot of open sessions and of up to 1024 ended ones,
+// ordered by start time.
+func (h *Hub) Sessions() []SessionStats {
+	h.mu.Lock()
+	out := append([]SessionStats(nil), h.ended...)
+	open := make([]*session, 0, len(h.sessions))
+	for _, s := range h.sessions {
+		open = append(open, s)
+	}
+	h.mu.Unlock()
+	for _, s := range open {
+		out = append(out, s.snapshot())
+	}
+	for i := 1; i < len(out); i++ { // insertion sort by start: small n
+		for j := i; j > 0 && out[j].Started.Before(out[j-1].Started); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	worker, nonce, err := verifyGateway(r.Header, h.cfg.Secret, now, h.cfg.MaxSkew)
+	if err == nil && !h.nonces.add(nonce, now, now.Add(2*h.cfg.MaxSkew)) {
+		err = fmt.Errorf("%w: replayed gateway nonce", ErrUnverified)
+	}
+	if err == nil && (len(worker) != 64 || !isHex(worker)) {
+		err = fmt.Errorf("%w: worker id %q", ErrUnverified, worker)
+	}
+	if err != nil {
+		h.log.Warn("hub: refused upgrade", "remote", r.RemoteAddr, "err", err)
+		http.Error(w, "forbidden", http.StatusForbidden)
+		return
+	}
+	h.mu.Lock()
+	h.conns++
+	h.mu.Unlock()
+	link, err := net.DialTimeout("tcp", h.cfg.Backbone, h.cfg.DialTimeout)
+	if err != nil {
+		h.log.Warn("hub: backbone unreachable", "err", err)
+		http.Error(w, "backbone unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled, InsecureSkipVerify: true})
+	if err != nil {
+		link.Close()
+		return
+	}
+	c.SetReadLimit(wire.MaxMessage)
+	var idb [8]byte
+	_, _ = rand.Read(idb[:])
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &session{id: hex.EncodeToString(idb[:]), worker: worker, started: now, cancel: cancel, pending: map[uint64]pendingResult{}}
+	h.mu.Lock()
+	h.sessions[s.id] = s
+	h.mu.Unlock()
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		reason := h.bridge(ctx, s, c, link)
+		cancel()
+		s.end(reason)
+		h.flush(s, true)
+		h.mu.Lock()
+		delete(h.sessions, s.id)
+		h.ended = append(h.ended, s.snapshot())
+		if len(h.ended) > maxEnded {
+			h.ended = h.ended[len(h.ended)-maxEnded:]
+		}
+		h.mu.Unlock()
+		h.log.Info("hub: session ended", "session", s.id, "worker", short(worker), "reason", reason)
+	}()
+}
+
+// bridge copies messages between the worker WebSocket c and the backbone
+// link until either side ends; it returns the reason.
+func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link net.Conn) string {
+	defer link.Close()
+	bw := bufio.NewWriterSize(link, 64<<10)
+	var wmu sync.Mutex // guards bw
+	if err := wire.WriteLinkPreamble(bw, s.id, s.worker); err != nil || bw.Flush() != nil {
+		c.Close(websocket.StatusInternalError, "backbone link failed")
+		return "backbone link failed"
+	}
+	reasons := make(chan string, 2)
+	// worker -> backbone
+	go func() {
+		for {
+			rctx, rcancel := context.WithTimeout(ctx, h.cfg.IdleTimeout)
+			typ, msg, err := c.Read(rctx)
+			rcancel()
+			if err != nil {
+				var ce websocket.CloseError
+				switch {
+				case errors.As(err, &ce):
+					reasons <- fmt.Sprintf("worker closed: %d %s", ce.Code, ce.Reason)
+				case ctx.Err() != nil:
+					reasons <- "hub closing"
+				default:
+					reasons <- "worker read: " + err.Error()
+				}
+				link.Close()
+				return
+			}
+			if typ != websocket.MessageBinary {
+				s.fromWorker(nil, len(msg))
+				c.Close(websocket.StatusUnsupportedData, "binary frames only")
+				reasons <- "worker sent a text message"
+				link.Close()
+				return
+			}
+			s.fromWorker(msg, len(msg))
+			wmu.Lock()
+			err = wire.WriteLink(bw, wire.LinkData, msg)
+			if err == nil {
+				err = bw.Flush()
+			}
+			wmu.Unlock()
+			if err != nil {
+				c.Close(websocket.StatusGoingAway, "backbone link lost")
+				reasons <- "backbone write: " + err.Error()
+				return
+			}
+		}
+	}()
+	// backbone -> worker
+	go func() {
+		br := bufio.NewReaderSize(link, 64<<10)
+		for {
+			kind, p, err := wire.ReadLink(br)
+			if err != nil {
+				c.Close(websocket.StatusGoingAway, "backbone link closed")
+				reasons <- "backbone link: " + err.Error()
+				return
+			}
+			switch kind {
+			case wire.LinkData:
+				s.toWorker(p)
+				if err := c.Write(ctx, websocket.MessageBinary, p); err != nil {
+					link.Close()
+					reasons <- "worker write: " + err.Error()
+					return
+				}
+			case wire.LinkAccepted, wire.LinkRejected:
+				req, err := wire.LinkRequest(p)
+				if err == nil {
+					s.verdict(req, kind == wire.LinkAccepted)
+				}
+			case wire.LinkClose:
+				code, reason, _ := wire.LinkCloseReason(p)
+				c.Close(websocket.StatusCode(code), reason)
+				link.Close()
+				reasons <- "backbone closed session: " + reason
+				return
+			default:
+				c.Close(websocket.StatusInternalError, "bad backbone link")
+				link.Close()
+				reasons <- fmt.Sprintf("backbone link kind %d", kind)
+				return
+			}
+		}
+	}()
+	first := <-reasons
+	c.CloseNow()
+	link.Close()
+	<-reasons
+	return first
+}
+
+func (h *Hub) flushLoop() {
+	t := time.NewTicker(h.cfg.FlushEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case now := <-t.C:
+			h.mu.Lock()
+			open := make([]*session, 0, len(h.sessions))
+			for _, s := range h.sessions {
+				open = append(open, s)
+			}
+			h.mu.Unlock()
+			for _, s := range open {
+				s.expire(now.Add(-h.cfg.ResultHold))
+				h.flush(s, false)
+			}
+		}
+	}
+}
+
+// flush appends the session's delta since the last successful append; a
+// final flush always appends (with Final set).
+func (h *Hub) flush(s *session, final bool) {
+	if h.cfg.Meter == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.finalWritten {
+		return
+	}
+	e := ledger.Entry{SessionID: s.id, WorkerID: s.worker,
+		BytesIn:       s.creditIn - s.flushed.creditIn,
+		BytesOut:      s.creditOut - s.flushed.creditOut,
+		RejectedBytes: s.rejected - s.flushed.rejected,
+		Final:         final, Time: time.Now().UTC()}
+	if !final && e.BytesIn == 0 && e.BytesOut == 0 && e.RejectedBytes == 0 {
+		return
+	}
+	if err := h.cfg.Meter.Append(e); err != nil {
+		h.log.Error("hub: ledger append failed", "session", s.id, "err", err)
+		return
+	}
+	s.flushed.creditIn, s.flushed.creditOut, s.flushed.rejected = s.creditIn, s.creditOut, s.rejected
+	s.finalWritten = final
+}
+
+type pendingResult struct {
+	bytes uint64
+	at    time.Time
+}
+
+// session holds one bridged connection's counts.
+type session struct {
+	id, worker string
+	started    time.Time
+	cancel     context.CancelFunc
+
+	mu                               sync.Mutex
+	ended                            bool
+	reason                           string
+	toW, fromW, msgs, nDisp, nResult uint64
+	creditOut, creditIn, rejected    uint64
+	pending                          map[uint64]pendingResult
+	flushed                          struct{ creditOut, creditIn, rejected uint64 }
+	finalWritten                     bool
+}
+
+func (s *session) fromWorker(msg []byte, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fromW += uint64(n)
+	s.msgs++
+	if msg == nil {
+		s.rejected += uint64(n)
+		return
+	}
+	t, req, ok := wire.PeekRequest(msg)
+	switch {
+	case ok && t == wire.TypeResult:
+		p := s.pending[req]
+		p.bytes += uint64(n)
+		p.at = time.Now()
+		s.pending[req] = p
+		s.nResult++
+	case t == wire.TypeResult || t == wire.TypeDispatch: // short RESULT, or a worker sending DISPATCH
+		s.rejected += uint64(n)
+	default:
+		if _, err := wire.Peek(msg); err != nil || t == 0 || t > wire.TypePause {
+			s.rejected += uint64(n) // garbage
+		}
+	}
+}
+
+func (s *session) toWorker(msg []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.toW += uint64(len(msg))
+	s.msgs++
+	if t, _ := wire.Peek(msg); t == wire.TypeDispatch {
+		s.creditOut += uint64(len(msg))
+		s.nDisp++
+	}
+}
+
+func (s *session) verdict(req uint64, accepted bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.pending[req]
+	if !ok {
+		return
+	}
+	delete(s.pending, req)
+	if accepted {
+		s.creditIn += p.bytes
+	} else {
+		s.rejected += p.bytes
+	}
+}
+
+// expire rejects pending results received before cutoff.
+func (s *session) expire(cutoff time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for req, p := range s.pending {
+		if p.at.Before(cutoff) {
+			s.rejected += p.bytes
+			delete(s.pending, req)
+		}
+	}
+}
+
+func (s *session) end(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended, s.reason = true, reason
+	for req, p := range s.pending {
+		s.rejected += p.bytes
+		delete(s.pending, req)
+	}
+}
+
+func (s *session) snapshot() SessionStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var pend uint64
+	for _, p := range s.pending {
+		pend += p.bytes
+	}
+	return SessionStats{ID: s.id, WorkerID: s.worker, Started: s.started, Ended: s.ended, Reason: s.reason,
+		ToWorker: s.toW, FromWorker: s.fromW, CreditOut: s.creditOut, CreditIn: s.creditIn,
+		Rejected: s.rejected, Pending: pend, Messages: s.msgs, DispatchesSent: s.nDisp, ResultsReceived: s.nResult}
+}
+
+func isHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

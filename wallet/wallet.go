@@ -1,0 +1,434 @@
+// Package wallet is the worker's local wallet and identity: an SQLite file
+// with the worker's own count of bytes served per session (metered), the
+// gateway's signed credit statements (credited) and payouts (paid), and
+// the ed25519 identity whose key lives in the OS keyring (identity.go).
+// See docs/accounting.md.
+package wallet
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
+
+	"github.com/kvasir-ai/kvasir/wallet/walletapi"
+)
+
+// SchemaVersion is the wallet file's schema version (PRAGMA user_version).
+// Changelog: 1 — sessions, statements, payouts, meta.
+const SchemaVersion = 1
+
+// Wallet errors.
+var (
+	// ErrCorrupt: the file is not a readable SQLite database, or fails
+	// SQLite's quick_check. The file is left untouched.
+	ErrCorrupt = errors.New("wallet: file is corrupt or not a wallet")
+	// ErrNewerSchema: the file was written by a newer kvasir. Left untouched.
+	ErrNewerSchema = errors.New("wallet: file is from a newer version of kvasir")
+	// ErrWrongIdentity: the file belongs to another worker key.
+	ErrWrongIdentity = errors.New("wallet: file belongs to another identity")
+	// ErrGatewayKey: a statement source whose key differs from the gateway
+	// key pinned on first use.
+	ErrGatewayKey = errors.New("wallet: gateway key differs from the pinned key")
+	// ErrStatement: a statement that fails verification or does not follow
+	// the previous one (number, cumulative totals, worker).
+	ErrStatement = errors.New("wallet: statement rejected")
+	// ErrPayout: a payout that is not positive or exceeds the credited amount.
+	ErrPayout = errors.New("wallet: invalid payout")
+)
+
+const schema = `
+CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE sessions (
+	session   TEXT PRIMARY KEY,
+	bytes_in  INTEGER NOT NULL CHECK (bytes_in >= 0),  -- DISPATCH bytes received
+	bytes_out INTEGER NOT NULL CHECK (bytes_out >= 0), -- RESULT bytes sent
+	started   INTEGER NOT NULL,                        -- unix ms
+	updated   INTEGER NOT NULL                         -- unix ms
+);
+CREATE TABLE statements (
+	n              INTEGER PRIMARY KEY,
+	gateway        TEXT    NOT NULL,
+	body           BLOB    NOT NULL,
+	sig            BLOB    NOT NULL,
+	bytes          INTEGER NOT NULL,
+	rejected       INTEGER NOT NULL,
+	nkvr           INTEGER NOT NULL,
+	rate           INTEGER NOT NULL,
+	cum_bytes      INTEGER NOT NULL,
+	cum_nkvr       INTEGER NOT NULL,
+	ledger_after   INTEGER NOT NULL,
+	ledger_upto    INTEGER NOT NULL,
+	time           INTEGER NOT NULL, -- unix ms, gateway's
+	fetched        INTEGER NOT NULL  -- unix ms, ours
+);
+CREATE TABLE payouts (
+	id   INTEGER PRIMARY KEY AUTOINCREMENT,
+	nkvr INTEGER NOT NULL CHECK (nkvr > 0),
+	ref  TEXT    NOT NULL,
+	time INTEGER NOT NULL -- unix ms
+);
+`
+
+// FlushInterval is how often Served writes its in-memory counts to disk;
+// a crash loses at most this much of the worker's own count.
+const FlushInterval = time.Second
+
+// Wallet is an open wallet file bound to one worker identity. It is safe
+// for concurrent use.
+type Wallet struct {
+	db     *sql.DB
+	worker string // hex public key
+	addr   string
+	now    func() time.Time
+
+	mu        sync.Mutex
+	pending   map[string]*served // counts not yet written
+	lastFlush time.Time
+}
+
+type served struct {
+	in, out uint64
+	first   time.Time
+	last    time.Time
+}
+
+// Options tunes Open; the zero value is the production setting.
+type Options struct {
+	Now func() time.Time // clock; nil means time.Now
+}
+
+// Check inspects the wallet file at path without modifying it: the SQLite
+// header, PRAGMA quick_check and the schema version, opening it read-only.
+// It returns nil for a missing or empty file (Open will create it), an
+// error wrapping ErrCorrupt or ErrNewerSchema, or the version found.
+func Check(path string) (version int, err error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("wallet: %w", err)
+	}
+	hdr := make([]byte, 100)
+	n, rerr := io.ReadFull(f, hdr)
+	f.Close()
+	if n == 0 && (rerr == io.EOF) {
+		return 0, nil
+	}
+	if n < 100 || !bytes.HasPrefix(hdr, []byte("SQLite format 3\x00")) {
+		return 0, fmt.Errorf("%w: %s has no SQLite header", ErrCorrupt, path)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return 0, fmt.Errorf("wallet: %w", err)
+	}
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: "mode=ro"}
+	db, err := sql.Open("sqlite3", u.String())
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	defer db.Close()
+	if err := db.QueryRow(`PRAGMA user_version`).Scan(&version); err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	if version > SchemaVersion {
+		return version, fmt.Errorf("%w: %s has schema version %d, this kvasir reads up to %d; upgrade kvasir",
+			ErrNewerSchema, path, version, SchemaVersion)
+	}
+	var res string
+	if err := db.QueryRow(`PRAGMA quick_check`).Scan(&res); err != nil {
+		return version, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	if res != "ok" {
+		return version, fmt.Errorf("%w: %s: quick_check: %s", ErrCorrupt, path, res)
+	}
+	return version, nil
+}
+
+// Open opens or creates the wallet at path for identity id. An existing
+// file is first checked read-only (Check), so a corrupt file or one from a
+// newer schema is reported (ErrCorrupt, ErrNewerSchema) and left byte for
+// byte as it was. A file of another identity gives ErrWrongIdentity.
+func Open(path string, id Identity, opt Options) (*Wallet, error) {
+	v, err := Check(path)
+	if err != nil {
+		return nil, err
+	}
+	if v != 0 && v != SchemaVersion { // older versions: none exist yet
+		return nil, fmt.Errorf("%w: %s has unknown schema version %d", ErrCorrupt, path, v)
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
+		f.Close()
+	} else if !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("wallet: %w", err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("wallet: %w", err)
+	}
+	// synchronous=NORMAL in WAL: a power cut can lose the last second of
+	// the worker's own count, an estimate; statements can be fetched again.
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs),
+		RawQuery: "_journal_mode=WAL&_synchronous=NORMAL&_busy_timeout=5000&_txlock=immediate"}
+	db, err := sql.Open("sqlite3", u.String())
+	if err != nil {
+		return nil, fmt.Errorf("wallet: %w", err)
+	}
+	w := &Wallet{db: db, worker: id.WorkerID, addr: id.Address, now: opt.Now, pending: map[string]*served{}}
+	if err := w.init(v); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("wallet: open %s: %w", path, err)
+	}
+	return w, nil
+}
+
+func (w *Wallet) init(version int) error {
+	tx, err := w.db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if version == 0 {
+		if _, err := tx.Exec(schema); err != nil {
+			return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		if _, err := tx.Exec(`INSERT INTO meta (k, v) VALUES ('worker', ?), ('address', ?)`, w.worker, w.addr); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, SchemaVersion)); err != nil {
+			return err
+		}
+	}
+	var owner string
+	if err := tx.QueryRow(`SELECT v FROM meta WHERE k = 'worker'`).Scan(&owner); err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if owner != w.worker {
+		return fmt.Errorf("%w: file is for worker %s, identity is %s", ErrWrongIdentity, owner, w.worker)
+	}
+	return tx.Commit()
+}
+
+// Close writes pending counts and closes the file.
+func (w *Wallet) Close() error {
+	ferr := w.Flush()
+	cerr := w.db.Close()
+	return errors.Join(ferr, cerr)
+}
+
+// Address returns the wallet's address.
+func (w *Wallet) Address() string { return w.addr }
+
+// Served adds one served exchange to the worker's own count for session:
+// bytesIn DISPATCH bytes received and bytesOut RESULT bytes sent (WebSocket
+// message bytes). It is cheap (in memory) and writes to disk at most every
+// FlushInterval; pass it as worker.Config.OnServed. Write errors are
+// returned by a later Flush or Close.
+func (w *Wallet) Served(session string, bytesIn, bytesOut uint64) {
+	now := w.now()
+	w.mu.Lock()
+	s := w.pending[session]
+	if s == nil {
+		s = &served{first: now}
+		w.pending[session] = s
+	}
+	s.in += bytesIn
+	s.out += bytesOut
+	s.last = now
+	due := now.Sub(w.lastFlush) >= FlushInterval
+	w.mu.Unlock()
+	if due {
+		_ = w.Flush()
+	}
+}
+
+// Flush writes the counts Served buffered, in one transaction.
+func (w *Wallet) Flush() error {
+	w.mu.Lock()
+	p := w.pending
+	w.pending = map[string]*served{}
+	w.lastFlush = w.now()
+	w.mu.Unlock()
+	if len(p) == 0 {
+		return nil
+	}
+	err := func() error {
+		tx, err := w.db.Begin()
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		for sess, s := range p {
+			if s.in > walletapi.MaxAmount || s.out > walletapi.MaxAmount {
+				return fmt.Errorf("wallet: session %q count overflows", sess)
+			}
+			if _, err := tx.Exec(`INSERT INTO sessions (session, bytes_in, bytes_out, started, updated) VALUES (?, ?, ?, ?, ?)
+				ON CONFLICT (session) DO UPDATE SET bytes_in = bytes_in + excluded.bytes_in,
+				bytes_out = bytes_out + excluded.bytes_out, updated = excluded.updated`,
+				sess, int64(s.in), int64(s.out), s.first.UnixMilli(), s.last.UnixMilli()); err != nil {
+				return err
+			}
+		}
+		return tx.Commit()
+	}()
+	if err != nil {
+		// Put the counts back so they are not lost.
+		w.mu.Lock()
+		for sess, s := range p {
+			if q := w.pending[sess]; q != nil {
+				q.in += s.in
+				q.out += s.out
+				q.first = s.first
+			} else {
+				w.pending[sess] = s
+			}
+		}
+		w.mu.Unlock()
+		return fmt.Errorf("wallet: flush: %w", err)
+	}
+	return nil
+}
+
+// PinnedGateway returns the gateway key pinned on first use (nil if none).
+func (w *Wallet) PinnedGateway() (ed25519.PublicKey, error) {
+	var h string
+	err := w.db.QueryRow(`SELECT v FROM meta WHERE k = 'gateway'`).Scan(&h)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("wallet: %w", err)
+	}
+	b, err := hex.DecodeString(h)
+	if err != nil || len(b) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("%w: pinned gateway key %q", ErrCorrupt, h)
+	}
+	return b, nil
+}
+
+// LastStatement returns the number of the newest stored statement (0: none).
+func (w *Wallet) LastStatement() (uint64, error) {
+	var n sql.NullInt64
+	if err := w.db.QueryRow(`SELECT MAX(n) FROM statements`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("wallet: %w", err)
+	}
+	return uint64(n.Int64), nil
+}
+
+// AddStatements verifies and stores statements signed by gateway, in one
+// transaction (all or nothing). The first gateway key seen is pinned;
+// another key gives ErrGatewayKey. Each statement must verify, name this
+// worker, and continue the stored ones: N = previous N + 1 and cumulative
+// totals = previous + this credit (ErrStatement otherwise). A statement
+// already stored with identical bytes is skipped. It returns how many were
+// added.
+func (w *Wallet) AddStatements(gateway ed25519.PublicKey, signed []walletapi.Signed) (int, error) {
+	tx, err := w.db.Begin()
+	if err != nil {
+		return 0, fmt.Errorf("wallet: %w", err)
+	}
+	defer tx.Rollback()
+	gw := hex.EncodeToString(gateway)
+	var pinned string
+	err = tx.QueryRow(`SELECT v FROM meta WHERE k = 'gateway'`).Scan(&pinned)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if len(gateway) != ed25519.PublicKeySize {
+			return 0, fmt.Errorf("%w: key of %d bytes", ErrGatewayKey, len(gateway))
+		}
+		if _, err := tx.Exec(`INSERT INTO meta (k, v) VALUES ('gateway', ?)`, gw); err != nil {
+			return 0, fmt.Errorf("wallet: %w", err)
+		}
+	case err != nil:
+		return 0, fmt.Errorf("wallet: %w", err)
+	case pinned != gw:
+		return 0, fmt.Errorf("%w: pinned %s, offered %s", ErrGatewayKey, pinned, gw)
+	}
+	var lastN, cumB, cumN int64
+	err = tx.QueryRow(`SELECT n, cum_bytes, cum_nkvr FROM statements ORDER BY n DESC LIMIT 1`).Scan(&lastN, &cumB, &cumN)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("wallet: %w", err)
+	}
+	added := 0
+	now := w.now().UnixMilli()
+	for _, sg := range signed {
+		st, err := walletapi.Open(gateway, sg)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %v", ErrStatement, err)
+		}
+		if st.Worker != w.worker {
+			return 0, fmt.Errorf("%w: statement %d is for worker %s", ErrStatement, st.N, st.Worker)
+		}
+		if st.N <= uint64(lastN) {
+			var body []byte
+			if err := tx.QueryRow(`SELECT body FROM statements WHERE n = ?`, int64(st.N)).Scan(&body); err == nil && bytes.Equal(body, sg.Body) {
+				continue
+			}
+			return 0, fmt.Errorf("%w: statement %d conflicts with the stored one", ErrStatement, st.N)
+		}
+		if st.N != uint64(lastN)+1 {
+			return 0, fmt.Errorf("%w: statement %d follows %d (gap)", ErrStatement, st.N, lastN)
+		}
+		if st.CumulativeBytes != uint64(cumB)+st.Bytes || st.CumulativeNKVR != uint64(cumN)+st.NKVR {
+			return 0, fmt.Errorf("%w: statement %d cumulative totals do not follow statement %d", ErrStatement, st.N, lastN)
+		}
+		if _, err := tx.Exec(`INSERT INTO statements (n, gateway, body, sig, bytes, rejected, nkvr, rate, cum_bytes, cum_nkvr,
+			ledger_after, ledger_upto, time, fetched) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			int64(st.N), gw, sg.Body, sg.Sig, int64(st.Bytes), int64(st.RejectedBytes), int64(st.NKVR), int64(st.RateNKVRPerByte),
+			int64(st.CumulativeBytes), int64(st.CumulativeNKVR), st.LedgerAfter, st.LedgerUpTo, st.TimeUnixMilli, now); err != nil {
+			return 0, fmt.Errorf("wallet: %w", err)
+		}
+		lastN, cumB, cumN = int64(st.N), int64(st.CumulativeBytes), int64(st.CumulativeNKVR)
+		added++
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("wallet: %w", err)
+	}
+	return added, nil
+}
+
+// RecordPayout records that nkvr of the credited amount was paid (settled)
+// at time t with an external reference. Payout itself is not built yet;
+// this keeps the paid state. It returns ErrPayout when nkvr is 0 or the
+// total paid would exceed the total credited.
+func (w *Wallet) RecordPayout(nkvr uint64, ref string, t time.Time) error {
+	if nkvr == 0 || nkvr > walletapi.MaxAmount {
+		return fmt.Errorf("%w: amount %d", ErrPayout, nkvr)
+	}
+	tx, err := w.db.Begin()
+	if err != nil {
+		return fmt.Errorf("wallet: %w", err)
+	}
+	defer tx.Rollback()
+	var paid, credited int64
+	if err := tx.QueryRow(`SELECT COALESCE(SUM(nkvr), 0) FROM payouts`).Scan(&paid); err != nil {
+		return fmt.Errorf("wallet: %w", err)
+	}
+	if err := tx.QueryRow(`SELECT COALESCE(MAX(cum_nkvr), 0) FROM statements`).Scan(&credited); err != nil {
+		return fmt.Errorf("wallet: %w", err)
+	}
+	if uint64(paid)+nkvr > uint64(credited) {
+		return fmt.Errorf("%w: paid %d + %d nKVR exceeds credited %d nKVR", ErrPayout, paid, nkvr, credited)
+	}
+	if _, err := tx.Exec(`INSERT INTO payouts (nkvr, ref, time) VALUES (?, ?, ?)`, int64(nkvr), ref, t.UnixMilli()); err != nil {
+		return fmt.Errorf("wallet: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("wallet: %w", err)
+	}
+	return nil
+}

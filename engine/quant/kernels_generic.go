@@ -4,7 +4,10 @@ package quant
 
 // Pure-Go kernels (build tag noasm, or a GOARCH without assembly here).
 
-const simdName = "none"
+// useSIMD is false: there are no SIMD kernels in this build.
+var useSIMD = false
+
+func simdName() string { return "none" }
 
 func dotF32Lanes(a, b []float32, acc *[32]float32) { genericDotF32Lanes(a, b, acc) }
 func dotF16Lanes(w, a []byte, acc *[32]float32)    { genericDotF16Lanes(w, a, acc) }

@@ -1,0 +1,343 @@
+package dispatch
+
+import (
+	"bufio"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/wire"
+)
+
+// conn is one worker session: a hub link after a valid HELLO.
+type conn struct {
+	d               *Dispatcher
+	session, worker string
+	link            net.Conn
+	hello           *wire.Hello
+	holds           map[uint64]struct{} // accepted holdings
+	since           time.Time
+	paused          atomic.Bool
+
+	wmu sync.Mutex // guards bw and link writes
+	bw  *bufio.Writer
+
+	mu      sync.Mutex
+	pending map[uint64]*job
+	expired map[uint64]time.Time // requests given up on; their RESULTs are late, not unknown
+	rtts    [128]time.Duration   // ring of recent request round trips
+	nrtt    int
+	closed  bool
+	reason  string
+
+	reqsSent, rows, pairs, results, timeouts, late atomic.Uint64
+	bytesIn, bytesOut                              atomic.Uint64
+}
+
+const maxGone = 256
+
+// serveLink runs one hub link: preamble, HELLO, WELCOME, then frames until
+// the link ends or the session is closed for a bad frame.
+func (d *Dispatcher) serveLink(link net.Conn) {
+	defer link.Close()
+	_ = link.SetDeadline(time.Now().Add(d.cfg.HelloTimeout))
+	br := bufio.NewReaderSize(link, 64<<10)
+	session, worker, err := wire.ReadLinkPreamble(br)
+	if err != nil {
+		d.log.Warn("dispatch: bad link preamble", "remote", link.RemoteAddr().String(), "err", err)
+		return
+	}
+	c := &conn{d: d, session: session, worker: worker, link: link, since: time.Now(),
+		bw: bufio.NewWriterSize(link, 64<<10), pending: map[uint64]*job{}, expired: map[uint64]time.Time{}}
+	kind, p, err := wire.ReadLink(br)
+	if err != nil || kind != wire.LinkData {
+		d.log.Warn("dispatch: no HELLO", "session", session, "err", err)
+		return
+	}
+	c.bytesIn.Add(uint64(len(p)))
+	if reason := d.hello(c, p); reason != "" {
+		d.log.Warn("dispatch: refused worker", "session", session, "worker", short(worker), "reason", reason)
+		c.closeLink(reason)
+		return
+	}
+	_ = link.SetDeadline(time.Time{})
+	d.mu.Lock()
+	select {
+	case <-d.stop:
+		d.mu.Unlock()
+		c.closeLink("backbone shutting down")
+		return
+	default:
+	}
+	d.workers[session] = c
+	d.rebuildLocked()
+	d.mu.Unlock()
+	d.log.Info("dispatch: worker joined", "session", session, "worker", short(worker),
+		"holdings", len(c.holds), "backend", c.hello.Backend, "threads", c.hello.Threads)
+	for {
+		_ = link.SetReadDeadline(time.Now().Add(d.cfg.IdleTimeout))
+		kind, p, err := wire.ReadLink(br)
+		if err != nil {
+			c.close(wire.CodeShutdown, "link closed: "+err.Error())
+			return
+		}
+		if kind != wire.LinkData {
+			c.close(wire.CodeProtocol, fmt.Sprintf("unexpected link kind %d from hub", kind))
+			return
+		}
+		c.bytesIn.Add(uint64(len(p)))
+		if reason := c.handle(p); reason != "" {
+			d.log.Warn("dispatch: closing worker session", "session", session, "worker", short(worker), "reason", reason)
+			c.close(wire.CodeBadFrame, reason)
+			return
+		}
+	}
+}
+
+// hello validates the first message and answers WELCOME; it returns a
+// refusal reason or "".
+func (d *Dispatcher) hello(c *conn, msg []byte) string {
+	f, err := wire.Decode(msg, &d.lim)
+	if err != nil {
+		return "bad HELLO: " + err.Error()
+	}
+	h, ok := f.(*wire.Hello)
+	if !ok {
+		return "first frame is " + f.Type().String() + ", want HELLO"
+	}
+	if hex.EncodeToString(h.Key) != c.worker {
+		return "HELLO key differs from the authenticated worker key"
+	}
+	if d.cfg.Model.ID != "" && h.ModelID != d.cfg.Model.ID {
+		return fmt.Sprintf("model %q, backbone serves %q", h.ModelID, d.cfg.Model.ID)
+	}
+	c.hello = h
+	c.holds = make(map[uint64]struct{}, len(h.Holdings))
+	for _, x := range h.Holdings {
+		if d.cfg.ExpertHash != nil {
+			sum, ok := d.cfg.ExpertHash(int(x.Layer), int(x.Expert))
+			if !ok || sum != x.SHA256 {
+				continue
+			}
+		}
+		c.holds[key(int(x.Layer), int(x.Expert))] = struct{}{}
+	}
+	m := d.cfg.Model
+	w := &wire.Welcome{Session: c.session, D: uint32(m.D), K: uint16(m.K), NLayer: uint16(m.NLayer),
+		NExpert: uint32(m.NExpert), Accepted: uint32(len(c.holds))}
+	if err := c.sendData(w.Append(nil), 5*time.Second); err != nil {
+		return "WELCOME write: " + err.Error()
+	}
+	return ""
+}
+
+// handle processes one worker message; it returns a reason to close the
+// session, or "".
+func (c *conn) handle(msg []byte) string {
+	f, err := wire.Decode(msg, &c.d.lim)
+	if err != nil {
+		return err.Error()
+	}
+	switch f := f.(type) {
+	case *wire.Result:
+		now := time.Now()
+		c.mu.Lock()
+		j := c.pending[f.Request]
+		_, late := c.expired[f.Request]
+		if j != nil {
+			delete(c.pending, f.Request)
+		}
+		c.mu.Unlock()
+		switch {
+		case j == nil && late:
+			c.late.Add(1)
+			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
+			return ""
+		case j == nil:
+			return fmt.Sprintf("RESULT for unknown request %d", f.Request)
+		case f.M != len(j.pairs):
+			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
+			j.done <- reply{err: fmt.Errorf("result has %d rows, want %d", f.M, len(j.pairs))}
+			return fmt.Sprintf("RESULT for request %d has %d rows, want %d", f.Request, f.M, len(j.pairs))
+		}
+		c.addRTT(now.Sub(j.sent))
+		c.results.Add(1)
+		c.rows.Add(uint64(j.nrows))
+		c.pairs.Add(uint64(f.M))
+		c.sendCtl(wire.LinkAccepted, wire.AppendLinkRequest(nil, f.Request))
+		j.done <- reply{out: f.Out}
+	case *wire.Error:
+		if f.Request != 0 {
+			if j := c.take(f.Request, false); j != nil {
+				j.done <- reply{err: f}
+			}
+		}
+	case *wire.Ping:
+		if err := c.sendData((&wire.Pong{Time: f.Time}).Append(nil), 5*time.Second); err != nil {
+			return "PONG write: " + err.Error()
+		}
+	case *wire.Pong:
+	case *wire.Pause:
+		if c.paused.Swap(f.Paused) != f.Paused {
+			c.d.mu.Lock()
+			if c.d.workers[c.session] == c {
+				c.d.rebuildLocked()
+			}
+			c.d.mu.Unlock()
+		}
+	default:
+		return "unexpected " + f.Type().String() + " from worker"
+	}
+	return ""
+}
+
+// addPending registers j; false if the session is closed.
+func (c *conn) addPending(j *job) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.pending[j.req] = j
+	return true
+}
+
+// take removes request req from pending and returns its job (nil if it was
+// not pending); expire remembers req so a later RESULT counts as late.
+func (c *conn) take(req uint64, expire bool) *job {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.pending[req]
+	if j == nil {
+		return nil
+	}
+	delete(c.pending, req)
+	if expire {
+		now := time.Now()
+		c.expired[req] = now
+		if len(c.expired) > 4096 {
+			for r, t := range c.expired {
+				if now.Sub(t) > time.Minute {
+					delete(c.expired, r)
+				}
+			}
+		}
+	}
+	return j
+}
+
+func (c *conn) addRTT(d time.Duration) {
+	c.mu.Lock()
+	c.rtts[c.nrtt%len(c.rtts)] = d
+	c.nrtt++
+	c.mu.Unlock()
+}
+
+// quantiles returns the q-quantiles (nearest rank) of the recent RTTs and
+// the sample count.
+func (c *conn) quantiles(qs ...float64) ([]time.Duration, int) {
+	c.mu.Lock()
+	n := min(c.nrtt, len(c.rtts))
+	s := append([]time.Duration(nil), c.rtts[:n]...)
+	c.mu.Unlock()
+	out := make([]time.Duration, len(qs))
+	if n == 0 {
+		return out, 0
+	}
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	for i, q := range qs {
+		r := int(math.Ceil(q*float64(n))) - 1
+		out[i] = s[max(0, min(r, n-1))]
+	}
+	return out, n
+}
+
+// deadline is 3 x p99 of the recent round trips + margin, within
+// [MinDeadline, MaxDeadline]; MaxDeadline until 4 samples exist.
+func (c *conn) deadline(cfg Config) time.Duration {
+	q, n := c.quantiles(0.99)
+	if n < 4 {
+		return cfg.MaxDeadline
+	}
+	return max(cfg.MinDeadline, min(cfg.MaxDeadline, 3*q[0]+cfg.DeadlineMargin))
+}
+
+// sendData writes one worker message as a LinkData frame.
+func (c *conn) sendData(msg []byte, timeout time.Duration) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.link.SetWriteDeadline(time.Now().Add(max(timeout, time.Second)))
+	err := wire.WriteLink(c.bw, wire.LinkData, msg)
+	if err == nil {
+		err = c.bw.Flush()
+	}
+	if err == nil {
+		c.bytesOut.Add(uint64(len(msg)))
+	}
+	return err
+}
+
+// sendCtl writes a link control frame (best effort: a failed write surfaces
+// as a read error on the link).
+func (c *conn) sendCtl(kind byte, payload []byte) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.link.SetWriteDeadline(time.Now().Add(time.Second))
+	if wire.WriteLink(c.bw, kind, payload) == nil {
+		_ = c.bw.Flush()
+	}
+}
+
+// closeLink asks the hub to close the worker's WebSocket with reason
+// (policy violation, 1008) and closes the link.
+func (c *conn) closeLink(reason string) {
+	c.sendCtl(wire.LinkClose, wire.AppendLinkClose(nil, 1008, reason))
+	c.link.Close()
+}
+
+// close ends the session: fails its pending requests (their pairs are then
+// recomputed locally), unregisters it and closes the link with reason.
+func (c *conn) close(code uint16, reason string) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed, c.reason = true, reason
+	pend := c.pending
+	c.pending = map[uint64]*job{}
+	c.mu.Unlock()
+	for _, j := range pend {
+		j.done <- reply{err: fmt.Errorf("session closed: %s", reason)}
+	}
+	d := c.d
+	d.mu.Lock()
+	if d.workers[c.session] == c {
+		delete(d.workers, c.session)
+		d.rebuildLocked()
+		d.gone = append(d.gone, c.stats())
+		if len(d.gone) > maxGone {
+			d.gone = d.gone[len(d.gone)-maxGone:]
+		}
+	}
+	d.mu.Unlock()
+	if code == wire.CodeShutdown {
+		c.sendCtl(wire.LinkClose, wire.AppendLinkClose(nil, 1001, reason)) // going away
+		c.link.Close()
+	} else {
+		c.closeLink(reason)
+	}
+	d.log.Info("dispatch: worker left", "session", c.session, "worker", short(c.worker), "reason", reason)
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

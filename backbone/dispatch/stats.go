@@ -1,0 +1,72 @@
+package dispatch
+
+import "time"
+
+// WorkerStats describes one worker session as seen by the dispatcher.
+type WorkerStats struct {
+	ID             string    // hex ed25519 public key
+	Session        string    // hub session id
+	Connected      bool      // false for sessions that ended
+	Paused         bool      // the worker said it takes no new work
+	Reason         string    // why the session ended ("" while connected)
+	Backend        string    // from HELLO
+	Threads        int       // from HELLO
+	Holdings       int       // accepted (layer, expert) holdings
+	ConnectedSince time.Time //
+	Requests       uint64    // DISPATCH frames sent
+	Results        uint64    // RESULTs accepted
+	Rows           uint64    // rows in accepted RESULTs' DISPATCHes
+	Pairs          uint64    // (row, slot) outputs accepted
+	Timeouts       uint64    // requests that passed their deadline
+	Late           uint64    // RESULTs that arrived after their deadline (dropped)
+	BytesIn        uint64    // worker -> backbone message bytes
+	BytesOut       uint64    // backbone -> worker message bytes
+	RTTp50ms       float64   // median round trip of recent requests, ms
+	RTTp99ms       float64   // 99th percentile round trip, ms
+	DeadlineMs     float64   // current per-request deadline, ms
+}
+
+// Stats is a snapshot of the dispatcher.
+type Stats struct {
+	Calls         uint64 // ComputeExperts calls
+	ExpertsRemote uint64 // (row, slot) expert outputs computed by workers and used
+	ExpertsLocal  uint64 // (row, slot) outputs computed by Fallback (unheld, failed or late)
+	Fallbacks     uint64 // worker requests whose pairs were recomputed locally
+	Workers       []WorkerStats
+}
+
+func (c *conn) stats() WorkerStats {
+	q, _ := c.quantiles(0.5, 0.99)
+	c.mu.Lock()
+	closed, reason := c.closed, c.reason
+	c.mu.Unlock()
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	return WorkerStats{ID: c.worker, Session: c.session, Connected: !closed, Paused: c.paused.Load(), Reason: reason,
+		Backend: c.hello.Backend, Threads: int(c.hello.Threads), Holdings: len(c.holds), ConnectedSince: c.since,
+		Requests: c.reqsSent.Load(), Results: c.results.Load(), Rows: c.rows.Load(), Pairs: c.pairs.Load(),
+		Timeouts: c.timeouts.Load(), Late: c.late.Load(), BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(),
+		RTTp50ms: ms(q[0]), RTTp99ms: ms(q[1]), DeadlineMs: ms(c.deadline(c.d.cfg))}
+}
+
+// Stats returns counters and per-worker statistics: connected sessions
+// (sorted by session id) then up to 256 ended ones.
+func (d *Dispatcher) Stats() Stats {
+	d.mu.Lock()
+	live := make([]*conn, 0, len(d.workers))
+	for _, c := range d.workers {
+		live = append(live, c)
+	}
+	gone := append([]WorkerStats(nil), d.gone...)
+	d.mu.Unlock()
+	st := Stats{Calls: d.calls.Load(), ExpertsRemote: d.remote.Load(), ExpertsLocal: d.local.Load(), Fallbacks: d.fails.Load()}
+	for _, c := range live {
+		st.Workers = append(st.Workers, c.stats())
+	}
+	for i := 1; i < len(st.Workers); i++ {
+		for j := i; j > 0 && st.Workers[j].Session < st.Workers[j-1].Session; j-- {
+			st.Workers[j], st.Workers[j-1] = st.Workers[j-1], st.Workers[j]
+		}
+	}
+	st.Workers = append(st.Workers, gone...)
+	return st
+}

@@ -1,0 +1,499 @@
+// Package worker is the dial-out expert worker used by the contributor app,
+// the mobile API and the headless `backbone worker` command. It dials the
+// gateway (wss), proves its identity at the upgrade (wire.SignUpgrade), sends
+// HELLO with its holdings, computes every DISPATCH with its expert.Computer
+// and answers RESULT, pings every 20 s, and reconnects with exponential
+// backoff and full jitter. It never opens a listening socket.
+//
+// Pausing keeps the connection: the worker sends PAUSE(1) and the backbone
+// stops routing work to it (DISPATCHes already on the wire are answered with
+// ERROR code CodePaused after Pause, or computed after FinishThenPause);
+// Resume sends PAUSE(0).
+package worker
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/wire"
+)
+
+// State is the worker's connection state.
+type State int
+
+// Worker states.
+const (
+	StateOffline   State = iota // not running, or stopped
+	StateDialing                // connecting or waiting to reconnect
+	StateConnected              // session up and taking work
+	StatePaused                 // session up, taking no work
+)
+
+// String returns the state's lower-case name.
+func (s State) String() string {
+	switch s {
+	case StateDialing:
+		return "dialing"
+	case StateConnected:
+		return "connected"
+	case StatePaused:
+		return "paused"
+	}
+	return "offline"
+}
+
+// Stats is a snapshot of the worker.
+type Stats struct {
+	State          State
+	Reason         string        // why the worker is not earning; "" if connected and unpaused
+	Gateway        string        // gateway host
+	RTT            time.Duration // last PING round trip
+	Rows           uint64        // rows computed (cumulative)
+	Requests       uint64        // DISPATCHes answered with RESULT (cumulative)
+	BytesIn        uint64        // WebSocket message bytes received (cumulative)
+	BytesOut       uint64        // WebSocket message bytes sent (cumulative)
+	Session        string        // hub session id of the current session
+	ConnectedSince time.Time     // zero when not connected
+	LastError      string        // last session or computation error
+}
+
+// Config configures a Worker.
+type Config struct {
+	GatewayURL string             // wss://host[:port][/v1/worker]; ws:// only for tests
+	Key        ed25519.PrivateKey // the worker's identity (64 bytes)
+	RootCAs    *x509.CertPool     // nil: the system roots
+	Computer   expert.Computer    // computes the held experts
+	Holdings   []wire.Holding     // (layer, expert, sha256 of the expert's bytes)
+	ModelID    string             // model identity announced in HELLO
+	Backend    string             // e.g. "cpu"
+	Threads    int                // compute threads, for the backbone's information
+	// OnServed, if set, is called after each RESULT is sent with the session
+	// id and that request's DISPATCH and RESULT message sizes in bytes.
+	OnServed func(session string, bytesIn, bytesOut uint64)
+
+	PingInterval time.Duration // default 20 s
+	BackoffBase  time.Duration // first reconnect delay bound; default 250 ms
+	BackoffMax   time.Duration // delay cap; default 30 s
+	StableAfter  time.Duration // a session this long resets the backoff; default 60 s
+	Logger       *slog.Logger
+}
+
+// Worker is one dial-out worker. Create with New, then Run.
+type Worker struct {
+	cfg    Config
+	log    *slog.Logger
+	client *http.Client
+	url    string
+	path   string
+	holds  map[uint64]struct{}
+
+	mu        sync.Mutex
+	st        Stats
+	paused    bool // the user's wish
+	finish    bool // FinishThenPause requested
+	sentPause bool // what the current session last told the backbone
+	busy      int  // DISPATCHes queued or computing
+	kick      chan struct{}
+	sendMu    sync.Mutex // orders PAUSE frames
+
+	rows, reqs, bin, bout atomic.Uint64
+}
+
+// New validates cfg and returns a Worker.
+func New(cfg Config) (*Worker, error) {
+	if len(cfg.Key) != ed25519.PrivateKeySize {
+		return nil, errors.New("worker: Key must be a 64-byte ed25519 private key")
+	}
+	if cfg.Computer == nil {
+		return nil, errors.New("worker: Computer required")
+	}
+	u, err := url.Parse(cfg.GatewayURL)
+	if err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
+		return nil, fmt.Errorf("worker: gateway URL %q must be wss://host[:port]", cfg.GatewayURL)
+	}
+	if u.Path == "" || u.Path == "/" {
+		u.Path = wire.WorkerPath
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.PingInterval, 20*time.Second)
+	def(&cfg.BackoffBase, 250*time.Millisecond)
+	def(&cfg.BackoffMax, 30*time.Second)
+	def(&cfg.StableAfter, 60*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	w := &Worker{cfg: cfg, log: cfg.Logger, url: u.String(), path: u.Path,
+		holds: map[uint64]struct{}{}, kick: make(chan struct{}, 1)}
+	for _, h := range cfg.Holdings {
+		w.holds[uint64(h.Layer)<<32|uint64(h.Expert)] = struct{}{}
+	}
+	w.client = &http.Client{Transport: &http.Transport{
+		TLSClientConfig:     &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: 10 * time.Second,
+		DisableKeepAlives:   true,
+	}}
+	w.st.Gateway = u.Host
+	return w, nil
+}
+
+// Stats returns a snapshot of the worker's state and counters.
+func (w *Worker) Stats() Stats {
+	w.mu.Lock()
+	s := w.st
+	w.mu.Unlock()
+	s.Rows, s.Requests, s.BytesIn, s.BytesOut = w.rows.Load(), w.reqs.Load(), w.bin.Load(), w.bout.Load()
+	return s
+}
+
+// Pause stops taking work now: the backbone is told at once, and DISPATCHes
+// still arriving are refused with ERROR CodePaused (the backbone computes
+// them elsewhere). The connection stays up.
+func (w *Worker) Pause() {
+	w.mu.Lock()
+	w.paused, w.finish = true, false
+	w.mu.Unlock()
+	w.poke()
+}
+
+// Resume takes work again.
+func (w *Worker) Resume() {
+	w.mu.Lock()
+	w.paused, w.finish = false, false
+	w.mu.Unlock()
+	w.poke()
+}
+
+// FinishThenPause computes the DISPATCHes already received, then pauses.
+func (w *Worker) FinishThenPause() {
+	w.mu.Lock()
+	if !w.paused {
+		w.finish = true
+	}
+	w.mu.Unlock()
+	w.poke()
+}
+
+func (w *Worker) poke() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (w *Worker) setState(s State, reason string) {
+	w.mu.Lock()
+	w.st.State, w.st.Reason = s, reason
+	if s != StateConnected && s != StatePaused {
+		w.st.ConnectedSince = time.Time{}
+		w.st.Session = ""
+	}
+	w.mu.Unlock()
+}
+
+// Run dials the gateway, serves sessions and reconnects after each failure
+// with exponential backoff and full jitter (delay uniform in [0, min(BackoffMax,
+// BackoffBase*2^attempt)], attempt reset after a session lasting StableAfter;
+// AWS architecture blog "Exponential Backoff And Jitter", 2015) until ctx is
+// done. It returns nil when ctx is canceled.
+func (w *Worker) Run(ctx context.Context) error {
+	attempt := 0
+	defer w.setState(StateOffline, "stopped")
+	for {
+		w.setState(StateDialing, "connecting")
+		start := time.Now()
+		err := w.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(start) >= w.cfg.StableAfter {
+			attempt = 0
+		}
+		bound := w.cfg.BackoffMax
+		if attempt < 30 {
+			bound = min(bound, w.cfg.BackoffBase<<attempt)
+		}
+		delay := time.Duration(rand.Int64N(int64(bound) + 1))
+		attempt++
+		msg := "session ended"
+		if err != nil {
+			msg = err.Error()
+		}
+		w.mu.Lock()
+		w.st.LastError = msg
+		w.mu.Unlock()
+		w.log.Warn("worker: disconnected", "err", msg, "retry_in", delay.Round(time.Millisecond))
+		w.setState(StateDialing, fmt.Sprintf("reconnecting in %v: %s", delay.Round(time.Millisecond), msg))
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// session runs one connection until it fails or ctx ends.
+func (w *Worker) session(ctx context.Context) error {
+	hdr := wire.SignUpgrade(w.cfg.Key, http.MethodGet, w.path, time.Now())
+	dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
+	c, resp, err := websocket.Dial(dctx, w.url, &websocket.DialOptions{HTTPClient: w.client, HTTPHeader: hdr,
+		CompressionMode: websocket.CompressionDisabled})
+	dcancel()
+	if err != nil {
+		if resp != nil {
+			return fmt.Errorf("dial: %s: %w", resp.Status, err)
+		}
+		return fmt.Errorf("dial: %w", err)
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(wire.MaxMessage)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	send := func(msg []byte) error {
+		if err := c.Write(sctx, websocket.MessageBinary, msg); err != nil {
+			return err
+		}
+		w.bout.Add(uint64(len(msg)))
+		return nil
+	}
+	hello := &wire.Hello{Key: w.cfg.Key.Public().(ed25519.PublicKey), ModelID: w.cfg.ModelID,
+		Backend: w.cfg.Backend, Threads: uint16(min(w.cfg.Threads, 0xFFFF)), Holdings: w.cfg.Holdings}
+	if err := send(hello.Append(nil)); err != nil {
+		return fmt.Errorf("HELLO: %w", err)
+	}
+	rctx, rcancel := context.WithTimeout(sctx, 15*time.Second)
+	_, msg, err := c.Read(rctx)
+	rcancel()
+	if err != nil {
+		return fmt.Errorf("waiting for WELCOME: %w", err)
+	}
+	w.bin.Add(uint64(len(msg)))
+	f, err := wire.Decode(msg, nil)
+	if err != nil {
+		c.Close(websocket.StatusPolicyViolation, "bad WELCOME")
+		return fmt.Errorf("WELCOME: %w", err)
+	}
+	wel, ok := f.(*wire.Welcome)
+	if !ok {
+		if e, isErr := f.(*wire.Error); isErr {
+			return e
+		}
+		return fmt.Errorf("expected WELCOME, got %s", f.Type())
+	}
+	lim := &wire.Limits{D: int(wel.D), K: int(wel.K), NLayer: int(wel.NLayer), NExpert: int(wel.NExpert),
+		Holds: func(l, e int) bool { _, ok := w.holds[uint64(l)<<32|uint64(e)]; return ok }}
+	w.mu.Lock()
+	w.st.Session, w.st.ConnectedSince = wel.Session, time.Now()
+	w.sentPause = false
+	w.mu.Unlock()
+	w.log.Info("worker: connected", "gateway", w.st.Gateway, "session", wel.Session, "accepted", wel.Accepted)
+
+	errc := make(chan error, 3)
+	queue := make(chan *wire.Dispatch, 64)
+	// control: pings and pause changes.
+	go func() {
+		t := time.NewTicker(w.cfg.PingInterval)
+		defer t.Stop()
+		for {
+			if err := w.syncPause(send); err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case <-sctx.Done():
+				return
+			case <-w.kick:
+			case now := <-t.C:
+				if err := send((&wire.Ping{Time: now.UnixNano()}).Append(nil)); err != nil {
+					errc <- fmt.Errorf("PING: %w", err)
+					return
+				}
+			}
+		}
+	}()
+	// serve: compute DISPATCHes in arrival order.
+	go func() {
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case d := <-queue:
+				in := wire.DispatchSize(d.N, d.D, d.K)
+				if err := w.serve(sctx, d, in, wel.Session, send); err != nil {
+					errc <- err
+					return
+				}
+				w.mu.Lock()
+				w.busy--
+				w.mu.Unlock()
+				w.poke()
+			}
+		}
+	}()
+	// read loop
+	go func() {
+		for {
+			_, msg, err := c.Read(sctx)
+			if err != nil {
+				errc <- fmt.Errorf("read: %w", err)
+				return
+			}
+			w.bin.Add(uint64(len(msg)))
+			f, err := wire.Decode(msg, lim)
+			if errors.Is(err, wire.ErrNotHeld) {
+				_, req, _ := wire.PeekRequest(msg)
+				if err := send((&wire.Error{Request: req, Code: wire.CodeNotHeld, Message: err.Error()}).Append(nil)); err != nil {
+					errc <- err
+					return
+				}
+				continue
+			}
+			if err != nil {
+				c.Close(websocket.StatusPolicyViolation, clipReason(err.Error()))
+				errc <- fmt.Errorf("bad frame from backbone: %w", err)
+				return
+			}
+			switch f := f.(type) {
+			case *wire.Dispatch:
+				w.mu.Lock()
+				w.busy++
+				w.mu.Unlock()
+				select {
+				case queue <- f:
+				default:
+					errc <- errors.New("backbone overran the DISPATCH queue")
+					return
+				}
+			case *wire.Ping:
+				if err := send((&wire.Pong{Time: f.Time}).Append(nil)); err != nil {
+					errc <- err
+					return
+				}
+			case *wire.Pong:
+				rtt := time.Since(time.Unix(0, f.Time))
+				w.mu.Lock()
+				w.st.RTT = rtt
+				w.mu.Unlock()
+			case *wire.Error:
+				w.mu.Lock()
+				w.st.LastError = f.Error()
+				w.mu.Unlock()
+			default:
+				c.Close(websocket.StatusPolicyViolation, "unexpected "+f.Type().String())
+				errc <- fmt.Errorf("unexpected %s from backbone", f.Type())
+				return
+			}
+		}
+	}()
+	var serr error
+	select {
+	case serr = <-errc:
+	case <-ctx.Done():
+		c.Close(websocket.StatusGoingAway, "worker stopping")
+	}
+	cancel()
+	w.mu.Lock()
+	w.busy = 0
+	w.mu.Unlock()
+	var ce websocket.CloseError
+	if errors.As(serr, &ce) {
+		return fmt.Errorf("closed by backbone: %d %s", ce.Code, ce.Reason)
+	}
+	return serr
+}
+
+// syncPause tells the backbone the pause state if it changed, turning a
+// pending FinishThenPause into a pause once no DISPATCH is in progress.
+func (w *Worker) syncPause(send func([]byte) error) error {
+	w.sendMu.Lock()
+	defer w.sendMu.Unlock()
+	w.mu.Lock()
+	if w.finish && w.busy == 0 {
+		w.paused, w.finish = true, false
+	}
+	want := w.paused
+	changed := want != w.sentPause
+	w.sentPause = want
+	if want {
+		w.st.State, w.st.Reason = StatePaused, "paused"
+	} else {
+		w.st.State, w.st.Reason = StateConnected, ""
+	}
+	w.mu.Unlock()
+	if !changed {
+		return nil
+	}
+	return send((&wire.Pause{Paused: want}).Append(nil))
+}
+
+// serve computes one DISPATCH: its m requested (row, slot) pairs as a batch
+// of m rows with k=1, answered as RESULT in row-major (row, slot) order.
+func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, inBytes int, session string, send func([]byte) error) error {
+	w.mu.Lock()
+	paused := w.paused
+	w.mu.Unlock()
+	if paused {
+		return send((&wire.Error{Request: d.Request, Code: wire.CodePaused, Message: "worker paused"}).Append(nil))
+	}
+	m := 0
+	for _, id := range d.IDs {
+		if id != -1 {
+			m++
+		}
+	}
+	xs := make([]float32, m*d.D)
+	es := make([]int32, m)
+	i := 0
+	for r := 0; r < d.N; r++ {
+		for s := 0; s < d.K; s++ {
+			if id := d.IDs[r*d.K+s]; id != -1 {
+				copy(xs[i*d.D:(i+1)*d.D], d.Hidden[r*d.D:(r+1)*d.D])
+				es[i] = id
+				i++
+			}
+		}
+	}
+	out := make([]float32, m*d.D)
+	if err := w.cfg.Computer.ComputeExperts(ctx, int(d.Layer), xs, es, m, 1, out); err != nil {
+		w.mu.Lock()
+		w.st.LastError = "compute: " + err.Error()
+		w.mu.Unlock()
+		return send((&wire.Error{Request: d.Request, Code: wire.CodeInternal, Message: err.Error()}).Append(nil))
+	}
+	msg := (&wire.Result{Request: d.Request, M: m, D: d.D, Out: out}).Append(make([]byte, 0, wire.ResultSize(m, d.D)))
+	if err := send(msg); err != nil {
+		return fmt.Errorf("RESULT: %w", err)
+	}
+	w.rows.Add(uint64(d.N))
+	w.reqs.Add(1)
+	if w.cfg.OnServed != nil {
+		w.cfg.OnServed(session, uint64(inBytes), uint64(len(msg)))
+	}
+	return nil
+}
+
+func clipReason(s string) string {
+	if len(s) > 120 {
+		s = s[:120]
+	}
+	return strings.ToValidUTF8(s, "?")
+}

@@ -1,0 +1,166 @@
+package status
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/wallet/walletapi"
+)
+
+// BytesPerMB is the byte count of one MB in the app's rates (10^6, the
+// same decimal unit as a billing unit).
+const BytesPerMB = 1_000_000
+
+// Sample is one point of a throughput series: the rates over the interval
+// that ends at T.
+type Sample struct {
+	T       time.Time
+	RowsPS  float64 // rows per second
+	BytesPS float64 // bytes (in + out) per second
+}
+
+// Meter keeps the last Capacity snapshots with their times and derives
+// rates from them. It is safe for concurrent use. Counters that go down
+// (the worker restarted) start a new baseline instead of giving negative
+// rates.
+type Meter struct {
+	mu   sync.Mutex
+	buf  []point // ring, oldest at head
+	head int
+	n    int
+}
+
+type point struct {
+	t     time.Time
+	rows  uint64
+	bytes uint64
+}
+
+// NewMeter returns a Meter holding up to capacity snapshots (at least 2);
+// with one Add per second, 300 covers five minutes.
+func NewMeter(capacity int) *Meter {
+	return &Meter{buf: make([]point, max(capacity, 2))}
+}
+
+// Add records snapshot s taken at time t. Times must not go backwards; a
+// sample at or before the newest one replaces it.
+func (m *Meter) Add(t time.Time, s Snapshot) {
+	p := point{t: t, rows: s.Rows, bytes: s.BytesIn + s.BytesOut}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n > 0 {
+		last := &m.buf[(m.head+m.n-1)%len(m.buf)]
+		if p.rows < last.rows || p.bytes < last.bytes { // restarted: new baseline
+			m.head, m.n = 0, 0
+		} else if !t.After(last.t) {
+			*last = p
+			return
+		}
+	}
+	if m.n == len(m.buf) {
+		m.buf[m.head] = p
+		m.head = (m.head + 1) % len(m.buf)
+		return
+	}
+	m.buf[(m.head+m.n)%len(m.buf)] = p
+	m.n++
+}
+
+func (m *Meter) at(i int) point { return m.buf[(m.head+i)%len(m.buf)] }
+
+// Rate returns rows/s and bytes/s over the snapshots of the last window
+// (measured back from the newest snapshot; window <= 0 means all held):
+// (newest counter - oldest counter in the window) / their time apart.
+// Both are 0 with fewer than two snapshots.
+func (m *Meter) Rate(window time.Duration) (rowsPS, bytesPS float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n < 2 {
+		return 0, 0
+	}
+	last := m.at(m.n - 1)
+	first := last
+	for i := 0; i < m.n; i++ {
+		if p := m.at(i); window <= 0 || last.t.Sub(p.t) <= window {
+			first = p
+			break
+		}
+	}
+	dt := last.t.Sub(first.t).Seconds()
+	if dt <= 0 {
+		return 0, 0
+	}
+	return float64(last.rows-first.rows) / dt, float64(last.bytes-first.bytes) / dt
+}
+
+// Series returns the rate between each pair of consecutive snapshots,
+// oldest first: len = held snapshots - 1 (nil with fewer than two).
+func (m *Meter) Series() []Sample {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n < 2 {
+		return nil
+	}
+	out := make([]Sample, 0, m.n-1)
+	prev := m.at(0)
+	for i := 1; i < m.n; i++ {
+		p := m.at(i)
+		dt := p.t.Sub(prev.t).Seconds()
+		out = append(out, Sample{T: p.t, RowsPS: float64(p.rows-prev.rows) / dt, BytesPS: float64(p.bytes-prev.bytes) / dt})
+		prev = p
+	}
+	return out
+}
+
+// FormatRows renders a rows/s rate with one decimal: "2469.0 rows/s".
+func FormatRows(rowsPS float64) string { return fmt.Sprintf("%.1f rows/s", rowsPS) }
+
+// FormatMBps renders a bytes/s rate in MB/s (10^6 bytes) with two
+// decimals: "1.28 MB/s".
+func FormatMBps(bytesPS float64) string { return fmt.Sprintf("%.2f MB/s", bytesPS/BytesPerMB) }
+
+// FormatKVR renders an nKVR amount as KVR with 5 decimals, rounded half
+// up: 8945664 -> "0.00895 KVR" (walletapi.FormatKVR).
+func FormatKVR(nkvr uint64) string { return walletapi.FormatKVR(nkvr) }
+
+// FormatBytes renders a byte count with a binary unit and one decimal:
+// 1536 -> "1.5 KiB", 0 -> "0 B".
+func FormatBytes(b uint64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := uint64(unit), 0
+	for n := b / unit; n >= unit && exp < 5; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+// FormatRTT renders a round trip in milliseconds with one decimal, or "—"
+// when unknown (0).
+func FormatRTT(d time.Duration) string {
+	if d <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+}
+
+// Line is the one-line status headless mode prints:
+//
+//	connected gw=host:443 rtt=12.0 ms 2469.0 rows/s 1.28 MB/s pending=0.00895 KVR
+//
+// followed by " (reason)" when not earning.
+func Line(s Snapshot, rowsPS, bytesPS float64, pendingNKVR uint64) string {
+	gw := s.Gateway
+	if gw == "" {
+		gw = "-"
+	}
+	l := fmt.Sprintf("%s gw=%s rtt=%s %s %s pending=%s", s.State, gw, FormatRTT(s.RTT), FormatRows(rowsPS), FormatMBps(bytesPS), FormatKVR(pendingNKVR))
+	if s.Reason != "" {
+		l += " (" + s.Reason + ")"
+	}
+	return l
+}

@@ -1,0 +1,177 @@
+package status
+
+import (
+	"bytes"
+	"encoding/csv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/wallet"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func TestMeterRate(t *testing.T) {
+	m := NewMeter(10)
+	if r, b := m.Rate(0); r != 0 || b != 0 {
+		t.Fatalf("empty meter: %v %v", r, b)
+	}
+	m.Add(t0, Snapshot{})
+	m.Add(t0.Add(5*time.Second), Snapshot{Rows: 12345, BytesIn: 1_000_000, BytesOut: 277_952})
+	r, b := m.Rate(0)
+	// 12345 rows / 5 s = 2469 rows/s; 1,277,952 bytes / 5 s = 255,590.4 B/s.
+	if got := FormatRows(r); got != "2469.0 rows/s" {
+		t.Errorf("rows: %s", got)
+	}
+	if b != 255590.4 {
+		t.Errorf("bytes/s %v", b)
+	}
+	if got := FormatMBps(b); got != "0.26 MB/s" {
+		t.Errorf("MB/s: %s", got)
+	}
+}
+
+func TestMeterWindowRingAndRestart(t *testing.T) {
+	m := NewMeter(4)
+	// rows grow by i*10 each second: 0, 10, 30, 60, 100, 150
+	var rows uint64
+	for i := 0; i < 6; i++ {
+		rows += uint64(i * 10)
+		m.Add(t0.Add(time.Duration(i)*time.Second), Snapshot{Rows: rows})
+	}
+	// Held: t=2..5 (rows 30, 60, 100, 150). Whole ring: (150-30)/3 s = 40.
+	if r, _ := m.Rate(0); r != 40 {
+		t.Errorf("ring rate %v, want 40", r)
+	}
+	// Last 1 s: (150-100)/1 = 50.
+	if r, _ := m.Rate(time.Second); r != 50 {
+		t.Errorf("1s rate %v, want 50", r)
+	}
+	s := m.Series()
+	want := []float64{30, 40, 50}
+	if len(s) != len(want) {
+		t.Fatalf("series len %d", len(s))
+	}
+	for i, w := range want {
+		if s[i].RowsPS != w || !s[i].T.Equal(t0.Add(time.Duration(i+3)*time.Second)) {
+			t.Errorf("series[%d] = %+v, want %v rows/s", i, s[i], w)
+		}
+	}
+	// A same-time sample replaces the newest.
+	m.Add(t0.Add(5*time.Second), Snapshot{Rows: 160})
+	if r, _ := m.Rate(time.Second); r != 60 {
+		t.Errorf("after replace %v, want 60", r)
+	}
+	// Counter went down: new baseline, no negative rate.
+	m.Add(t0.Add(6*time.Second), Snapshot{Rows: 5})
+	if r, _ := m.Rate(0); r != 0 {
+		t.Errorf("after restart %v, want 0", r)
+	}
+	m.Add(t0.Add(8*time.Second), Snapshot{Rows: 25})
+	if r, _ := m.Rate(0); r != 10 {
+		t.Errorf("after restart %v, want 10", r)
+	}
+}
+
+func TestFormat(t *testing.T) {
+	cases := []struct{ got, want string }{
+		{FormatKVR(8_945_664), "0.00895 KVR"}, // DESIGN.md test vector
+		{FormatKVR(0), "0.00000 KVR"},
+		{FormatKVR(1_234_567_890_000), "1234.56789 KVR"},
+		{FormatKVR(4_999), "0.00000 KVR"},
+		{FormatKVR(5_000), "0.00001 KVR"},
+		{ExactKVR(8_945_664), "0.008945664"},
+		{ExactKVR(12_000_000_001), "12.000000001"},
+		{FormatBytes(0), "0 B"},
+		{FormatBytes(1023), "1023 B"},
+		{FormatBytes(1536), "1.5 KiB"},
+		{FormatBytes(64 << 20), "64.0 MiB"},
+		{FormatBytes(3 << 30), "3.0 GiB"},
+		{FormatRTT(0), "—"},
+		{FormatRTT(12345 * time.Microsecond), "12.3 ms"},
+		{Line(Snapshot{State: Connected, Gateway: "gw.example:443", RTT: 12 * time.Millisecond}, 2469, 1_277_952, 8_945_664),
+			"connected gw=gw.example:443 rtt=12.0 ms 2469.0 rows/s 1.28 MB/s pending=0.00895 KVR"},
+		{Line(Snapshot{State: Offline, Reason: "gateway unreachable"}, 0, 0, 0),
+			"offline gw=- rtt=— 0.0 rows/s 0.00 MB/s pending=0.00000 KVR (gateway unreachable)"},
+	}
+	for i, c := range cases {
+		if c.got != c.want {
+			t.Errorf("%d: got %q want %q", i, c.got, c.want)
+		}
+	}
+}
+
+// fakeSource records the control calls it gets.
+type fakeSource struct {
+	snap  Snapshot
+	calls []string
+}
+
+func (f *fakeSource) Stats() Snapshot  { return f.snap }
+func (f *fakeSource) Pause()           { f.calls = append(f.calls, "pause") }
+func (f *fakeSource) Resume()          { f.calls = append(f.calls, "resume") }
+func (f *fakeSource) FinishThenPause() { f.calls = append(f.calls, "finish") }
+
+func TestControl(t *testing.T) {
+	f := &fakeSource{snap: Snapshot{State: Connected, Rows: 7}}
+	c := NewControl(f)
+	if s := c.Stats(); s.State != Connected || s.Reason != "" || !s.Earning() {
+		t.Fatalf("initial %+v", s)
+	}
+	c.SetLimit("paused: running on battery")
+	if s := c.Stats(); s.State != Paused || s.Reason != "paused: running on battery" || s.Rows != 7 {
+		t.Errorf("limited %+v", s)
+	}
+	c.Pause() // owner pause takes precedence in the reason
+	if s := c.Stats(); s.Reason != ReasonUserPaused {
+		t.Errorf("user+limit reason %q", s.Reason)
+	}
+	c.SetLimit("") // limit lifts, owner still holds
+	if s := c.Stats(); s.State != Paused || s.Reason != ReasonUserPaused {
+		t.Errorf("user only %+v", s)
+	}
+	c.Resume()
+	if s := c.Stats(); s.State != Connected || s.Reason != "" {
+		t.Errorf("resumed %+v", s)
+	}
+	c.FinishThenPause()
+	if s := c.Stats(); s.Reason != ReasonFinishing || !c.UserPaused() {
+		t.Errorf("finishing %+v", s)
+	}
+	c.Resume()
+	want := "pause pause pause resume finish resume"
+	if got := strings.Join(f.calls, " "); got != want {
+		t.Errorf("calls %q, want %q", got, want)
+	}
+}
+
+func TestWriteHistoryCSV(t *testing.T) {
+	ev := []wallet.Event{
+		{Time: t0.Add(1500 * time.Millisecond), State: wallet.StateCredited, Statement: 3, Ledger: "(10, 42]", Bytes: 1_277_952, Rejected: 17, NKVR: 8_945_664},
+		{Time: t0, State: wallet.StateMetered, Session: "s-1,\"x\"", Bytes: 1000, NKVR: 7000},
+		{Time: t0.Add(-time.Hour), State: wallet.StatePaid, NKVR: 1_000_000_000, Ref: "tx 9"},
+	}
+	var buf bytes.Buffer
+	if err := WriteHistoryCSV(&buf, ev); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&buf).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{
+		CSVHeader,
+		{"2026-11-29T12:00:01.500Z", "credited", "", "3", "(10, 42]", "1277952", "17", "8945664", "0.008945664", ""},
+		{"2026-11-29T12:00:00.000Z", "metered", "s-1,\"x\"", "", "", "1000", "0", "7000", "0.000007000", ""},
+		{"2026-11-29T11:00:00.000Z", "paid", "", "", "", "0", "0", "1000000000", "1.000000000", "tx 9"},
+	}
+	if len(recs) != len(want) {
+		t.Fatalf("%d records, want %d:\n%s", len(recs), len(want), buf.String())
+	}
+	for i := range want {
+		if strings.Join(recs[i], "|") != strings.Join(want[i], "|") {
+			t.Errorf("row %d: %q, want %q", i, recs[i], want[i])
+		}
+	}
+}

@@ -49,4 +49,3 @@ func ExactKVR(nkvr uint64) string {
 
 // timeLayout is the CSV time format: RFC 3339 UTC with milliseconds.
 const timeLayout = "2006-01-02T15:04:05.000Z07:00"
-

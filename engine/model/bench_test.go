@@ -1,0 +1,69 @@
+package model
+
+import (
+	"context"
+	"testing"
+)
+
+// benchDecode measures single-token decode at positions 64.. of one
+// sequence (after a 64-token prefill), reporting tok/s and the bytes of
+// weights read per token.
+func benchDecode(b *testing.B, m *Model) {
+	ctx := context.Background()
+	vocab := m.Params().Vocab
+	logits := make([]float32, vocab)
+	seq := m.NewSequence()
+	prompt := make([]Row, 64)
+	for i := range prompt {
+		prompt[i] = Row{Seq: seq, Token: int32(i*37) % int32(vocab), Pos: i}
+	}
+	prompt[63].Logits = true
+	if err := m.Forward(ctx, prompt, logits); err != nil {
+		b.Fatal(err)
+	}
+	row := []Row{{Seq: seq, Logits: true}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if seq.Len() >= 256 {
+			_ = seq.Truncate(64)
+		}
+		row[0].Token = Greedy(logits)
+		row[0].Pos = seq.Len()
+		if err := m.Forward(ctx, row, logits); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+	b.ReportMetric(float64(m.BytesPerToken()), "weightB/tok")
+	b.ReportMetric(float64(m.BytesPerToken())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+}
+
+// benchPrefill measures a 64-token prompt in one batch (logits for the last
+// row only, as llama-bench pp64).
+func benchPrefill(b *testing.B, m *Model) {
+	ctx := context.Background()
+	vocab := m.Params().Vocab
+	logits := make([]float32, vocab)
+	seq := m.NewSequence()
+	prompt := make([]Row, 64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		_ = seq.Truncate(0)
+		for j := range prompt {
+			prompt[j] = Row{Seq: seq, Token: int32(j*101+i) % int32(vocab), Pos: j, Logits: j == 63}
+		}
+		if err := m.Forward(ctx, prompt, logits); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(64*b.N)/b.Elapsed().Seconds(), "tok/s")
+}
+
+func BenchmarkFixtureQ4KM(b *testing.B) {
+	skipNoFixtures(b)
+	_, m := loadFixture(b, "tiny-qwen3moe-Q4_K_M")
+	b.Run("decode", func(b *testing.B) { benchDecode(b, m) })
+	b.Run("prefill64", func(b *testing.B) { benchPrefill(b, m) })
+}

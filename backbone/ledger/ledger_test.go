@@ -1,0 +1,242 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func hexKey(b byte) string { return strings.Repeat(string("0123456789abcdef"[b%16]), 64) }
+
+func openTemp(t *testing.T) (*Ledger, string) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "ledger.db")
+	l, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l, p
+}
+
+func TestAppendSinceTotals(t *testing.T) {
+	l, _ := openTemp(t)
+	a, b := hexKey(1), hexKey(2)
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	in := []Entry{
+		{SessionID: "s1", WorkerID: a, BytesIn: 100, BytesOut: 1000, Time: t0},
+		{SessionID: "s2", WorkerID: b, BytesIn: 7, BytesOut: 0, RejectedBytes: 50, Time: t0},
+		{SessionID: "s1", WorkerID: a, BytesIn: 1, BytesOut: 2, RejectedBytes: 3, Final: true, Time: t0},
+		{SessionID: "s3", WorkerID: a, BytesIn: 0, BytesOut: 0},
+	}
+	for _, e := range in {
+		if err := l.Append(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := l.Since(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 4 {
+		t.Fatalf("Since(0) = %d entries, want 4", len(got))
+	}
+	for i, e := range got {
+		if e.ID != int64(i+1) {
+			t.Errorf("entry %d id %d", i, e.ID)
+		}
+		w := in[i]
+		if e.SessionID != w.SessionID || e.WorkerID != w.WorkerID || e.BytesIn != w.BytesIn || e.BytesOut != w.BytesOut ||
+			e.RejectedBytes != w.RejectedBytes || e.Final != w.Final {
+			t.Errorf("entry %d = %+v, want %+v", i, e, w)
+		}
+		if i < 3 && !e.Time.Equal(t0) {
+			t.Errorf("entry %d time %v want %v", i, e.Time, t0)
+		}
+		if i == 3 && time.Since(e.Time) > time.Minute {
+			t.Errorf("zero time not replaced by now: %v", e.Time)
+		}
+	}
+	got, _ = l.Since(1, 2)
+	if len(got) != 2 || got[0].ID != 2 || got[1].ID != 3 {
+		t.Fatalf("Since(1, 2) = %+v", got)
+	}
+	tot, err := l.Totals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hand sums: a = 100+1000+1+2+0 = 1103 creditable, 3 rejected, sessions s1,s3;
+	// b = 7 creditable, 50 rejected.
+	want := []WorkerTotal{{ID: a, Bytes: 1103, RejectedBytes: 3, Sessions: 2, Entries: 3}, {ID: b, Bytes: 7, RejectedBytes: 50, Sessions: 1, Entries: 1}}
+	if len(tot) != 2 || tot[0] != want[0] || tot[1] != want[1] {
+		t.Fatalf("Totals = %+v, want %+v", tot, want)
+	}
+	if id, _ := l.LastID(); id != 4 {
+		t.Fatalf("LastID = %d", id)
+	}
+}
+
+func TestAppendOnly(t *testing.T) {
+	l, p := openTemp(t)
+	if err := l.Append(Entry{SessionID: "s", WorkerID: hexKey(1), BytesIn: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.exec(`UPDATE entries SET bytes_in = 999`); !errors.Is(err, ErrAppendOnly) {
+		t.Fatalf("UPDATE: %v, want ErrAppendOnly", err)
+	}
+	if err := l.exec(`DELETE FROM entries`); !errors.Is(err, ErrAppendOnly) {
+		t.Fatalf("DELETE: %v, want ErrAppendOnly", err)
+	}
+	// The triggers live in the file: another connection is refused too.
+	dsn, _ := DSN(p)
+	db, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`DELETE FROM entries WHERE id = 1`); err == nil || !strings.Contains(err.Error(), "append-only") {
+		t.Fatalf("raw DELETE: %v", err)
+	}
+	es, _ := l.Since(0, 10)
+	if len(es) != 1 || es[0].BytesIn != 5 {
+		t.Fatalf("row changed: %+v", es)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	l, _ := openTemp(t)
+	bad := []Entry{
+		{SessionID: "s", WorkerID: "abc"},
+		{SessionID: "s", WorkerID: strings.ToUpper(hexKey(10))},
+		{SessionID: "", WorkerID: hexKey(1)},
+		{SessionID: strings.Repeat("x", MaxSessionLen+1), WorkerID: hexKey(1)},
+		{SessionID: "s", WorkerID: hexKey(1), BytesIn: 1 << 63},
+		{SessionID: "s", WorkerID: hexKey(1), BytesIn: 1<<63 - 1, BytesOut: 1},
+	}
+	for i, e := range bad {
+		if err := l.Append(e); !errors.Is(err, ErrInvalid) {
+			t.Errorf("case %d: %v, want ErrInvalid", i, err)
+		}
+	}
+	if n, _ := l.LastID(); n != 0 {
+		t.Fatalf("invalid entries were stored: last id %d", n)
+	}
+}
+
+func TestNewerSchemaRefused(t *testing.T) {
+	l, p := openTemp(t)
+	if _, err := l.db.Exec(`PRAGMA user_version = 9`); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if _, err := Open(p); !errors.Is(err, ErrSchema) {
+		t.Fatalf("Open newer schema: %v, want ErrSchema", err)
+	}
+}
+
+func TestHandlerAndClient(t *testing.T) {
+	l, _ := openTemp(t)
+	for i := range 5 {
+		if err := l.Append(Entry{SessionID: "s", WorkerID: hexKey(byte(i)), BytesIn: uint64(i), BytesOut: 10, RejectedBytes: uint64(i * 2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := httptest.NewServer(Handler(l, func(r *http.Request) bool { return r.Header.Get("X-Test-Auth") == "yes" }))
+	defer srv.Close()
+	ctx := context.Background()
+	c := &Client{BaseURL: srv.URL}
+	if _, err := c.Read(ctx, 0, 10); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("unauthenticated read: %v, want 401", err)
+	}
+	c.Sign = func(r *http.Request) error { r.Header.Set("X-Test-Auth", "yes"); return nil }
+	got, err := c.Read(ctx, 1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := l.Since(1, 3)
+	if len(got) != 3 {
+		t.Fatalf("got %d entries", len(got))
+	}
+	for i := range got {
+		if got[i] != want[i] && !(got[i].Time.Equal(want[i].Time) && sameButTime(got[i], want[i])) {
+			t.Errorf("entry %d: %+v != %+v", i, got[i], want[i])
+		}
+	}
+	for _, q := range []string{"?after=-1", "?after=x", "?limit=0", "?limit=10001"} {
+		req, _ := http.NewRequest("GET", srv.URL+Path+q, nil)
+		req.Header.Set("X-Test-Auth", "yes")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Errorf("%s: status %d, want 400", q, resp.StatusCode)
+		}
+	}
+	// A nil authorize refuses everything.
+	rec := httptest.NewRecorder()
+	Handler(l, nil).ServeHTTP(rec, httptest.NewRequest("GET", Path, nil))
+	if rec.Code != 401 {
+		t.Fatalf("nil authorize: %d", rec.Code)
+	}
+}
+
+func sameButTime(a, b Entry) bool { a.Time, b.Time = time.Time{}, time.Time{}; return a == b }
+
+func TestDecodePageContract(t *testing.T) {
+	w := hexKey(3)
+	ok := `{"entries":[{"id":5,"session":"s","worker":"` + w + `","bytes_in":1,"bytes_out":2,"rejected_bytes":0,"final":false,"time_ns":1}]}`
+	if es, err := DecodePage(strings.NewReader(ok), 4, 10); err != nil || len(es) != 1 || es[0].BytesOut != 2 {
+		t.Fatalf("valid page: %v %+v", err, es)
+	}
+	for name, body := range map[string]string{
+		"id not after cursor": ok, // after=5 below
+		"decreasing": `{"entries":[{"id":7,"session":"s","worker":"` + w + `","time_ns":1},{"id":6,"session":"s","worker":"` + w + `","time_ns":1}]}`,
+		"bad worker":  `{"entries":[{"id":7,"session":"s","worker":"zz","time_ns":1}]}`,
+		"truncated":   ok[:40],
+	} {
+		if _, err := DecodePage(strings.NewReader(body), 5, 10); !errors.Is(err, ErrPage) {
+			t.Errorf("%s: %v, want ErrPage", name, err)
+		}
+	}
+	if _, err := DecodePage(strings.NewReader(ok), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte(" "), MaxPageBytes+1)
+	if _, err := DecodePage(bytes.NewReader(big), 0, 10); !errors.Is(err, ErrPage) {
+		t.Fatalf("oversized: %v", err)
+	}
+}
+
+func FuzzDecodePage(f *testing.F) {
+	w := hexKey(3)
+	valid := `{"entries":[{"id":5,"session":"s","worker":"` + w + `","bytes_in":1,"bytes_out":2,"rejected_bytes":0,"final":true,"time_ns":1}]}`
+	f.Add([]byte(valid), int64(0), 10)
+	f.Add([]byte(valid[:30]), int64(0), 10)
+	f.Add([]byte(`{"entries":[{"id":9223372036854775807,"bytes_in":18446744073709551615}]}`), int64(-1), 1)
+	f.Add([]byte(`{"entries":null}`), int64(3), 0)
+	f.Fuzz(func(t *testing.T, body []byte, after int64, limit int) {
+		es, err := DecodePage(bytes.NewReader(body), after, limit)
+		if err != nil {
+			return
+		}
+		prev := after
+		for _, e := range es {
+			if e.ID <= prev || Validate(e) != nil {
+				t.Fatalf("accepted bad entry %+v after %d", e, prev)
+			}
+			prev = e.ID
+		}
+		if len(es) > clampLimit(limit) {
+			t.Fatalf("accepted %d > limit %d", len(es), limit)
+		}
+	})
+}

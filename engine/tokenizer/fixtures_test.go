@@ -13,17 +13,16 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 )
 
-// fixtureDir returns the shared fixtures folder: $KVASIR_FIXTURES, or
+// findFixtures locates the shared fixtures folder: $KVASIR_FIXTURES, or
 // ../shared/fixtures next to the repository root (the folder with go.mod).
-// It skips the test when the folder is absent.
-func fixtureDir(t testing.TB) string {
-	t.Helper()
+// reason is non-empty when it is absent.
+func findFixtures() (dir, reason string) {
 	if d := os.Getenv("KVASIR_FIXTURES"); d != "" {
-		return d
+		return d, ""
 	}
 	dir, err := os.Getwd()
 	if err != nil {
-		t.Fatal(err)
+		return "", err.Error()
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
@@ -31,15 +30,25 @@ func fixtureDir(t testing.TB) string {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Skip("fixtures absent: no go.mod above the test directory; set KVASIR_FIXTURES")
+			return "", "fixtures absent: no go.mod above the test directory; set KVASIR_FIXTURES"
 		}
 		dir = parent
 	}
 	fx := filepath.Join(dir, "..", "shared", "fixtures")
 	if _, err := os.Stat(filepath.Join(fx, "tokenizer", "cases.json")); err != nil {
-		t.Skipf("fixtures absent (%s): set KVASIR_FIXTURES to the folder holding tiny-qwen3moe-*.gguf", fx)
+		return "", "fixtures absent (" + fx + "): set KVASIR_FIXTURES to the folder holding tiny-qwen3moe-*.gguf"
 	}
-	return fx
+	return fx, ""
+}
+
+// fixtureDir returns the fixtures folder or skips the test.
+func fixtureDir(t testing.TB) string {
+	t.Helper()
+	dir, reason := findFixtures()
+	if reason != "" {
+		t.Skip(reason)
+	}
+	return dir
 }
 
 var (

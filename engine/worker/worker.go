@@ -266,10 +266,16 @@ func (w *Worker) session(ctx context.Context) error {
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(wire.MaxMessage)
+	// sctx bounds the session's goroutines and computations; connection
+	// reads and writes use cctx, which is not derived from ctx, because
+	// coder/websocket closes the connection without a close handshake when a
+	// Read's context ends.
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	cctx, ccancel := context.WithCancel(context.Background())
+	defer ccancel()
 	send := func(msg []byte) error {
-		if err := c.Write(sctx, websocket.MessageBinary, msg); err != nil {
+		if err := c.Write(cctx, websocket.MessageBinary, msg); err != nil {
 			return err
 		}
 		w.bout.Add(uint64(len(msg)))
@@ -352,7 +358,7 @@ func (w *Worker) session(ctx context.Context) error {
 	// read loop
 	go func() {
 		for {
-			_, msg, err := c.Read(sctx)
+			_, msg, err := c.Read(cctx)
 			if err != nil {
 				errc <- fmt.Errorf("read: %w", err)
 				return
@@ -408,9 +414,11 @@ func (w *Worker) session(ctx context.Context) error {
 	select {
 	case serr = <-errc:
 	case <-ctx.Done():
+		cancel()
 		c.Close(websocket.StatusGoingAway, "worker stopping")
 	}
 	cancel()
+	ccancel()
 	w.mu.Lock()
 	w.busy = 0
 	w.mu.Unlock()

@@ -1,0 +1,343 @@
+package dispatch_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/gateway"
+	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/backbone/ledger"
+	"github.com/kvasir-ai/kvasir/engine/wire"
+	"github.com/kvasir-ai/kvasir/engine/worker"
+)
+
+// fakeExperts is a deterministic, batch-invariant stand-in for the expert
+// function: out[r][s][j] = x[j]*(e+1) - 0.5*x[(j+1)%d] + 0.25*layer, exact
+// float32 arithmetic, so any two computations of a pair agree bit for bit.
+type fakeExperts struct {
+	d, nExpert int
+	holds      func(layer, e int) bool // nil: holds all
+	delay      time.Duration           // sleep per call
+	block      chan struct{}           // if set, calls wait for it (or ctx)
+	calls      atomic.Int64
+	onCall     func() // called at the start of each call
+}
+
+func (f *fakeExperts) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	f.calls.Add(1)
+	if f.onCall != nil {
+		f.onCall()
+	}
+	if len(hidden) != n*f.d || len(ids) != n*k || len(out) != n*k*f.d {
+		return fmt.Errorf("fake: bad lengths")
+	}
+	if f.delay > 0 {
+		time.Sleep(f.delay)
+	}
+	if f.block != nil {
+		select {
+		case <-f.block:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	d := f.d
+	for r := 0; r < n; r++ {
+		x := hidden[r*d : (r+1)*d]
+		for s := 0; s < k; s++ {
+			e := int(ids[r*k+s])
+			if e < 0 || e >= f.nExpert || (f.holds != nil && !f.holds(layer, e)) {
+				return fmt.Errorf("fake: expert (%d, %d) not held", layer, e)
+			}
+			o := out[(r*k+s)*d : (r*k+s+1)*d]
+			for j := range o {
+				o[j] = x[j]*float32(e+1) - 0.5*x[(j+1)%d] + 0.25*float32(layer)
+			}
+		}
+	}
+	return nil
+}
+
+// memMeter collects ledger entries.
+type memMeter struct {
+	mu sync.Mutex
+	es []ledger.Entry
+}
+
+func (m *memMeter) Append(e ledger.Entry) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e.ID = int64(len(m.es) + 1)
+	m.es = append(m.es, e)
+	return nil
+}
+
+func (m *memMeter) entries() []ledger.Entry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]ledger.Entry(nil), m.es...)
+}
+
+// proxy is a loopback TCP proxy that counts connections and can delay every
+// chunk by oneWay in each direction (an injected round trip of 2*oneWay).
+type proxy struct {
+	ln    net.Listener
+	conns atomic.Int64
+	delay time.Duration
+	wg    sync.WaitGroup
+}
+
+func newProxy(tb testing.TB, target string, oneWay time.Duration) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &proxy{ln: ln, delay: oneWay}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.conns.Add(1)
+			t, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go p.pipe(t, c)
+			go p.pipe(c, t)
+		}
+	}()
+	tb.Cleanup(func() { ln.Close(); p.wg.Wait() })
+	return p
+}
+
+func (p *proxy) Addr() string { return p.ln.Addr().String() }
+
+type chunk struct {
+	at time.Time
+	b  []byte
+}
+
+func (p *proxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	if p.delay == 0 {
+		_, _ = io.Copy(dst, src)
+		return
+	}
+	q := make(chan chunk, 4096)
+	go func() {
+		defer close(q)
+		for {
+			buf := make([]byte, 256<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				q <- chunk{time.Now().Add(p.delay), buf[:n]}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range q {
+		time.Sleep(time.Until(c.at))
+		if _, err := dst.Write(c.b); err != nil {
+			for range q {
+			}
+			return
+		}
+	}
+}
+
+// stack is dispatcher + hub + gateway (TLS) on loopback, with a counting
+// (optionally delaying) proxy between gateway and hub.
+type stack struct {
+	disp   *dispatch.Dispatcher
+	hub    *hub.Hub
+	gw     *gateway.Gateway
+	px     *proxy
+	url    string
+	pool   *x509.CertPool
+	caFile string
+	meter  *memMeter
+	model  dispatch.Model
+	local  *fakeExperts
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func testModel() dispatch.Model {
+	return dispatch.Model{ID: "fake-moe", D: 16, K: 2, NLayer: 4, NExpert: 8}
+}
+
+func newStack(tb testing.TB, m dispatch.Model, oneWay time.Duration, mod func(*dispatch.Config)) *stack {
+	tb.Helper()
+	s := &stack{model: m, meter: &memMeter{}, local: &fakeExperts{d: m.D, nExpert: m.NExpert}}
+	cfg := dispatch.Config{Listen: "127.0.0.1:0", Model: m, Fallback: s.local, Logger: quiet}
+	if mod != nil {
+		mod(&cfg)
+	}
+	d, err := dispatch.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := d.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	s.disp = d
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Backbone: d.Addr(), Secret: secret, Meter: s.meter,
+		Logger: quiet, FlushEvery: 50 * time.Millisecond})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { h.Close() })
+	s.hub = h
+	s.px = newProxy(tb, h.Addr(), oneWay)
+	certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s.pool = x509.NewCertPool()
+	s.pool.AppendCertsFromPEM(certPEM)
+	s.caFile = filepath.Join(tb.TempDir(), "ca.crt")
+	if err := os.WriteFile(s.caFile, certPEM, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: s.px.Addr(), Secret: secret,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := g.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { g.Close() })
+	s.gw = g
+	s.url = "wss://" + g.Addr()
+	return s
+}
+
+// holdings lists every expert of the given layers.
+func holdings(m dispatch.Model, layers ...int) []wire.Holding {
+	var hs []wire.Holding
+	for _, l := range layers {
+		for e := 0; e < m.NExpert; e++ {
+			hs = append(hs, wire.Holding{Layer: uint16(l), Expert: uint32(e)})
+		}
+	}
+	return hs
+}
+
+func holdsLayers(layers ...int) func(l, e int) bool {
+	return func(l, e int) bool {
+		for _, x := range layers {
+			if x == l {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// startWorker runs an in-process worker holding layers; cancel stops it.
+func (s *stack) startWorker(tb testing.TB, comp *fakeExperts, layers ...int) (*worker.Worker, context.CancelFunc) {
+	tb.Helper()
+	_, key, _ := ed25519.GenerateKey(nil)
+	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
+		Holdings: holdings(s.model, layers...), ModelID: s.model.ID, Backend: "fake", Threads: 1,
+		Logger: quiet, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	tb.Cleanup(func() { cancel(); <-done })
+	return w, cancel
+}
+
+func (s *stack) waitWorkers(tb testing.TB, n int) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.disp.WaitWorkers(ctx, n); err != nil {
+		tb.Fatalf("waiting for %d workers: %v", n, err)
+	}
+}
+
+// call is one random expert call with its local reference output.
+type call struct {
+	layer, n, k int
+	hidden      []float32
+	ids         []int32
+	want        []float32
+}
+
+func randomCall(tb testing.TB, m dispatch.Model, rng *rand.Rand, layer, n int) call {
+	c := call{layer: layer, n: n, k: m.K, hidden: make([]float32, n*m.D), ids: make([]int32, n*m.K)}
+	for i := range c.hidden {
+		c.hidden[i] = float32(rng.NormFloat64())
+	}
+	for r := 0; r < n; r++ { // top-k: k distinct experts per row
+		perm := rng.Perm(m.NExpert)
+		for s := 0; s < m.K; s++ {
+			c.ids[r*m.K+s] = int32(perm[s])
+		}
+	}
+	c.want = make([]float32, n*m.K*m.D)
+	ref := &fakeExperts{d: m.D, nExpert: m.NExpert}
+	if err := ref.ComputeExperts(context.Background(), layer, c.hidden, c.ids, n, m.K, c.want); err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+// run computes c through the dispatcher and checks bit-identity.
+func (s *stack) run(tb testing.TB, c call) time.Duration {
+	tb.Helper()
+	out := make([]float32, len(c.want))
+	for i := range out {
+		out[i] = math.Float32frombits(0x7fc00001) // NaN poison
+	}
+	start := time.Now()
+	if err := s.disp.ComputeExperts(context.Background(), c.layer, c.hidden, c.ids, c.n, c.k, out); err != nil {
+		tb.Fatalf("ComputeExperts: %v", err)
+	}
+	el := time.Since(start)
+	for i := range out {
+		if fbits(out[i]) != fbits(c.want[i]) {
+			tb.Fatalf("layer %d: out[%d] = %v, want %v (bit-identical)", c.layer, i, out[i], c.want[i])
+		}
+	}
+	return el
+}
+
+func fbits(f float32) uint32 { return math.Float32bits(f) }

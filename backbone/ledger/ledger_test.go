@@ -199,9 +199,9 @@ func TestDecodePageContract(t *testing.T) {
 	}
 	for name, body := range map[string]string{
 		"id not after cursor": ok, // after=5 below
-		"decreasing": `{"entries":[{"id":7,"session":"s","worker":"` + w + `","time_ns":1},{"id":6,"session":"s","worker":"` + w + `","time_ns":1}]}`,
-		"bad worker":  `{"entries":[{"id":7,"session":"s","worker":"zz","time_ns":1}]}`,
-		"truncated":   ok[:40],
+		"decreasing":          `{"entries":[{"id":7,"session":"s","worker":"` + w + `","time_ns":1},{"id":6,"session":"s","worker":"` + w + `","time_ns":1}]}`,
+		"bad worker":          `{"entries":[{"id":7,"session":"s","worker":"zz","time_ns":1}]}`,
+		"truncated":           ok[:40],
 	} {
 		if _, err := DecodePage(strings.NewReader(body), 5, 10); !errors.Is(err, ErrPage) {
 			t.Errorf("%s: %v, want ErrPage", name, err)

@@ -133,6 +133,18 @@ func Check(path string) (version int, err error) {
 	if err != nil {
 		return 0, fmt.Errorf("wallet: %w", err)
 	}
+	// Reading a WAL-mode file, even read-only, makes SQLite create the
+	// -shm index and an empty -wal; remove them again if we made them.
+	_, werr := os.Stat(path + "-wal")
+	_, serr := os.Stat(path + "-shm")
+	if errors.Is(werr, os.ErrNotExist) && errors.Is(serr, os.ErrNotExist) {
+		defer func() {
+			if fi, err := os.Stat(path + "-wal"); err == nil && fi.Size() == 0 {
+				os.Remove(path + "-wal")
+				os.Remove(path + "-shm")
+			}
+		}()
+	}
 	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: "mode=ro"}
 	db, err := sql.Open("sqlite3", u.String())
 	if err != nil {

@@ -315,7 +315,14 @@ func (g *Gateway) track(a, b net.Conn, add bool) {
 func (g *Gateway) splice(client, hubc net.Conn) {
 	done := make(chan struct{}, 2)
 	cp := func(dst, src net.Conn, n *atomic.Uint64) {
-		defer func() { done <- struct{}{} }()
+		defer func() {
+			// Pass the end on at once (TCP FIN / TLS close_notify) so the
+			// peer sees it without waiting for the grace period.
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+				_ = cw.CloseWrite()
+			}
+			done <- struct{}{}
+		}()
 		buf := make([]byte, 64<<10)
 		for {
 			_ = src.SetReadDeadline(time.Now().Add(g.cfg.IdleTimeout))

@@ -1,0 +1,241 @@
+package dispatch_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/engine/wire"
+)
+
+// dialRaw opens a signed WebSocket through the gateway with headers h (nil:
+// freshly signed by key) and returns the connection or the HTTP status.
+func (s *stack) dialRaw(t *testing.T, key ed25519.PrivateKey, h http.Header) (*websocket.Conn, int, error) {
+	t.Helper()
+	if h == nil {
+		h = wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.pool}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, s.url+wire.WorkerPath, &websocket.DialOptions{HTTPClient: client, HTTPHeader: h})
+	code := 0
+	if resp != nil {
+		code = resp.StatusCode
+	}
+	return c, code, err
+}
+
+// rawWorker connects a hand-driven worker holding every expert of layer 0
+// and returns it after WELCOME.
+func (s *stack) rawWorker(t *testing.T) *websocket.Conn {
+	t.Helper()
+	_, key, _ := ed25519.GenerateKey(nil)
+	c, code, err := s.dialRaw(t, key, nil)
+	if err != nil {
+		t.Fatalf("dial: %d %v", code, err)
+	}
+	c.SetReadLimit(wire.MaxMessage)
+	t.Cleanup(func() { c.CloseNow() })
+	ctx := context.Background()
+	hello := &wire.Hello{Key: key.Public().(ed25519.PublicKey), ModelID: s.model.ID, Holdings: holdings(s.model, 0)}
+	if err := c.Write(ctx, websocket.MessageBinary, hello.Append(nil)); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, err := c.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, err := wire.Decode(msg, nil); err != nil || f.(*wire.Welcome).Accepted != uint32(s.model.NExpert) {
+		t.Fatalf("welcome: %v %v", f, err)
+	}
+	s.waitWorkers(t, 1)
+	return c
+}
+
+// closedWith reads until the connection closes and returns the close code.
+func closedWith(t *testing.T, c *websocket.Conn) websocket.StatusCode {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		_, _, err := c.Read(ctx)
+		if err != nil {
+			var ce websocket.CloseError
+			if errors.As(err, &ce) {
+				return ce.Code
+			}
+			t.Fatalf("read ended without a close frame: %v", err)
+		}
+	}
+}
+
+func TestBadWorkerClosed(t *testing.T) {
+	m := testModel()
+	lim := &wire.Limits{D: m.D, K: m.K, NLayer: m.NLayer, NExpert: m.NExpert}
+	// answer reads one DISPATCH and replies with what bad makes of it.
+	cases := []struct {
+		name string
+		code websocket.StatusCode
+		act  func(t *testing.T, c *websocket.Conn)
+	}{
+		{"garbage", websocket.StatusPolicyViolation, func(t *testing.T, c *websocket.Conn) {
+			_ = c.Write(context.Background(), websocket.MessageBinary, []byte("this is not a frame"))
+		}},
+		{"unknown request", websocket.StatusPolicyViolation, func(t *testing.T, c *websocket.Conn) {
+			r := &wire.Result{Request: 987654321, M: 1, D: m.D, Out: make([]float32, m.D)}
+			_ = c.Write(context.Background(), websocket.MessageBinary, r.Append(nil))
+		}},
+		{"wrong rows", websocket.StatusPolicyViolation, func(t *testing.T, c *websocket.Conn) {
+			d := readDispatch(t, c, lim)
+			r := &wire.Result{Request: d.Request, M: 1, D: m.D, Out: make([]float32, m.D)}
+			_ = c.Write(context.Background(), websocket.MessageBinary, r.Append(nil))
+		}},
+		{"wrong d", websocket.StatusPolicyViolation, func(t *testing.T, c *websocket.Conn) {
+			d := readDispatch(t, c, lim)
+			r := &wire.Result{Request: d.Request, M: 8, D: m.D + 1, Out: make([]float32, 8*(m.D+1))}
+			_ = c.Write(context.Background(), websocket.MessageBinary, r.Append(nil))
+		}},
+		{"truncated result", websocket.StatusPolicyViolation, func(t *testing.T, c *websocket.Conn) {
+			d := readDispatch(t, c, lim)
+			b := (&wire.Result{Request: d.Request, M: 8, D: m.D, Out: make([]float32, 8*m.D)}).Append(nil)
+			_ = c.Write(context.Background(), websocket.MessageBinary, b[:len(b)-3])
+		}},
+		{"oversized", websocket.StatusMessageTooBig, func(t *testing.T, c *websocket.Conn) {
+			w, err := c.Writer(context.Background(), websocket.MessageBinary)
+			if err != nil {
+				t.Fatal(err)
+			}
+			chunk := make([]byte, 1<<20)
+			for i := 0; i <= wire.MaxMessage>>20; i++ {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+			}
+			_ = w.Close()
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "oversized" && testing.Short() {
+				t.Skip("64 MiB over TLS: skipped in -short")
+			}
+			const maxDL = time.Second
+			s := newStack(t, m, 0, func(c *dispatch.Config) { c.MaxDeadline = maxDL })
+			c := s.rawWorker(t)
+			call := randomCall(t, m, rand.New(rand.NewPCG(21, 22)), 0, 4)
+			done := make(chan time.Duration, 1)
+			go func() { done <- s.run(t, call) }() // checks bit-identity
+			tc.act(t, c)
+			if code := closedWith(t, c); code != tc.code {
+				t.Fatalf("closed with %v, want %v", code, tc.code)
+			}
+			select {
+			case el := <-done:
+				if el > maxDL+500*time.Millisecond {
+					t.Fatalf("call took %v", el)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("call hung")
+			}
+			waitFor(t, func() bool { ss := s.hub.Sessions(); return len(ss) == 1 && ss[0].Ended })
+			ss := s.hub.Sessions()[0]
+			if ss.CreditIn != 0 || (tc.name != "oversized" && ss.Rejected == 0) {
+				t.Fatalf("session %+v", ss)
+			}
+			if st := s.disp.Stats(); st.ExpertsRemote != 0 || st.ExpertsLocal != 8 || len(st.Workers) != 1 || st.Workers[0].Connected {
+				t.Fatalf("dispatcher %+v", st)
+			}
+			t.Logf("closed: %s", ss.Reason)
+		})
+	}
+}
+
+func readDispatch(t *testing.T, c *websocket.Conn, lim *wire.Limits) *wire.Dispatch {
+	t.Helper()
+	_, msg, err := c.Read(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := wire.Decode(msg, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.(*wire.Dispatch)
+}
+
+// TestUpgradeRefused: unsigned, badly signed, stale and replayed upgrades are
+// refused by the gateway before it opens any connection to the hub.
+func TestUpgradeRefused(t *testing.T) {
+	m := testModel()
+	s := newStack(t, m, 0, nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	bad := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	sig := []byte(bad.Get(wire.HeaderSig))
+	sig[0] ^= 1
+	if sig[0] == 'g'^1 { // keep it hex
+		sig[0] = '0'
+	}
+	bad.Set(wire.HeaderSig, string(sig))
+	wrongPath := wire.SignUpgrade(key, "GET", "/v1/other", time.Now())
+	stale := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now().Add(-2*time.Minute))
+	for _, tc := range []struct {
+		name string
+		h    http.Header
+		code int
+	}{
+		{"unsigned", http.Header{}, http.StatusUnauthorized},
+		{"bad signature", bad, http.StatusForbidden},
+		{"other path", wrongPath, http.StatusForbidden},
+		{"stale", stale, http.StatusForbidden},
+	} {
+		if c, code, err := s.dialRaw(t, key, tc.h); err == nil || code != tc.code {
+			if c != nil {
+				c.CloseNow()
+			}
+			t.Errorf("%s: status %d err %v, want %d", tc.name, code, err, tc.code)
+		}
+	}
+	if n := s.px.conns.Load(); n != 0 {
+		t.Fatalf("hub saw %d connections from refused upgrades", n)
+	}
+	// Replay: the first use splices, the second is refused without a hub connection.
+	h := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	c, code, err := s.dialRaw(t, key, h.Clone())
+	if err != nil {
+		t.Fatalf("first use: %d %v", code, err)
+	}
+	c.CloseNow()
+	if c, code, err := s.dialRaw(t, key, h.Clone()); err == nil || code != http.StatusForbidden {
+		if c != nil {
+			c.CloseNow()
+		}
+		t.Fatalf("replay: status %d err %v, want 403", code, err)
+	}
+	if n := s.px.conns.Load(); n != 1 {
+		t.Fatalf("hub saw %d connections, want 1 (the first, valid use)", n)
+	}
+	if st := s.gw.Stats(); st.Refused != 5 || st.Upgrades != 1 {
+		t.Fatalf("gateway stats %+v", st)
+	}
+	// Straight to the hub without the gateway's MAC: refused.
+	hc := &http.Client{}
+	hh := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	hh.Set("X-Kvasir-Worker", strings.Repeat("ab", 32))
+	hh.Set("X-Kvasir-Gw-Mac", strings.Repeat("00", 32))
+	_, resp, err := websocket.Dial(context.Background(), "ws://"+s.hub.Addr()+wire.WorkerPath, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: hh})
+	if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("direct hub dial: %v %v", resp, err)
+	}
+	if s.hub.Upgrades() != 1 {
+		t.Fatalf("hub accepted %d upgrades, want 1", s.hub.Upgrades())
+	}
+}

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/kvasir-ai/kvasir/backbone/credit"
+	"github.com/kvasir-ai/kvasir/backbone/ledger"
+	"github.com/kvasir-ai/kvasir/wallet"
+	"github.com/kvasir-ai/kvasir/wallet/walletapi"
+)
+
+func init() {
+	register("ledger", "print per-worker totals of a hub's contribution ledger", func(args []string) int {
+		return ledgerMain(args, os.Stdout, os.Stderr)
+	})
+	register("wallets", "print the KVR a gateway credited to each worker", func(args []string) int {
+		return walletsMain(args, os.Stdout, os.Stderr)
+	})
+}
+
+// ledgerJSON is the --json output of `backbone ledger`:
+// {"workers":[{"id":..,"bytes":..,"rejected_bytes":..}]}; bytes are creditable.
+type ledgerJSON struct {
+	Workers []ledgerWorkerJSON `json:"workers"`
+}
+
+type ledgerWorkerJSON struct {
+	ID            string `json:"id"`             // hex ed25519 public key
+	Address       string `json:"address"`        // wallet address of the key
+	Bytes         uint64 `json:"bytes"`          // creditable bytes
+	RejectedBytes uint64 `json:"rejected_bytes"` // never paid
+	Sessions      int    `json:"sessions"`
+}
+
+// ledgerMain implements
+//
+//	backbone ledger --db FILE [--json]
+func ledgerMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("ledger", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	db := fs.String("db", "", "ledger SQLite file (the hub's --ledger)")
+	asJSON := fs.Bool("json", false, `print {"workers":[{"id","bytes","rejected_bytes",...}]}`)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *db == "" || fs.NArg() != 0 {
+		fmt.Fprintln(stderr, "ledger: --db FILE is required")
+		fs.Usage()
+		return 2
+	}
+	if _, err := os.Stat(*db); err != nil {
+		fmt.Fprintf(stderr, "ledger: %v\n", err)
+		return 1
+	}
+	l, err := ledger.Open(*db)
+	if err != nil {
+		fmt.Fprintf(stderr, "ledger: %v\n", err)
+		return 1
+	}
+	defer l.Close()
+	tot, err := l.Totals()
+	if err != nil {
+		fmt.Fprintf(stderr, "ledger: %v\n", err)
+		return 1
+	}
+	out := ledgerJSON{Workers: []ledgerWorkerJSON{}}
+	for _, t := range tot {
+		out.Workers = append(out.Workers, ledgerWorkerJSON{ID: t.ID, Address: addressOf(t.ID), Bytes: t.Bytes, RejectedBytes: t.RejectedBytes, Sessions: t.Sessions})
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			return 1
+		}
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "WORKER\tADDRESS\tSESSIONS\tBYTES\tUNITS\tREJECTED BYTES\t")
+	var sb, sr uint64
+	for _, w := range out.Workers {
+		fmt.Fprintf(tw, "%s…\t%s\t%d\t%d\t%s\t%d\t\n", w.ID[:16], w.Address, w.Sessions, w.Bytes, walletapi.FormatUnits(w.Bytes), w.RejectedBytes)
+		sb += w.Bytes
+		sr += w.RejectedBytes
+	}
+	fmt.Fprintf(tw, "total\t\t\t%d\t%s\t%d\t\n", sb, walletapi.FormatUnits(sb), sr)
+	if err := tw.Flush(); err != nil {
+		return 1
+	}
+	return 0
+}
+
+func addressOf(workerHex string) string {
+	pub, err := hex.DecodeString(workerHex)
+	if err != nil || len(pub) != 32 {
+		return ""
+	}
+	return wallet.Address(pub)
+}
+
+// walletsMain implements
+//
+//	backbone wallets --db FILE [--json]
+//
+// printing the gateway's wallets file (its --wallets): per worker the
+// credited bytes and nKVR, and the crediting cursor.
+func walletsMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("wallets", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	db := fs.String("db", "", "gateway wallets SQLite file (the gateway's --wallets)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *db == "" || fs.NArg() != 0 {
+		fmt.Fprintln(stderr, "wallets: --db FILE is required")
+		fs.Usage()
+		return 2
+	}
+	if _, err := os.Stat(*db); err != nil {
+		fmt.Fprintf(stderr, "wallets: %v\n", err)
+		return 1
+	}
+	s, err := credit.Open(credit.Config{Path: *db, Source: noSource{}})
+	if err != nil {
+		fmt.Fprintf(stderr, "wallets: %v\n", err)
+		return 1
+	}
+	defer s.Close()
+	ws, err := s.Wallets()
+	cur, cerr := s.Cursor()
+	if err = errors.Join(err, cerr); err != nil {
+		fmt.Fprintf(stderr, "wallets: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		if ws == nil {
+			ws = []credit.Wallet{}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(map[string]any{"gateway": hex.EncodeToString(s.PublicKey()), "cursor": cur, "wallets": ws}); err != nil {
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprintf(stdout, "gateway key %s, credited up to ledger id %d\n", hex.EncodeToString(s.PublicKey()), cur)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "ADDRESS\tUNITS\tCREDITED\tREJECTED BYTES\tSTATEMENTS\t")
+	for _, w := range ws {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t\n", addressOf(w.Worker), walletapi.FormatUnits(w.Bytes), walletapi.FormatKVR(w.NKVR), w.RejectedBytes, w.Statements)
+	}
+	if err := tw.Flush(); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// noSource is the ledger source of a wallets file opened only to read it.
+type noSource struct{}
+
+func (noSource) Read(context.Context, int64, int) ([]ledger.Entry, error) {
+	return nil, errors.New("no ledger source")
+}

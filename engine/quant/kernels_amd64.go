@@ -2,13 +2,11 @@
 
 package quant
 
-import (
-	"golang.org/x/sys/cpu"
-)
+import "golang.org/x/sys/cpu"
 
-// useSIMD selects the AVX2 kernels of kernels_amd64.s (AVX2 for the
-// integer sums, F16C for half conversion; FMA is deliberately not used so
-// that the float lanes round exactly like the pure-Go fallback). Tests flip
+// useSIMD selects the AVX2 kernels of kernels_amd64.s (AVX2 integer
+// arithmetic, F16C half conversion; FMA is deliberately not used so that
+// every float operation rounds exactly like the pure-Go code). Tests flip
 // it to compare the two paths.
 var useSIMD = cpu.X86.HasAVX2 && cpu.X86.HasF16C && cpu.X86.HasAVX
 
@@ -20,6 +18,11 @@ func simdName() string {
 	return "none"
 }
 
+// The assembly kernels take raw pointers; the Go wrappers below check the
+// lengths first. Each mirrors the pure-Go function named in its comment
+// operation for operation (integer sums are exact; float operations are
+// the same scalar SSE operations in the same order).
+
 //go:noescape
 func dotF32LanesAVX2(a, b *float32, n int, acc *[32]float32)
 
@@ -27,16 +30,22 @@ func dotF32LanesAVX2(a, b *float32, n int, acc *[32]float32)
 func dotF16LanesAVX2(w, a *byte, n int, acc *[32]float32)
 
 //go:noescape
-func q8_0SumsAVX2(w, a *byte, nb int, out *int32)
+func dotBF16LanesAVX2(w, a *byte, n int, acc *[32]float32)
 
 //go:noescape
-func q4KSumsAVX2(w, a *byte, nb int, out *int32)
+func q8_0DotAVX2(w, a *byte, nb int) float32
 
 //go:noescape
-func q6KSumsAVX2(w, a *byte, nb int, out *int32)
+func q4KDotAVX2(w, a *byte, nb int) float32
 
-// dotF32Lanes adds a[i]*b[i] into acc[i%32]; len(a) == len(b), a multiple
-// of 32.
+//go:noescape
+func q5KDotAVX2(w, a *byte, nb int) float32
+
+//go:noescape
+func q6KDotAVX2(w, a *byte, nb int) float32
+
+// dotF32Lanes adds a[i]*b[i] into acc[i%32] (genericDotF32Lanes); len(a) ==
+// len(b), a multiple of 32.
 func dotF32Lanes(a, b []float32, acc *[32]float32) {
 	if useSIMD && len(a) >= 32 && len(b) >= len(a) {
 		dotF32LanesAVX2(&a[0], &b[0], len(a)&^31, acc)
@@ -45,8 +54,8 @@ func dotF32Lanes(a, b []float32, acc *[32]float32) {
 	genericDotF32Lanes(a, b, acc)
 }
 
-// dotF16Lanes is dotF32Lanes for two fp16 rows (len(w) == len(a) bytes, a
-// multiple of 64).
+// dotF16Lanes is genericDotF16Lanes: two fp16 rows of len(w)/2 elements
+// (len(w) == len(a), a multiple of 64 bytes).
 func dotF16Lanes(w, a []byte, acc *[32]float32) {
 	if useSIMD && len(w) >= 64 && len(a) >= len(w) {
 		dotF16LanesAVX2(&w[0], &a[0], len(w)/2&^31, acc)
@@ -55,32 +64,46 @@ func dotF16Lanes(w, a []byte, acc *[32]float32) {
 	genericDotF16Lanes(w, a, acc)
 }
 
-// q8_0Sums writes, per block, the int32 sum of the 32 code products of a
-// block_q8_0 row w and block_q8_0 row a.
-func q8_0Sums(w, a []byte, out []int32) {
-	if useSIMD && len(out) > 0 && len(w) >= 34*len(out) && len(a) >= 34*len(out) {
-		q8_0SumsAVX2(&w[0], &a[0], len(out), &out[0])
+// dotBF16Lanes is genericDotBF16Lanes for two bf16 rows.
+func dotBF16Lanes(w, a []byte, acc *[32]float32) {
+	if useSIMD && len(w) >= 64 && len(a) >= len(w) {
+		dotBF16LanesAVX2(&w[0], &a[0], len(w)/2&^31, acc)
 		return
 	}
-	genericQ8_0Sums(w, a, out)
+	genericDotBF16Lanes(w, a, acc)
 }
 
-// q4KSums writes, per block, sum_j scale_j * sum(q4*q8) over the 8
-// sub-blocks of a block_q4_K row w and block_q8_K row a (mins excluded).
-func q4KSums(w, a []byte, out []int32) {
-	if useSIMD && len(out) > 0 && len(w) >= 144*len(out) && len(a) >= 292*len(out) {
-		q4KSumsAVX2(&w[0], &a[0], len(out), &out[0])
-		return
+// q8_0Dot is genericQ8_0Dot: nb block_q8_0 of w and a.
+func q8_0Dot(w, a []byte, nb int) float32 {
+	if useSIMD && nb > 0 && len(w) >= 34*nb && len(a) >= 34*nb {
+		return q8_0DotAVX2(&w[0], &a[0], nb)
 	}
-	genericQ4KSums(w, a, out)
+	return genericQ8_0Dot(w, a, nb)
 }
 
-// q6KSums writes, per block, sum_j scale_j * sum((q6-32)*q8) over the 16
-// groups of a block_q6_K row w and block_q8_K row a.
-func q6KSums(w, a []byte, out []int32) {
-	if useSIMD && len(out) > 0 && len(w) >= 210*len(out) && len(a) >= 292*len(out) {
-		q6KSumsAVX2(&w[0], &a[0], len(out), &out[0])
-		return
+// q4KDot is genericQ4KDot: nb block_q4_K of w, block_q8_K of a.
+func q4KDot(w, a []byte, nb int) float32 {
+	if useSIMD && nb > 0 && len(w) >= 144*nb && len(a) >= 292*nb {
+		return q4KDotAVX2(&w[0], &a[0], nb)
 	}
-	genericQ6KSums(w, a, out)
+	return genericQ4KDot(w, a, nb)
 }
+
+// q5KDot is genericQ5KDot: nb block_q5_K of w, block_q8_K of a.
+func q5KDot(w, a []byte, nb int) float32 {
+	if useSIMD && nb > 0 && len(w) >= 176*nb && len(a) >= 292*nb {
+		return q5KDotAVX2(&w[0], &a[0], nb)
+	}
+	return genericQ5KDot(w, a, nb)
+}
+
+// q6KDot is genericQ6KDot: nb block_q6_K of w, block_q8_K of a.
+func q6KDot(w, a []byte, nb int) float32 {
+	if useSIMD && nb > 0 && len(w) >= 210*nb && len(a) >= 292*nb {
+		return q6KDotAVX2(&w[0], &a[0], nb)
+	}
+	return genericQ6KDot(w, a, nb)
+}
+
+// q8_0Sums has no separate AVX2 kernel on amd64 (q8_0DotAVX2 fuses it).
+func q8_0Sums(w, a []byte, out []int32) { genericQ8_0Sums(w, a, out) }

@@ -91,26 +91,85 @@ f16done:
 	VZEROUPPER
 	RET
 
-// HSUM_Y0 leaves the sum of the 8 int32 lanes of Y0 in X0's low dword.
-#define HSUM_Y0 \
-	VEXTRACTI128 $1, Y0, X1 \
-	VPADDD       X1, X0, X0 \
-	VPSHUFD      $0x4e, X0, X1 \
-	VPADDD       X1, X0, X0 \
-	VPSHUFD      $0xb1, X0, X1 \
-	VPADDD       X1, X0, X0
-
-// func q8_0SumsAVX2(w, a *byte, nb int, out *int32)
-// out[b] = sum_j int8(w.qs[j]) * int8(a.qs[j]) for nb blocks of 34 bytes.
-// Sign-extended 16-bit products (VPMADDWD) are exact for every code, -128
-// included.
-TEXT ·q8_0SumsAVX2(SB), NOSPLIT, $0-32
+// func dotBF16LanesAVX2(w, a *byte, n int, acc *[32]float32)
+// As dotF32LanesAVX2 on two bf16 rows of n elements (bf16 -> f32 is a
+// 16-bit shift, exact).
+TEXT ·dotBF16LanesAVX2(SB), NOSPLIT, $0-32
 	MOVQ w+0(FP), SI
 	MOVQ a+8(FP), DI
-	MOVQ nb+16(FP), CX
-	MOVQ out+24(FP), DX
-	TESTQ CX, CX
-	JZ    q8done
+	MOVQ n+16(FP), CX
+	MOVQ acc+24(FP), DX
+	VMOVUPS 0(DX), Y0
+	VMOVUPS 32(DX), Y1
+	VMOVUPS 64(DX), Y2
+	VMOVUPS 96(DX), Y3
+	SHRQ $5, CX
+	JZ   bf16done
+
+bf16loop:
+	VPMOVZXWD 0(SI), Y4
+	VPMOVZXWD 16(SI), Y5
+	VPMOVZXWD 32(SI), Y6
+	VPMOVZXWD 48(SI), Y7
+	VPMOVZXWD 0(DI), Y8
+	VPMOVZXWD 16(DI), Y9
+	VPMOVZXWD 32(DI), Y10
+	VPMOVZXWD 48(DI), Y11
+	VPSLLD    $16, Y4, Y4
+	VPSLLD    $16, Y5, Y5
+	VPSLLD    $16, Y6, Y6
+	VPSLLD    $16, Y7, Y7
+	VPSLLD    $16, Y8, Y8
+	VPSLLD    $16, Y9, Y9
+	VPSLLD    $16, Y10, Y10
+	VPSLLD    $16, Y11, Y11
+	VMULPS    Y8, Y4, Y4
+	VMULPS    Y9, Y5, Y5
+	VMULPS    Y10, Y6, Y6
+	VMULPS    Y11, Y7, Y7
+	VADDPS    Y4, Y0, Y0
+	VADDPS    Y5, Y1, Y1
+	VADDPS    Y6, Y2, Y2
+	VADDPS    Y7, Y3, Y3
+	ADDQ      $64, SI
+	ADDQ      $64, DI
+	DECQ      CX
+	JNZ       bf16loop
+
+bf16done:
+	VMOVUPS Y0, 0(DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	VZEROUPPER
+	RET
+
+// HSUM(Y, X, T) leaves the sum of the 8 int32 lanes of Y in the low dword
+// of X (the xmm half of Y); T is a scratch xmm.
+#define HSUM(Y, X, T) \
+	VEXTRACTI128 $1, Y, T \
+	VPADDD       T, X, X \
+	VPSHUFD      $0x4e, X, T \
+	VPADDD       T, X, X \
+	VPSHUFD      $0xb1, X, T \
+	VPADDD       T, X, X
+
+// F16SS(off, R, X): X[0] = float32 of the fp16 at off(R) (VCVTPH2PS is exact,
+// like fp16Table). Clobbers AX.
+#define F16SS(off, R, X) \
+	MOVWLZX   off(R), AX \
+	VMOVD     AX, X \
+	VCVTPH2PS X, X
+
+// func q8_0DotAVX2(w, a *byte, nb int) float32
+// genericQ8_0Dot for nb >= 1 blocks of 34 bytes. Per block: exact int32 sum
+// of 32 sign-extended 16-bit products (VPMADDWD, -128 included), then
+// sumf += (d_w*d_a) * float32(isum) in scalar SSE, as the Go code.
+TEXT ·q8_0DotAVX2(SB), NOSPLIT, $0-28
+	MOVQ   w+0(FP), SI
+	MOVQ   a+8(FP), DI
+	MOVQ   nb+16(FP), CX
+	VXORPS X9, X9, X9
 
 q8loop:
 	VPMOVSXBW 2(SI), Y0
@@ -120,27 +179,84 @@ q8loop:
 	VPMADDWD  Y2, Y0, Y0
 	VPMADDWD  Y3, Y1, Y1
 	VPADDD    Y1, Y0, Y0
-	HSUM_Y0
-	VMOVD     X0, 0(DX)
+	HSUM(Y0, X0, X1)
+	VCVTDQ2PS X0, X0
+	F16SS(0, SI, X2)
+	F16SS(0, DI, X3)
+	VMULSS    X3, X2, X2
+	VMULSS    X0, X2, X2
+	VADDSS    X2, X9, X9
 	ADDQ      $34, SI
 	ADDQ      $34, DI
-	ADDQ      $4, DX
 	DECQ      CX
 	JNZ       q8loop
-
-q8done:
+	VMOVSS    X9, ret+24(FP)
 	VZEROUPPER
 	RET
 
-// Q4K_PAIR handles sub-blocks 2k and 2k+1 (64 elements): qs bytes at
-// 16+32k of the block, q8 codes at 4+64k of the block_q8_K, scales at
-// 4k(SP) and 4k+2(SP). VPMADDUBSW (u4 x s8, pairs) cannot saturate:
-// 2*15*128 < 32767.
-#define Q4K_PAIR(qoff, aoff, soff) \
-	VMOVDQU      qoff(SI), Y1 \
-	VPSRLW       $4, Y1, Y2 \
-	VPAND        Y14, Y1, Y1 \
-	VPAND        Y14, Y2, Y2 \
+// KSCALES decodes the 12-byte scales of a Q4_K/Q5_K block at SI (as
+// get_scale_min_k4, with the kmask trick of ggml_vec_dot_q4_K_q8_K): the 8
+// 6-bit scales as words at 0(SP), and Y7 = 8 int32 lanes
+// min_j*(bsums[2j]+bsums[2j+1]) of the block_q8_K at DI.
+#define KSCALES \
+	MOVL        4(SI), AX \
+	MOVL        8(SI), BX \
+	MOVL        12(SI), R8 \
+	MOVL        AX, R9 \
+	ANDL        $0x3f3f3f3f, R9 \
+	MOVL        R8, R10 \
+	ANDL        $0x0f0f0f0f, R10 \
+	MOVL        AX, R11 \
+	SHRL        $6, R11 \
+	ANDL        $0x03030303, R11 \
+	SHLL        $4, R11 \
+	ORL         R11, R10 \
+	SHLQ        $32, R10 \
+	ORQ         R10, R9 \
+	MOVL        BX, R12 \
+	ANDL        $0x3f3f3f3f, R12 \
+	MOVL        R8, R13 \
+	SHRL        $4, R13 \
+	ANDL        $0x0f0f0f0f, R13 \
+	MOVL        BX, R11 \
+	SHRL        $6, R11 \
+	ANDL        $0x03030303, R11 \
+	SHLL        $4, R11 \
+	ORL         R11, R13 \
+	SHLQ        $32, R13 \
+	ORQ         R13, R12 \
+	MOVQ        R9, X5 \
+	VPMOVZXBW   X5, X5 \
+	VMOVDQU     X5, 0(SP) \
+	MOVQ        R12, X6 \
+	VPMOVZXBW   X6, X6 \
+	VPUNPCKLWD  X6, X6, X7 \
+	VPUNPCKHWD  X6, X6, X8 \
+	VINSERTI128 $1, X8, Y7, Y7 \
+	VPMADDWD    260(DI), Y7, Y7
+
+// KFLOAT finishes a Q4_K/Q5_K block: Y0 = scaled integer sums, Y7 = mins
+// term; sumf (X9) += (d_w*d_a)*isum, then -= (dmin_w*d_a)*imin (kDotSums).
+#define KFLOAT \
+	HSUM(Y0, X0, X1) \
+	HSUM(Y7, X7, X1) \
+	VCVTDQ2PS X0, X0 \
+	VCVTDQ2PS X7, X7 \
+	F16SS(0, SI, X2) \
+	F16SS(2, SI, X3) \
+	VMOVSS    0(DI), X4 \
+	VMULSS    X4, X2, X2 \
+	VMULSS    X4, X3, X3 \
+	VMULSS    X0, X2, X2 \
+	VMULSS    X7, X3, X3 \
+	VADDSS    X2, X9, X9 \
+	VSUBSS    X3, X9, X9
+
+// KPAIR multiplies the low (Y1) and high (Y2) code vectors of sub-blocks
+// 2k, 2k+1 with the q8 codes at aoff(DI), aoff+32(DI), scales them by the
+// words at soff(SP), soff+2(SP) and adds into Y0. VPMADDUBSW (unsigned code
+// <= 31 times int8, pairs) cannot saturate: 2*31*128 < 32767.
+#define KPAIR(aoff, soff) \
 	VPMADDUBSW   aoff(DI), Y1, Y1 \
 	VPMADDUBSW   (aoff+32)(DI), Y2, Y2 \
 	VPBROADCASTW soff(SP), Y3 \
@@ -150,51 +266,86 @@ q8done:
 	VPADDD       Y1, Y0, Y0 \
 	VPADDD       Y2, Y0, Y0
 
-// func q4KSumsAVX2(w, a *byte, nb int, out *int32)
-// out[b] = sum_j sc_j * sum_l q4 * q8 for nb block_q4_K (144 B) x
-// block_q8_K (292 B). The 6-bit scales are unpacked as get_scale_min_k4
-// does (kmask trick of ggml_vec_dot_q4_K_q8_K) into 8 words on the stack.
-TEXT ·q4KSumsAVX2(SB), NOSPLIT, $16-32
-	MOVQ w+0(FP), SI
-	MOVQ a+8(FP), DI
-	MOVQ nb+16(FP), CX
-	MOVQ out+24(FP), DX
-	TESTQ CX, CX
-	JZ    q4kdone
+// Q4K_PAIR: sub-blocks 2k, 2k+1 of a Q4_K block (qs at 16+32k).
+#define Q4K_PAIR(qoff, aoff, soff) \
+	VMOVDQU qoff(SI), Y1 \
+	VPSRLW  $4, Y1, Y2 \
+	VPAND   Y14, Y1, Y1 \
+	VPAND   Y14, Y2, Y2 \
+	KPAIR(aoff, soff)
+
+// func q4KDotAVX2(w, a *byte, nb int) float32
+// genericQ4KDot for nb >= 1 block_q4_K (144 B) x block_q8_K (292 B).
+TEXT ·q4KDotAVX2(SB), NOSPLIT, $16-28
+	MOVQ         w+0(FP), SI
+	MOVQ         a+8(FP), DI
+	MOVQ         nb+16(FP), CX
+	VXORPS       X9, X9, X9
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X14
 	VPBROADCASTD X14, Y14
 
 q4kloop:
-	MOVL  4(SI), AX                // utmp[0]
-	MOVL  12(SI), R8               // utmp[2]
-	MOVL  AX, R9
-	ANDL  $0x3f3f3f3f, R9          // sc0..3
-	MOVL  R8, R10
-	ANDL  $0x0f0f0f0f, R10
-	SHRL  $6, AX
-	ANDL  $0x03030303, AX
-	SHLL  $4, AX
-	ORL   AX, R10                  // sc4..7
-	SHLQ  $32, R10
-	ORQ   R10, R9
-	MOVQ  R9, X5
-	VPMOVZXBW X5, X5
-	VMOVDQU   X5, 0(SP)
-	VPXOR     Y0, Y0, Y0
+	KSCALES
+	VPXOR Y0, Y0, Y0
 	Q4K_PAIR(16, 4, 0)
 	Q4K_PAIR(48, 68, 4)
 	Q4K_PAIR(80, 132, 8)
 	Q4K_PAIR(112, 196, 12)
-	HSUM_Y0
-	VMOVD X0, 0(DX)
+	KFLOAT
 	ADDQ  $144, SI
 	ADDQ  $292, DI
-	ADDQ  $4, DX
 	DECQ  CX
 	JNZ   q4kloop
+	VMOVSS X9, ret+24(FP)
+	VZEROUPPER
+	RET
 
-q4kdone:
+// Q5K_PAIR: sub-blocks 2k, 2k+1 of a Q5_K block (qs at 48+32k; the 5th
+// bits are bits 2k and 2k+1 of the qh bytes held in Y8; Y13 = 0x01 bytes).
+#define Q5K_PAIR(qoff, aoff, soff, s0, s1) \
+	VMOVDQU qoff(SI), Y1 \
+	VPSRLW  $4, Y1, Y2 \
+	VPAND   Y14, Y1, Y1 \
+	VPAND   Y14, Y2, Y2 \
+	VPSRLW  $s0, Y8, Y3 \
+	VPAND   Y13, Y3, Y3 \
+	VPSLLW  $4, Y3, Y3 \
+	VPOR    Y3, Y1, Y1 \
+	VPSRLW  $s1, Y8, Y3 \
+	VPAND   Y13, Y3, Y3 \
+	VPSLLW  $4, Y3, Y3 \
+	VPOR    Y3, Y2, Y2 \
+	KPAIR(aoff, soff)
+
+// func q5KDotAVX2(w, a *byte, nb int) float32
+// genericQ5KDot for nb >= 1 block_q5_K (176 B) x block_q8_K (292 B).
+TEXT ·q5KDotAVX2(SB), NOSPLIT, $16-28
+	MOVQ         w+0(FP), SI
+	MOVQ         a+8(FP), DI
+	MOVQ         nb+16(FP), CX
+	VXORPS       X9, X9, X9
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL         $0x01010101, AX
+	VMOVD        AX, X13
+	VPBROADCASTD X13, Y13
+
+q5kloop:
+	KSCALES
+	VMOVDQU 16(SI), Y8
+	VPXOR   Y0, Y0, Y0
+	Q5K_PAIR(48, 4, 0, 0, 1)
+	Q5K_PAIR(80, 68, 4, 2, 3)
+	Q5K_PAIR(112, 132, 8, 4, 5)
+	Q5K_PAIR(144, 196, 12, 6, 7)
+	KFLOAT
+	ADDQ    $176, SI
+	ADDQ    $292, DI
+	DECQ    CX
+	JNZ     q5kloop
+	VMOVSS  X9, ret+24(FP)
 	VZEROUPPER
 	RET
 
@@ -241,16 +392,15 @@ q4kdone:
 	Q6K_QUARTER(Y3, X3, (aoff+64), (soff+8)) \
 	Q6K_QUARTER(Y4, X4, (aoff+96), (soff+12))
 
-// func q6KSumsAVX2(w, a *byte, nb int, out *int32)
-// out[b] = sum_g sc_g * sum (q6-32)*q8 for nb block_q6_K (210 B) x
-// block_q8_K (292 B).
-TEXT ·q6KSumsAVX2(SB), NOSPLIT, $32-32
-	MOVQ w+0(FP), SI
-	MOVQ a+8(FP), DI
-	MOVQ nb+16(FP), CX
-	MOVQ out+24(FP), DX
-	TESTQ CX, CX
-	JZ    q6kdone
+// func q6KDotAVX2(w, a *byte, nb int) float32
+// genericQ6KDot for nb >= 1 block_q6_K (210 B) x block_q8_K (292 B):
+// isum = sum_g sc_g * sum (q6-32)*q8 exactly, then
+// sumf += (d_w*d_a) * float32(isum).
+TEXT ·q6KDotAVX2(SB), NOSPLIT, $32-28
+	MOVQ         w+0(FP), SI
+	MOVQ         a+8(FP), DI
+	MOVQ         nb+16(FP), CX
+	VXORPS       X15, X15, X15
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X14
 	VPBROADCASTD X14, Y14
@@ -262,19 +412,22 @@ TEXT ·q6KSumsAVX2(SB), NOSPLIT, $32-32
 	VPBROADCASTD X13, Y13
 
 q6kloop:
-	VPMOVSXBW 192(SI), Y15
-	VMOVDQU   Y15, 0(SP)
+	VPMOVSXBW 192(SI), Y0
+	VMOVDQU   Y0, 0(SP)
 	VPXOR     Y0, Y0, Y0
 	Q6K_HALF(0, 128, 4, 0)
 	Q6K_HALF(64, 160, 132, 16)
-	HSUM_Y0
-	VMOVD X0, 0(DX)
-	ADDQ  $210, SI
-	ADDQ  $292, DI
-	ADDQ  $4, DX
-	DECQ  CX
-	JNZ   q6kloop
-
-q6kdone:
+	HSUM(Y0, X0, X1)
+	VCVTDQ2PS X0, X0
+	F16SS(208, SI, X2)
+	VMOVSS    0(DI), X3
+	VMULSS    X3, X2, X2
+	VMULSS    X0, X2, X2
+	VADDSS    X2, X15, X15
+	ADDQ      $210, SI
+	ADDQ      $292, DI
+	DECQ      CX
+	JNZ       q6kloop
+	VMOVSS    X15, ret+24(FP)
 	VZEROUPPER
 	RET

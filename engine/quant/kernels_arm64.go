@@ -2,6 +2,8 @@
 
 package quant
 
+// arm64: NEON kernels for q8_0 and the f32 lanes (kernels_arm64.s).
+
 // useSIMD is false: there are no SIMD kernels in this build.
 var useSIMD = false
 
@@ -9,6 +11,11 @@ func simdName() string { return "none" }
 
 func dotF32Lanes(a, b []float32, acc *[32]float32) { genericDotF32Lanes(a, b, acc) }
 func dotF16Lanes(w, a []byte, acc *[32]float32)    { genericDotF16Lanes(w, a, acc) }
-func q8_0Sums(w, a []byte, out []int32)            { genericQ8_0Sums(w, a, out) }
-func q4KSums(w, a []byte, out []int32)             { genericQ4KSums(w, a, out) }
-func q6KSums(w, a []byte, out []int32)             { genericQ6KSums(w, a, out) }
+func dotBF16Lanes(w, a []byte, acc *[32]float32)   { genericDotBF16Lanes(w, a, acc) }
+func q8_0Dot(w, a []byte, nb int) float32          { return genericQ8_0Dot(w, a, nb) }
+func q4KDot(w, a []byte, nb int) float32           { return genericQ4KDot(w, a, nb) }
+func q5KDot(w, a []byte, nb int) float32           { return genericQ5KDot(w, a, nb) }
+func q6KDot(w, a []byte, nb int) float32           { return genericQ6KDot(w, a, nb) }
+
+// Integer-sum kernels, named for the SIMD comparison tests.
+func q8_0Sums(w, a []byte, out []int32) { genericQ8_0Sums(w, a, out) }

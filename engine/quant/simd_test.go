@@ -36,20 +36,38 @@ func randomCodes(r *rand.Rand, b []byte) {
 func TestSIMDMatchesGeneric(t *testing.T) {
 	t.Logf("SIMD kernels: %s", simdName())
 	r := rand.New(rand.NewPCG(5, 6))
+	kernels := []struct {
+		name   string
+		wb, ab int // block bytes of weight and activation
+		f      func(w, a []byte, nb int) float32
+	}{
+		{"q8_0", 34, 34, q8_0Dot},
+		{"q4_K", 144, 292, q4KDot},
+		{"q5_K", 176, 292, q5KDot},
+		{"q6_K", 210, 292, q6KDot},
+	}
 	for _, nb := range []int{1, 2, 7, 63, 64, 65, 130} {
-		w, a := make([]byte, 292*nb), make([]byte, 292*nb)
-		randomCodes(r, w)
-		randomCodes(r, a)
-		for _, k := range []struct {
-			name string
-			f    func(w, a []byte, out []int32)
-		}{{"q8_0", q8_0Sums}, {"q4_K", q4KSums}, {"q6_K", q6KSums}} {
+		for _, sane := range []bool{true, false} {
+			w, a := make([]byte, 292*nb), make([]byte, 292*nb)
+			randomCodes(r, w)
+			randomCodes(r, a)
 			got, want := make([]int32, nb), make([]int32, nb)
-			k.f(w, a, got)
-			withGeneric(func() { k.f(w, a, want) })
+			q8_0Sums(w, a, got)
+			withGeneric(func() { genericQ8_0Sums(w, a, want) })
 			for i := range got {
 				if got[i] != want[i] {
-					t.Fatalf("%s nb=%d block %d: simd %d, generic %d", k.name, nb, i, got[i], want[i])
+					t.Fatalf("q8_0Sums nb=%d block %d: %d, generic %d", nb, i, got[i], want[i])
+				}
+			}
+			for _, k := range kernels {
+				if sane { // finite scales, so the float results compare exactly
+					saneScales(r, w, a, k.wb, k.ab, nb)
+				}
+				g := k.f(w, a, nb)
+				var want float32
+				withGeneric(func() { want = k.f(w, a, nb) })
+				if !sameBits(g, want) {
+					t.Fatalf("%s nb=%d sane=%v: simd %g, generic %g", k.name, nb, sane, g, want)
 				}
 			}
 		}
@@ -81,6 +99,19 @@ func TestSIMDMatchesGeneric(t *testing.T) {
 			}
 		}
 	}
+	for _, n := range []int{64, 4096 + 32} {
+		h1, h2 := make([]byte, 2*n), make([]byte, 2*n)
+		randomCodes(r, h1)
+		randomCodes(r, h2)
+		var got, want [32]float32
+		dotBF16Lanes(h1, h2, &got)
+		withGeneric(func() { dotBF16Lanes(h1, h2, &want) })
+		for l := range got {
+			if !sameBits(got[l], want[l]) {
+				t.Fatalf("dotBF16Lanes n=%d lane %d: simd %g, generic %g", n, l, got[l], want[l])
+			}
+		}
+	}
 	// Whole VecDot on quantized rows, every weight type.
 	for _, typ := range weightTypes {
 		n := 9 * QK_K
@@ -90,6 +121,28 @@ func TestSIMDMatchesGeneric(t *testing.T) {
 		withGeneric(func() { want = VecDot(typ, wq, xc, n) })
 		if !sameBits(got, want) {
 			t.Errorf("%s VecDot: simd %g, generic %g", typ, got, want)
+		}
+	}
+}
+
+// saneScales overwrites the float scales of nb weight blocks (bytes wb) and
+// activation blocks (ab) with random finite values: fp16 d (and dmin) of
+// the weight at 0 (and 2), or 208 for Q6_K; fp16 d at 0 for Q8_0
+// activations, float32 d at 0 for Q8_K.
+func saneScales(r *rand.Rand, w, a []byte, wb, ab, nb int) {
+	f16 := func() uint16 { return FP32ToFP16(float32(math.Ldexp(r.Float64()+0.5, r.IntN(12)-10))) }
+	for b := range nb {
+		x, y := w[wb*b:], a[ab*b:]
+		if wb == 210 {
+			binary.LittleEndian.PutUint16(x[208:], f16())
+		} else {
+			binary.LittleEndian.PutUint16(x, f16())
+			binary.LittleEndian.PutUint16(x[2:], f16())
+		}
+		if ab == 34 {
+			binary.LittleEndian.PutUint16(y, f16())
+		} else {
+			binary.LittleEndian.PutUint32(y, math.Float32bits(float32(r.NormFloat64()/100)))
 		}
 	}
 }

@@ -175,20 +175,37 @@ func genericDotF16Lanes(w, a []byte, acc *[32]float32) {
 
 func vecDotBF16(w, a []byte, n int) float32 {
 	var acc [32]float32
-	for i := range n {
+	n32 := n &^ 31
+	if n32 > 0 {
+		dotBF16Lanes(w[:2*n32], a[:2*n32], &acc)
+	}
+	for i := n32; i < n; i++ {
 		acc[i&31] += float32(BF16ToFP32(le16(w[2*i:])) * BF16ToFP32(le16(a[2*i:])))
 	}
 	return reduceLanes(&acc)
 }
 
+func genericDotBF16Lanes(w, a []byte, acc *[32]float32) {
+	for i := 0; i+64 <= len(w); i += 64 {
+		x, y := w[i:i+64:i+64], a[i:i+64:i+64]
+		for l := range 32 {
+			acc[l] += float32(BF16ToFP32(le16(x[2*l:])) * BF16ToFP32(le16(y[2*l:])))
+		}
+	}
+}
+
 const sumChunk = 64 // blocks per integer-sum kernel call
 
-func vecDotQ8_0(w, a []byte, nb int) float32 {
+func vecDotQ8_0(w, a []byte, nb int) float32 { return q8_0Dot(w, a, nb) }
+
+// q8_0DotSums is the Q8_0 x Q8_0 float part shared by every path: sums
+// supplies the exact per-block integer sums.
+func q8_0DotSums(sums func(w, a []byte, out []int32), w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32
 	for b0 := 0; b0 < nb; b0 += sumChunk {
 		k := min(sumChunk, nb-b0)
-		q8_0Sums(w[34*b0:34*(b0+k)], a[34*b0:34*(b0+k)], buf[:k])
+		sums(w[34*b0:34*(b0+k)], a[34*b0:34*(b0+k)], buf[:k])
 		for j := range k {
 			i := 34 * (b0 + j)
 			d := fp16Table[le16(w[i:])] * fp16Table[le16(a[i:])]
@@ -197,6 +214,8 @@ func vecDotQ8_0(w, a []byte, nb int) float32 {
 	}
 	return sumf
 }
+
+func genericQ8_0Dot(w, a []byte, nb int) float32 { return q8_0DotSums(genericQ8_0Sums, w, a, nb) }
 
 func genericQ8_0Sums(w, a []byte, out []int32) {
 	for b := range out {
@@ -294,14 +313,22 @@ func kMinsTerm(scales, y []byte) int32 {
 	return s
 }
 
-func vecDotQ4K(w, a []byte, nb int) float32 {
+func vecDotQ4K(w, a []byte, nb int) float32 { return q4KDot(w, a, nb) }
+func vecDotQ5K(w, a []byte, nb int) float32 { return q5KDot(w, a, nb) }
+
+// kDotSums is the Q4_K/Q5_K x Q8_K float part shared by every path (block
+// size bb: 144 or 176): per block sumf += d*isum, then sumf -= dmin*mins
+// term, with d = fp16 d_w * d_a and dmin = fp16 dmin_w * d_a
+// (ggml_vec_dot_q4_K_q8_K / _q5_K_q8_K). sums supplies the exact scaled
+// integer sums.
+func kDotSums(sums func(w, a []byte, out []int32), bb int, w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32
 	for b0 := 0; b0 < nb; b0 += sumChunk {
 		k := min(sumChunk, nb-b0)
-		q4KSums(w[144*b0:144*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
+		sums(w[bb*b0:bb*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
 		for j := range k {
-			x, y := w[144*(b0+j):], a[292*(b0+j):]
+			x, y := w[bb*(b0+j):], a[292*(b0+j):]
 			dy := q8KD(y)
 			d := fp16Table[le16(x)] * dy
 			dmin := fp16Table[le16(x[2:])] * dy
@@ -311,6 +338,9 @@ func vecDotQ4K(w, a []byte, nb int) float32 {
 	}
 	return sumf
 }
+
+func genericQ4KDot(w, a []byte, nb int) float32 { return kDotSums(genericQ4KSums, 144, w, a, nb) }
+func genericQ5KDot(w, a []byte, nb int) float32 { return kDotSums(genericQ5KSums, 176, w, a, nb) }
 
 func genericQ4KSums(w, a []byte, out []int32) {
 	for b := range out {
@@ -331,11 +361,10 @@ func genericQ4KSums(w, a []byte, out []int32) {
 	}
 }
 
-func vecDotQ5K(w, a []byte, nb int) float32 {
-	var sumf float32
-	for b := range nb {
-		x, y := w[176*b:176*b+176], a[292*b:292*b+292]
-		qh, ql, q8 := x[16:48], x[48:176], y[4:4+QK_K]
+func genericQ5KSums(w, a []byte, out []int32) {
+	for b := range out {
+		x, q8 := w[176*b:176*b+176], a[292*b+4:292*b+4+QK_K]
+		qh, ql := x[16:48], x[48:176]
 		var s int32
 		for k := range 4 {
 			sc0, _ := scaleMinK4(2*k, x[4:16])
@@ -349,21 +378,20 @@ func vecDotQ5K(w, a []byte, nb int) float32 {
 			}
 			s += int32(sc0)*s0 + int32(sc1)*s1
 		}
-		dy := q8KD(y)
-		d := fp16Table[le16(x)] * dy
-		dmin := fp16Table[le16(x[2:])] * dy
-		sumf += float32(d * float32(s))
-		sumf -= float32(dmin * float32(kMinsTerm(x[4:16], y)))
+		out[b] = s
 	}
-	return sumf
 }
 
-func vecDotQ6K(w, a []byte, nb int) float32 {
+func vecDotQ6K(w, a []byte, nb int) float32 { return q6KDot(w, a, nb) }
+
+// q6KDotSums is the Q6_K x Q8_K float part shared by every path: per block
+// sumf += (fp16 d_w * d_a) * isum (ggml_vec_dot_q6_K_q8_K).
+func q6KDotSums(sums func(w, a []byte, out []int32), w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32
 	for b0 := 0; b0 < nb; b0 += sumChunk {
 		k := min(sumChunk, nb-b0)
-		q6KSums(w[210*b0:210*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
+		sums(w[210*b0:210*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
 		for j := range k {
 			d := fp16Table[le16(w[210*(b0+j)+208:])] * q8KD(a[292*(b0+j):])
 			sumf += float32(d * float32(buf[j]))
@@ -371,6 +399,8 @@ func vecDotQ6K(w, a []byte, nb int) float32 {
 	}
 	return sumf
 }
+
+func genericQ6KDot(w, a []byte, nb int) float32 { return q6KDotSums(genericQ6KSums, w, a, nb) }
 
 func genericQ6KSums(w, a []byte, out []int32) {
 	for b := range out {

@@ -1,5 +1,7 @@
 package tokenizer
 
+import "slices"
+
 // BPE merging of one pre-token, as llama.cpp's llm_tokenizer_bpe_session::
 // tokenize does it: start from one symbol per byte (its GPT-2 alphabet
 // character), repeatedly merge the adjacent pair of lowest merge rank (ties:
@@ -65,18 +67,26 @@ func (q *bigramQueue) pop() bigram {
 	return top
 }
 
+// bpeScratch holds buffers reused across the words of one Encode call.
+type bpeScratch struct {
+	syms []symbol
+	q    bigramQueue
+}
+
 // bpe appends the tokens of word (raw bytes of one pre-token) to out.
-func (t *Tokenizer) bpe(out []int32, word string) []int32 {
+func (t *Tokenizer) bpe(out []int32, word string, sc *bpeScratch) []int32 {
 	n := len(word)
 	if n == 0 {
 		return out
 	}
-	syms := make([]symbol, n)
+	syms := slices.Grow(sc.syms[:0], n)[:n]
+	sc.syms = syms
 	for i := range n {
 		syms[i] = symbol{id: t.byteTok[word[i]], start: int32(i), n: 1, prev: int32(i - 1), next: int32(i + 1)}
 	}
 	syms[n-1].next = -1
-	q := make(bigramQueue, 0, n)
+	q := sc.q[:0]
+	defer func() { sc.q = q[:0] }()
 	add := func(l, r int32) {
 		if l < 0 || r < 0 {
 			return

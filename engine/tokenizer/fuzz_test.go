@@ -132,3 +132,49 @@ func FuzzNew(f *testing.F) {
 		_ = tok.Decode([]int32{0, 1, 2, -1, 1 << 30})
 	})
 }
+
+// BenchmarkEncode measures encoding speed (bytes/s) on the embedded corpus
+// (28 KB, every word new: pure BPE) and repeated to 1 MiB, with the fixture
+// GPT-2 vocabulary when present (else a trained one): "cold" empties the
+// word cache first, "warm" reuses it.
+func BenchmarkEncode(b *testing.B) {
+	var tok *Tokenizer
+	if fixtureAvailable() {
+		tok = fixtureTokenizer(b, PreGPT2)
+	} else {
+		tok, _ = New(DefaultConfig(2048))
+	}
+	big := strings.Repeat(Corpus(), 1<<20/len(Corpus())+1)[:1<<20]
+	for _, bc := range []struct {
+		name string
+		text string
+		cold bool
+	}{{"corpus-cold", Corpus(), true}, {"1MiB-cold", big, true}, {"1MiB-warm", big, false}} {
+		text, cold := bc.text, bc.cold
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				if cold {
+					tok.cacheMu.Lock()
+					clear(tok.cache)
+					tok.cacheMu.Unlock()
+				}
+				tok.Encode(text, false)
+			}
+		})
+	}
+}
+
+// BenchmarkDecoder measures streaming decoding of the corpus's ids.
+func BenchmarkDecoder(b *testing.B) {
+	tok, _ := New(DefaultConfig(2048))
+	ids := tok.Encode(Corpus(), false)
+	b.SetBytes(int64(len(Corpus())))
+	for b.Loop() {
+		d := tok.NewDecoder(false)
+		for _, id := range ids {
+			d.Add(id)
+		}
+		d.Flush()
+	}
+}

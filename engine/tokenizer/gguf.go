@@ -11,18 +11,22 @@ import (
 // GGUF metadata keys of the tokenizer (llama.cpp src/llama-arch.cpp
 // LLM_KV_TOKENIZER_*).
 const (
-	KeyModel    = "tokenizer.ggml.model"
-	KeyPre      = "tokenizer.ggml.pre"
-	KeyTokens   = "tokenizer.ggml.tokens"
-	KeyTypes    = "tokenizer.ggml.token_type"
-	KeyMerges   = "tokenizer.ggml.merges"
-	KeyBOS      = "tokenizer.ggml.bos_token_id"
-	KeyEOS      = "tokenizer.ggml.eos_token_id"
-	KeyAddBOS   = "tokenizer.ggml.add_bos_token"
-	KeyAddEOS   = "tokenizer.ggml.add_eos_token"
-	ModelGPT2   = "gpt2" // the only supported tokenizer.ggml.model
-	defaultBPEs = 11     // llama.cpp's default BOS/EOS id for "gpt2" vocabularies
+	KeyModel  = "tokenizer.ggml.model"
+	KeyPre    = "tokenizer.ggml.pre"
+	KeyTokens = "tokenizer.ggml.tokens"
+	KeyTypes  = "tokenizer.ggml.token_type"
+	KeyMerges = "tokenizer.ggml.merges"
+	KeyBOS    = "tokenizer.ggml.bos_token_id"
+	KeyEOS    = "tokenizer.ggml.eos_token_id"
+	KeyAddBOS = "tokenizer.ggml.add_bos_token"
+	KeyAddEOS = "tokenizer.ggml.add_eos_token"
 )
+
+// ModelGPT2 is the only supported tokenizer.ggml.model (byte-level BPE).
+const ModelGPT2 = "gpt2"
+
+// defaultBPEID is llama.cpp's default BOS/EOS id for "gpt2" vocabularies.
+const defaultBPEID = 11
 
 // FromGGUF reads the tokenizer of a GGUF file: tokenizer.ggml.model must be
 // "gpt2" (else ErrModel); tokens, merges and pre are required; token_type
@@ -75,8 +79,8 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 	}
 	n := uint64(len(c.Tokens))
 	c.BOS, c.EOS = -1, -1
-	if defaultBPEs < n {
-		c.BOS, c.EOS = defaultBPEs, defaultBPEs
+	if defaultBPEID < n {
+		c.BOS, c.EOS = defaultBPEID, defaultBPEID
 	}
 	for _, k := range []struct {
 		key string

@@ -30,7 +30,8 @@ import (
 // Sentinel errors; errors returned by New and FromGGUF wrap one of them.
 var (
 	// ErrConfig: a Config field is out of range or inconsistent (no tokens,
-	// token_type length differing from tokens, BOS/EOS id out of range).
+	// duplicate token texts, fewer token types than tokens, BOS/EOS id out
+	// of range).
 	ErrConfig = errors.New("tokenizer: invalid config")
 	// ErrPreTokenizer: tokenizer.ggml.pre names a pre-tokenizer this package
 	// does not implement.
@@ -391,14 +392,15 @@ func (t *Tokenizer) partition(text string, parseSpecial bool) []fragment {
 func (t *Tokenizer) encodeFragment(out []int32, text string) []int32 {
 	text = normalizeUTF8(text)
 	var wb wordBuf
+	var sc bpeScratch
 	t.pre.split(text, &wb, func(word string) {
-		out = t.encodeWord(out, word)
+		out = t.encodeWord(out, word, &sc)
 	})
 	return out
 }
 
 // encodeWord appends the BPE tokens of one pre-token, using the word cache.
-func (t *Tokenizer) encodeWord(out []int32, word string) []int32 {
+func (t *Tokenizer) encodeWord(out []int32, word string, sc *bpeScratch) []int32 {
 	if len(word) == 1 && t.byteTok[word[0]] >= 0 {
 		return append(out, t.byteTok[word[0]])
 	}
@@ -409,7 +411,7 @@ func (t *Tokenizer) encodeWord(out []int32, word string) []int32 {
 		return append(out, ids...)
 	}
 	start := len(out)
-	out = t.bpe(out, word)
+	out = t.bpe(out, word, sc)
 	ids = append([]int32(nil), out[start:]...)
 	t.cacheMu.Lock()
 	if len(t.cache) >= wordCacheCap {

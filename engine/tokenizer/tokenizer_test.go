@@ -243,3 +243,37 @@ func TestTokenizeAddSpecial(t *testing.T) {
 		t.Fatalf("Detokenize = %q", got)
 	}
 }
+
+// TestConcurrentEncode: one Tokenizer used from several goroutines (shared
+// word cache) gives the sequential results. Run with -race.
+func TestConcurrentEncode(t *testing.T) {
+	tok, err := New(DefaultConfig(1024))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(Corpus(), "\n")
+	want := make([][]int32, len(lines))
+	for i, l := range lines {
+		want[i] = tok.Encode(l, true)
+	}
+	tok.cacheMu.Lock()
+	clear(tok.cache)
+	tok.cacheMu.Unlock()
+	errc := make(chan string, 4)
+	for g := range 4 {
+		go func() {
+			for i := g; i < len(lines); i += 2 {
+				if got := tok.Encode(lines[i], true); !slices.Equal(got, want[i]) {
+					errc <- lines[i]
+					return
+				}
+			}
+			errc <- ""
+		}()
+	}
+	for range 4 {
+		if l := <-errc; l != "" {
+			t.Fatalf("concurrent Encode differs for %q", l)
+		}
+	}
+}

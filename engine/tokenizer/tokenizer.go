@@ -126,9 +126,13 @@ type merge struct {
 	result int32
 }
 
-// wordCacheCap bounds the number of words whose BPE result is cached; the
-// cache is emptied when it is full.
-const wordCacheCap = 1 << 16
+// wordCacheCap bounds the number of words whose BPE result is cached (the
+// cache is emptied when it is full), and wordCacheMaxLen the length in bytes
+// of a cached word, so the cache stays below about 20 MB.
+const (
+	wordCacheCap    = 1 << 16
+	wordCacheMaxLen = 256
+)
 
 // New validates c and builds a Tokenizer. Errors wrap ErrConfig,
 // ErrPreTokenizer or ErrMerge. The Config's slices are not retained.
@@ -403,6 +407,9 @@ func (t *Tokenizer) encodeFragment(out []int32, text string) []int32 {
 func (t *Tokenizer) encodeWord(out []int32, word string, sc *bpeScratch) []int32 {
 	if len(word) == 1 && t.byteTok[word[0]] >= 0 {
 		return append(out, t.byteTok[word[0]])
+	}
+	if len(word) > wordCacheMaxLen {
+		return t.bpe(out, word, sc)
 	}
 	t.cacheMu.Lock()
 	ids, ok := t.cache[word]

@@ -277,3 +277,20 @@ func TestConcurrentEncode(t *testing.T) {
 		}
 	}
 }
+
+// Words longer than wordCacheMaxLen bypass the cache and still round-trip.
+func TestLongWords(t *testing.T) {
+	tok, err := New(DefaultConfig(2048))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{strings.Repeat("the", 400), strings.Repeat("9", 1000), strings.Repeat(" ", 3000) + "x", strings.Repeat("東", 500)} {
+		a := tok.Encode(s, false)
+		if tok.Decode(a) != s {
+			t.Fatalf("round trip of a %d-byte word", len(s))
+		}
+		if b := tok.Encode(s, false); !slices.Equal(a, b) {
+			t.Fatal("second Encode differs")
+		}
+	}
+}

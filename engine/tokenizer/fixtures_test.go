@@ -73,15 +73,10 @@ func fixtureConfig(t testing.TB) Config {
 			fixtureErr = err
 			return
 		}
-		// Copy the slices out of the mapping before it is closed.
+		// gguf copies strings out of the mapping, so c outlives f; the
+		// slices are shared with f, so clone them before tests modify c.
 		c.Tokens = slices.Clone(c.Tokens)
-		for i, s := range c.Tokens {
-			c.Tokens[i] = string([]byte(s))
-		}
 		c.Merges = slices.Clone(c.Merges)
-		for i, s := range c.Merges {
-			c.Merges[i] = string([]byte(s))
-		}
 		fixtureCfg = c
 	})
 	if fixtureErr != nil {

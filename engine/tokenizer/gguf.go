@@ -34,7 +34,7 @@ const defaultBPEID = 11
 // (disabled if out of range, and an out-of-range stored id keeps the
 // default); add_bos/add_eos_token default to false. Errors wrap
 // gguf.ErrMissingKey / gguf.ErrKeyType for absent or mistyped keys, or
-// New's errors.
+// New's errors. The Tokenizer keeps no reference to f (f may be closed).
 func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 	c, err := ConfigFromGGUF(f)
 	if err != nil {

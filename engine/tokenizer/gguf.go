@@ -44,7 +44,8 @@ func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 }
 
 // ConfigFromGGUF reads the Config that FromGGUF builds its Tokenizer from
-// (same keys, defaults and errors, without New's validation).
+// (same keys, defaults and errors, without New's validation). Tokens and
+// Merges share f's slices: clone them before modifying.
 func ConfigFromGGUF(f *gguf.File) (Config, error) {
 	var c Config
 	model, err := f.String(KeyModel)

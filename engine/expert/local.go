@@ -14,7 +14,8 @@ import (
 // Local computes experts in-process from the Layers it holds. It is the
 // backbone's default Computer and the worker's expert function.
 //
-// Every output element out[r][s][i] is one quant.VecDot call over the row's
+// Every output element out[r][s][i] is one dot product (quant.VecDot's, run
+// through quant.MatMulConverted) over the row's
 // activation converted exactly as ggml-cpu converts it (the gate/up input to
 // gate's vec_dot_type, the SwiGLU product to down's), so results are
 // bit-identical whatever n, the other rows, the grouping of rows by expert and
@@ -67,7 +68,9 @@ func (c *Local) Threads() int {
 // scratch is one call's working memory, pooled between calls.
 type scratch struct {
 	xg, xu, hc []byte
+	xgs, xus   []byte // converted rows in grouped (order) order
 	g, u       []float32
+	tg, tu     []float32 // unit-private MatMulConverted outputs
 	count      []int32
 	start      []int32
 	order      []int32 // pair indices (r*k+s) grouped by expert, ascending within a group
@@ -174,56 +177,103 @@ func (c *Local) ComputeExperts(ctx context.Context, layer int, hidden []float32,
 		fill[e]++
 	}
 
-	// Phase 1: gate and up projections, units over (expert, DFF row range).
+	// Activations in grouped order: pair q = order[...] of expert e sits at
+	// q in [start[e], start[e+1]), so each expert's rows are contiguous.
+	s.xgs = grow(s.xgs, np*gab)
+	for q, p := range s.order {
+		r := int(p) / k
+		copy(s.xgs[q*gab:(q+1)*gab], s.xg[r*gab:(r+1)*gab])
+	}
+	xus := s.xgs
+	if uT.VecDotType() != gT.VecDotType() {
+		s.xus = grow(s.xus, np*uab)
+		for q, p := range s.order {
+			r := int(p) / k
+			copy(s.xus[q*uab:(q+1)*uab], xu[r*uab:(r+1)*uab])
+		}
+		xus = s.xus
+	}
+
+	// Phase 1: gate and up projections, units over (expert, DFF row range),
+	// each one quant.MatMulConverted (weight row outer, rows inner) into a
+	// unit-private region of tg/tu, then scattered to g/u [q x DFF].
 	s.g = grow(s.g, np*dff)
 	s.u = grow(s.u, np*dff)
+	s.tg = grow(s.tg, np*dff)
+	s.tu = grow(s.tu, np*dff)
+	var mu sync.Mutex
+	var firstErr error
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+	}
 	s.units = splitUnits(s.units[:0], s.active, dff, threads)
 	parallel(len(s.units), threads, func(ui int) {
 		un := s.units[ui]
-		gw, uw := l.Gate.Expert[un.e], l.Up.Expert[un.e]
-		pairs := s.order[s.start[un.e]:s.start[un.e+1]]
-		for j := int(un.lo); j < int(un.hi); j++ {
-			gRow := gw[j*grb : (j+1)*grb]
-			uRow := uw[j*urb : (j+1)*urb]
-			for _, p := range pairs {
-				r := int(p) / k
-				s.g[int(p)*dff+j] = quant.VecDot(gT, gRow, s.xg[r*gab:(r+1)*gab], d)
-				s.u[int(p)*dff+j] = quant.VecDot(uT, uRow, xu[r*uab:(r+1)*uab], d)
-			}
+		q0, q1 := int(s.start[un.e]), int(s.start[un.e+1])
+		cnt, lo, hi := q1-q0, int(un.lo), int(un.hi)
+		w := hi - lo
+		reg := q0*dff + cnt*lo
+		tg, tu := s.tg[reg:reg+cnt*w], s.tu[reg:reg+cnt*w]
+		if err := quant.MatMulConverted(gT, l.Gate.Expert[un.e][lo*grb:hi*grb], w, d, s.xgs[q0*gab:q1*gab], cnt, tg, 1); err != nil {
+			fail(err)
+			return
+		}
+		if err := quant.MatMulConverted(uT, l.Up.Expert[un.e][lo*urb:hi*urb], w, d, xus[q0*uab:q1*uab], cnt, tu, 1); err != nil {
+			fail(err)
+			return
+		}
+		for i := range cnt {
+			copy(s.g[(q0+i)*dff+lo:(q0+i)*dff+hi], tg[i*w:(i+1)*w])
+			copy(s.u[(q0+i)*dff+lo:(q0+i)*dff+hi], tu[i*w:(i+1)*w])
 		}
 	})
+	if firstErr != nil {
+		return firstErr
+	}
 
 	// Phase 2: h = silu(gate) * up per pair, converted for down.
 	s.hc = grow(s.hc, np*hab)
-	var firstErr atomic.Pointer[error]
 	chunk := max(1, (np+4*threads-1)/(4*threads))
 	parallel((np+chunk-1)/chunk, threads, func(ui int) {
-		for p := ui * chunk; p < min(np, (ui+1)*chunk); p++ {
-			g := s.g[p*dff : (p+1)*dff]
-			u := s.u[p*dff : (p+1)*dff]
-			SwiGLU(g, g, u)
-			if err := quant.ConvertActivation(dT, g, s.hc[p*hab:(p+1)*hab]); err != nil {
-				firstErr.CompareAndSwap(nil, &err)
+		for q := ui * chunk; q < min(np, (ui+1)*chunk); q++ {
+			g := s.g[q*dff : (q+1)*dff]
+			SwiGLU(g, g, s.u[q*dff:(q+1)*dff])
+			if err := quant.ConvertActivation(dT, g, s.hc[q*hab:(q+1)*hab]); err != nil {
+				fail(err)
 			}
 		}
 	})
-	if e := firstErr.Load(); e != nil {
-		return *e
+	if firstErr != nil {
+		return firstErr
 	}
 
-	// Phase 3: down projection, units over (expert, DModel row range).
+	// Phase 3: down projection, units over (expert, DModel row range),
+	// scattered to out[p*d + i] for pair p = order[q].
+	s.tg = grow(s.tg, np*d)
 	s.units = splitUnits(s.units[:0], s.active, d, threads)
 	parallel(len(s.units), threads, func(ui int) {
 		un := s.units[ui]
-		dw := l.Down.Expert[un.e]
-		pairs := s.order[s.start[un.e]:s.start[un.e+1]]
-		for i := int(un.lo); i < int(un.hi); i++ {
-			row := dw[i*drb : (i+1)*drb]
-			for _, p := range pairs {
-				out[int(p)*d+i] = quant.VecDot(dT, row, s.hc[int(p)*hab:(int(p)+1)*hab], dff)
-			}
+		q0, q1 := int(s.start[un.e]), int(s.start[un.e+1])
+		cnt, lo, hi := q1-q0, int(un.lo), int(un.hi)
+		w := hi - lo
+		reg := q0*d + cnt*lo
+		td := s.tg[reg : reg+cnt*w]
+		if err := quant.MatMulConverted(dT, l.Down.Expert[un.e][lo*drb:hi*drb], w, dff, s.hc[q0*hab:q1*hab], cnt, td, 1); err != nil {
+			fail(err)
+			return
+		}
+		for i := range cnt {
+			p := int(s.order[q0+i])
+			copy(out[p*d+lo:p*d+hi], td[i*w:(i+1)*w])
 		}
 	})
+	if firstErr != nil {
+		return firstErr
+	}
 	return ctx.Err()
 }
 

@@ -1,8 +1,14 @@
 package model
 
 import (
+	"bytes"
 	"context"
+	"sync"
 	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
 // benchDecode measures single-token decode at positions 64.. of one
@@ -66,4 +72,60 @@ func BenchmarkFixtureQ4KM(b *testing.B) {
 	_, m := loadFixture(b, "tiny-qwen3moe-Q4_K_M")
 	b.Run("decode", func(b *testing.B) { benchDecode(b, m) })
 	b.Run("prefill64", func(b *testing.B) { benchPrefill(b, m) })
+}
+
+var q30 struct {
+	once sync.Once
+	m    *Model
+	err  error
+}
+
+// BenchmarkQwen3_30B_A3B_4L runs a 4-layer Q4_K model with Qwen3-30B-A3B
+// layer shapes (modelgen preset qwen3-30b-a3b, 1.4 GB) generated in memory
+// once per process (writing it to disk first only adds I/O time).
+func BenchmarkQwen3_30B_A3B_4L(b *testing.B) {
+	q30.once.Do(func() {
+		s, err := modelgen.Preset("qwen3-30b-a3b")
+		if err != nil {
+			q30.err = err
+			return
+		}
+		s.Layers, s.Type = 4, quant.Q4_K
+		w, err := modelgen.Build(s)
+		if err != nil {
+			q30.err = err
+			return
+		}
+		var buf bytes.Buffer
+		if _, err := w.WriteTo(&buf); err != nil {
+			q30.err = err
+			return
+		}
+		f, err := gguf.Parse(buf.Bytes())
+		if err != nil {
+			q30.err = err
+			return
+		}
+		q30.m, q30.err = Load(f)
+	})
+	if q30.err != nil {
+		b.Fatal(q30.err)
+	}
+	b.Run("decode", func(b *testing.B) { benchDecode(b, q30.m) })
+	b.Run("prefill64", func(b *testing.B) { benchPrefill(b, q30.m) })
+}
+
+// BenchmarkMemoryBandwidth copies 256 MiB (read + write) to relate tok/s to
+// the machine's memory bandwidth; GB/s counts bytes read plus bytes written.
+func BenchmarkMemoryBandwidth(b *testing.B) {
+	src := make([]byte, 256<<20)
+	dst := make([]byte, len(src))
+	for i := range src {
+		src[i] = byte(i)
+	}
+	b.SetBytes(int64(2 * len(src)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		copy(dst, src)
+	}
 }

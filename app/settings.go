@@ -1,0 +1,225 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"fyne.io/fyne/v2"
+	"fyne.io/fyne/v2/container"
+	"fyne.io/fyne/v2/theme"
+	"fyne.io/fyne/v2/widget"
+
+	"github.com/kvasir-ai/kvasir/app/limits"
+)
+
+// ErrSettings wraps every settings validation error.
+var ErrSettings = errors.New("settings")
+
+// Settings are the owner's choices, persisted in fyne Preferences under
+// the Pref* keys.
+type Settings struct {
+	GatewayURL     string  // wss://host[:port]
+	CAFile         string  // PEM file of extra root CAs for the gateway; "" = system roots
+	SliceDir       string  // folder of the expert slice
+	QuotaGiB       float64 // disk quota for the slice, GiB (2^30 bytes); 0 = no limit
+	Threads        int     // compute threads; 0 = all CPUs
+	PauseOnBattery bool
+	OnlyWhenIdle   bool
+	MaxTempC       float64 // 0 = no temperature limit
+	ResumeTempC    float64 // 0 = MaxTempC - limits.DefaultHysteresisC
+}
+
+// Preference keys.
+const (
+	PrefGateway        = "gateway_url"
+	PrefCAFile         = "ca_file"
+	PrefSliceDir       = "slice_dir"
+	PrefQuotaGiB       = "quota_gib"
+	PrefThreads        = "threads"
+	PrefPauseOnBattery = "pause_on_battery"
+	PrefOnlyWhenIdle   = "only_when_idle"
+	PrefMaxTempC       = "max_temp_c"
+	PrefResumeTempC    = "resume_temp_c"
+)
+
+// DefaultSettings are used for keys never saved: pause on battery on, a
+// CPU limit of 90 °C resuming at 80 °C, 4 GiB of disk.
+var DefaultSettings = Settings{QuotaGiB: 4, PauseOnBattery: true, MaxTempC: 90, ResumeTempC: 80}
+
+// LoadSettings reads settings from p, with DefaultSettings for missing keys.
+func LoadSettings(p fyne.Preferences) Settings {
+	d := DefaultSettings
+	return Settings{
+		GatewayURL:     p.StringWithFallback(PrefGateway, d.GatewayURL),
+		CAFile:         p.StringWithFallback(PrefCAFile, d.CAFile),
+		SliceDir:       p.StringWithFallback(PrefSliceDir, d.SliceDir),
+		QuotaGiB:       p.FloatWithFallback(PrefQuotaGiB, d.QuotaGiB),
+		Threads:        p.IntWithFallback(PrefThreads, d.Threads),
+		PauseOnBattery: p.BoolWithFallback(PrefPauseOnBattery, d.PauseOnBattery),
+		OnlyWhenIdle:   p.BoolWithFallback(PrefOnlyWhenIdle, d.OnlyWhenIdle),
+		MaxTempC:       p.FloatWithFallback(PrefMaxTempC, d.MaxTempC),
+		ResumeTempC:    p.FloatWithFallback(PrefResumeTempC, d.ResumeTempC),
+	}
+}
+
+// Save writes s to p.
+func (s Settings) Save(p fyne.Preferences) {
+	p.SetString(PrefGateway, s.GatewayURL)
+	p.SetString(PrefCAFile, s.CAFile)
+	p.SetString(PrefSliceDir, s.SliceDir)
+	p.SetFloat(PrefQuotaGiB, s.QuotaGiB)
+	p.SetInt(PrefThreads, s.Threads)
+	p.SetBool(PrefPauseOnBattery, s.PauseOnBattery)
+	p.SetBool(PrefOnlyWhenIdle, s.OnlyWhenIdle)
+	p.SetFloat(PrefMaxTempC, s.MaxTempC)
+	p.SetFloat(PrefResumeTempC, s.ResumeTempC)
+}
+
+// Validate checks s: a wss:// (or ws:// for loopback tests) gateway URL
+// with a host, quota >= 0, threads in [0, 4096], temperatures in
+// [0, 120] °C with ResumeTempC < MaxTempC when both are set. Errors wrap
+// ErrSettings.
+func (s Settings) Validate() error {
+	if s.GatewayURL != "" {
+		u, err := url.Parse(s.GatewayURL)
+		if err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
+			return fmt.Errorf("%w: gateway URL %q must look like wss://host:443", ErrSettings, s.GatewayURL)
+		}
+	}
+	if s.QuotaGiB < 0 || s.QuotaGiB > 1<<20 {
+		return fmt.Errorf("%w: disk quota %g GiB out of range", ErrSettings, s.QuotaGiB)
+	}
+	if s.Threads < 0 || s.Threads > 4096 {
+		return fmt.Errorf("%w: %d CPU threads out of range", ErrSettings, s.Threads)
+	}
+	if s.MaxTempC < 0 || s.MaxTempC > 120 || s.ResumeTempC < 0 || s.ResumeTempC > 120 {
+		return fmt.Errorf("%w: temperatures must be between 0 and 120 °C", ErrSettings)
+	}
+	if s.MaxTempC > 0 && s.ResumeTempC > 0 && s.ResumeTempC >= s.MaxTempC {
+		return fmt.Errorf("%w: resume temperature %g °C must be below the limit %g °C", ErrSettings, s.ResumeTempC, s.MaxTempC)
+	}
+	return nil
+}
+
+// Limits returns the limits part of s.
+func (s Settings) Limits() limits.Limits {
+	return limits.Limits{PauseOnBattery: s.PauseOnBattery, OnlyWhenIdle: s.OnlyWhenIdle, MaxTempC: s.MaxTempC, ResumeTempC: s.ResumeTempC}
+}
+
+// QuotaBytes is the disk quota in bytes (0 = none).
+func (s Settings) QuotaBytes() uint64 { return uint64(s.QuotaGiB * (1 << 30)) }
+
+// SettingsForm is the settings tab: one field per Settings field and a
+// Save button that validates, persists to Preferences and calls OnSave.
+type SettingsForm struct {
+	Content fyne.CanvasObject
+
+	prefs   fyne.Preferences
+	OnSave  func(Settings) // called after a valid save; may be nil
+	gateway, ca, slice, quota, threads, maxT, resT *widget.Entry
+	battery, idle                                  *widget.Check
+	message                                        *widget.Label
+	save                                           *widget.Button
+}
+
+// NewSettingsForm builds the form with the settings stored in p.
+func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
+	f := &SettingsForm{prefs: p, OnSave: onSave}
+	entry := func(ph string) *widget.Entry { e := widget.NewEntry(); e.SetPlaceHolder(ph); return e }
+	f.gateway = entry("wss://gateway.example:443")
+	f.ca = entry("PEM file (optional)")
+	f.slice = entry("/path/to/slice")
+	f.quota = entry("GiB")
+	f.threads = entry(fmt.Sprintf("0 = all %d CPUs", runtime.NumCPU()))
+	f.maxT = entry("°C, 0 = no limit")
+	f.resT = entry("°C, default limit − 10")
+	f.battery = widget.NewCheck("Pause on battery", nil)
+	f.idle = widget.NewCheck("Only when the computer is idle", nil)
+	f.message = widget.NewLabel("")
+	f.message.Wrapping = fyne.TextWrapWord
+	f.save = widget.NewButtonWithIcon("Save", theme.DocumentSaveIcon(), func() { f.Submit() })
+	form := widget.NewForm(
+		widget.NewFormItem("Gateway URL", f.gateway),
+		widget.NewFormItem("Gateway CA", f.ca),
+		widget.NewFormItem("Slice folder", f.slice),
+		widget.NewFormItem("Disk quota (GiB)", f.quota),
+		widget.NewFormItem("CPU threads", f.threads),
+		widget.NewFormItem("Limits", container.NewVBox(f.battery, f.idle)),
+		widget.NewFormItem("Stop above (°C)", f.maxT),
+		widget.NewFormItem("Resume below (°C)", f.resT),
+	)
+	f.Content = container.NewVScroll(container.NewVBox(form, container.NewHBox(f.save), f.message))
+	f.Show(LoadSettings(p))
+	return f
+}
+
+func fmtFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+// Show fills the fields with s.
+func (f *SettingsForm) Show(s Settings) {
+	f.gateway.SetText(s.GatewayURL)
+	f.ca.SetText(s.CAFile)
+	f.slice.SetText(s.SliceDir)
+	f.quota.SetText(fmtFloat(s.QuotaGiB))
+	f.threads.SetText(strconv.Itoa(s.Threads))
+	f.maxT.SetText(fmtFloat(s.MaxTempC))
+	f.resT.SetText(fmtFloat(s.ResumeTempC))
+	f.battery.SetChecked(s.PauseOnBattery)
+	f.idle.SetChecked(s.OnlyWhenIdle)
+}
+
+// Read parses the fields. Errors wrap ErrSettings.
+func (f *SettingsForm) Read() (Settings, error) {
+	num := func(name, v string) (float64, error) {
+		v = strings.TrimSpace(v)
+		if v == "" {
+			return 0, nil
+		}
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %s %q is not a number", ErrSettings, name, v)
+		}
+		return x, nil
+	}
+	s := Settings{GatewayURL: strings.TrimSpace(f.gateway.Text), CAFile: strings.TrimSpace(f.ca.Text),
+		SliceDir: strings.TrimSpace(f.slice.Text), PauseOnBattery: f.battery.Checked, OnlyWhenIdle: f.idle.Checked}
+	var err error
+	if s.QuotaGiB, err = num("disk quota", f.quota.Text); err != nil {
+		return s, err
+	}
+	th, err := num("CPU threads", f.threads.Text)
+	if err != nil {
+		return s, err
+	}
+	if th != float64(int(th)) {
+		return s, fmt.Errorf("%w: CPU threads must be a whole number", ErrSettings)
+	}
+	s.Threads = int(th)
+	if s.MaxTempC, err = num("temperature limit", f.maxT.Text); err != nil {
+		return s, err
+	}
+	if s.ResumeTempC, err = num("resume temperature", f.resT.Text); err != nil {
+		return s, err
+	}
+	return s, s.Validate()
+}
+
+// Submit validates and saves the fields; the message line says what
+// happened. It returns the validation error, if any.
+func (f *SettingsForm) Submit() error {
+	s, err := f.Read()
+	if err != nil {
+		f.message.SetText("Not saved: " + err.Error())
+		return err
+	}
+	s.Save(f.prefs)
+	f.message.SetText("Saved.")
+	if f.OnSave != nil {
+		f.OnSave(s)
+	}
+	return nil
+}

@@ -1,0 +1,38 @@
+package status
+
+import (
+	"fmt"
+	"time"
+)
+
+// SliceInfo describes the expert slice a worker holds on disk.
+type SliceInfo struct {
+	Dir        string    // slice folder
+	Layers     int       // MoE layers with at least one expert held
+	Experts    int       // (layer, expert) pairs held
+	Bytes      uint64    // bytes of expert tensors on disk
+	QuotaBytes uint64    // the owner's disk quota; 0 = none set
+	Verified   bool      // every expert's SHA-256 matched the manifest at VerifiedAt
+	VerifiedAt time.Time // zero if never verified
+	Problem    string    // why the slice is unusable ("no slice folder set", a hash mismatch); "" if fine
+}
+
+// Summary renders s in one line for people, e.g.
+//
+//	96 experts in 2 layers, 12.0 MiB of 64.0 MiB quota, integrity verified 12:00:05
+func (s SliceInfo) Summary() string {
+	if s.Problem != "" {
+		return s.Problem
+	}
+	l := fmt.Sprintf("%d experts in %d layers, %s", s.Experts, s.Layers, FormatBytes(s.Bytes))
+	if s.QuotaBytes > 0 {
+		l += " of " + FormatBytes(s.QuotaBytes) + " quota"
+	}
+	switch {
+	case s.Verified:
+		l += ", integrity verified " + s.VerifiedAt.Local().Format("15:04:05")
+	default:
+		l += ", integrity not verified"
+	}
+	return l
+}

@@ -1,0 +1,247 @@
+package app
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"fyne.io/fyne/v2"
+	"fyne.io/fyne/v2/test"
+
+	"github.com/kvasir-ai/kvasir/app/status"
+	"github.com/kvasir-ai/kvasir/wallet"
+)
+
+// fakeBackend is a Backend whose readings the test sets.
+type fakeBackend struct {
+	mu    sync.Mutex
+	snap  status.Snapshot
+	sum   wallet.Summary
+	err   error
+	slice status.SliceInfo
+	calls []string
+}
+
+func (f *fakeBackend) Stats() status.Snapshot { f.mu.Lock(); defer f.mu.Unlock(); return f.snap }
+func (f *fakeBackend) Pause()                 { f.mu.Lock(); f.calls = append(f.calls, "pause"); f.mu.Unlock() }
+func (f *fakeBackend) Resume()                { f.mu.Lock(); f.calls = append(f.calls, "resume"); f.mu.Unlock() }
+func (f *fakeBackend) FinishThenPause()       { f.mu.Lock(); f.calls = append(f.calls, "finish"); f.mu.Unlock() }
+func (f *fakeBackend) Summary() (wallet.Summary, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sum, f.err
+}
+func (f *fakeBackend) Slice() status.SliceInfo { return f.slice }
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// sampleSummary is a wallet after one credited statement of the reference
+// vector: 1,277,952 bytes at 7 nKVR/byte = 8,945,664 nKVR (DESIGN.md).
+func sampleSummary() wallet.Summary {
+	return wallet.Summary{
+		Address: "kvr1qqqsyqcyq5rqwzqfpg9scrgwpugpzysnzs23v7", MeteredNKVR: 9_100_000, CreditedNKVR: 8_945_664,
+		PendingNKVR: 8_945_664, BytesServed: 1_300_000, CreditedBytes: 1_277_952, RateNKVRPerByte: 7, Statements: 1,
+		Reconcile: wallet.Reconcile{Explanation: "own count and credited bytes agree within 78536 bytes"},
+		History: []wallet.Event{
+			{Time: t0.Add(4 * time.Second), State: wallet.StateCredited, Statement: 1, Ledger: "(0, 5]", Bytes: 1_277_952, NKVR: 8_945_664},
+			{Time: t0.Add(3 * time.Second), State: wallet.StateMetered, Session: "s1", Bytes: 1_300_000, NKVR: 9_100_000},
+		},
+	}
+}
+
+func newTestUI(t *testing.T) (*UI, *fakeBackend, fyne.Window) {
+	t.Helper()
+	a := test.NewTempApp(t)
+	be := &fakeBackend{}
+	ctl := status.NewControl(be)
+	u := NewUI(a, be, ctl, NewSettingsForm(a.Preferences(), nil))
+	w := a.NewWindow("kvasir")
+	w.SetContent(u.Tabs)
+	w.Resize(fyne.NewSize(900, 640))
+	t.Cleanup(w.Close)
+	return u, be, w
+}
+
+func TestStatusShowsStatsAndWallet(t *testing.T) {
+	u, be, w := newTestUI(t)
+	since := time.Date(2026, 11, 29, 11, 59, 0, 0, time.Local)
+	be.snap = status.Snapshot{State: status.Connected, Gateway: "127.0.0.1:8443", RTT: 1500 * time.Microsecond,
+		Session: "s1", ConnectedSince: since}
+	u.Poll(t0, false)()
+	// Five one-second steps: 12,345 rows and 1,277,952 bytes in all.
+	rowSteps := []uint64{2000, 3000, 2500, 2345, 2500}
+	byteSteps := []uint64{200_000, 300_000, 277_952, 250_000, 250_000}
+	for i := range rowSteps {
+		be.snap.Rows += rowSteps[i]
+		be.snap.Requests += 20
+		be.snap.BytesIn += byteSteps[i] * 4 / 5
+		be.snap.BytesOut += byteSteps[i] - byteSteps[i]*4/5
+		if i < len(rowSteps)-1 {
+			u.Poll(t0.Add(time.Duration(i+1)*time.Second), false)()
+		}
+	}
+	be.sum = sampleSummary()
+	be.slice = status.SliceInfo{Dir: "/srv/slice", Layers: 2, Experts: 96, Bytes: 12 << 20, QuotaBytes: 64 << 20}
+	u.Poll(t0.Add(5*time.Second), true)()
+
+	// 12345 rows / 5 s and 1,277,952 bytes / 5 s.
+	checks := []struct{ got, want string }{
+		{u.rowsPS.Text, "2469.0 rows/s"},
+		{u.mbPS.Text, "0.26 MB/s"},
+		{u.pendingT.Text, "0.00895 KVR"},
+		{u.credT.Text, "0.00895 KVR"},
+		{u.state.Text, "Connected — earning"},
+		{u.gateway.Text, "gateway 127.0.0.1:8443 · round trip 1.5 ms · session s1"},
+		{u.counters.Text, "12345 rows · 100 requests · received 998.4 KiB · sent 249.6 KiB · connected since 11:59:00"},
+		{u.metered.Text, "0.00910 KVR — this worker's own count (estimate)"},
+		{u.served.Text, "1.2 MiB (1300000 bytes)"},
+		{u.slice.Text, "96 experts in 2 layers, 12.0 MiB of 64.0 MiB quota, integrity not verified"},
+		{u.sliceDetail.Text, "Folder: /srv/slice"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+	if u.whyCard.Visible() {
+		t.Error("'why am I not earning' shown while earning")
+	}
+	if n := u.history.Length(); n != 2 {
+		t.Errorf("history has %d rows, want 2", n)
+	}
+	if got := historyLine(be.sum.History[0]); got != "2026-11-29 12:00:04Z  credited  0.00895 KVR  1.2 MiB  statement #1" {
+		t.Errorf("history line %q", got)
+	}
+	test.AssertRendersToMarkup(t, "status_connected.xml", w.Canvas())
+	test.AssertImageMatches(t, "status_connected.png", w.Canvas().Capture())
+}
+
+func TestWhyNotEarning(t *testing.T) {
+	u, be, _ := newTestUI(t)
+	cases := []struct {
+		snap  status.Snapshot
+		title string
+		why   string
+	}{
+		{status.Snapshot{State: status.Offline, LastError: "dial tcp 127.0.0.1:8443: connection refused"},
+			"Offline", "gateway unreachable: dial tcp 127.0.0.1:8443: connection refused"},
+		{status.Snapshot{State: status.Dialing}, "Connecting…", "connecting to the gateway"},
+		{status.Snapshot{State: status.Connected, Reason: "no work assigned"}, "Connected — earning", "no work assigned"},
+		{status.Snapshot{State: status.Offline, Reason: "no slice: folder not set", LastError: "x"}, "Offline", "no slice: folder not set (last error: x)"},
+	}
+	for _, c := range cases {
+		be.snap = c.snap
+		u.Poll(time.Time{}, false)()
+		if !u.whyCard.Visible() || u.why.Text != c.why || u.state.Text != c.title {
+			t.Errorf("%+v: visible=%v why=%q title=%q", c.snap, u.whyCard.Visible(), u.why.Text, u.state.Text)
+		}
+	}
+	// A limit pauses through the Control and explains itself.
+	be.snap = status.Snapshot{State: status.Connected}
+	u.ctl.SetLimit("paused by a limit: running on battery")
+	u.Poll(time.Time{}, false)()
+	if u.state.Text != "Paused" || u.why.Text != "paused by a limit: running on battery" {
+		t.Errorf("limit: %q %q", u.state.Text, u.why.Text)
+	}
+}
+
+func TestButtons(t *testing.T) {
+	u, be, _ := newTestUI(t)
+	be.snap = status.Snapshot{State: status.Connected}
+	u.Poll(time.Time{}, false)()
+	if u.pause.Disabled() || u.fin.Disabled() || !u.resume.Disabled() {
+		t.Fatal("running: want Pause and Finish enabled, Resume disabled")
+	}
+	test.Tap(u.pause)
+	if u.state.Text != "Paused" || u.why.Text != status.ReasonUserPaused || !u.pause.Disabled() || u.resume.Disabled() {
+		t.Errorf("after Pause: %q %q", u.state.Text, u.why.Text)
+	}
+	test.Tap(u.resume)
+	test.Tap(u.fin)
+	if u.why.Text != status.ReasonFinishing {
+		t.Errorf("after Finish: %q", u.why.Text)
+	}
+	test.Tap(u.resume)
+	if got := strings.Join(be.calls, " "); got != "pause resume finish resume" {
+		t.Errorf("backend calls %q", got)
+	}
+}
+
+func TestExportCSV(t *testing.T) {
+	u, be, _ := newTestUI(t)
+	be.sum = sampleSummary()
+	u.Poll(time.Time{}, true)()
+	var buf bytes.Buffer
+	if err := u.ExportCSV(&buf); err != nil {
+		t.Fatal(err)
+	}
+	want := "time,state,session,statement,ledger,bytes,rejected_bytes,nkvr,kvr,ref\n" +
+		"2026-11-29T12:00:04.000Z,credited,,1,\"(0, 5]\",1277952,0,8945664,0.008945664,\n" +
+		"2026-11-29T12:00:03.000Z,metered,s1,,,1300000,0,9100000,0.009100000,\n"
+	if buf.String() != want {
+		t.Errorf("CSV:\n%s\nwant:\n%s", buf.String(), want)
+	}
+}
+
+func TestWalletError(t *testing.T) {
+	u, be, _ := newTestUI(t)
+	be.err = errors.New("wallet: file is corrupt or not a wallet")
+	u.Poll(time.Time{}, true)()
+	if u.reconcile.Text != "Wallet unreadable: wallet: file is corrupt or not a wallet" {
+		t.Errorf("reconcile %q", u.reconcile.Text)
+	}
+}
+
+func TestSettingsPersist(t *testing.T) {
+	a := test.NewTempApp(t)
+	var saved []Settings
+	f := NewSettingsForm(a.Preferences(), func(s Settings) { saved = append(saved, s) })
+	if got := LoadSettings(a.Preferences()); got != DefaultSettings {
+		t.Fatalf("defaults %+v", got)
+	}
+	want := Settings{GatewayURL: "wss://127.0.0.1:8443", CAFile: "/tmp/ca.pem", SliceDir: "/srv/slice", QuotaGiB: 0.5,
+		Threads: 3, OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70}
+	test.Type(f.gateway, want.GatewayURL)
+	f.ca.SetText(want.CAFile)
+	f.slice.SetText(want.SliceDir)
+	f.quota.SetText("0.5")
+	f.threads.SetText("3")
+	f.maxT.SetText("85")
+	f.resT.SetText("70")
+	test.Tap(f.battery) // was on by default
+	test.Tap(f.idle)
+	test.Tap(f.save)
+	if f.message.Text != "Saved." || len(saved) != 1 || saved[0] != want {
+		t.Fatalf("message %q saved %+v", f.message.Text, saved)
+	}
+	if got := LoadSettings(a.Preferences()); got != want {
+		t.Errorf("reloaded %+v, want %+v", got, want)
+	}
+	if l := want.Limits(); l.MaxTempC != 85 || l.ResumeTempC != 70 || !l.OnlyWhenIdle || l.PauseOnBattery {
+		t.Errorf("limits %+v", l)
+	}
+	if want.QuotaBytes() != 512<<20 {
+		t.Errorf("quota bytes %d", want.QuotaBytes())
+	}
+
+	bad := []struct{ field, text, msg string }{
+		{"gateway", "https://x", "gateway URL \"https://x\" must look like wss://host:443"},
+		{"threads", "2.5", "CPU threads must be a whole number"},
+		{"resT", "90", "resume temperature 90 °C must be below the limit 85 °C"},
+		{"quota", "lots", "disk quota \"lots\" is not a number"},
+	}
+	for _, b := range bad {
+		f.Show(want)
+		map[string]func(string){"gateway": f.gateway.SetText, "threads": f.threads.SetText, "resT": f.resT.SetText, "quota": f.quota.SetText}[b.field](b.text)
+		err := f.Submit()
+		if !errors.Is(err, ErrSettings) || f.message.Text != "Not saved: settings: "+b.msg {
+			t.Errorf("%s=%q: err %v, message %q", b.field, b.text, err, f.message.Text)
+		}
+	}
+	if len(saved) != 1 {
+		t.Errorf("invalid settings were saved: %d", len(saved))
+	}
+}

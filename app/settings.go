@@ -118,8 +118,8 @@ func (s Settings) QuotaBytes() uint64 { return uint64(s.QuotaGiB * (1 << 30)) }
 type SettingsForm struct {
 	Content fyne.CanvasObject
 
-	prefs   fyne.Preferences
-	OnSave  func(Settings) // called after a valid save; may be nil
+	prefs                                          fyne.Preferences
+	OnSave                                         func(Settings) // called after a valid save; may be nil
 	gateway, ca, slice, quota, threads, maxT, resT *widget.Entry
 	battery, idle                                  *widget.Check
 	message                                        *widget.Label

@@ -56,17 +56,17 @@ type UI struct {
 	onState func(status.Snapshot, wallet.Summary) // tray hook
 
 	// status tab
-	stateIcon           *canvas.Image
-	state               *canvas.Text
-	gateway             *widget.Label
-	statusTab           *fyne.Container // relaid out when the why card shows or hides
-	whyCard             *widget.Card
-	why                 *widget.Label
-	rowsPS, mbPS        *canvas.Text
-	pendingT, credT     *canvas.Text
-	counters            *widget.Label
-	chart               *Chart
-	pause, resume, fin  *widget.Button
+	stateIcon          *canvas.Image
+	state              *canvas.Text
+	gateway            *widget.Label
+	statusTab          *fyne.Container // relaid out when the why card shows or hides
+	whyCard            *widget.Card
+	why                *widget.Label
+	rowsPS, mbPS       *canvas.Text
+	pendingT, credT    *canvas.Text
+	counters           *widget.Label
+	chart              *Chart
+	pause, resume, fin *widget.Button
 	// wallet tab
 	address, pending, credited, metered, paid, served, reconcile *widget.Label
 	history                                                      *widget.List
@@ -147,7 +147,9 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.reconcile.Wrapping = fyne.TextWrapWord
 	u.history = widget.NewList(
 		func() int { return len(u.events) },
-		func() fyne.CanvasObject { return widget.NewLabel("2026-01-01 00:00:00Z  credited  0.00000 KVR  0.000000 units") },
+		func() fyne.CanvasObject {
+			return widget.NewLabel("2026-01-01 00:00:00Z  credited  0.00000 KVR  0.000000 units")
+		},
 		func(i widget.ListItemID, o fyne.CanvasObject) {
 			if i < len(u.events) {
 				o.(*widget.Label).SetText(historyLine(u.events[i]))

@@ -28,7 +28,11 @@ type fakeBackend struct {
 func (f *fakeBackend) Stats() status.Snapshot { f.mu.Lock(); defer f.mu.Unlock(); return f.snap }
 func (f *fakeBackend) Pause()                 { f.mu.Lock(); f.calls = append(f.calls, "pause"); f.mu.Unlock() }
 func (f *fakeBackend) Resume()                { f.mu.Lock(); f.calls = append(f.calls, "resume"); f.mu.Unlock() }
-func (f *fakeBackend) FinishThenPause()       { f.mu.Lock(); f.calls = append(f.calls, "finish"); f.mu.Unlock() }
+func (f *fakeBackend) FinishThenPause() {
+	f.mu.Lock()
+	f.calls = append(f.calls, "finish")
+	f.mu.Unlock()
+}
 func (f *fakeBackend) Summary() (wallet.Summary, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

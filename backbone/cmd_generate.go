@@ -135,20 +135,15 @@ func generate(ctx context.Context, o generateOptions, out io.Writer) (*generateR
 	res.PrefillTokS = float64(len(rows)) / time.Since(start).Seconds()
 
 	sampler := model.NewSampler(o.sampler)
-	var pending []byte // bytes of an incomplete UTF-8 sequence
-	var text []byte
+	dec := tok.NewDecoder(false)
 	decodeSteps := 0
 	var decodeTime time.Duration
 	for {
 		next := sampler.Sample(logits)
 		res.Tokens = append(res.Tokens, next)
-		pending = append(pending, tok.Piece(next)...)
-		n := completeUTF8(pending)
-		text = append(text, pending[:n]...)
-		if _, err := out.Write(pending[:n]); err != nil {
+		if _, err := io.WriteString(out, dec.Add(next)); err != nil {
 			return nil, err
 		}
-		pending = append(pending[:0], pending[n:]...)
 		if len(res.Tokens) >= o.maxTokens || tok.IsEOG(next) || seq.Len() >= m.Params().Context {
 			break
 		}
@@ -160,7 +155,7 @@ func generate(ctx context.Context, o generateOptions, out io.Writer) (*generateR
 		decodeTime += time.Since(t0)
 		decodeSteps++
 	}
-	if _, err := out.Write(pending); err != nil {
+	if _, err := io.WriteString(out, dec.Flush()); err != nil {
 		return nil, err
 	}
 	res.Text = tok.Decode(res.Tokens)
@@ -168,34 +163,4 @@ func generate(ctx context.Context, o generateOptions, out io.Writer) (*generateR
 		res.DecodeTokS = float64(decodeSteps) / decodeTime.Seconds()
 	}
 	return res, nil
-}
-
-// completeUTF8 returns the length of the longest prefix of b that does not
-// end inside an incomplete (but so far valid) UTF-8 sequence; invalid bytes
-// count as complete.
-func completeUTF8(b []byte) int {
-	for back := 1; back <= 3 && back <= len(b); back++ {
-		c := b[len(b)-back]
-		if c < 0x80 {
-			return len(b)
-		}
-		if c >= 0xC0 { // a leading byte
-			if need := utf8LeadLen(c); need > back {
-				return len(b) - back
-			}
-			return len(b)
-		}
-	}
-	return len(b)
-}
-
-func utf8LeadLen(c byte) int {
-	switch {
-	case c >= 0xF0:
-		return 4
-	case c >= 0xE0:
-		return 3
-	default:
-		return 2
-	}
 }

@@ -122,6 +122,11 @@ func readParams(f *gguf.File) (Params, error) {
 			p.ExpertFF = int(ti.Dims[1])
 		}
 	}
+	// Each layer has 12 tensors: bound the layer count by the file before
+	// anything is allocated per layer.
+	if p.Layers > len(f.Tensors)/12 {
+		return p, fmt.Errorf("%w: block_count %d but the file holds %d tensors", ErrMetadata, p.Layers, len(f.Tensors))
+	}
 	if ti, e := f.TensorInfo("token_embd.weight"); e == nil && len(ti.Dims) == 2 && ti.Dims[1] < 1<<31 {
 		p.Vocab = int(ti.Dims[1])
 	}

@@ -130,9 +130,11 @@ func quantizeQ8Block(x []float32, dst []byte, withSum bool) {
 }
 
 // nearestInt is ggml's nearest_int (ggml-quants.c): add 1.5*2^23 in float32
-// and take the low mantissa bits; round half to even for |v| < 2^22.
+// and take the low mantissa bits; round half to even for |v| < 2^22. The
+// explicit float32(v) keeps the compiler from fusing a caller's v = a*b
+// into the add (FMA on arm64), which would change the result.
 func nearestInt(v float32) int32 {
-	val := v + 12582912
+	val := float32(v) + 12582912
 	i := int32(math.Float32bits(val))
 	return (i & 0x007fffff) - 0x00400000
 }

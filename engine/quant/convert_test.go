@@ -292,3 +292,60 @@ func TestErrors(t *testing.T) {
 		t.Errorf("ParseType(Q9): %v", err)
 	}
 }
+
+// TestConvertProperty re-derives every Q8_0 and Q8_K code of random blocks
+// from the ACTIVATIONS.md formulas written independently (float64 rounding
+// of the explicitly rounded float32 product), across scales from 1e-6 to
+// 1e6. It also catches a compiler fusing the scale multiply into the
+// rounding add (FMA on arm64).
+func TestConvertProperty(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 9))
+	for it := range 200 {
+		x := make([]float32, QK_K)
+		scale := math.Pow(10, float64(it%13-6))
+		for i := range x {
+			x[i] = float32(r.NormFloat64() * scale)
+		}
+		q8 := make([]byte, 8*34)
+		qk := make([]byte, 292)
+		if err := ConvertActivation(Q8_0, x, q8); err != nil {
+			t.Fatal(err)
+		}
+		if err := ConvertActivation(Q4_K, x, qk); err != nil {
+			t.Fatal(err)
+		}
+		for b := range 8 {
+			var amax float32
+			for _, v := range x[32*b : 32*b+32] {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			if d := binary.LittleEndian.Uint16(q8[34*b:]); d != FP32ToFP16(amax/127) {
+				t.Fatalf("q8_0 block %d: d %#04x", b, d)
+			}
+			id := float32(127) / amax
+			for j, v := range x[32*b : 32*b+32] {
+				p := float32(v * id)
+				if want := int8(math.RoundToEven(float64(p))); int8(q8[34*b+2+j]) != want {
+					t.Fatalf("q8_0 x=%g: code %d, want %d", v, int8(q8[34*b+2+j]), want)
+				}
+			}
+		}
+		var m, amax float32
+		for _, v := range x {
+			if a := float32(math.Abs(float64(v))); a > amax {
+				amax, m = a, v
+			}
+		}
+		iscale := -127 / m
+		if d := math.Float32frombits(binary.LittleEndian.Uint32(qk)); d != 1/iscale {
+			t.Fatalf("q8_K d = %g, want %g", d, 1/iscale)
+		}
+		for j, v := range x {
+			p := float32(iscale * v)
+			want := int8(min(127, math.RoundToEven(float64(p))))
+			if int8(qk[4+j]) != want {
+				t.Fatalf("q8_K x=%g: code %d, want %d", v, int8(qk[4+j]), want)
+			}
+		}
+	}
+}

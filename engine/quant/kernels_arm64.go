@@ -2,20 +2,47 @@
 
 package quant
 
-// arm64: NEON kernels for q8_0 and the f32 lanes (kernels_arm64.s).
+// useSIMD selects the NEON kernels of kernels_arm64.s (Advanced SIMD is
+// part of every arm64 CPU). Tests flip it to compare with the pure-Go code.
+var useSIMD = true
 
-// useSIMD is false: there are no SIMD kernels in this build.
-var useSIMD = false
+// simdName reports the kernels in use (for benchmarks and logs).
+func simdName() string {
+	if useSIMD {
+		return "neon"
+	}
+	return "none"
+}
 
-func simdName() string { return "none" }
+//go:noescape
+func dotF32LanesNEON(a, b *float32, n int, acc *[32]float32)
 
-func dotF32Lanes(a, b []float32, acc *[32]float32) { genericDotF32Lanes(a, b, acc) }
-func dotF16Lanes(w, a []byte, acc *[32]float32)    { genericDotF16Lanes(w, a, acc) }
-func dotBF16Lanes(w, a []byte, acc *[32]float32)   { genericDotBF16Lanes(w, a, acc) }
-func q8_0Dot(w, a []byte, nb int) float32          { return genericQ8_0Dot(w, a, nb) }
-func q4KDot(w, a []byte, nb int) float32           { return genericQ4KDot(w, a, nb) }
-func q5KDot(w, a []byte, nb int) float32           { return genericQ5KDot(w, a, nb) }
-func q6KDot(w, a []byte, nb int) float32           { return genericQ6KDot(w, a, nb) }
+//go:noescape
+func q8_0SumsNEON(w, a *byte, nb int, out *int32)
 
-// Integer-sum kernels, named for the SIMD comparison tests.
-func q8_0Sums(w, a []byte, out []int32) { genericQ8_0Sums(w, a, out) }
+// dotF32Lanes adds a[i]*b[i] into acc[i%32] (genericDotF32Lanes); len(a) ==
+// len(b), a multiple of 32.
+func dotF32Lanes(a, b []float32, acc *[32]float32) {
+	if useSIMD && len(a) >= 32 && len(b) >= len(a) {
+		dotF32LanesNEON(&a[0], &b[0], len(a)&^31, acc)
+		return
+	}
+	genericDotF32Lanes(a, b, acc)
+}
+
+// q8_0Sums writes, per block, the exact int32 sum of the 32 code products
+// of block_q8_0 rows w and a (genericQ8_0Sums).
+func q8_0Sums(w, a []byte, out []int32) {
+	if useSIMD && len(out) > 0 && len(w) >= 34*len(out) && len(a) >= 34*len(out) {
+		q8_0SumsNEON(&w[0], &a[0], len(out), &out[0])
+		return
+	}
+	genericQ8_0Sums(w, a, out)
+}
+
+func q8_0Dot(w, a []byte, nb int) float32        { return q8_0DotSums(q8_0Sums, w, a, nb) }
+func dotF16Lanes(w, a []byte, acc *[32]float32)  { genericDotF16Lanes(w, a, acc) }
+func dotBF16Lanes(w, a []byte, acc *[32]float32) { genericDotBF16Lanes(w, a, acc) }
+func q4KDot(w, a []byte, nb int) float32         { return genericQ4KDot(w, a, nb) }
+func q5KDot(w, a []byte, nb int) float32         { return genericQ5KDot(w, a, nb) }
+func q6KDot(w, a []byte, nb int) float32         { return genericQ6KDot(w, a, nb) }

@@ -142,7 +142,7 @@ func quantQx0Ref(x []float32, y []byte) {
 	putF16(y, d)
 	var qh uint32
 	for j := range 16 {
-		x0, x1 := x[j]*id, x[16+j]*id
+		x0, x1 := float32(x[j]*id), float32(x[16+j]*id) // rounded: no FMA with the + below
 		if five {
 			q0 := min(31, clampInt(x0+16.5, -128, 127))
 			q1 := min(31, clampInt(x1+16.5, -128, 127))
@@ -181,7 +181,7 @@ func quantQx1Ref(x []float32, y []byte) {
 	putF16(y[2:], mn)
 	var qh uint32
 	for j := range 16 {
-		x0, x1 := (x[j]-mn)*id, (x[16+j]-mn)*id
+		x0, x1 := float32((x[j]-mn)*id), float32((x[16+j]-mn)*id)
 		q0 := min(int32(nmax), clampInt(x0+0.5, 0, 255))
 		q1 := min(int32(nmax), clampInt(x1+0.5, 0, 255))
 		if five {

@@ -296,8 +296,7 @@ func TestErrors(t *testing.T) {
 // TestConvertProperty re-derives every Q8_0 and Q8_K code of random blocks
 // from the ACTIVATIONS.md formulas written independently (float64 rounding
 // of the explicitly rounded float32 product), across scales from 1e-6 to
-// 1e6. It also catches a compiler fusing the scale multiply into the
-// rounding add (FMA on arm64).
+// 1e6.
 func TestConvertProperty(t *testing.T) {
 	r := rand.New(rand.NewPCG(8, 9))
 	for it := range 200 {
@@ -346,6 +345,44 @@ func TestConvertProperty(t *testing.T) {
 			if int8(qk[4+j]) != want {
 				t.Fatalf("q8_K x=%g: code %d, want %d", v, int8(qk[4+j]), want)
 			}
+		}
+	}
+}
+
+// TestConvertQ8KRoundedProduct builds activations whose float32 product
+// s*x is exactly k+0.5 while the exact product is not: ggml rounds the
+// product to float32 first, then rounds half to even. A compiler fusing the
+// multiply into nearest_int's magic add (FMA on arm64) would round the
+// exact product instead and get k or k+1 by its sign.
+func TestConvertQ8KRoundedProduct(t *testing.T) {
+	const m = -3 // s = -127/m = 42.333332
+	s := float32(-127) / float32(m)
+	x := make([]float32, QK_K)
+	x[0] = m
+	want := map[int]int8{0: -127}
+	n := 1
+	for k := 0; k < 127 && n < QK_K; k++ {
+		v0 := float32((float64(k) + 0.5) / float64(s))
+		for d := -4; d <= 4 && n < QK_K; d++ {
+			v := math.Float32frombits(uint32(int32(math.Float32bits(v0)) + int32(d)))
+			p := v * s
+			if float64(p) == float64(k)+0.5 && float64(v)*float64(s) != float64(k)+0.5 {
+				x[n] = v
+				want[n] = int8(k + k&1) // tie to even
+				n++
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("found only %d tie cases", n-1)
+	}
+	dst := make([]byte, 292)
+	if err := ConvertActivation(Q6_K, x, dst); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range want {
+		if got := int8(dst[4+i]); got != w {
+			t.Errorf("x=%.9g (s*x rounds to %g): code %d, want %d", x[i], x[i]*s, got, w)
 		}
 	}
 }

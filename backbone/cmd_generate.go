@@ -17,23 +17,29 @@ import (
 )
 
 func init() {
-	register("generate", "decode a prompt on a GGUF model (default: the embedded tiny model)", runGenerate)
+	register("generate", "decode a prompt on a GGUF model (default: the embedded tiny model)", func(args []string) int {
+		return generateMain(args, os.Stdout, os.Stderr)
+	})
 }
 
 // generateResult is the --json output of generate.
 type generateResult struct {
 	PromptTokens []int32 `json:"prompt_tokens"`
 	Tokens       []int32 `json:"tokens"`
-	Text         string  `json:"text"`
+	Text         string  `json:"text"`          // decoded tokens; invalid UTF-8 bytes become U+FFFD
 	PrefillTokS  float64 `json:"prefill_tok_s"` // prompt tokens / prefill seconds
 	DecodeTokS   float64 `json:"decode_tok_s"`  // single-token forward passes / their seconds
 }
 
-// runGenerate implements
+// generateMain implements
 //
 //	backbone generate --model FILE --prompt TEXT --max-tokens N --temperature 0 [--top-k K --top-p P --seed S --threads T] [--json]
-func runGenerate(args []string) int {
+//
+// writing text (or the JSON object) to stdout and diagnostics to stderr; it
+// returns the exit code (2: bad usage, 1: failure).
+func generateMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	modelPath := fs.String("model", "", "GGUF model file (default: the embedded tiny model)")
 	prompt := fs.String("prompt", "The capital of France is", "prompt text")
 	maxTokens := fs.Int("max-tokens", 32, "tokens to generate")
@@ -48,11 +54,11 @@ func runGenerate(args []string) int {
 		return 2
 	}
 	if fs.NArg() != 0 || *maxTokens < 0 {
-		fmt.Fprintln(os.Stderr, "generate: unexpected arguments or negative --max-tokens")
+		fmt.Fprintln(stderr, "generate: unexpected arguments or negative --max-tokens")
 		fs.Usage()
 		return 2
 	}
-	var out io.Writer = os.Stdout
+	out := stdout
 	if *asJSON {
 		out = io.Discard
 	}
@@ -61,18 +67,18 @@ func runGenerate(args []string) int {
 		sampler: model.SamplerOptions{Temperature: float32(*temp), TopK: *topK, TopP: float32(*topP), Seed: *seed},
 	}, out)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "generate:", err)
+		fmt.Fprintln(stderr, "generate:", err)
 		return 1
 	}
 	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
+		enc := json.NewEncoder(stdout)
 		if err := enc.Encode(res); err != nil {
-			fmt.Fprintln(os.Stderr, "generate:", err)
+			fmt.Fprintln(stderr, "generate:", err)
 			return 1
 		}
 		return 0
 	}
-	fmt.Printf("\n\nprefill: %d tokens, %.1f tok/s; decode: %d tokens, %.1f tok/s\n",
+	fmt.Fprintf(stdout, "\n\nprefill: %d tokens, %.1f tok/s; decode: %d tokens, %.1f tok/s\n",
 		len(res.PromptTokens), res.PrefillTokS, len(res.Tokens), res.DecodeTokS)
 	return 0
 }

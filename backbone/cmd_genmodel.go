@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -10,14 +11,19 @@ import (
 )
 
 func init() {
-	register("genmodel", "write a qwen3moe GGUF with deterministic random weights", runGenmodel)
+	register("genmodel", "write a qwen3moe GGUF with deterministic random weights", func(args []string) int {
+		return genmodelMain(args, os.Stdout, os.Stderr)
+	})
 }
 
-// runGenmodel implements
+// genmodelMain implements
 //
 //	backbone genmodel --preset tiny|qwen3-30b-a3b --layers N --type T --seed S --out FILE
-func runGenmodel(args []string) int {
+//
+// and returns the exit code (2: bad usage, 1: failure).
+func genmodelMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("genmodel", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	preset := fs.String("preset", "tiny", "model shape: tiny | qwen3-30b-a3b")
 	layers := fs.Int("layers", 0, "number of layers (0: the preset's)")
 	typ := fs.String("type", "", "weight type: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, or Q4_K_M (mix); empty: the preset's")
@@ -27,13 +33,13 @@ func runGenmodel(args []string) int {
 		return 2
 	}
 	if *out == "" || fs.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "genmodel: --out FILE is required and no positional arguments are accepted")
+		fmt.Fprintln(stderr, "genmodel: --out FILE is required and no positional arguments are accepted")
 		fs.Usage()
 		return 2
 	}
 	s, err := modelgen.Preset(*preset)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "genmodel:", err)
+		fmt.Fprintln(stderr, "genmodel:", err)
 		return 2
 	}
 	if *layers > 0 {
@@ -41,7 +47,7 @@ func runGenmodel(args []string) int {
 	}
 	if *typ != "" {
 		if s.Type, s.Mix, err = modelgen.ParseType(*typ); err != nil {
-			fmt.Fprintln(os.Stderr, "genmodel:", err)
+			fmt.Fprintln(stderr, "genmodel:", err)
 			return 2
 		}
 	}
@@ -49,18 +55,18 @@ func runGenmodel(args []string) int {
 	start := time.Now()
 	w, err := modelgen.Build(s)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "genmodel:", err)
+		fmt.Fprintln(stderr, "genmodel:", err)
 		return 1
 	}
 	if err := w.WriteFile(*out); err != nil {
-		fmt.Fprintln(os.Stderr, "genmodel:", err)
+		fmt.Fprintln(stderr, "genmodel:", err)
 		return 1
 	}
 	st, err := os.Stat(*out)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "genmodel:", err)
+		fmt.Fprintln(stderr, "genmodel:", err)
 		return 1
 	}
-	fmt.Printf("wrote %s (%d bytes) in %.2fs: %s\n", *out, st.Size(), time.Since(start).Seconds(), modelgen.Describe(s))
+	fmt.Fprintf(stdout, "wrote %s (%d bytes) in %.2fs: %s\n", *out, st.Size(), time.Since(start).Seconds(), modelgen.Describe(s))
 	return 0
 }

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/tokenizer"
+)
+
+func runJSON(t *testing.T, args ...string) generateResult {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := generateMain(append(args, "--json"), &out, &errb); code != 0 {
+		t.Fatalf("generate %v: exit %d: %s", args, code, errb.String())
+	}
+	var res generateResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("output %q: %v", out.String(), err)
+	}
+	return res
+}
+
+// TestGenerateJSON checks the JSON contract against the engine driven
+// directly: the prompt's token ids, greedy tokens (argmax after prefill,
+// then each token fed back) and the decoded text.
+func TestGenerateJSON(t *testing.T) {
+	const prompt = "The capital of France is"
+	res := runJSON(t, "--prompt", prompt, "--max-tokens", "6", "--temperature", "0")
+
+	data, err := modelgen.Tiny()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.FromGGUF(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := tok.Tokenize(prompt, true, false)
+	if !equal(res.PromptTokens, ids) {
+		t.Fatalf("prompt_tokens %v, want %v", res.PromptTokens, ids)
+	}
+	seq := m.NewSequence()
+	logits := make([]float32, m.Params().Vocab)
+	var want []int32
+	for i, id := range ids {
+		if err := m.Forward(context.Background(), []model.Row{{Seq: seq, Token: id, Pos: i, Logits: true}}, logits); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for len(want) < 6 {
+		next := model.Greedy(logits)
+		want = append(want, next)
+		if err := m.Forward(context.Background(), []model.Row{{Seq: seq, Token: next, Pos: seq.Len(), Logits: true}}, logits); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !equal(res.Tokens, want) {
+		t.Errorf("tokens %v, want %v", res.Tokens, want)
+	}
+	// JSON carries each invalid UTF-8 byte of the decoded text as U+FFFD.
+	var wantText string
+	enc, _ := json.Marshal(tok.Decode(want))
+	if err := json.Unmarshal(enc, &wantText); err != nil {
+		t.Fatal(err)
+	}
+	if res.Text != wantText {
+		t.Errorf("text %q, want %q", res.Text, wantText)
+	}
+	if res.PrefillTokS <= 0 || res.DecodeTokS <= 0 {
+		t.Errorf("tok/s %v %v", res.PrefillTokS, res.DecodeTokS)
+	}
+}
+
+func TestGenerateSamplingAndStreaming(t *testing.T) {
+	args := []string{"--max-tokens", "12", "--temperature", "0.9", "--top-k", "50", "--top-p", "0.95", "--seed", "42", "--threads", "1"}
+	a, b := runJSON(t, args...), runJSON(t, args...)
+	if !equal(a.Tokens, b.Tokens) || len(a.Tokens) == 0 {
+		t.Errorf("same seed, different tokens: %v vs %v", a.Tokens, b.Tokens)
+	}
+	var out, errb bytes.Buffer
+	if code := generateMain(args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.HasPrefix(out.String(), a.Text) || !strings.Contains(out.String(), "tok/s") {
+		t.Errorf("streamed output %q does not start with %q and report tok/s", out.String(), a.Text)
+	}
+	for _, bad := range [][]string{{"--max-tokens", "-1"}, {"--nope"}, {"extra"}} {
+		if code := generateMain(bad, &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d, want 2", bad, code)
+		}
+	}
+	if code := generateMain([]string{"--model", filepath.Join(t.TempDir(), "missing.gguf")}, &out, &errb); code != 1 {
+		t.Errorf("missing model: exit %d, want 1", code)
+	}
+}
+
+// TestGenmodelCommand: the tiny preset written to a file decodes exactly as
+// the embedded default (same preset and seed).
+func TestGenmodelCommand(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	var out, errb bytes.Buffer
+	if code := genmodelMain([]string{"--preset", "tiny", "--seed", "1", "--out", path}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	data, _ := modelgen.Tiny()
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(file, data) {
+		t.Error("genmodel --preset tiny --seed 1 differs from the embedded model")
+	}
+	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "1", "--type", "Q4_K_M", "--seed", "3", "--out", path}, &out, &errb); code != 0 {
+		t.Fatalf("Q4_K_M: exit %d: %s", code, errb.String())
+	}
+	if r := runJSON(t, "--model", path, "--max-tokens", "3"); len(r.Tokens) != 3 {
+		t.Errorf("generated Q4_K_M model: %d tokens", len(r.Tokens))
+	}
+	for _, bad := range [][]string{{"--preset", "tiny"}, {"--preset", "gpt5", "--out", path}, {"--type", "Q9", "--out", path}} {
+		if code := genmodelMain(bad, &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d, want 2", bad, code)
+		}
+	}
+}
+
+func equal(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

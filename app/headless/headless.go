@@ -1,0 +1,189 @@
+// Package headless is the contributor binary without a window: `kvasir
+// --headless` runs the same node as the desktop app and prints a status
+// line every few seconds, and `kvasir wallet [--json]` prints the local
+// wallet. It does not import Fyne, so it builds and tests without X11/GL
+// (and `go build -tags nogui .` gives a kvasir binary without them).
+package headless
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/app/limits"
+	"github.com/kvasir-ai/kvasir/app/node"
+	"github.com/kvasir-ai/kvasir/app/status"
+	"github.com/kvasir-ai/kvasir/wallet"
+)
+
+// Options configures Run.
+type Options struct {
+	Source   status.Source                        // the worker (usually a *status.Control over a node)
+	Wallet   func() (wallet.Summary, error)       // nil: pending shows 0
+	Governor *limits.Governor                     // nil: no limits
+	Limit    func(reason string)                  // receives the governor's verdict (Control.SetLimit)
+	Out      io.Writer                            // status lines
+	Interval time.Duration                        // between lines; <= 0 means 5 s
+	Now      func() time.Time                     // clock; nil = time.Now
+	Tick     func(time.Duration) <-chan time.Time // ticker; nil = a time.Ticker (tests pass their own)
+}
+
+// Run prints one status line (status.Line) per Interval until ctx is done,
+// with rates over the last interval, after checking the limits. The first
+// line comes after the first interval. It returns ctx.Err() or the first
+// write error.
+func Run(ctx context.Context, o Options) error {
+	if o.Interval <= 0 {
+		o.Interval = 5 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	tick := o.Tick
+	if tick == nil {
+		t := time.NewTicker(o.Interval)
+		defer t.Stop()
+		tick = func(time.Duration) <-chan time.Time { return t.C }
+	}
+	c := tick(o.Interval)
+	m := status.NewMeter(2)
+	m.Add(o.Now(), o.Source.Stats())
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c:
+		}
+		if o.Governor != nil && o.Limit != nil {
+			o.Limit(o.Governor.Check())
+		}
+		snap := o.Source.Stats()
+		m.Add(o.Now(), snap)
+		rows, bytes := m.Rate(0)
+		var pending uint64
+		if o.Wallet != nil {
+			if s, err := o.Wallet(); err == nil {
+				pending = s.PendingNKVR
+			}
+		}
+		if _, err := fmt.Fprintln(o.Out, o.Now().Format("15:04:05"), status.Line(snap, rows, bytes, pending)); err != nil {
+			return err
+		}
+	}
+}
+
+// Main runs the contributor command line without a window; args exclude
+// the program name. Forms:
+//
+//	kvasir --headless --gateway wss://HOST:PORT --slice DIR [--ca FILE] [--interval 5s] ...
+//	kvasir wallet [--json] [--data DIR]
+//
+// It returns the process exit code: 0 on a clean stop (SIGINT/SIGTERM or
+// --duration elapsed), 1 on a runtime error, 2 on bad usage.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "wallet" {
+		return walletMain(args[1:], stdout, stderr)
+	}
+	fs := flag.NewFlagSet("kvasir --headless", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Bool("headless", true, "run without a window (this mode)")
+	gw := fs.String("gateway", "", "gateway URL, wss://HOST:PORT")
+	slice := fs.String("slice", "", "expert slice folder")
+	ca := fs.String("ca", "", "PEM file of root CAs for the gateway (default: system roots)")
+	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
+	threads := fs.Int("threads", 0, "compute threads (0 = all CPUs)")
+	interval := fs.Duration("interval", 5*time.Second, "status line interval")
+	duration := fs.Duration("duration", 0, "stop after this long (0 = until interrupted)")
+	battery := fs.Bool("pause-on-battery", false, "pause while running on battery")
+	idle := fs.Bool("only-when-idle", false, "pause while other programs use more than a quarter of the CPUs")
+	maxT := fs.Float64("max-temp", 0, "pause at this CPU temperature in °C (0 = no limit)")
+	resT := fs.Float64("resume-temp", 0, "resume at this CPU temperature in °C (default max-temp - 10)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvasir: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *gw == "" || *slice == "" {
+		fmt.Fprintln(stderr, "kvasir: --headless needs --gateway wss://HOST:PORT and --slice DIR")
+		return 2
+	}
+	n, err := node.Open(node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, DataDir: *data, Threads: *threads, Warn: stderr})
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		return 1
+	}
+	defer n.Close()
+	fmt.Fprintf(stdout, "kvasir worker %s\nslice: %s\n", n.Identity().Address, n.Slice().Summary())
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *duration)
+		defer cancel()
+	}
+	ctl := status.NewControl(n)
+	gov := limits.NewGovernor(limits.Limits{PauseOnBattery: *battery, OnlyWhenIdle: *idle, MaxTempC: *maxT, ResumeTempC: *resT}, limits.SysProbe{})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = n.Run(ctx) }()
+	err = Run(ctx, Options{Source: ctl, Wallet: n.Summary, Governor: gov, Limit: ctl.SetLimit, Out: stdout, Interval: *interval})
+	<-done
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		return 1
+	}
+	if s, err := n.Summary(); err == nil {
+		fmt.Fprintf(stdout, "stopped: served %d bytes, pending %s, credited %s\n", s.BytesServed, status.FormatKVR(s.PendingNKVR), status.FormatKVR(s.CreditedNKVR))
+	}
+	return 0
+}
+
+// walletMain is `kvasir wallet [--json] [--data DIR] [--sync --gateway URL [--ca FILE]]`.
+func walletMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvasir wallet", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
+	gw := fs.String("gateway", "", "gateway URL to fetch new credit statements from first (wss://HOST:PORT)")
+	ca := fs.String("ca", "", "PEM file of root CAs for the gateway")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	n, err := node.Open(node.Config{DataDir: *data, GatewayURL: *gw, CAFile: *ca, Warn: stderr})
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		return 1
+	}
+	defer n.Close()
+	if *gw != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := n.SyncNow(ctx)
+		cancel()
+		if err != nil {
+			fmt.Fprintln(stderr, "kvasir: sync:", err)
+		}
+	}
+	s, err := n.Summary()
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		return 1
+	}
+	if *asJSON {
+		err = wallet.WriteJSON(stdout, s)
+	} else {
+		err = wallet.WriteText(stdout, s)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		return 1
+	}
+	return 0
+}

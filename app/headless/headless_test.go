@@ -1,0 +1,164 @@
+package headless
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/app/limits"
+	"github.com/kvasir-ai/kvasir/app/status"
+	"github.com/kvasir-ai/kvasir/wallet"
+)
+
+type fakeSource struct {
+	mu   sync.Mutex
+	snap status.Snapshot
+}
+
+func (f *fakeSource) Stats() status.Snapshot { f.mu.Lock(); defer f.mu.Unlock(); return f.snap }
+func (f *fakeSource) Pause()                 {}
+func (f *fakeSource) Resume()                {}
+func (f *fakeSource) FinishThenPause()       {}
+
+type hotProbe struct{ c float64 }
+
+func (h hotProbe) OnBattery() (bool, error)                  { return false, limits.ErrUnsupported }
+func (h hotProbe) CPUTempC() (float64, error)                { return h.c, nil }
+func (h hotProbe) CPUTimes() (uint64, uint64, uint64, error) { return 0, 0, 0, limits.ErrUnsupported }
+
+// syncWriter signals each line written.
+type syncWriter struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	lines chan struct{}
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	n, err := w.buf.Write(p)
+	w.mu.Unlock()
+	w.lines <- struct{}{}
+	return n, err
+}
+
+func TestRunPrintsStatusLines(t *testing.T) {
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	now := t0
+	var clockMu sync.Mutex
+	src := &fakeSource{snap: status.Snapshot{State: status.Connected, Gateway: "127.0.0.1:8443", RTT: 2 * time.Millisecond}}
+	ctl := status.NewControl(src)
+	gov := limits.NewGovernor(limits.Limits{MaxTempC: 85}, hotProbe{c: 91})
+	ticks := make(chan time.Time)
+	out := &syncWriter{lines: make(chan struct{}, 8)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		done <- Run(ctx, Options{Source: ctl, Out: out, Interval: 5 * time.Second,
+			Wallet: func() (wallet.Summary, error) { return wallet.Summary{PendingNKVR: 8_945_664}, nil },
+			Now:    func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now },
+			Tick:   func(time.Duration) <-chan time.Time { return ticks }})
+	}()
+	step := func(rows, bytes uint64) {
+		src.mu.Lock()
+		src.snap.Rows, src.snap.BytesOut = rows, bytes
+		src.mu.Unlock()
+		clockMu.Lock()
+		now = now.Add(5 * time.Second)
+		clockMu.Unlock()
+		ticks <- now
+		<-out.lines
+	}
+	first := func() { // a tick at the start time: Run has taken its baseline
+		ticks <- now
+		<-out.lines
+		out.mu.Lock()
+		out.buf.Reset()
+		out.mu.Unlock()
+	}
+	first()
+	step(12345, 1_277_952)
+	cancel()
+	if err := <-done; err != context.Canceled {
+		t.Fatalf("Run: %v", err)
+	}
+	want := "12:00:05 connected gw=127.0.0.1:8443 rtt=2.0 ms 2469.0 rows/s 0.26 MB/s pending=0.00895 KVR\n"
+	if out.buf.String() != want {
+		t.Errorf("got %q\nwant %q", out.buf.String(), want)
+	}
+
+	// Second run with the temperature limit: paused, with the reason.
+	out.buf.Reset()
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() {
+		done <- Run(ctx, Options{Source: ctl, Out: out, Governor: gov, Limit: ctl.SetLimit,
+			Now:  func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now },
+			Tick: func(time.Duration) <-chan time.Time { return ticks }})
+	}()
+	first()
+	step(12345+2469*5, 1_277_952)
+	cancel()
+	<-done
+	want = "12:00:10 paused gw=127.0.0.1:8443 rtt=2.0 ms 2469.0 rows/s 0.00 MB/s pending=0.00000 KVR (paused by a limit: CPU at 91.0 °C (limit 85 °C, resumes at 75 °C))\n"
+	if out.buf.String() != want {
+		t.Errorf("got %q\nwant %q", out.buf.String(), want)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	var o, e bytes.Buffer
+	if code := Main([]string{"--headless"}, &o, &e); code != 2 || !strings.Contains(e.String(), "needs --gateway") {
+		t.Errorf("no gateway: %d %q", code, e.String())
+	}
+	e.Reset()
+	if code := Main([]string{"--headless", "--bogus"}, &o, &e); code != 2 {
+		t.Errorf("bad flag: %d", code)
+	}
+}
+
+// TestHeadlessWithoutSlice runs the real node (SQLite wallet, file key
+// store) with a slice folder but no slice loader: it stays offline and
+// says why, and the wallet command prints the same identity.
+func TestHeadlessWithoutSlice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens a real wallet")
+	}
+	t.Setenv("DBUS_SESSION_BUS_ADDRESS", "unix:path=/nonexistent") // keyring unavailable: file store
+	data := t.TempDir()
+	var o, e bytes.Buffer
+	code := Main([]string{"--headless", "--gateway", "wss://127.0.0.1:1", "--slice", t.TempDir(), "--data", data,
+		"--interval", "100ms", "--duration", "350ms"}, &o, &e)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, e.String())
+	}
+	lines := strings.Split(strings.TrimSpace(o.String()), "\n")
+	if len(lines) < 4 || !strings.HasPrefix(lines[0], "kvasir worker kvr1") {
+		t.Fatalf("output:\n%s", o.String())
+	}
+	addr := strings.TrimPrefix(lines[0], "kvasir worker ")
+	if !strings.Contains(lines[2], " offline gw=- rtt=— 0.0 rows/s 0.00 MB/s pending=0.00000 KVR (no slice: node: no slice loader)") {
+		t.Errorf("status line %q", lines[2])
+	}
+	if last := lines[len(lines)-1]; last != "stopped: served 0 bytes, pending 0.00000 KVR, credited 0.00000 KVR" {
+		t.Errorf("last line %q", last)
+	}
+
+	o.Reset()
+	if code := Main([]string{"wallet", "--json", "--data", data}, &o, &e); code != 0 {
+		t.Fatalf("wallet exit %d: %s", code, e.String())
+	}
+	var s wallet.Summary
+	if err := json.Unmarshal(o.Bytes(), &s); err != nil {
+		t.Fatalf("wallet JSON: %v\n%s", err, o.String())
+	}
+	if s.Address != addr || s.PendingNKVR != 0 || s.History == nil {
+		t.Errorf("wallet %+v, want address %s", s, addr)
+	}
+	o.Reset()
+	if code := Main([]string{"wallet", "--data", data}, &o, &e); code != 0 || !strings.Contains(o.String(), addr) || !strings.HasPrefix(o.String(), "Address") {
+		t.Errorf("wallet text %d:\n%s", code, o.String())
+	}
+}

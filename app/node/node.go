@@ -1,0 +1,328 @@
+// Package node assembles a contributor node from the real parts: the
+// worker identity and local wallet (package wallet), the expert slice on
+// disk, and the dial-out worker (engine/worker), whose every RESULT is
+// counted in the wallet (OnServed) and whose credits are fetched from the
+// gateway periodically (wallet.Sync). The desktop window, headless mode
+// and (through a thinner path) the mobile API drive a node through the
+// status.Source methods. It does not import Fyne.
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/app/status"
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/wire"
+	"github.com/kvasir-ai/kvasir/engine/worker"
+	"github.com/kvasir-ai/kvasir/wallet"
+)
+
+// Errors returned by Open.
+var (
+	// ErrConfig: a missing or malformed setting (gateway URL, CA file).
+	ErrConfig = errors.New("node: bad configuration")
+	// ErrNoSliceLoader: no SliceLoader was configured or registered.
+	ErrNoSliceLoader = errors.New("node: no slice loader")
+)
+
+// Slice is what a worker serves: the expert function over the experts held
+// on disk, their holdings (layer, expert, SHA-256) for HELLO, and the facts
+// the app shows.
+type Slice struct {
+	Computer expert.Computer
+	Holdings []wire.Holding
+	ModelID  string
+	Backend  string // e.g. "cpu"
+	Info     status.SliceInfo
+	Close    func() error // releases the slice (unmaps files); may be nil
+}
+
+// SliceLoader opens the slice in dir for threads compute threads (0 = all
+// CPUs), verifying the hashes of what it loads; it is supplied by the slice
+// package (see RegisterSliceLoader).
+type SliceLoader func(dir string, threads int) (*Slice, error)
+
+var (
+	loaderMu      sync.Mutex
+	defaultLoader SliceLoader
+)
+
+// RegisterSliceLoader sets the loader used when Config.LoadSlice is nil.
+func RegisterSliceLoader(l SliceLoader) {
+	loaderMu.Lock()
+	defer loaderMu.Unlock()
+	defaultLoader = l
+}
+
+// Config configures a Node.
+type Config struct {
+	GatewayURL string // wss://host[:port]
+	CAFile     string // PEM root CAs for the gateway; "" = system roots
+	SliceDir   string
+	DataDir    string // identity record and wallet.db; "" = DefaultDataDir()
+	Threads    int    // compute threads; 0 = all CPUs
+	QuotaBytes uint64 // shown with the slice; 0 = none
+
+	LoadSlice SliceLoader     // nil: the registered loader
+	KeyStore  wallet.KeyStore // nil: wallet.DefaultKeyStore(DataDir, Warn)
+	StoreName string          // label of KeyStore in identity.json; "" = "custom"
+	Warn      io.Writer       // keyring fallback warnings; nil = os.Stderr
+	Logger    *slog.Logger    // nil = slog.Default()
+	SyncEvery time.Duration   // wallet statement sync period; 0 = 30 s
+}
+
+// DefaultDataDir is the app's data folder: os.UserConfigDir()/kvasir.
+func DefaultDataDir() (string, error) {
+	d, err := os.UserConfigDir()
+	if err != nil {
+		return "", fmt.Errorf("%w: no user config folder: %v", ErrConfig, err)
+	}
+	return filepath.Join(d, "kvasir"), nil
+}
+
+// Node is a contributor node: identity, wallet, slice and worker. A node
+// whose slice could not be loaded still opens (the wallet is readable) and
+// reports State Offline with the reason; Run then waits for ctx.
+type Node struct {
+	cfg     Config
+	id      wallet.Identity
+	wal     *wallet.Wallet
+	slice   *Slice
+	info    status.SliceInfo
+	w       *worker.Worker
+	hc      *http.Client
+	base    string // https://host[:port] of the gateway, for wallet sync
+	problem string // why there is no worker
+	log     *slog.Logger
+}
+
+// Open opens the identity and wallet in cfg.DataDir, loads the slice and
+// builds the worker. Errors: ErrConfig for a bad gateway URL or CA file;
+// wallet errors (wallet.ErrCorrupt, wallet.ErrNewerSchema,
+// wallet.ErrIdentityUnavailable, ...) as returned. A slice that fails to
+// load is not an error (see Node).
+func Open(cfg Config) (*Node, error) {
+	if cfg.DataDir == "" {
+		d, err := DefaultDataDir()
+		if err != nil {
+			return nil, err
+		}
+		cfg.DataDir = d
+	}
+	if cfg.SyncEvery <= 0 {
+		cfg.SyncEvery = 30 * time.Second
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger}
+	if n.log == nil {
+		n.log = slog.Default()
+	}
+	var pool *x509.CertPool
+	if cfg.CAFile != "" {
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: CA file: %v", ErrConfig, err)
+		}
+		pool = x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", ErrConfig, cfg.CAFile)
+		}
+	}
+	if cfg.GatewayURL != "" {
+		u, err := url.Parse(cfg.GatewayURL)
+		if err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
+			return nil, fmt.Errorf("%w: gateway URL %q must look like wss://host:443", ErrConfig, cfg.GatewayURL)
+		}
+		scheme := "https"
+		if u.Scheme == "ws" {
+			scheme = "http"
+		}
+		n.base = scheme + "://" + u.Host
+	}
+	n.hc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+
+	ks, storeName := cfg.KeyStore, cfg.StoreName
+	if ks == nil {
+		warn := cfg.Warn
+		if warn == nil {
+			warn = os.Stderr
+		}
+		ks, storeName = wallet.DefaultKeyStore(cfg.DataDir, warn)
+	} else if storeName == "" {
+		storeName = "custom"
+	}
+	id, err := wallet.OpenIdentity(cfg.DataDir, ks, storeName)
+	if err != nil {
+		return nil, err
+	}
+	n.id = id
+	n.wal, err = wallet.Open(filepath.Join(cfg.DataDir, "wallet.db"), id, wallet.Options{})
+	if err != nil {
+		return nil, err
+	}
+
+	n.info = status.SliceInfo{Dir: cfg.SliceDir, QuotaBytes: cfg.QuotaBytes}
+	switch {
+	case cfg.GatewayURL == "":
+		n.problem = "no gateway set (Settings)"
+	case cfg.SliceDir == "":
+		n.problem = "no slice: no slice folder set (Settings)"
+		n.info.Problem = "no slice folder set"
+	default:
+		load := cfg.LoadSlice
+		if load == nil {
+			loaderMu.Lock()
+			load = defaultLoader
+			loaderMu.Unlock()
+		}
+		if load == nil {
+			n.problem = "no slice: " + ErrNoSliceLoader.Error()
+			n.info.Problem = n.problem
+			break
+		}
+		sl, err := load(cfg.SliceDir, cfg.Threads)
+		if err != nil {
+			n.problem = "no slice: " + err.Error()
+			n.info.Problem = n.problem
+			break
+		}
+		n.slice = sl
+		n.info = sl.Info
+		n.info.Dir, n.info.QuotaBytes = cfg.SliceDir, cfg.QuotaBytes
+		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool,
+			Computer: sl.Computer, Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: sl.Backend, Threads: cfg.Threads,
+			OnServed: n.wal.Served, Logger: n.log})
+		if err != nil {
+			n.Close()
+			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+	}
+	return n, nil
+}
+
+// Identity returns the node's worker identity.
+func (n *Node) Identity() wallet.Identity { return n.id }
+
+// Run runs the worker (dial, serve, reconnect) and syncs the wallet's
+// statements from the gateway every SyncEvery, until ctx is done. It
+// returns ctx's error.
+func (n *Node) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	if n.w != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.w.Run(ctx); err != nil && ctx.Err() == nil {
+				n.log.Warn("worker stopped", "err", err)
+			}
+		}()
+	}
+	if n.base != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(n.cfg.SyncEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if _, err := n.wal.Sync(ctx, n.hc, n.base, n.id.Key); err != nil && ctx.Err() == nil {
+						n.log.Debug("wallet sync", "err", err)
+					}
+				}
+			}
+		}()
+	}
+	<-ctx.Done()
+	wg.Wait()
+	return ctx.Err()
+}
+
+// SyncNow fetches new statements from the gateway once.
+func (n *Node) SyncNow(ctx context.Context) (int, error) {
+	if n.base == "" {
+		return 0, fmt.Errorf("%w: no gateway", ErrConfig)
+	}
+	return n.wal.Sync(ctx, n.hc, n.base, n.id.Key)
+}
+
+// Stats implements status.Source: the worker's snapshot, or Offline with
+// the reason when the node has no worker.
+func (n *Node) Stats() status.Snapshot {
+	if n.w == nil {
+		return status.Snapshot{State: status.Offline, Reason: n.problem}
+	}
+	return FromWorker(n.w.Stats())
+}
+
+// FromWorker converts the worker's stats to a status.Snapshot.
+func FromWorker(s worker.Stats) status.Snapshot {
+	st := status.Offline
+	switch s.State {
+	case worker.StateDialing:
+		st = status.Dialing
+	case worker.StateConnected:
+		st = status.Connected
+	case worker.StatePaused:
+		st = status.Paused
+	}
+	return status.Snapshot{State: st, Reason: s.Reason, Gateway: s.Gateway, RTT: s.RTT, Rows: s.Rows,
+		Requests: s.Requests, BytesIn: s.BytesIn, BytesOut: s.BytesOut, Session: s.Session,
+		ConnectedSince: s.ConnectedSince, LastError: s.LastError}
+}
+
+// Pause implements status.Source.
+func (n *Node) Pause() {
+	if n.w != nil {
+		n.w.Pause()
+	}
+}
+
+// Resume implements status.Source.
+func (n *Node) Resume() {
+	if n.w != nil {
+		n.w.Resume()
+	}
+}
+
+// FinishThenPause implements status.Source.
+func (n *Node) FinishThenPause() {
+	if n.w != nil {
+		n.w.FinishThenPause()
+	}
+}
+
+// Summary returns the wallet summary (wallet.Wallet.Summary).
+func (n *Node) Summary() (wallet.Summary, error) { return n.wal.Summary() }
+
+// Slice returns the slice facts.
+func (n *Node) Slice() status.SliceInfo { return n.info }
+
+// Close flushes and closes the wallet and releases the slice. Call after
+// Run has returned.
+func (n *Node) Close() error {
+	var err error
+	if n.wal != nil {
+		err = n.wal.Close()
+	}
+	if n.slice != nil && n.slice.Close != nil {
+		err = errors.Join(err, n.slice.Close())
+	}
+	return err
+}
+
+var _ status.Source = (*Node)(nil)

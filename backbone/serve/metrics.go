@@ -1,0 +1,159 @@
+package serve
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+)
+
+// metrics are the server's own Prometheus series (namespace kvasir_serve).
+// Rates (tokens/s) come from the counters: rate(kvasir_serve_generated_tokens_total[1m]).
+type metrics struct {
+	promptTokens    prometheus.Counter     // prompt tokens prefilled
+	generatedTokens prometheus.Counter     // tokens sampled
+	steps           prometheus.Counter     // Forward calls
+	stepSeconds     prometheus.Histogram   // wall time of one step (Forward + sampling), seconds
+	batchRows       prometheus.Histogram   // rows per step (prefill + decode)
+	batchSeqs       prometheus.Histogram   // sequences per step
+	queueDepth      prometheus.Gauge       // requests waiting for a slot
+	active          prometheus.Gauge       // sequences being decoded
+	finished        *prometheus.CounterVec // requests ended, by reason: stop, length, cancelled, error
+	rejected        prometheus.Counter     // requests refused with 429 (queue full)
+	httpRequests    *prometheus.CounterVec // HTTP requests by endpoint and status code
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns, sub = "kvasir", "serve"
+	pow2 := prometheus.ExponentialBuckets(1, 2, 11) // 1 .. 1024
+	m := &metrics{
+		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "prompt_tokens_total", Help: "Prompt tokens prefilled."}),
+		generatedTokens: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "generated_tokens_total", Help: "Tokens sampled (completion tokens)."}),
+		steps: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "steps_total", Help: "Batched forward steps run."}),
+		stepSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "step_seconds", Help: "Wall time of one batched step (forward pass and sampling), seconds.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "batch_rows", Help: "Token rows (prefill and decode) per step.", Buckets: pow2}),
+		batchSeqs: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "batch_sequences", Help: "Sequences sharing one step.", Buckets: pow2}),
+		queueDepth: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "queue_depth", Help: "Requests waiting for a decoding slot."}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "active_sequences", Help: "Sequences being prefilled or decoded."}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "requests_finished_total", Help: "Generations ended, by reason (stop, length, cancelled, error)."},
+			[]string{"reason"}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "requests_rejected_total", Help: "Requests refused with 429 because the queue was full."}),
+		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "http_requests_total", Help: "HTTP requests by endpoint and status code."}, []string{"endpoint", "code"}),
+	}
+	for _, c := range []prometheus.Collector{m.promptTokens, m.generatedTokens, m.steps, m.stepSeconds, m.batchRows,
+		m.batchSeqs, m.queueDepth, m.active, m.finished, m.rejected, m.httpRequests} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// SwarmCollector exports a dispatcher's statistics (dispatch.Stats, read at
+// each scrape) as Prometheus series in namespace kvasir_swarm:
+//
+//	kvasir_swarm_calls_total                      ComputeExperts calls
+//	kvasir_swarm_expert_outputs_total{where}      (row, slot) outputs, where = remote | local
+//	kvasir_swarm_fallbacks_total                  worker requests recomputed locally
+//	kvasir_swarm_worker_requests_total{worker,session}        DISPATCH frames sent
+//	kvasir_swarm_worker_round_trips_total{worker,session}     RESULTs accepted
+//	kvasir_swarm_worker_deadline_misses_total{worker,session} requests past their deadline
+//	kvasir_swarm_worker_late_total{worker,session}            RESULTs after the deadline
+//	kvasir_swarm_worker_bytes_total{worker,session,dir}       message bytes, dir = in | out
+//	kvasir_swarm_worker_rtt_seconds{worker,session,quantile}  recent round trip, quantile 0.5 | 0.99
+//	kvasir_swarm_worker_connected{worker,session}             1 while the session is up
+//
+// worker is the first 16 hex digits of the worker's public key. Sessions
+// that ended stay (the dispatcher keeps up to 256) so their counters do not
+// go backwards.
+type SwarmCollector struct {
+	stats                                           func() dispatch.Stats
+	calls, outputs, fallbacks                       *prometheus.Desc
+	wRequests, wRoundTrips, wMisses, wLate, wBytes *prometheus.Desc
+	wRTT, wConnected                                *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*SwarmCollector)(nil)
+
+// NewSwarmCollector returns a collector over stats (typically
+// (*dispatch.Dispatcher).Stats); register it on the server's registry
+// (Config.Registry).
+func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("kvasir_swarm_"+name, help, labels, nil)
+	}
+	wl := []string{"worker", "session"}
+	return &SwarmCollector{stats: stats,
+		calls:       d("calls_total", "Expert computations requested by the backbone (one per MoE layer and step)."),
+		outputs:     d("expert_outputs_total", "Expert (row, slot) outputs used, by where they were computed.", "where"),
+		fallbacks:   d("fallbacks_total", "Worker requests whose outputs were recomputed locally (late, failed or refused)."),
+		wRequests:   d("worker_requests_total", "DISPATCH frames sent to the worker.", wl...),
+		wRoundTrips: d("worker_round_trips_total", "Round trips completed: RESULTs accepted from the worker.", wl...),
+		wMisses:     d("worker_deadline_misses_total", "Requests to the worker that passed their deadline.", wl...),
+		wLate:       d("worker_late_total", "RESULTs that arrived after their deadline and were dropped.", wl...),
+		wBytes:      d("worker_bytes_total", "Message bytes exchanged with the worker (in: from it, out: to it).", append(wl, "dir")...),
+		wRTT:        d("worker_rtt_seconds", "Recent round trip to the worker, seconds.", append(wl, "quantile")...),
+		wConnected:  d("worker_connected", "1 while the worker session is connected, 0 after it ended.", wl...),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
+		c.wLate, c.wBytes, c.wRTT, c.wConnected} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	emit := func(d *prometheus.Desc, t prometheus.ValueType, v float64, l ...string) {
+		// NewConstMetric fails only on label values that are not valid
+		// UTF-8 (a session id is not ours to trust): skip those series.
+		if m, err := prometheus.NewConstMetric(d, t, v, l...); err == nil {
+			ch <- m
+		}
+	}
+	cv := func(d *prometheus.Desc, v uint64, l ...string) { emit(d, prometheus.CounterValue, float64(v), l...) }
+	cv(c.calls, st.Calls)
+	cv(c.outputs, st.ExpertsRemote, "remote")
+	cv(c.outputs, st.ExpertsLocal, "local")
+	cv(c.fallbacks, st.Fallbacks)
+	seen := map[[2]string]bool{}
+	for _, w := range st.Workers {
+		id := w.ID
+		if len(id) > 16 {
+			id = id[:16]
+		}
+		key := [2]string{id, w.Session}
+		if seen[key] { // a duplicate label set would fail the whole scrape
+			continue
+		}
+		seen[key] = true
+		cv(c.wRequests, w.Requests, id, w.Session)
+		cv(c.wRoundTrips, w.Results, id, w.Session)
+		cv(c.wMisses, w.Timeouts, id, w.Session)
+		cv(c.wLate, w.Late, id, w.Session)
+		cv(c.wBytes, w.BytesIn, id, w.Session, "in")
+		cv(c.wBytes, w.BytesOut, id, w.Session, "out")
+		emit(c.wRTT, prometheus.GaugeValue, w.RTTp50ms/1e3, id, w.Session, "0.5")
+		emit(c.wRTT, prometheus.GaugeValue, w.RTTp99ms/1e3, id, w.Session, "0.99")
+		conn := 0.0
+		if w.Connected {
+			conn = 1
+		}
+		emit(c.wConnected, prometheus.GaugeValue, conn, id, w.Session)
+	}
+}

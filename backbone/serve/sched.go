@@ -1,0 +1,240 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/tokenizer"
+)
+
+// seqState is the scheduler's view of one admitted request.
+type seqState struct {
+	st       *Stream
+	seq      *model.Sequence
+	fed      int   // prompt tokens already in the KV cache
+	chunk    int   // prompt tokens fed in the current step
+	decoding bool  // the prompt is in; next is the token to feed
+	next     int32 //
+	sampler  *model.Sampler
+	dec      *tokenizer.Decoder
+	stop     stopMatcher
+	gen      int // tokens sampled
+	inStep   bool
+}
+
+// loop is the scheduler: the only goroutine that touches the model.
+func (s *Server) loop() {
+	defer close(s.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	var (
+		active []*seqState
+		free   []*model.Sequence // cleared sequences kept for reuse (their caches stay allocated)
+		rows   []model.Row
+		owners []*seqState // the sequence of each logits row, in row order
+		logits []float32
+	)
+	vocab := s.p.Vocab
+	release := func(a *seqState) {
+		if err := a.seq.Truncate(0); err == nil && len(free) < s.cfg.MaxSeqs {
+			free = append(free, a.seq)
+		}
+		a.seq = nil
+	}
+	// compact drops the released states and publishes the active count.
+	compact := func() {
+		kept := active[:0]
+		for _, a := range active {
+			if a.seq != nil {
+				kept = append(kept, a)
+			}
+		}
+		clear(active[len(kept):])
+		active = kept
+		s.mu.Lock()
+		s.active = len(active)
+		s.mu.Unlock()
+		s.met.active.Set(float64(len(active)))
+	}
+	end := func(a *seqState, text, reason string, err error) {
+		a.st.finishText(text, reason, err)
+		s.met.finished.WithLabelValues(reason).Inc()
+		release(a)
+	}
+
+	for {
+		// Admit queued requests into free slots.
+		s.mu.Lock()
+		n := min(len(s.queue), s.cfg.MaxSeqs-len(active))
+		admitted := s.queue[:n]
+		s.queue = append([]*Stream(nil), s.queue[n:]...)
+		s.active = len(active) + n
+		s.met.queueDepth.Set(float64(len(s.queue)))
+		s.mu.Unlock()
+		for _, st := range admitted {
+			var seq *model.Sequence
+			if k := len(free); k > 0 {
+				seq, free = free[k-1], free[:k-1]
+			} else {
+				seq = s.m.NewSequence()
+			}
+			var stops []string
+			for _, x := range st.job.Stop {
+				if x != "" {
+					stops = append(stops, x)
+				}
+			}
+			active = append(active, &seqState{st: st, seq: seq, sampler: model.NewSampler(st.job.Sampler),
+				dec: s.tok.NewDecoder(false), stop: stopMatcher{stops: stops}})
+		}
+
+		// Drop the cancelled.
+		for _, a := range active {
+			if err := a.st.isCancelled(); err != nil {
+				end(a, "", FinishCancelled, err)
+			}
+		}
+		compact()
+
+		if len(active) == 0 {
+			select {
+			case <-s.stop:
+				return
+			case <-s.wake:
+				continue
+			}
+		}
+		select {
+		case <-s.stop:
+			for _, a := range active {
+				end(a, "", FinishError, ErrClosed)
+			}
+			compact()
+			return
+		default:
+		}
+
+		// Build the step: one decode row per generating sequence, then
+		// prompt chunks in admission order. MaxSeqs <= MaxBatchRows, so a
+		// prefilling sequence always gets at least one row.
+		rows, owners = rows[:0], owners[:0]
+		budget := s.cfg.MaxBatchRows
+		seqs := 0
+		for _, a := range active {
+			a.inStep, a.chunk = false, 0
+			if a.decoding && budget > 0 {
+				rows = append(rows, model.Row{Seq: a.seq, Token: a.next, Pos: a.seq.Len(), Logits: true})
+				owners = append(owners, a)
+				a.inStep = true
+				budget--
+				seqs++
+			}
+		}
+		prefill := 0
+		for _, a := range active {
+			if a.decoding || budget == 0 {
+				continue
+			}
+			p := a.st.job.Prompt
+			c := min(budget, len(p)-a.fed)
+			for i := range c {
+				pos := a.fed + i
+				last := pos == len(p)-1
+				rows = append(rows, model.Row{Seq: a.seq, Token: p[pos], Pos: pos, Logits: last})
+				if last {
+					owners = append(owners, a)
+				}
+			}
+			a.chunk, a.inStep = c, true
+			budget -= c
+			prefill += c
+			seqs++
+		}
+		if need := len(owners) * vocab; cap(logits) < need {
+			logits = make([]float32, need)
+		}
+		start := time.Now()
+		err := s.m.Forward(ctx, rows, logits[:len(owners)*vocab])
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ErrClosed
+			} else {
+				s.log.Error("serve: forward step failed", "rows", len(rows), "err", err)
+				err = fmt.Errorf("forward: %w", err)
+			}
+			for _, a := range active {
+				if a.inStep {
+					end(a, "", FinishError, err)
+				}
+			}
+			compact()
+			continue
+		}
+		for _, a := range active {
+			a.fed += a.chunk
+			if a.fed == len(a.st.job.Prompt) {
+				a.decoding = true
+			}
+		}
+		for i, a := range owners {
+			s.sample(a, logits[i*vocab:(i+1)*vocab], end)
+		}
+		compact()
+		s.met.steps.Inc()
+		s.met.stepSeconds.Observe(time.Since(start).Seconds())
+		s.met.batchRows.Observe(float64(len(rows)))
+		s.met.batchSeqs.Observe(float64(seqs))
+		s.met.promptTokens.Add(float64(prefill))
+		s.met.generatedTokens.Add(float64(len(owners)))
+	}
+}
+
+// sample draws a's next token from its logits row and delivers its text,
+// ending the request on an end-of-generation token, a stop string, its
+// MaxTokens or a full context.
+func (s *Server) sample(a *seqState, logits []float32, end func(*seqState, string, string, error)) {
+	t := a.sampler.Sample(logits)
+	a.gen++
+	var out string
+	reason := ""
+	if s.tok.IsEOG(t) {
+		reason = FinishStop
+		o, stopped := a.stop.feed(a.dec.Flush())
+		out = o
+		if !stopped {
+			out += a.stop.flush()
+		}
+	} else {
+		o, stopped := a.stop.feed(a.dec.Add(t))
+		out = o
+		switch {
+		case stopped:
+			reason = FinishStop
+		case a.gen >= a.st.job.MaxTokens || a.seq.Len() >= s.p.Context:
+			reason = FinishLength
+			o, stopped := a.stop.feed(a.dec.Flush())
+			out += o
+			if stopped {
+				reason = FinishStop
+			} else {
+				out += a.stop.flush()
+			}
+		}
+	}
+	a.st.emit(out, t)
+	if reason != "" {
+		end(a, "", reason, nil)
+		return
+	}
+	a.next = t
+}

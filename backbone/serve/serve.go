@@ -1,0 +1,378 @@
+// Package serve is the backbone as a service: an OpenAI-compatible HTTP API
+// (/v1/completions, /v1/chat/completions with server-sent-event streaming,
+// /v1/models, /metrics) in front of a continuous-batching scheduler.
+//
+// One goroutine owns the model. At every step boundary it admits queued
+// requests (up to Config.MaxSeqs sequences), drops the finished and the
+// cancelled, and runs one model.Forward over a batch of at most
+// Config.MaxBatchRows rows: one decode row per sequence that is generating,
+// then prefill rows of sequences still reading their prompt, chunked to
+// fill the batch. All rows share each layer's expert call, so with the swarm
+// one round trip per layer serves every request in the batch. Because the
+// engine's kernels are batch-invariant, a request's tokens do not depend on
+// what else is in the batch.
+//
+// Backpressure: at most Config.QueueSize requests wait for a slot; past
+// that Submit fails with ErrQueueFull (HTTP 429 with Retry-After). A
+// request whose context ends (client disconnect) leaves at the next step.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/tokenizer"
+)
+
+// Sentinel errors; returned errors wrap one of them.
+var (
+	// ErrQueueFull: Config.QueueSize requests are already waiting.
+	ErrQueueFull = errors.New("serve: queue full")
+	// ErrClosed: the server is closed or closing.
+	ErrClosed = errors.New("serve: server closed")
+	// ErrPrompt: the prompt is empty, longer than the context, or holds a
+	// token outside the vocabulary.
+	ErrPrompt = errors.New("serve: invalid prompt")
+	// ErrParams: invalid generation parameters (max tokens < 1, bad
+	// temperature or top_p).
+	ErrParams = errors.New("serve: invalid parameters")
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultMaxBatchRows = 512
+	DefaultMaxSeqs      = 512
+	DefaultQueueSize    = 1024
+)
+
+// Config configures a Server. Model and Tokenizer are required.
+type Config struct {
+	Model     *model.Model         // the model; the Server's scheduler is its only user while running
+	Tokenizer *tokenizer.Tokenizer // the model's tokenizer
+	// ModelID is the name served by /v1/models and accepted in requests'
+	// "model" field; default "kvasir".
+	ModelID string
+	// Chat applies chat messages for /v1/chat/completions; nil disables that
+	// endpoint (it answers 400 with ChatErr's message).
+	Chat    ChatTemplate
+	ChatErr error // why Chat is nil (from ChatTemplateFor), for the 400 message
+
+	MaxBatchRows int // rows per Forward step (prefill + decode); default 512
+	MaxSeqs      int // sequences decoded at once; default 512, at most MaxBatchRows
+	QueueSize    int // requests waiting beyond MaxSeqs before 429; default 1024 (negative: 0)
+	// RetryAfter is the Retry-After of a 429, rounded up to whole seconds;
+	// default 1 s.
+	RetryAfter time.Duration
+	// Registry receives the server's metrics (and /metrics serves it when it
+	// is also a prometheus.Gatherer); default a new prometheus.Registry.
+	Registry prometheus.Registerer
+	Logger   *slog.Logger
+}
+
+// Server is the scheduler plus the HTTP API. Create with New, then Start;
+// Close stops it.
+type Server struct {
+	cfg    Config
+	m      *model.Model
+	p      model.Params
+	tok    *tokenizer.Tokenizer
+	met    *metrics
+	gather prometheus.Gatherer
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	queue   []*Stream
+	active  int // sequences admitted and not yet released (scheduler-owned count, read by Stats)
+	closed  bool
+	started bool
+	wake    chan struct{} // cap 1: work arrived
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// New validates cfg and returns a stopped Server. Errors: a missing model or
+// tokenizer, a tokenizer vocabulary larger than the model's, or metric
+// registration failures (a Registry that already holds these metrics).
+func New(cfg Config) (*Server, error) {
+	if cfg.Model == nil || cfg.Tokenizer == nil {
+		return nil, errors.New("serve: Config.Model and Config.Tokenizer are required")
+	}
+	p := cfg.Model.Params()
+	if cfg.Tokenizer.VocabSize() > p.Vocab {
+		return nil, fmt.Errorf("serve: tokenizer has %d tokens, the model %d", cfg.Tokenizer.VocabSize(), p.Vocab)
+	}
+	if cfg.ModelID == "" {
+		cfg.ModelID = "kvasir"
+	}
+	if cfg.MaxBatchRows <= 0 {
+		cfg.MaxBatchRows = DefaultMaxBatchRows
+	}
+	if cfg.MaxSeqs <= 0 {
+		cfg.MaxSeqs = DefaultMaxSeqs
+	}
+	cfg.MaxSeqs = min(cfg.MaxSeqs, cfg.MaxBatchRows) // so prefill always gets a row (see loop)
+	if cfg.QueueSize == 0 {
+		cfg.QueueSize = DefaultQueueSize
+	} else if cfg.QueueSize < 0 {
+		cfg.QueueSize = 0
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, m: cfg.Model, p: p, tok: cfg.Tokenizer, log: cfg.Logger,
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	if cfg.Registry == nil {
+		r := prometheus.NewRegistry()
+		cfg.Registry, s.cfg.Registry = r, r
+	}
+	if g, ok := cfg.Registry.(prometheus.Gatherer); ok {
+		s.gather = g
+	}
+	var err error
+	if s.met, err = newMetrics(cfg.Registry); err != nil {
+		return nil, fmt.Errorf("serve: metrics: %w", err)
+	}
+	return s, nil
+}
+
+// Start launches the scheduler goroutine. Calling it twice, or after
+// Close, does nothing.
+func (s *Server) Start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started || s.closed {
+		return
+	}
+	s.started = true
+	go s.loop()
+}
+
+// Close stops the scheduler after its current step, ends every queued and
+// active request with ErrClosed, and waits for the scheduler to exit.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		<-s.done
+		return nil
+	}
+	s.closed = true
+	started := s.started
+	queued := s.queue
+	s.queue = nil
+	s.mu.Unlock()
+	close(s.stop)
+	for _, st := range queued {
+		st.finish(FinishError, ErrClosed)
+	}
+	if started {
+		<-s.done
+	} else {
+		close(s.done)
+	}
+	return nil
+}
+
+// Stats is a snapshot of the scheduler's load.
+type Stats struct {
+	Queued int // requests waiting for a slot
+	Active int // sequences admitted (prefilling or decoding)
+}
+
+// Stats returns the current load.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Stats{Queued: len(s.queue), Active: s.active}
+}
+
+// Job is one generation request.
+type Job struct {
+	Prompt    []int32              // prompt tokens: 1 .. Context tokens, each in [0, Vocab)
+	MaxTokens int                  // tokens to generate at most (>= 1); generation also ends at the context length
+	Sampler   model.SamplerOptions // Temperature 0: greedy
+	Stop      []string             // stop strings (trimmed from the output, as OpenAI does); "" entries are ignored
+}
+
+// Submit queues j and returns its Stream. The request leaves the batch when
+// it finishes, when ctx ends, or when the Stream is cancelled. Errors wrap
+// ErrPrompt or ErrParams (j is invalid), ErrQueueFull (QueueSize requests
+// already wait) or ErrClosed.
+func (s *Server) Submit(ctx context.Context, j Job) (*Stream, error) {
+	if err := s.check(j); err != nil {
+		return nil, err
+	}
+	st := newStream(ctx, j)
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return nil, ErrClosed
+	case len(s.queue) >= s.cfg.QueueSize+max(0, s.cfg.MaxSeqs-s.active):
+		// Requests that will take a free slot at the next step do not wait;
+		// QueueSize more may wait behind them.
+		s.mu.Unlock()
+		s.met.rejected.Inc()
+		return nil, fmt.Errorf("%w: %d requests waiting", ErrQueueFull, s.cfg.QueueSize)
+	}
+	s.queue = append(s.queue, st)
+	s.met.queueDepth.Set(float64(len(s.queue)))
+	s.mu.Unlock()
+	s.poke()
+	return st, nil
+}
+
+func (s *Server) check(j Job) error {
+	switch {
+	case len(j.Prompt) == 0:
+		return fmt.Errorf("%w: no prompt tokens", ErrPrompt)
+	case len(j.Prompt) > s.p.Context:
+		return fmt.Errorf("%w: the prompt has %d tokens; the model's context is %d", ErrPrompt, len(j.Prompt), s.p.Context)
+	case j.MaxTokens < 1:
+		return fmt.Errorf("%w: max tokens %d < 1", ErrParams, j.MaxTokens)
+	case j.Sampler.Temperature < 0 || j.Sampler.Temperature != j.Sampler.Temperature:
+		return fmt.Errorf("%w: temperature %v", ErrParams, j.Sampler.Temperature)
+	case j.Sampler.TopP < 0 || j.Sampler.TopP != j.Sampler.TopP:
+		return fmt.Errorf("%w: top_p %v", ErrParams, j.Sampler.TopP)
+	}
+	for i, t := range j.Prompt {
+		if t < 0 || int(t) >= s.p.Vocab {
+			return fmt.Errorf("%w: prompt token %d is %d, outside the vocabulary of %d", ErrPrompt, i, t, s.p.Vocab)
+		}
+	}
+	return nil
+}
+
+func (s *Server) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Finish reasons, as in the OpenAI API, plus the two ways a request ends
+// without a result.
+const (
+	FinishStop      = "stop"      // an end-of-generation token or a stop string
+	FinishLength    = "length"    // MaxTokens reached or the context is full
+	FinishCancelled = "cancelled" // the request's context ended or Cancel was called
+	FinishError     = "error"     // the forward pass failed or the server closed
+)
+
+// Delta is what a Stream delivers: text generated since the last Delta
+// (valid UTF-8, stop strings trimmed) and, on the last one, Done with the
+// finish reason and counts.
+type Delta struct {
+	Text             string
+	Tokens           []int32 // tokens sampled since the last Delta (including an end-of-generation token)
+	Done             bool
+	Finish           string // one of the Finish constants when Done
+	Err              error  // set when Finish is FinishError or FinishCancelled
+	PromptTokens     int
+	CompletionTokens int // tokens sampled in all
+}
+
+// Stream is the output of one submitted Job. The scheduler never blocks on
+// it: output accumulates until read. Next and Cancel may be called from any
+// goroutine, Next by one goroutine at a time.
+type Stream struct {
+	ctx    context.Context
+	job    Job
+	notify chan struct{} // cap 1
+
+	mu        sync.Mutex
+	text      []byte
+	tokens    []int32
+	generated int
+	done      bool
+	reason    string
+	err       error
+	cancelled bool
+	taken     bool // the final Delta was returned
+}
+
+func newStream(ctx context.Context, j Job) *Stream {
+	return &Stream{ctx: ctx, job: j, notify: make(chan struct{}, 1)}
+}
+
+// Next blocks until the stream has new text or tokens, or has ended, and
+// returns them. Once the Delta with Done has been returned, further calls
+// return it again with no text or tokens. It returns ctx's error if ctx
+// ends first (the request keeps running; call Cancel to stop it).
+func (st *Stream) Next(ctx context.Context) (Delta, error) {
+	for {
+		st.mu.Lock()
+		if len(st.text) > 0 || len(st.tokens) > 0 || st.done {
+			d := Delta{Text: string(st.text), Tokens: st.tokens, Done: st.done, Finish: st.reason, Err: st.err,
+				PromptTokens: len(st.job.Prompt), CompletionTokens: st.generated}
+			st.text, st.tokens = st.text[:0], nil
+			st.taken = st.done
+			st.mu.Unlock()
+			return d, nil
+		}
+		st.mu.Unlock()
+		select {
+		case <-st.notify:
+		case <-ctx.Done():
+			return Delta{}, ctx.Err()
+		}
+	}
+}
+
+// Cancel asks the scheduler to drop the request at the next step boundary.
+func (st *Stream) Cancel() {
+	st.mu.Lock()
+	st.cancelled = true
+	st.mu.Unlock()
+}
+
+func (st *Stream) isCancelled() error {
+	st.mu.Lock()
+	c := st.cancelled
+	st.mu.Unlock()
+	if c {
+		return context.Canceled
+	}
+	return st.ctx.Err()
+}
+
+// emit appends scheduler output and wakes the reader.
+func (st *Stream) emit(text string, tok int32) {
+	st.mu.Lock()
+	st.text = append(st.text, text...)
+	st.tokens = append(st.tokens, tok)
+	st.generated++
+	st.mu.Unlock()
+	st.signal()
+}
+
+func (st *Stream) finish(reason string, err error) {
+	st.finishText("", reason, err)
+}
+
+func (st *Stream) finishText(text, reason string, err error) {
+	st.mu.Lock()
+	if !st.done {
+		st.text = append(st.text, text...)
+		st.done, st.reason, st.err = true, reason, err
+	}
+	st.mu.Unlock()
+	st.signal()
+}
+
+func (st *Stream) signal() {
+	select {
+	case st.notify <- struct{}{}:
+	default:
+	}
+}

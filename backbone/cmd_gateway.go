@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/kvasir-ai/kvasir/backbone/gateway"
+)
+
+func init() {
+	register("gateway", "public TLS endpoint: authenticates workers and splices them to the hub", runGateway)
+}
+
+// runGateway: backbone gateway --listen 127.0.0.1:8443 --hub 127.0.0.1:7001
+// (--tls-cert C --tls-key K | --self-signed-out DIR) [--secret-file F].
+func runGateway(args []string) int {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8443", "TLS address to listen on (443 in production)")
+	hubAddr := fs.String("hub", "127.0.0.1:7001", "the hub (host:port)")
+	certFile := fs.String("tls-cert", "", "PEM certificate chain")
+	keyFile := fs.String("tls-key", "", "PEM private key")
+	selfOut := fs.String("self-signed-out", "", "write a self-signed pair (gateway.crt, gateway.key) to DIR and use it (tests, demo)")
+	hosts := fs.String("self-signed-hosts", "127.0.0.1,::1,localhost", "comma-separated names/IPs for --self-signed-out")
+	secretFile := fs.String("secret-file", "", "shared hub secret (hex); env KVASIR_HUB_SECRET_FILE; default as for hub")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *selfOut != "" {
+		c, k, err := gateway.WriteSelfSigned(*selfOut, strings.Split(*hosts, ",")...)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gateway:", err)
+			return 1
+		}
+		*certFile, *keyFile = c, k
+		fmt.Fprintf(os.Stderr, "gateway: self-signed certificate %s (workers: --ca %s)\n", c, c)
+	}
+	if *certFile == "" || *keyFile == "" {
+		fmt.Fprintln(os.Stderr, "gateway: --tls-cert and --tls-key (or --self-signed-out DIR) are required")
+		return 2
+	}
+	cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		return 1
+	}
+	secret, err := loadSecret(*secretFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		return 1
+	}
+	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}})
+	if err == nil {
+		err = g.Start()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "gateway: listening on %s (TLS), hub %s\n", g.Addr(), *hubAddr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	_ = g.Close()
+	return 0
+}

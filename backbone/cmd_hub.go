@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/backbone/ledger"
+)
+
+func init() {
+	register("hub", "LAN-only bridge from the gateway's worker sessions to the backbone, metering bytes", runHub)
+}
+
+// runHub: backbone hub --listen 127.0.0.1:7001 --backbone 127.0.0.1:7002
+// [--secret-file F] [--ledger FILE] [--allow-public].
+func runHub(args []string) int {
+	fs := flag.NewFlagSet("hub", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:7001", "address to listen on (loopback or private unless --allow-public)")
+	backbone := fs.String("backbone", "127.0.0.1:7002", "the backbone's dispatch listener (host:port)")
+	secretFile := fs.String("secret-file", "", "shared gateway secret (hex); env KVASIR_HUB_SECRET_FILE; default "+hub.DefaultSecretFile()+" (created if missing)")
+	ledgerFile := fs.String("ledger", "hub-ledger.sqlite", "SQLite contribution ledger (\"\" to keep counts in memory only)")
+	allowPublic := fs.Bool("allow-public", false, "allow listening on a public address")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	secret, err := loadSecret(*secretFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hub:", err)
+		return 1
+	}
+	cfg := hub.Config{Listen: *listen, Backbone: *backbone, Secret: secret, AllowPublic: *allowPublic}
+	if *ledgerFile != "" {
+		l, err := ledger.Open(*ledgerFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "hub:", err)
+			return 1
+		}
+		defer l.Close()
+		cfg.Meter = l
+		cfg.Extra = map[string]http.Handler{ledger.Path: ledger.Handler(l, func(r *http.Request) bool { return hub.Authorized(r, secret) })}
+	}
+	h, err := hub.New(cfg)
+	if err == nil {
+		err = h.Start()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintf(os.Stderr, "hub: listening on %s, backbone %s\n", h.Addr(), *backbone)
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			_ = h.Close()
+			return 0
+		case <-t.C:
+			open := 0
+			for _, s := range h.Sessions() {
+				if !s.Ended {
+					open++
+				}
+			}
+			fmt.Fprintf(os.Stderr, "hub: %d open sessions\n", open)
+		}
+	}
+}
+
+// loadSecret reads the gateway<->hub secret from path, $KVASIR_HUB_SECRET_FILE
+// or the default file (created when missing).
+func loadSecret(path string) ([]byte, error) {
+	if path == "" {
+		path = os.Getenv("KVASIR_HUB_SECRET_FILE")
+	}
+	if path == "" {
+		path = hub.DefaultSecretFile()
+	}
+	return hub.LoadOrCreateSecret(path)
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/wire"
+	"github.com/kvasir-ai/kvasir/engine/worker"
+)
+
+func init() {
+	register("worker", "headless expert worker: dials the gateway and serves a slice (no GUI)", runWorker)
+}
+
+// workerSlice is what the worker command serves.
+type workerSlice struct {
+	Computer expert.Computer
+	Holdings []wire.Holding
+	ModelID  string
+	Close    func() error
+}
+
+// loadWorkerSlice opens what --slice names, restricted to layers (nil: all).
+// It is the one place to swap in the slice-directory loader: today it serves
+// a GGUF file (the experts of the chosen layers, mapped from the file) and
+// refuses a directory.
+var loadWorkerSlice = func(path string, layers []int, threads int) (*workerSlice, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if st.IsDir() {
+		return nil, fmt.Errorf("slice directory %s: no slice-directory loader is linked yet; pass a GGUF file", path)
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	m, err := model.Load(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	m.SetThreads(threads)
+	local := m.LocalExperts()
+	id, _ := f.String("general.name")
+	if id == "" {
+		id = filepath.Base(path)
+	}
+	return &workerSlice{Computer: local, Holdings: worker.HoldingsOf(local, layers), ModelID: id, Close: f.Close}, nil
+}
+
+// runWorker: backbone worker --gateway wss://HOST:PORT --slice PATH
+// [--layers 0,1] [--ca C] [--key FILE] [--threads N] [--model-id ID].
+func runWorker(args []string) int {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	gw := fs.String("gateway", "", "gateway URL (wss://host:port)")
+	slice := fs.String("slice", "", "the experts to serve: a GGUF file (slice directories once their loader lands)")
+	layersFlag := fs.String("layers", "", "comma-separated layers to serve (default: all in the slice)")
+	caFile := fs.String("ca", "", "PEM CA certificate to trust for the gateway (default: system roots)")
+	keyFile := fs.String("key", defaultKeyFile(), "ed25519 identity key file (0600, created if missing)")
+	threads := fs.Int("threads", runtime.NumCPU(), "compute threads")
+	modelID := fs.String("model-id", "", "model id announced to the backbone (default: the GGUF's general.name)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *gw == "" || *slice == "" {
+		fmt.Fprintln(os.Stderr, "worker: --gateway and --slice are required")
+		return 2
+	}
+	var layers []int
+	for _, f := range strings.Split(*layersFlag, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		l, err := strconv.Atoi(f)
+		if err != nil || l < 0 {
+			fmt.Fprintf(os.Stderr, "worker: bad layer %q\n", f)
+			return 2
+		}
+		layers = append(layers, l)
+	}
+	var pool *x509.CertPool
+	if *caFile != "" {
+		pem, err := os.ReadFile(*caFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			return 1
+		}
+		pool = x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			fmt.Fprintf(os.Stderr, "worker: no certificate in %s\n", *caFile)
+			return 1
+		}
+	}
+	key, err := worker.LoadOrCreateKeyFile(*keyFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	sl, err := loadWorkerSlice(*slice, layers, *threads)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	if sl.Close != nil {
+		defer sl.Close()
+	}
+	if *modelID != "" {
+		sl.ModelID = *modelID
+	}
+	w, err := worker.New(worker.Config{GatewayURL: *gw, Key: key, RootCAs: pool, Computer: sl.Computer,
+		Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: "cpu-" + runtime.GOARCH, Threads: *threads})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "worker: %d experts of model %q, key %x, gateway %s\n",
+		len(sl.Holdings), sl.ModelID, key.Public(), *gw)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s := w.Stats()
+				fmt.Fprintf(os.Stderr, "worker: %s %s rows=%d requests=%d in=%d out=%d rtt=%v\n",
+					s.State, s.Reason, s.Rows, s.Requests, s.BytesIn, s.BytesOut, s.RTT.Round(time.Millisecond))
+			}
+		}
+	}()
+	_ = w.Run(ctx)
+	return 0
+}
+
+func defaultKeyFile() string {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "kvasir-worker.key"
+	}
+	return filepath.Join(dir, "kvasir", "worker.key")
+}

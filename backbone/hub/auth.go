@@ -20,10 +20,10 @@ import (
 // Headers the gateway adds when it forwards an authenticated worker's upgrade
 // to the hub. The gateway strips any incoming copies first.
 const (
-	HeaderWorker = "X-Kvasir-Worker"   // hex ed25519 public key the gateway verified (64 chars)
-	HeaderGwTime = "X-Kvasir-Gw-Time"  // decimal unix time in milliseconds
+	HeaderWorker  = "X-Kvasir-Worker"   // hex ed25519 public key the gateway verified (64 chars)
+	HeaderGwTime  = "X-Kvasir-Gw-Time"  // decimal unix time in milliseconds
 	HeaderGwNonce = "X-Kvasir-Gw-Nonce" // hex of 16 random bytes
-	HeaderGwMAC  = "X-Kvasir-Gw-Mac"   // hex HMAC-SHA256(secret, worker "|" time "|" nonce), RFC 2104
+	HeaderGwMAC   = "X-Kvasir-Gw-Mac"   // hex HMAC-SHA256(secret, worker "|" time "|" nonce), RFC 2104
 )
 
 // DefaultMaxSkew is how far the gateway's timestamp may be from the hub's

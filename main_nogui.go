@@ -1,0 +1,21 @@
+//go:build nogui
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/kvasir-ai/kvasir/app/headless"
+)
+
+// main without the GUI: headless mode and the wallet command only.
+func main() {
+	args := os.Args[1:]
+	if (len(args) > 0 && args[0] == "wallet") || slices.Contains(args, "--headless") || slices.Contains(args, "-headless") {
+		os.Exit(headless.Main(args, os.Stdout, os.Stderr))
+	}
+	fmt.Fprintln(os.Stderr, "kvasir: built without the GUI (-tags nogui): use --headless or the wallet command")
+	os.Exit(2)
+}

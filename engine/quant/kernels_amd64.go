@@ -105,5 +105,49 @@ func q6KDot(w, a []byte, nb int) float32 {
 	return genericQ6KDot(w, a, nb)
 }
 
+//go:noescape
+func qx0DotAVX2(w, a *byte, nb int, kind int) float32
+
+// Kinds of qx0DotAVX2 / qx1DotAVX2 (block bytes of w).
+const (
+	kindQ4 = 0 // Q4_0 (18 B) / Q4_1 (20 B)
+	kindQ5 = 1 // Q5_0 (22 B) / Q5_1 (24 B)
+)
+
+//go:noescape
+func qx1DotAVX2(w, a *byte, nb int, kind int) float32
+
+// q4_0Dot is genericQ4_0Dot: nb block_q4_0 of w, block_q8_0 of a.
+func q4_0Dot(w, a []byte, nb int) float32 {
+	if useSIMD && nb > 0 && len(w) >= 18*nb && len(a) >= 34*nb {
+		return qx0DotAVX2(&w[0], &a[0], nb, kindQ4)
+	}
+	return genericQ4_0Dot(w, a, nb)
+}
+
+// q5_0Dot is genericQ5_0Dot: nb block_q5_0 of w, block_q8_0 of a.
+func q5_0Dot(w, a []byte, nb int) float32 {
+	if useSIMD && nb > 0 && len(w) >= 22*nb && len(a) >= 34*nb {
+		return qx0DotAVX2(&w[0], &a[0], nb, kindQ5)
+	}
+	return genericQ5_0Dot(w, a, nb)
+}
+
+// q4_1Dot is genericQ4_1Dot: nb block_q4_1 of w, block_q8_1 of a.
+func q4_1Dot(w, a []byte, nb int) float32 {
+	if useSIMD && nb > 0 && len(w) >= 20*nb && len(a) >= 36*nb {
+		return qx1DotAVX2(&w[0], &a[0], nb, kindQ4)
+	}
+	return genericQ4_1Dot(w, a, nb)
+}
+
+// q5_1Dot is genericQ5_1Dot: nb block_q5_1 of w, block_q8_1 of a.
+func q5_1Dot(w, a []byte, nb int) float32 {
+	if useSIMD && nb > 0 && len(w) >= 24*nb && len(a) >= 36*nb {
+		return qx1DotAVX2(&w[0], &a[0], nb, kindQ5)
+	}
+	return genericQ5_1Dot(w, a, nb)
+}
+
 // q8_0Sums has no separate AVX2 kernel on amd64 (q8_0DotAVX2 fuses it).
 func q8_0Sums(w, a []byte, out []int32) { genericQ8_0Sums(w, a, out) }

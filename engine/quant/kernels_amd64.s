@@ -431,3 +431,165 @@ q6kloop:
 	VMOVSS    X15, ret+24(FP)
 	VZEROUPPER
 	RET
+
+// Constants for the Q5_0/Q5_1 high-bit expansion (ggml's bytes_from_bits_32):
+// byte e of a ymm takes byte e/8 of the broadcast qh, then bit e%8 is tested.
+DATA qhshuf<>+0(SB)/8, $0x0000000000000000
+DATA qhshuf<>+8(SB)/8, $0x0101010101010101
+DATA qhshuf<>+16(SB)/8, $0x0202020202020202
+DATA qhshuf<>+24(SB)/8, $0x0303030303030303
+GLOBL qhshuf<>(SB), RODATA|NOPTR, $32
+
+DATA qhbits<>+0(SB)/8, $0x8040201008040201
+DATA qhbits<>+8(SB)/8, $0x8040201008040201
+DATA qhbits<>+16(SB)/8, $0x8040201008040201
+DATA qhbits<>+24(SB)/8, $0x8040201008040201
+GLOBL qhbits<>(SB), RODATA|NOPTR, $32
+
+// QX_SETUP loads the constants: Y14 = 0x0f bytes, Y13 = 0x10 bytes, Y12 =
+// bit masks, Y11 = shuffle, X9 = 0 (sumf).
+#define QX_SETUP \
+	VXORPS       X9, X9, X9 \
+	MOVL         $0x0f0f0f0f, AX \
+	VMOVD        AX, X14 \
+	VPBROADCASTD X14, Y14 \
+	MOVL         $0x10101010, AX \
+	VMOVD        AX, X13 \
+	VPBROADCASTD X13, Y13 \
+	VMOVDQU      qhbits<>(SB), Y12 \
+	VMOVDQU      qhshuf<>(SB), Y11
+
+// QX_NIBBLES: Y1 = the 32 4-bit codes of the 16 bytes at qoff(SI), in
+// element order (low nibbles = elements 0..15, high = 16..31).
+#define QX_NIBBLES(qoff) \
+	VMOVDQU     qoff(SI), X1 \
+	VPSRLW      $4, X1, X2 \
+	VPAND       X14, X1, X1 \
+	VPAND       X14, X2, X2 \
+	VINSERTI128 $1, X2, Y1, Y1
+
+// QX_HIGHBITS ORs 16 into byte e of Y1 where bit e of the uint32 at
+// hoff(SI) is set (the 5th bit of Q5_0/Q5_1).
+#define QX_HIGHBITS(hoff) \
+	MOVL         hoff(SI), BX \
+	VMOVD        BX, X6 \
+	VPBROADCASTD X6, Y6 \
+	VPSHUFB      Y11, Y6, Y6 \
+	VPAND        Y12, Y6, Y6 \
+	VPCMPEQB     Y12, Y6, Y6 \
+	VPAND        Y13, Y6, Y6 \
+	VPOR         Y6, Y1, Y1
+
+// QX_DOT: X0[0] = float32(sum of the 32 products of the signed bytes in
+// Y1 with the int8 codes at aoff(DI)), exact (16-bit products, VPMADDWD).
+#define QX_DOT(aoff) \
+	VPMOVSXBW    X1, Y2 \
+	VEXTRACTI128 $1, Y1, X3 \
+	VPMOVSXBW    X3, Y3 \
+	VPMOVSXBW    aoff(DI), Y4 \
+	VPMOVSXBW    (aoff+16)(DI), Y5 \
+	VPMADDWD     Y4, Y2, Y2 \
+	VPMADDWD     Y5, Y3, Y3 \
+	VPADDD       Y3, Y2, Y0 \
+	HSUM(Y0, X0, X1) \
+	VCVTDQ2PS    X0, X0
+
+// func qx0DotAVX2(w, a *byte, nb int, kind int) float32
+// genericQ4_0Dot (kind 0, 18-byte blocks, codes q-8) or genericQ5_0Dot
+// (kind 1, 22-byte blocks, codes q-16) against nb >= 1 block_q8_0:
+// sumf += (d_w*d_a) * float32(isum) per block.
+TEXT ·qx0DotAVX2(SB), NOSPLIT, $0-36
+	MOVQ w+0(FP), SI
+	MOVQ a+8(FP), DI
+	MOVQ nb+16(FP), CX
+	MOVQ kind+24(FP), DX
+	QX_SETUP
+	TESTQ DX, DX
+	JNZ   q50loop
+	MOVL         $0x08080808, AX
+	VMOVD        AX, X10
+	VPBROADCASTD X10, Y10
+
+q40loop:
+	QX_NIBBLES(2)
+	VPSUBB    Y10, Y1, Y1
+	QX_DOT(2)
+	F16SS(0, SI, X2)
+	F16SS(0, DI, X3)
+	VMULSS    X3, X2, X2
+	VMULSS    X0, X2, X2
+	VADDSS    X2, X9, X9
+	ADDQ      $18, SI
+	ADDQ      $34, DI
+	DECQ      CX
+	JNZ       q40loop
+	JMP       qx0done
+
+q50loop:
+	QX_NIBBLES(6)
+	QX_HIGHBITS(2)
+	VPSUBB    Y13, Y1, Y1
+	QX_DOT(2)
+	F16SS(0, SI, X2)
+	F16SS(0, DI, X3)
+	VMULSS    X3, X2, X2
+	VMULSS    X0, X2, X2
+	VADDSS    X2, X9, X9
+	ADDQ      $22, SI
+	ADDQ      $34, DI
+	DECQ      CX
+	JNZ       q50loop
+
+qx0done:
+	VMOVSS X9, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// QX1_FLOAT: sumf += (d_w*d_a)*float32(isum) + m_w*s_a (genericQ4_1Dot).
+#define QX1_FLOAT \
+	F16SS(0, SI, X2) \
+	F16SS(0, DI, X3) \
+	VMULSS X3, X2, X2 \
+	VMULSS X0, X2, X2 \
+	F16SS(2, SI, X4) \
+	F16SS(2, DI, X5) \
+	VMULSS X5, X4, X4 \
+	VADDSS X4, X2, X2 \
+	VADDSS X2, X9, X9
+
+// func qx1DotAVX2(w, a *byte, nb int, kind int) float32
+// genericQ4_1Dot (kind 0, 20-byte blocks) or genericQ5_1Dot (kind 1,
+// 24-byte blocks) against nb >= 1 block_q8_1 (36 bytes).
+TEXT ·qx1DotAVX2(SB), NOSPLIT, $0-36
+	MOVQ w+0(FP), SI
+	MOVQ a+8(FP), DI
+	MOVQ nb+16(FP), CX
+	MOVQ kind+24(FP), DX
+	QX_SETUP
+	TESTQ DX, DX
+	JNZ   q51loop
+
+q41loop:
+	QX_NIBBLES(4)
+	QX_DOT(4)
+	QX1_FLOAT
+	ADDQ $20, SI
+	ADDQ $36, DI
+	DECQ CX
+	JNZ  q41loop
+	JMP  qx1done
+
+q51loop:
+	QX_NIBBLES(8)
+	QX_HIGHBITS(4)
+	QX_DOT(4)
+	QX1_FLOAT
+	ADDQ $24, SI
+	ADDQ $36, DI
+	DECQ CX
+	JNZ  q51loop
+
+qx1done:
+	VMOVSS X9, ret+32(FP)
+	VZEROUPPER
+	RET

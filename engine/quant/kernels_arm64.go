@@ -46,3 +46,8 @@ func dotBF16Lanes(w, a []byte, acc *[32]float32) { genericDotBF16Lanes(w, a, acc
 func q4KDot(w, a []byte, nb int) float32         { return genericQ4KDot(w, a, nb) }
 func q5KDot(w, a []byte, nb int) float32         { return genericQ5KDot(w, a, nb) }
 func q6KDot(w, a []byte, nb int) float32         { return genericQ6KDot(w, a, nb) }
+
+func q4_0Dot(w, a []byte, nb int) float32 { return genericQ4_0Dot(w, a, nb) }
+func q4_1Dot(w, a []byte, nb int) float32 { return genericQ4_1Dot(w, a, nb) }
+func q5_0Dot(w, a []byte, nb int) float32 { return genericQ5_0Dot(w, a, nb) }
+func q5_1Dot(w, a []byte, nb int) float32 { return genericQ5_1Dot(w, a, nb) }

@@ -19,3 +19,8 @@ func q6KDot(w, a []byte, nb int) float32           { return genericQ6KDot(w, a, 
 
 // Integer-sum kernels, named for the SIMD comparison tests.
 func q8_0Sums(w, a []byte, out []int32) { genericQ8_0Sums(w, a, out) }
+
+func q4_0Dot(w, a []byte, nb int) float32 { return genericQ4_0Dot(w, a, nb) }
+func q4_1Dot(w, a []byte, nb int) float32 { return genericQ4_1Dot(w, a, nb) }
+func q5_0Dot(w, a []byte, nb int) float32 { return genericQ5_0Dot(w, a, nb) }
+func q5_1Dot(w, a []byte, nb int) float32 { return genericQ5_1Dot(w, a, nb) }

@@ -45,6 +45,10 @@ func TestSIMDMatchesGeneric(t *testing.T) {
 		{"q4_K", 144, 292, q4KDot},
 		{"q5_K", 176, 292, q5KDot},
 		{"q6_K", 210, 292, q6KDot},
+		{"q4_0", 18, 34, q4_0Dot},
+		{"q5_0", 22, 34, q5_0Dot},
+		{"q4_1", 20, 36, q4_1Dot},
+		{"q5_1", 24, 36, q5_1Dot},
 	}
 	for _, nb := range []int{1, 2, 7, 63, 64, 65, 130} {
 		for _, sane := range []bool{true, false} {
@@ -126,9 +130,10 @@ func TestSIMDMatchesGeneric(t *testing.T) {
 }
 
 // saneScales overwrites the float scales of nb weight blocks (bytes wb) and
-// activation blocks (ab) with random finite values: fp16 d (and dmin) of
-// the weight at 0 (and 2), or 208 for Q6_K; fp16 d at 0 for Q8_0
-// activations, float32 d at 0 for Q8_K.
+// activation blocks (ab) with random finite values: fp16 d and dmin/m of
+// the weight at 0 and 2 (Q4_0/Q5_0/Q8_0 blocks then get their first code
+// bytes overwritten, harmless), or d at 208 for Q6_K; fp16 d (and s) at 0
+// (and 2) for Q8_0 (Q8_1) activations, float32 d at 0 for Q8_K.
 func saneScales(r *rand.Rand, w, a []byte, wb, ab, nb int) {
 	f16 := func() uint16 { return FP32ToFP16(float32(math.Ldexp(r.Float64()+0.5, r.IntN(12)-10))) }
 	for b := range nb {
@@ -139,9 +144,13 @@ func saneScales(r *rand.Rand, w, a []byte, wb, ab, nb int) {
 			binary.LittleEndian.PutUint16(x, f16())
 			binary.LittleEndian.PutUint16(x[2:], f16())
 		}
-		if ab == 34 {
+		switch ab {
+		case 34:
 			binary.LittleEndian.PutUint16(y, f16())
-		} else {
+		case 36:
+			binary.LittleEndian.PutUint16(y, f16())
+			binary.LittleEndian.PutUint16(y[2:], f16())
+		default:
 			binary.LittleEndian.PutUint32(y, math.Float32bits(float32(r.NormFloat64()/100)))
 		}
 	}

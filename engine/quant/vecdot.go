@@ -228,7 +228,9 @@ func genericQ8_0Sums(w, a []byte, out []int32) {
 	}
 }
 
-func vecDotQ4_0(w, a []byte, nb int) float32 {
+func vecDotQ4_0(w, a []byte, nb int) float32 { return q4_0Dot(w, a, nb) }
+
+func genericQ4_0Dot(w, a []byte, nb int) float32 {
 	var sumf float32
 	for b := range nb {
 		x, y := w[18*b:18*b+18], a[34*b:34*b+34]
@@ -243,7 +245,9 @@ func vecDotQ4_0(w, a []byte, nb int) float32 {
 	return sumf
 }
 
-func vecDotQ5_0(w, a []byte, nb int) float32 {
+func vecDotQ5_0(w, a []byte, nb int) float32 { return q5_0Dot(w, a, nb) }
+
+func genericQ5_0Dot(w, a []byte, nb int) float32 {
 	var sumf float32
 	for b := range nb {
 		x, y := w[22*b:22*b+22], a[34*b:34*b+34]
@@ -261,7 +265,9 @@ func vecDotQ5_0(w, a []byte, nb int) float32 {
 	return sumf
 }
 
-func vecDotQ4_1(w, a []byte, nb int) float32 {
+func vecDotQ4_1(w, a []byte, nb int) float32 { return q4_1Dot(w, a, nb) }
+
+func genericQ4_1Dot(w, a []byte, nb int) float32 {
 	var sumf float32
 	for b := range nb {
 		x, y := w[20*b:20*b+20], a[36*b:36*b+36]
@@ -277,7 +283,9 @@ func vecDotQ4_1(w, a []byte, nb int) float32 {
 	return sumf
 }
 
-func vecDotQ5_1(w, a []byte, nb int) float32 {
+func vecDotQ5_1(w, a []byte, nb int) float32 { return q5_1Dot(w, a, nb) }
+
+func genericQ5_1Dot(w, a []byte, nb int) float32 {
 	var sumf float32
 	for b := range nb {
 		x, y := w[24*b:24*b+24], a[36*b:36*b+36]

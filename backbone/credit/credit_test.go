@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -174,10 +175,12 @@ func checkStatements(t *testing.T, s *Service) {
 // rate x the creditable bytes up to the cursor, and never exceeds rate x
 // all creditable bytes; at the end they are equal per worker.
 func TestPropertyExactlyOnce(t *testing.T) {
-	seeds := 12
-	steps := 250
+	seeds, steps := 6, 200 // about 10 s: every append and credit fsyncs
 	if testing.Short() {
 		seeds, steps = 3, 120
+	}
+	if os.Getenv("KVASIR_LONG_TESTS") != "" {
+		seeds, steps = 40, 400
 	}
 	totalConflicts := 0
 	defer func() {

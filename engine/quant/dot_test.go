@@ -300,3 +300,20 @@ func TestVecDotF32Misaligned(t *testing.T) {
 		t.Errorf("misaligned VecDot = %g, DotF32 = %g", got, want)
 	}
 }
+
+// TestMatMulConvertedNoAlloc: the single-goroutine path (used per chunk by
+// the expert code) allocates nothing.
+func TestMatMulConvertedNoAlloc(t *testing.T) {
+	const rows, cols = 8, 2 * QK_K
+	wq := quantRow(t, Q4_K, randomRows(1, rows*cols))
+	xc := convertRow(t, Q4_K, randomRows(2, cols))
+	y := make([]float32, rows)
+	allocs := testing.AllocsPerRun(20, func() {
+		if err := MatMulConverted(Q4_K, wq, rows, cols, xc, 1, y, 1); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("MatMulConverted(threads=1) allocates %.1f times per call", allocs)
+	}
+}

@@ -95,13 +95,26 @@ func MatMulConverted(weight Type, w []byte, rows, cols int, xc []byte, m int, y 
 	if m == 0 || rows == 0 {
 		return nil
 	}
+	if threads <= 0 {
+		threads = runtime.GOMAXPROCS(0)
+	}
+	if threads == 1 || rows == 1 {
+		matMulRows(weight, w, rb, cols, xc, ab, m, y, rows, 0, rows) // no goroutine, no allocation
+		return nil
+	}
 	ParallelFor(rows, threads, func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			wr := w[r*rb : (r+1)*rb]
-			for i := range m {
-				y[i*rows+r] = vecDot(weight, wr, xc[i*ab:(i+1)*ab], cols)
-			}
-		}
+		matMulRows(weight, w, rb, cols, xc, ab, m, y, rows, lo, hi)
 	})
 	return nil
+}
+
+// matMulRows computes output rows [lo, hi) of MatMulConverted: for each
+// weight row (rb bytes) the m converted activation rows (ab bytes each).
+func matMulRows(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y []float32, rows, lo, hi int) {
+	for r := lo; r < hi; r++ {
+		wr := w[r*rb : (r+1)*rb]
+		for i := range m {
+			y[i*rows+r] = vecDot(weight, wr, xc[i*ab:(i+1)*ab], cols)
+		}
+	}
 }

@@ -124,14 +124,20 @@ func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int3
 	fragile := false
 	bound := logitBound[name]
 	var cleanMax, allMax float64
+	minCos := 1.0
 	matched := 0
 	for i, r := range rows {
 		lg := all[i*vocab : (i+1)*vocab]
-		var diff float64
+		var diff, dot, na, nb float64
 		for _, pair := range r.Top {
-			diff = max(diff, math.Abs(float64(lg[int(pair[0])])-pair[1]))
+			got := float64(lg[int(pair[0])])
+			diff = max(diff, math.Abs(got-pair[1]))
+			dot += got * pair[1]
+			na += got * got
+			nb += pair[1] * pair[1]
 		}
 		allMax = max(allMax, diff)
+		minCos = min(minCos, dot/math.Sqrt(na*nb))
 		if diff > bound {
 			t.Errorf("%s prompt %d row %d: max |logit diff| %.3g > %g", name, pi, i, diff, bound)
 		}
@@ -154,8 +160,8 @@ func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int3
 			}
 		}
 	}
-	t.Logf("%s prompt %d: greedy tokens equal for %d/%d steps; rows before the first fragile one: max |diff| %.3g; all rows: %.3g",
-		name, pi, matched, len(gen), cleanMax, allMax)
+	t.Logf("%s prompt %d: greedy tokens equal for %d/%d steps; top-32 logits: max |diff| %.3g before the first fragile row, %.3g over all rows, min cosine %.7f",
+		name, pi, matched, len(gen), cleanMax, allMax, minCos)
 	if name == "tiny-qwen3moe-F16" && pi == 0 {
 		checkFullLogits(t, all, vocab)
 	}

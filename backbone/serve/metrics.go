@@ -78,10 +78,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // that ended stay (the dispatcher keeps up to 256) so their counters do not
 // go backwards.
 type SwarmCollector struct {
-	stats                                           func() dispatch.Stats
-	calls, outputs, fallbacks                       *prometheus.Desc
+	stats                                          func() dispatch.Stats
+	calls, outputs, fallbacks                      *prometheus.Desc
 	wRequests, wRoundTrips, wMisses, wLate, wBytes *prometheus.Desc
-	wRTT, wConnected                                *prometheus.Desc
+	wRTT, wConnected                               *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*SwarmCollector)(nil)

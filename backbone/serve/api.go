@@ -1,0 +1,641 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvasir-ai/kvasir/engine/model"
+)
+
+// MaxBodyBytes bounds a request body (bytes); larger bodies get 413.
+const MaxBodyBytes = 8 << 20
+
+// MaxStops bounds the stop strings of one request (OpenAI allows 4).
+const MaxStops = 16
+
+// DefaultCompletionTokens is max_tokens when a /v1/completions request does
+// not give it (OpenAI's default: 16). Chat requests default to the rest of
+// the context.
+const DefaultCompletionTokens = 16
+
+// apiError is the OpenAI error body: {"error":{"message","type","param","code"}}.
+type apiError struct {
+	status int
+	Msg    string  `json:"message"`
+	Type   string  `json:"type"`
+	Param  *string `json:"param"`
+	Code   *string `json:"code"`
+}
+
+func (e *apiError) Error() string { return e.Msg }
+
+func newAPIError(status int, typ, param, code, format string, a ...any) *apiError {
+	e := &apiError{status: status, Msg: fmt.Sprintf(format, a...), Type: typ}
+	if param != "" {
+		e.Param = &param
+	}
+	if code != "" {
+		e.Code = &code
+	}
+	return e
+}
+
+func badRequest(param, code, format string, a ...any) *apiError {
+	return newAPIError(http.StatusBadRequest, "invalid_request_error", param, code, format, a...)
+}
+
+// Handler returns the HTTP API:
+//
+//	POST /v1/completions       OpenAI completions (prompt: string, [string], [int] or [[int]] of one prompt)
+//	POST /v1/chat/completions  OpenAI chat completions (Config.Chat)
+//	GET  /v1/models            the served model; GET /v1/models/{id} one model
+//	GET  /metrics              Prometheus text format (when Config.Registry is a Gatherer)
+//	GET  /health               200 "ok"
+//
+// Errors are JSON {"error":{"message","type","param","code"}}: 400 bad JSON
+// or parameters or a prompt longer than the context, 404 unknown model or
+// path, 405 wrong method, 413 body over MaxBodyBytes, 429 (with
+// Retry-After) when the queue is full, 503 while closing, 500 when the
+// forward pass fails.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/completions", s.count("completions", s.handleCompletions))
+	mux.HandleFunc("/v1/chat/completions", s.count("chat", s.handleChat))
+	mux.HandleFunc("/v1/models", s.count("models", s.handleModels))
+	mux.HandleFunc("/v1/models/{id...}", s.count("models", s.handleModel))
+	if s.gather != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/", s.count("other", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "", "not_found", "no route for %s %s", r.Method, r.URL.Path))
+	}))
+	return mux
+}
+
+// statusWriter records the status code for the request counter and passes
+// Flush through for streaming.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *Server) count(endpoint string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		h(sw, r)
+		if sw.code == 0 {
+			sw.code = http.StatusOK
+		}
+		s.met.httpRequests.WithLabelValues(endpoint, strconv.Itoa(sw.code)).Inc()
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"message":"encoding the response failed","type":"server_error","param":null,"code":null}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	writeJSON(w, e.status, map[string]*apiError{"error": e})
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		writeError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use GET"))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{s.modelObject()}})
+}
+
+func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		writeError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use GET"))
+		return
+	}
+	if id := r.PathValue("id"); id != s.cfg.ModelID {
+		writeError(w, s.unknownModel(id))
+		return
+	}
+	writeJSON(w, http.StatusOK, s.modelObject())
+}
+
+func (s *Server) modelObject() map[string]any {
+	return map[string]any{"id": s.cfg.ModelID, "object": "model", "created": 0, "owned_by": "kvasir",
+		"context_length": s.p.Context}
+}
+
+func (s *Server) unknownModel(id string) *apiError {
+	return newAPIError(http.StatusNotFound, "invalid_request_error", "model", "model_not_found",
+		"the model %q does not exist; this server serves %q", id, s.cfg.ModelID)
+}
+
+// stopList is the "stop" field: null, a string, or an array of strings.
+type stopList []string
+
+func (l *stopList) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
+		*l = nil
+		return nil
+	}
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*l = stopList{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return errors.New("stop must be a string or an array of strings")
+	}
+	*l = many
+	return nil
+}
+
+// genParams are the sampling fields shared by both endpoints.
+type genParams struct {
+	Model               *string   `json:"model"`
+	MaxTokens           *int      `json:"max_tokens"`
+	MaxCompletionTokens *int      `json:"max_completion_tokens"`
+	Temperature         *float64  `json:"temperature"`
+	TopP                *float64  `json:"top_p"`
+	TopK                *int      `json:"top_k"` // extension (llama.cpp, vLLM)
+	Seed                *int64    `json:"seed"`
+	Stop                *stopList `json:"stop"`
+	N                   *int      `json:"n"`
+	Stream              bool      `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// job validates p into a Job for prompt (defaultMax when max_tokens is not
+// given; 0 = up to the context).
+func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiError) {
+	if p.Model != nil && *p.Model != "" && *p.Model != s.cfg.ModelID {
+		return Job{}, s.unknownModel(*p.Model)
+	}
+	if p.N != nil && *p.N != 1 {
+		return Job{}, badRequest("n", "unsupported_value", "n must be 1 (got %d)", *p.N)
+	}
+	if len(prompt) == 0 {
+		return Job{}, badRequest("prompt", "empty_prompt", "the prompt encodes to no tokens")
+	}
+	if len(prompt) > s.p.Context {
+		return Job{}, badRequest("prompt", "context_length_exceeded",
+			"this model's maximum context length is %d tokens; the prompt has %d tokens", s.p.Context, len(prompt))
+	}
+	j := Job{Prompt: prompt, Sampler: model.SamplerOptions{Temperature: 1, TopP: 1}}
+	max := p.MaxTokens
+	if max == nil {
+		max = p.MaxCompletionTokens
+	}
+	switch {
+	case max != nil && *max < 1:
+		return Job{}, badRequest("max_tokens", "invalid_value", "max_tokens must be at least 1 (got %d)", *max)
+	case max != nil:
+		j.MaxTokens = *max
+	case defaultMax > 0:
+		j.MaxTokens = defaultMax
+	default:
+		j.MaxTokens = s.p.Context
+	}
+	if t := p.Temperature; t != nil {
+		if !(*t >= 0 && *t <= 2) {
+			return Job{}, badRequest("temperature", "invalid_value", "temperature must be in [0, 2] (got %v)", *t)
+		}
+		j.Sampler.Temperature = float32(*t)
+	}
+	if t := p.TopP; t != nil {
+		if !(*t > 0 && *t <= 1) {
+			return Job{}, badRequest("top_p", "invalid_value", "top_p must be in (0, 1] (got %v)", *t)
+		}
+		j.Sampler.TopP = float32(*t)
+	}
+	if k := p.TopK; k != nil {
+		if *k < 0 {
+			return Job{}, badRequest("top_k", "invalid_value", "top_k must be >= 0 (got %d)", *k)
+		}
+		j.Sampler.TopK = *k
+	}
+	if p.Seed != nil {
+		j.Sampler.Seed = uint64(*p.Seed)
+	} else {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		for _, x := range b {
+			j.Sampler.Seed = j.Sampler.Seed<<8 | uint64(x)
+		}
+	}
+	if p.Stop != nil {
+		if len(*p.Stop) > MaxStops {
+			return Job{}, badRequest("stop", "invalid_value", "at most %d stop strings (got %d)", MaxStops, len(*p.Stop))
+		}
+		j.Stop = *p.Stop
+	}
+	return j, nil
+}
+
+// readBody reads a POST body of at most MaxBodyBytes (405 / 413 otherwise).
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	if r.Method != http.MethodPost {
+		return nil, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST")
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "body_too_large",
+				"the request body exceeds %d bytes", MaxBodyBytes)
+		}
+		return nil, badRequest("", "invalid_body", "reading the body: %v", err)
+	}
+	return b, nil
+}
+
+// decodeJSON parses one JSON value into v (400 on failure).
+func decodeJSON(b []byte, v any) *apiError {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(v); err != nil {
+		return badRequest("", "invalid_json", "could not parse the JSON body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return badRequest("", "invalid_json", "could not parse the JSON body: data after the JSON value")
+	}
+	return nil
+}
+
+type completionRequest struct {
+	genParams
+	Prompt json.RawMessage `json:"prompt"`
+	Echo   bool            `json:"echo"`
+}
+
+// prompt parses the "prompt" field: a string, or an array holding one
+// string, or an array of token ids, or an array holding one such array.
+func (s *Server) completionPrompt(raw json.RawMessage) ([]int32, *apiError) {
+	if len(raw) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return nil, badRequest("prompt", "missing_required_parameter", "prompt is required")
+	}
+	var text string
+	if err := json.Unmarshal(raw, &text); err == nil {
+		return s.tok.Tokenize(text, true, false), nil
+	}
+	var texts []string
+	if err := json.Unmarshal(raw, &texts); err == nil {
+		if len(texts) != 1 {
+			return nil, badRequest("prompt", "unsupported_value", "exactly one prompt per request is supported (got %d)", len(texts))
+		}
+		return s.tok.Tokenize(texts[0], true, false), nil
+	}
+	var ids []int64
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		var idss [][]int64
+		if err := json.Unmarshal(raw, &idss); err != nil {
+			return nil, badRequest("prompt", "invalid_type", "prompt must be a string, an array of strings or an array of token ids")
+		}
+		if len(idss) != 1 {
+			return nil, badRequest("prompt", "unsupported_value", "exactly one prompt per request is supported (got %d)", len(idss))
+		}
+		ids = idss[0]
+	}
+	out := make([]int32, len(ids))
+	for i, t := range ids {
+		if t < 0 || t >= int64(s.p.Vocab) {
+			return nil, badRequest("prompt", "invalid_value", "prompt token %d is %d, outside the vocabulary of %d", i, t, s.p.Vocab)
+		}
+		out[i] = int32(t)
+	}
+	return out, nil
+}
+
+// parseCompletion turns a /v1/completions body into a Job.
+func (s *Server) parseCompletion(body []byte) (Job, *genParams, *apiError) {
+	var req completionRequest
+	if e := decodeJSON(body, &req); e != nil {
+		return Job{}, nil, e
+	}
+	if req.Model != nil && *req.Model != "" && *req.Model != s.cfg.ModelID {
+		return Job{}, nil, s.unknownModel(*req.Model)
+	}
+	if req.Echo {
+		return Job{}, nil, badRequest("echo", "unsupported_value", "echo is not supported")
+	}
+	prompt, e := s.completionPrompt(req.Prompt)
+	if e != nil {
+		return Job{}, nil, e
+	}
+	j, e := s.job(&req.genParams, prompt, DefaultCompletionTokens)
+	if e != nil {
+		return Job{}, nil, e
+	}
+	return j, &req.genParams, nil
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r)
+	if e == nil {
+		var j Job
+		var p *genParams
+		if j, p, e = s.parseCompletion(body); e == nil {
+			s.run(w, r, j, p, false)
+			return
+		}
+	}
+	writeError(w, e)
+}
+
+// chatMessage is one entry of "messages": content is a string, null, or an
+// array of parts of which the "text" parts are concatenated.
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type chatRequest struct {
+	genParams
+	Messages []chatMessage `json:"messages"`
+}
+
+func messageText(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("content must be a string or an array of content parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("content part type %q is not supported (only text)", p.Type)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+// parseChat turns a /v1/chat/completions body into a Job.
+func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
+	var req chatRequest
+	if e := decodeJSON(body, &req); e != nil {
+		return Job{}, nil, e
+	}
+	if req.Model != nil && *req.Model != "" && *req.Model != s.cfg.ModelID {
+		return Job{}, nil, s.unknownModel(*req.Model)
+	}
+	if s.cfg.Chat == nil {
+		msg := "this model has no supported chat template"
+		if s.cfg.ChatErr != nil {
+			msg = s.cfg.ChatErr.Error()
+		}
+		return Job{}, nil, badRequest("messages", "unsupported_chat_template", "%s; use /v1/completions", msg)
+	}
+	if len(req.Messages) == 0 {
+		return Job{}, nil, badRequest("messages", "missing_required_parameter", "messages must be a non-empty array")
+	}
+	msgs := make([]Message, len(req.Messages))
+	for i, m := range req.Messages {
+		text, err := messageText(m.Content)
+		if err != nil {
+			return Job{}, nil, badRequest(fmt.Sprintf("messages[%d].content", i), "invalid_type", "%v", err)
+		}
+		msgs[i] = Message{Role: m.Role, Content: text}
+	}
+	prompt, err := s.cfg.Chat.Apply(msgs)
+	if err != nil {
+		return Job{}, nil, badRequest("messages", "invalid_value", "%v", err)
+	}
+	j, e := s.job(&req.genParams, prompt, 0)
+	if e != nil {
+		return Job{}, nil, e
+	}
+	return j, &req.genParams, nil
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r)
+	if e == nil {
+		var j Job
+		var p *genParams
+		if j, p, e = s.parseChat(body); e == nil {
+			s.run(w, r, j, p, true)
+			return
+		}
+	}
+	writeError(w, e)
+}
+
+// usage is the OpenAI usage object.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// submitError maps Submit's errors to API errors.
+func (s *Server) submitError(w http.ResponseWriter, err error) *apiError {
+	switch {
+	case errors.Is(err, ErrQueueFull):
+		secs := int(math.Ceil(s.cfg.RetryAfter.Seconds()))
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		return newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "queue_full",
+			"the server is at capacity (%v); retry after %d s", err, secs)
+	case errors.Is(err, ErrClosed):
+		return newAPIError(http.StatusServiceUnavailable, "server_error", "", "shutting_down", "the server is shutting down")
+	case errors.Is(err, ErrPrompt):
+		return badRequest("prompt", "invalid_value", "%v", err)
+	case errors.Is(err, ErrParams):
+		return badRequest("", "invalid_value", "%v", err)
+	}
+	return newAPIError(http.StatusInternalServerError, "server_error", "", "", "%v", err)
+}
+
+func finishError(d Delta) *apiError {
+	if errors.Is(d.Err, ErrClosed) {
+		return newAPIError(http.StatusServiceUnavailable, "server_error", "", "shutting_down", "the server is shutting down")
+	}
+	return newAPIError(http.StatusInternalServerError, "server_error", "", "", "generation failed: %v", d.Err)
+}
+
+// run submits j and writes the response: one JSON object, or server-sent
+// events when p.Stream. The request's context cancels the generation (a
+// client disconnect), as does an error writing the stream.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams, chat bool) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	st, err := s.Submit(ctx, j)
+	if err != nil {
+		writeError(w, s.submitError(w, err))
+		return
+	}
+	defer st.Cancel()
+	id, created := newID("cmpl-"), time.Now().Unix()
+	object := "text_completion"
+	if chat {
+		id, object = newID("chatcmpl-"), "chat.completion"
+	}
+	if !p.Stream {
+		var text strings.Builder
+		for {
+			d, err := st.Next(ctx)
+			if err != nil {
+				return // the client went away; Cancel runs
+			}
+			text.WriteString(d.Text)
+			if !d.Done {
+				continue
+			}
+			if d.Finish == FinishError || d.Finish == FinishCancelled {
+				writeError(w, finishError(d))
+				return
+			}
+			choice := map[string]any{"index": 0, "finish_reason": d.Finish, "logprobs": nil}
+			if chat {
+				choice["message"] = map[string]any{"role": "assistant", "content": text.String()}
+			} else {
+				choice["text"] = text.String()
+			}
+			writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created,
+				"model": s.cfg.ModelID, "choices": []any{choice},
+				"usage": usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}})
+			return
+		}
+	}
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	send := func(v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		var buf bytes.Buffer
+		buf.Grow(len(b) + 8)
+		buf.WriteString("data: ")
+		buf.Write(b)
+		buf.WriteString("\n\n")
+		if _, err := w.Write(buf.Bytes()); err != nil {
+			return false
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return true
+	}
+	chunkObject := object
+	if chat {
+		chunkObject = "chat.completion.chunk"
+	}
+	chunk := func(text string, finish any, first bool) map[string]any {
+		choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
+		if chat {
+			delta := map[string]any{}
+			if first {
+				delta["role"] = "assistant"
+			}
+			if text != "" || first {
+				delta["content"] = text
+			}
+			choice["delta"] = delta
+		} else {
+			choice["text"] = text
+		}
+		return map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.ModelID,
+			"choices": []any{choice}}
+	}
+	if chat && !send(chunk("", nil, true)) {
+		return
+	}
+	for {
+		d, err := st.Next(ctx)
+		if err != nil {
+			return
+		}
+		if d.Done && (d.Finish == FinishError || d.Finish == FinishCancelled) {
+			if d.Text != "" {
+				send(chunk(d.Text, nil, false))
+			}
+			send(map[string]any{"error": finishError(d)})
+			return
+		}
+		if d.Text != "" && !send(chunk(d.Text, nil, false)) {
+			return
+		}
+		if !d.Done {
+			continue
+		}
+		if !send(chunk("", d.Finish, false)) {
+			return
+		}
+		if p.StreamOptions != nil && p.StreamOptions.IncludeUsage {
+			u := usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}
+			if !send(map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.ModelID,
+				"choices": []any{}, "usage": u}) {
+				return
+			}
+		}
+		if _, err := w.Write([]byte("data: [DONE]\n\n")); err == nil && flusher != nil {
+			flusher.Flush()
+		}
+		return
+	}
+}

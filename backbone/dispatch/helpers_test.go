@@ -22,6 +22,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
@@ -270,9 +271,15 @@ func holdsLayers(layers ...int) func(l, e int) bool {
 // startWorker runs an in-process worker holding layers; cancel stops it.
 func (s *stack) startWorker(tb testing.TB, comp *fakeExperts, layers ...int) (*worker.Worker, context.CancelFunc) {
 	tb.Helper()
+	return s.startWorkerWith(tb, comp, holdings(s.model, layers...))
+}
+
+// startWorkerWith runs an in-process worker serving hs with comp.
+func (s *stack) startWorkerWith(tb testing.TB, comp expert.Computer, hs []wire.Holding) (*worker.Worker, context.CancelFunc) {
+	tb.Helper()
 	_, key, _ := ed25519.GenerateKey(nil)
 	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
-		Holdings: holdings(s.model, layers...), ModelID: s.model.ID, Backend: "fake", Threads: 1,
+		Holdings: hs, ModelID: s.model.ID, Backend: "fake", Threads: 1,
 		Logger: quiet, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	if err != nil {
 		tb.Fatal(err)

@@ -1,0 +1,109 @@
+package dispatch_test
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/worker"
+)
+
+const fixtures = "../../../shared/fixtures"
+
+func loadFixture(t *testing.T, name string) *model.Model {
+	t.Helper()
+	f, err := gguf.Open(filepath.Join(fixtures, name))
+	if err != nil {
+		t.Skipf("fixture %s: %v", name, err)
+	}
+	t.Cleanup(func() { f.Close() })
+	m, err := model.Load(f)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return m
+}
+
+// decode runs a greedy decode of prompt + steps tokens on m and returns the
+// logits of every step, concatenated.
+func decode(t *testing.T, m *model.Model, prompt []int32, steps int) ([]float32, []int32) {
+	t.Helper()
+	ctx := context.Background()
+	seq := m.NewSequence()
+	vocab := m.Params().Vocab
+	rows := make([]model.Row, len(prompt))
+	for i, tok := range prompt {
+		rows[i] = model.Row{Seq: seq, Token: tok, Pos: i, Logits: i == len(prompt)-1}
+	}
+	var all []float32
+	var toks []int32
+	logits := make([]float32, vocab)
+	for s := 0; s < steps; s++ {
+		if err := m.Forward(ctx, rows, logits); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, logits...)
+		tok := model.Greedy(logits)
+		toks = append(toks, tok)
+		rows = []model.Row{{Seq: seq, Token: tok, Pos: seq.Len(), Logits: true}}
+	}
+	return all, toks
+}
+
+// TestFixtureDecodeBitIdentical: the fixture models decoded with every MoE
+// layer served by two workers (layers 0,2 and 1,3) through gateway and hub
+// give the same greedy tokens and bit-identical logits as a local decode,
+// with no expert computed locally.
+func TestFixtureDecodeBitIdentical(t *testing.T) {
+	names := []string{"tiny-qwen3moe-Q8_0.gguf"}
+	if !testing.Short() {
+		names = append(names, "tiny-qwen3moe-F16.gguf", "tiny-qwen3moe-Q4_K_M.gguf")
+	}
+	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			ref := loadFixture(t, name)
+			p := ref.Params()
+			wantLogits, wantToks := decode(t, ref, prompt, 6)
+
+			bb := loadFixture(t, name)
+			local := bb.LocalExperts()
+			md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
+			s := newStack(t, md, 0, func(c *dispatch.Config) {
+				c.Fallback = local
+				c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
+			})
+			wl := loadFixture(t, name).LocalExperts() // the workers' own copy
+			s.startWorkerWith(t, wl, worker.HoldingsOf(wl, []int{0, 2}))
+			s.startWorkerWith(t, wl, worker.HoldingsOf(wl, []int{1, 3}))
+			s.waitWorkers(t, 2)
+			bb.SetExperts(s.disp)
+			gotLogits, gotToks := decode(t, bb, prompt, 6)
+			for i := range wantToks {
+				if gotToks[i] != wantToks[i] {
+					t.Fatalf("token %d: swarm %d, local %d", i, gotToks[i], wantToks[i])
+				}
+			}
+			for i := range wantLogits {
+				if math.Float32bits(gotLogits[i]) != math.Float32bits(wantLogits[i]) {
+					t.Fatalf("logit %d: swarm %v, local %v", i, gotLogits[i], wantLogits[i])
+				}
+			}
+			st := s.disp.Stats()
+			want := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
+			if st.ExpertsLocal != 0 || st.ExpertsRemote != want {
+				t.Fatalf("experts local %d remote %d, want 0 and %d", st.ExpertsLocal, st.ExpertsRemote, want)
+			}
+			for _, w := range st.Workers {
+				if w.Holdings != 2*p.Experts {
+					t.Fatalf("worker %s: %d holdings accepted, want %d (hash check)", w.ID[:8], w.Holdings, 2*p.Experts)
+				}
+			}
+			t.Logf("%s: tokens %v identical, %d expert outputs remote", name, gotToks, st.ExpertsRemote)
+		})
+	}
+}

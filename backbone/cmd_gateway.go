@@ -28,6 +28,7 @@ func runGateway(args []string) int {
 	selfOut := fs.String("self-signed-out", "", "write a self-signed pair (gateway.crt, gateway.key) to DIR and use it (tests, demo)")
 	hosts := fs.String("self-signed-hosts", "127.0.0.1,::1,localhost", "comma-separated names/IPs for --self-signed-out")
 	secretFile := fs.String("secret-file", "", "shared hub secret (hex); env KVASIR_HUB_SECRET_FILE; default as for hub")
+	credits := addCreditFlags(fs) // --wallets, --rate-nkvr-per-byte (cmd_ledger.go)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -54,8 +55,14 @@ func runGateway(args []string) int {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		return 1
 	}
+	extra, stopCredit, err := credits.start(context.Background(), *hubAddr, secret, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gateway: "+f+"\n", a...) })
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		return 1
+	}
+	defer stopCredit()
 	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}})
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Extra: extra})
 	if err == nil {
 		err = g.Start()
 	}

@@ -8,10 +8,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/credit"
+	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/wallet"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
@@ -169,4 +173,56 @@ type noSource struct{}
 
 func (noSource) Read(context.Context, int64, int) ([]ledger.Entry, error) {
 	return nil, errors.New("no ledger source")
+}
+
+// creditFlags are the gateway's crediting flags (--wallets,
+// --rate-nkvr-per-byte), registered by addCreditFlags.
+type creditFlags struct {
+	wallets *string
+	rate    *uint64
+	every   *time.Duration
+}
+
+// addCreditFlags registers the crediting flags on the gateway's flag set.
+func addCreditFlags(fs *flag.FlagSet) *creditFlags {
+	return &creditFlags{
+		wallets: fs.String("wallets", "", "SQLite wallets file: credit workers from the hub's ledger and serve /v1/wallet/ (\"\": no crediting)"),
+		rate:    fs.Uint64("rate-nkvr-per-byte", walletapi.DefaultRateNKVRPerByte, "price in nKVR per creditable byte (7 = 0.007 KVR per 10^6 bytes)"),
+		every:   fs.Duration("credit-every", time.Second, "how often to poll the hub's ledger"),
+	}
+}
+
+// start opens the wallets file and credits from the hub's ledger at hubAddr
+// ("host:port" or a URL) every --credit-every until ctx is done, signing
+// its ledger requests with the shared hub secret. It returns the handlers
+// to mount on the gateway (nil when --wallets is empty) and a function that
+// stops crediting and closes the file.
+func (c *creditFlags) start(ctx context.Context, hubAddr string, secret []byte, logf func(string, ...any)) (map[string]http.Handler, func(), error) {
+	if *c.wallets == "" {
+		return nil, func() {}, nil
+	}
+	base := hubAddr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	src := &ledger.Client{BaseURL: base, Sign: func(r *http.Request) error {
+		hub.SignGateway(r.Header, secret, "", time.Now())
+		return nil
+	}}
+	svc, err := credit.Open(credit.Config{Path: *c.wallets, Source: src, RateNKVRPerByte: *c.rate})
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = svc.Run(ctx, *c.every, logf)
+	}()
+	stop := func() {
+		cancel()
+		<-done
+		svc.Close()
+	}
+	return map[string]http.Handler{"/v1/wallet/": svc.Handler(credit.HandlerOptions{})}, stop, nil
 }

@@ -40,7 +40,7 @@ func q8_0Sums(w, a []byte, out []int32) {
 	genericQ8_0Sums(w, a, out)
 }
 
-func q8_0Dot(w, a []byte, nb int) float32        { return q8_0DotSums(q8_0Sums, w, a, nb) }
+func q8_0Dot(w, a []byte, nb int) float32        { return q8_0DotSums(w, a, nb) }
 func dotF16Lanes(w, a []byte, acc *[32]float32)  { genericDotF16Lanes(w, a, acc) }
 func dotBF16Lanes(w, a []byte, acc *[32]float32) { genericDotBF16Lanes(w, a, acc) }
 func q4KDot(w, a []byte, nb int) float32         { return genericQ4KDot(w, a, nb) }

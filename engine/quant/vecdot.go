@@ -198,14 +198,15 @@ const sumChunk = 64 // blocks per integer-sum kernel call
 
 func vecDotQ8_0(w, a []byte, nb int) float32 { return q8_0Dot(w, a, nb) }
 
-// q8_0DotSums is the Q8_0 x Q8_0 float part shared by every path: sums
-// supplies the exact per-block integer sums.
-func q8_0DotSums(sums func(w, a []byte, out []int32), w, a []byte, nb int) float32 {
+// q8_0DotSums is the Q8_0 x Q8_0 float part shared by every path; the exact
+// per-block integer sums come from q8_0Sums (NEON on arm64, else Go).
+// (Static calls only: a buffer passed to a func value would escape.)
+func q8_0DotSums(w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32
 	for b0 := 0; b0 < nb; b0 += sumChunk {
 		k := min(sumChunk, nb-b0)
-		sums(w[34*b0:34*(b0+k)], a[34*b0:34*(b0+k)], buf[:k])
+		q8_0Sums(w[34*b0:34*(b0+k)], a[34*b0:34*(b0+k)], buf[:k])
 		for j := range k {
 			i := 34 * (b0 + j)
 			d := fp16Table[le16(w[i:])] * fp16Table[le16(a[i:])]
@@ -215,7 +216,7 @@ func q8_0DotSums(sums func(w, a []byte, out []int32), w, a []byte, nb int) float
 	return sumf
 }
 
-func genericQ8_0Dot(w, a []byte, nb int) float32 { return q8_0DotSums(genericQ8_0Sums, w, a, nb) }
+func genericQ8_0Dot(w, a []byte, nb int) float32 { return q8_0DotSums(w, a, nb) }
 
 func genericQ8_0Sums(w, a []byte, out []int32) {
 	for b := range out {
@@ -327,14 +328,18 @@ func vecDotQ5K(w, a []byte, nb int) float32 { return q5KDot(w, a, nb) }
 // kDotSums is the Q4_K/Q5_K x Q8_K float part shared by every path (block
 // size bb: 144 or 176): per block sumf += d*isum, then sumf -= dmin*mins
 // term, with d = fp16 d_w * d_a and dmin = fp16 dmin_w * d_a
-// (ggml_vec_dot_q4_K_q8_K / _q5_K_q8_K). sums supplies the exact scaled
-// integer sums.
-func kDotSums(sums func(w, a []byte, out []int32), bb int, w, a []byte, nb int) float32 {
+// (ggml_vec_dot_q4_K_q8_K / _q5_K_q8_K). genericQ4KSums / genericQ5KSums
+// supply the exact scaled integer sums.
+func kDotSums(bb int, w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32
 	for b0 := 0; b0 < nb; b0 += sumChunk {
 		k := min(sumChunk, nb-b0)
-		sums(w[bb*b0:bb*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
+		if bb == 144 {
+			genericQ4KSums(w[bb*b0:bb*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
+		} else {
+			genericQ5KSums(w[bb*b0:bb*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
+		}
 		for j := range k {
 			x, y := w[bb*(b0+j):], a[292*(b0+j):]
 			dy := q8KD(y)
@@ -347,8 +352,8 @@ func kDotSums(sums func(w, a []byte, out []int32), bb int, w, a []byte, nb int) 
 	return sumf
 }
 
-func genericQ4KDot(w, a []byte, nb int) float32 { return kDotSums(genericQ4KSums, 144, w, a, nb) }
-func genericQ5KDot(w, a []byte, nb int) float32 { return kDotSums(genericQ5KSums, 176, w, a, nb) }
+func genericQ4KDot(w, a []byte, nb int) float32 { return kDotSums(144, w, a, nb) }
+func genericQ5KDot(w, a []byte, nb int) float32 { return kDotSums(176, w, a, nb) }
 
 func genericQ4KSums(w, a []byte, out []int32) {
 	for b := range out {
@@ -393,13 +398,14 @@ func genericQ5KSums(w, a []byte, out []int32) {
 func vecDotQ6K(w, a []byte, nb int) float32 { return q6KDot(w, a, nb) }
 
 // q6KDotSums is the Q6_K x Q8_K float part shared by every path: per block
-// sumf += (fp16 d_w * d_a) * isum (ggml_vec_dot_q6_K_q8_K).
-func q6KDotSums(sums func(w, a []byte, out []int32), w, a []byte, nb int) float32 {
+// sumf += (fp16 d_w * d_a) * isum (ggml_vec_dot_q6_K_q8_K), isum from
+// genericQ6KSums.
+func q6KDotSums(w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32
 	for b0 := 0; b0 < nb; b0 += sumChunk {
 		k := min(sumChunk, nb-b0)
-		sums(w[210*b0:210*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
+		genericQ6KSums(w[210*b0:210*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
 		for j := range k {
 			d := fp16Table[le16(w[210*(b0+j)+208:])] * q8KD(a[292*(b0+j):])
 			sumf += float32(d * float32(buf[j]))
@@ -408,7 +414,7 @@ func q6KDotSums(sums func(w, a []byte, out []int32), w, a []byte, nb int) float3
 	return sumf
 }
 
-func genericQ6KDot(w, a []byte, nb int) float32 { return q6KDotSums(genericQ6KSums, w, a, nb) }
+func genericQ6KDot(w, a []byte, nb int) float32 { return q6KDotSums(w, a, nb) }
 
 func genericQ6KSums(w, a []byte, out []int32) {
 	for b := range out {

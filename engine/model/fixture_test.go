@@ -55,19 +55,28 @@ func loadFixture(t testing.TB, name string) (*gguf.File, *Model) {
 	return f, m
 }
 
-// logitBound is this engine's measured error against llama.cpp per model:
-// the largest |logit diff| over the reference's top-32 ids of any row of any
-// prompt (logged as "all rows"), rounded up. Measured: F16 0.043, Q8_0 2.18,
-// Q4_K_M 2.32. The large Q8_0/Q4_K_M values come from a handful of rows where
-// a Q8 activation code lands on the other side of a rounding boundary than in
-// ggml's kernels (ACTIVATIONS.md: the float64 reference with the same
-// conversions shows the same rows, e.g. C prompt 0 row 0 = 0.228 in both);
-// rows without such a flip agree to ~1e-5 (Q4_K_M prompt 1). Every row must
-// stay within the bound, and a greedy step must equal llama.cpp's up to the
-// first step whose llama.cpp top-1/top-2 gap is below the bound or after a
-// row whose router K-th/(K+1)-th margin is below routerBound (our router
-// logits agree to ~1e-5 on rows without a flip; 1e-3 leaves 100x).
-var logitBound = map[string]float64{"tiny-qwen3moe-F16": 0.05, "tiny-qwen3moe-Q8_0": 2.5, "tiny-qwen3moe-Q4_K_M": 2.5}
+// logitBound is the error allowed against llama.cpp's top-32 logits at any
+// row, per model. It is the float64 reference's measured end-to-end error
+// when it applies ggml's activation conversions (ACTIVATIONS.md: max |diff|
+// A 0.0525, B 2.18, C 4.70), plus 10%: an engine that follows ggml's
+// conversions in float32 can match llama.cpp only that well, because its
+// float32 sums differ from ggml's kernels in the last bits and now and then
+// put a Q8 activation code (or F16 activation) on the other side of a
+// rounding boundary; that row and, via the KV cache, later rows then move by
+// up to a few logits (rows without such a flip agree to ~1e-5 on Q8_0 and
+// Q4_K_M). This engine measures F16 0.043, Q8_0 2.18, Q4_K_M 4.69 (logged as
+// "over all rows").
+//
+// Greedy tokens must equal llama.cpp's up to the first step whose llama.cpp
+// top-1/top-2 gap is below logitBound, or that follows a row whose router
+// K-th/(K+1)-th margin is below routerBound (router logits agree to ~1e-5
+// on rows without a flip; 1e-3 leaves 100x). Beyond that, teacher-forced
+// argmax over all 64 generation rows must agree at least as often as the
+// float64 reference's did (minArgmax; ACTIVATIONS.md: 64, 63, 63).
+var (
+	logitBound = map[string]float64{"tiny-qwen3moe-F16": 0.058, "tiny-qwen3moe-Q8_0": 2.4, "tiny-qwen3moe-Q4_K_M": 5.2}
+	minArgmax  = map[string]int{"tiny-qwen3moe-F16": 64, "tiny-qwen3moe-Q8_0": 63, "tiny-qwen3moe-Q4_K_M": 63}
+)
 
 const routerBound = 1e-3
 
@@ -91,20 +100,26 @@ func TestFixtures(t *testing.T) {
 			if m.Params().Vocab != ref.NVocab {
 				t.Fatalf("vocab %d, want %d", m.Params().Vocab, ref.NVocab)
 			}
+			argmax := 0
 			for pi, p := range ref.Prompts {
 				ids := tok.Tokenize(p.Prompt, true, false)
 				if !equalIDs(ids, p.PromptTokens) {
 					t.Errorf("prompt %d: tokens %v, want %v", pi, ids, p.PromptTokens)
 				}
-				checkPrompt(t, m, name, pi, p.PromptTokens, p.GenTokens, ref.NVocab, p.Rows)
+				argmax += checkPrompt(t, m, name, pi, p.PromptTokens, p.GenTokens, ref.NVocab, p.Rows)
+			}
+			t.Logf("%s: teacher-forced argmax equal to llama.cpp's token at %d of %d generation rows", name, argmax, 16*len(ref.Prompts))
+			if argmax < minArgmax[name] {
+				t.Errorf("%s: argmax agrees at %d generation rows, want >= %d", name, argmax, minArgmax[name])
 			}
 		})
 	}
 }
 
 // checkPrompt feeds llama.cpp's sequence (prompt in one batch, then each
-// generated token singly, as the reference did) and compares every row.
-func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int32, vocab int, rows []refRow) {
+// generated token singly, as the reference did) and compares every row. It
+// returns at how many generation rows our argmax is llama.cpp's next token.
+func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int32, vocab int, rows []refRow) int {
 	seq := m.NewSequence()
 	np := len(prompt)
 	all := make([]float32, (np+len(gen))*vocab)
@@ -125,7 +140,7 @@ func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int3
 	bound := logitBound[name]
 	var cleanMax, allMax float64
 	minCos := 1.0
-	matched := 0
+	matched, argmax := 0, 0
 	for i, r := range rows {
 		lg := all[i*vocab : (i+1)*vocab]
 		var diff, dot, na, nb float64
@@ -150,6 +165,9 @@ func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int3
 		if r.IsGen {
 			s := i - (np - 1)
 			got := Greedy(lg)
+			if got == gen[s] {
+				argmax++
+			}
 			if got == gen[s] && matched == s {
 				matched++
 			} else if got != gen[s] && !fragile && r.Gap > bound && matched == s {
@@ -165,6 +183,7 @@ func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int3
 	if name == "tiny-qwen3moe-F16" && pi == 0 {
 		checkFullLogits(t, all, vocab)
 	}
+	return argmax
 }
 
 // checkFullLogits compares model A prompt 0 with llama.cpp's full logits

@@ -19,8 +19,10 @@ type Sequence struct {
 	n       int // positions filled: 0..n-1
 	pending int // scratch for Forward's validation
 	capPos  int
-	// k[l], v[l]: layer l's cache, capPos x HeadsKV x HeadDim(V) float32,
-	// position-major.
+	// k[l]: layer l's keys, capPos x HeadsKV*HeadDim float32, position-major.
+	// v[l]: layer l's values transposed, HeadsKV*HeadDimV x capPos (channel-
+	// major, as llama.cpp stores V without flash attention), so each output
+	// element of softmax(.) V is one contiguous dot product over positions.
 	k, v [][]float32
 }
 
@@ -56,7 +58,9 @@ func (s *Sequence) reserve(need int) {
 		copy(k, s.k[l][:s.n*kd])
 		s.k[l] = k
 		v := make([]float32, c*vd)
-		copy(v, s.v[l][:s.n*vd])
+		for ch := range vd {
+			copy(v[ch*c:ch*c+s.n], s.v[l][ch*s.capPos:ch*s.capPos+s.n])
+		}
 		s.v[l] = v
 	}
 	s.capPos = c
@@ -243,7 +247,10 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 			rmsNorm(kc[h*hd:(h+1)*hd], x, b.AttnKNorm, p.NormEps)
 			ropeNeox(kc[h*hd:(h+1)*hd], c, s)
 		}
-		copy(seq.v[il][pos*vd:(pos+1)*vd], ws.v[i*vd:(i+1)*vd])
+		vt, cp := seq.v[il], seq.capPos
+		for ch, x := range ws.v[i*vd : (i+1)*vd] {
+			vt[ch*cp+pos] = x
+		}
 	}
 	m.attention(il, rows)
 
@@ -333,7 +340,9 @@ func (m *Model) project(x []float32, n int, w *Weight, y []float32) error {
 // attention computes ws.att (rows x Heads*HeadDimV) from ws.q and the
 // sequences' caches for layer il: per head, scores q.k_t * 1/sqrt(HeadDim)
 // over positions t <= pos (causal), softmax as ggml_soft_max_ext (max
-// subtracted, float64 sum, scaled by float32(1/sum)), then sum_t p_t v_t.
+// subtracted, float64 sum, scaled by float32(1/sum)), then each output
+// element sum_t p_t v_t as one quant.DotF32 over positions (ggml_mul_mat of
+// the transposed V cache with the probabilities).
 // Query head h reads KV head h / (Heads/HeadsKV) (GQA as ggml_mul_mat
 // broadcasts).
 func (m *Model) attention(il int, rows []Row) {
@@ -372,15 +381,14 @@ func (m *Model) attention(il int, rows []Row) {
 			sum += float64(e)
 		}
 		inv := float32(1 / sum)
+		for t := range sc {
+			sc[t] *= inv
+		}
 		out := ws.att[i*ad+h*hdv : i*ad+(h+1)*hdv]
-		clear(out)
-		for t, e := range sc {
-			pt := e * inv
-			off := (t*p.HeadsKV + kvh) * hdv
-			v := vc[off : off+hdv]
-			for j := range out {
-				out[j] += float32(pt * v[j])
-			}
+		cp := seq.capPos
+		for j := range out {
+			off := (kvh*hdv + j) * cp
+			out[j] = quant.DotF32(sc, vc[off:off+len(sc)])
 		}
 	})
 }

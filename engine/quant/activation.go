@@ -37,6 +37,8 @@ func ActivationBytes(weight Type, n int) (int, error) {
 //     first element of largest |x|, s = -127/m, q = min(127, nearest_int(s*x)),
 //     d = 1/s stored as float32, bsums = sums of 16 codes.
 //
+// Finite inputs give ggml's bits; for NaN inputs the Q8 scales may differ
+// (ggml's vector max is lane-order dependent), never the error behaviour.
 // Errors: as ActivationBytes, and ErrSize when len(dst) is wrong.
 func ConvertActivation(weight Type, x []float32, dst []byte) error {
 	want, err := ActivationBytes(weight, len(x))
@@ -101,8 +103,8 @@ func cvtRoundEven(v float32) int8 {
 func quantizeQ8Block(x []float32, dst []byte, withSum bool) {
 	var amax float32
 	for _, v := range x {
-		// _mm256_max_ps(a, b) returns b when either is NaN; the running
-		// maximum is the second operand in ggml, so a NaN input is skipped.
+		// A NaN is skipped here; ggml's _mm256_max_ps tree gives a
+		// lane-order-dependent amax instead (NaN inputs are not mirrored).
 		a := float32(math.Abs(float64(v)))
 		if a > amax {
 			amax = a

@@ -125,9 +125,12 @@ func TestFixtureQuantization(t *testing.T) {
 		if err := Dequantize(tq, qb, y); err != nil {
 			t.Fatalf("%s %s: %v", c.file, c.name, err)
 		}
-		for i, v := range y {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+		for i := range y {
+			if v := float64(y[i]); math.IsNaN(v) || math.IsInf(v, 0) {
 				t.Fatalf("%s %s: element %d = %v", c.file, c.name, i, v)
+			}
+			if v := float64(x[i]); math.IsNaN(v) || math.IsInf(v, 0) {
+				t.Fatalf("%s %s: element %d = %v", fileA, c.name, i, v)
 			}
 		}
 		e := rmsRel(x, y)

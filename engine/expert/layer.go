@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
@@ -136,4 +137,29 @@ func (l *Layer) ExpertBytes() int {
 		return 0
 	}
 	return (g+u)*l.DFF + d*l.DModel
+}
+
+// FromGGUF returns layer blk's experts as views into f (tensors
+// blk.N.ffn_{gate,up,down}_exps.weight), with shapes taken from the tensors:
+// gate and up ne = [DModel, DFF, NExpert], down ne = [DFF, DModel, NExpert].
+// f must stay open while the Layer is used. Errors wrap gguf.ErrNoTensor,
+// ErrShape or ErrType.
+func FromGGUF(f *gguf.File, blk int) (*Layer, error) {
+	var ts [3]gguf.Tensor
+	for i, n := range []string{"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"} {
+		t, err := f.Tensor(fmt.Sprintf("blk.%d.%s.weight", blk, n))
+		if err != nil {
+			return nil, err
+		}
+		if len(t.Dims) != 3 || t.Dims[0] > 1<<30 || t.Dims[1] > 1<<30 || t.Dims[2] > 1<<20 {
+			return nil, fmt.Errorf("%w: %s has ne %v, want 3 dimensions", ErrShape, t.Name, t.Dims)
+		}
+		ts[i] = t
+	}
+	d, dff, ne := ts[0].Dims[0], ts[0].Dims[1], ts[0].Dims[2]
+	if ts[1].Dims[0] != d || ts[1].Dims[1] != dff || ts[1].Dims[2] != ne ||
+		ts[2].Dims[0] != dff || ts[2].Dims[1] != d || ts[2].Dims[2] != ne {
+		return nil, fmt.Errorf("%w: blk.%d expert tensors ne %v, %v, %v disagree", ErrShape, blk, ts[0].Dims, ts[1].Dims, ts[2].Dims)
+	}
+	return StackedLayer(int(ne), int(d), int(dff), ts[0].Type, ts[0].Data, ts[1].Type, ts[1].Data, ts[2].Type, ts[2].Data)
 }

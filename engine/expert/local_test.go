@@ -310,17 +310,12 @@ func relErr(got []float32, want []float64, d int) float64 {
 
 func fixtureLayer(t *testing.T, f *gguf.File, layer int) *Layer {
 	t.Helper()
-	var ts [3]gguf.Tensor
-	for i, n := range []string{"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"} {
-		var err error
-		if ts[i], err = f.Tensor("blk." + string(rune('0'+layer)) + "." + n + ".weight"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l, err := StackedLayer(int(ts[0].Dims[2]), int(ts[0].Dims[0]), int(ts[0].Dims[1]),
-		ts[0].Type, ts[0].Data, ts[1].Type, ts[1].Data, ts[2].Type, ts[2].Data)
+	l, err := FromGGUF(f, layer)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if l.NExpert != 16 || l.DModel != 256 || l.DFF != 256 {
+		t.Fatalf("fixture layer %d: %d experts, d %d, ffn %d", layer, l.NExpert, l.DModel, l.DFF)
 	}
 	return l
 }

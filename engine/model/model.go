@@ -118,17 +118,15 @@ func Load(f *gguf.File) (*Model, error) {
 				return nil, err
 			}
 		}
-		var ts [3]gguf.Tensor
-		for j, s := range []struct {
+		for _, s := range []struct {
 			name       string
 			cols, rows int
 		}{{"ffn_gate_exps", p.Embd, p.ExpertFF}, {"ffn_up_exps", p.Embd, p.ExpertFF}, {"ffn_down_exps", p.ExpertFF, p.Embd}} {
-			if ts[j], err = tensor(f, n(s.name), uint64(s.cols), uint64(s.rows), uint64(p.Experts)); err != nil {
+			if _, err = tensor(f, n(s.name), uint64(s.cols), uint64(s.rows), uint64(p.Experts)); err != nil {
 				return nil, err
 			}
 		}
-		b.Experts, err = expert.StackedLayer(p.Experts, p.Embd, p.ExpertFF, ts[0].Type, ts[0].Data, ts[1].Type, ts[1].Data, ts[2].Type, ts[2].Data)
-		if err != nil {
+		if b.Experts, err = expert.FromGGUF(f, i); err != nil {
 			return nil, fmt.Errorf("%w: blk.%d experts: %v", ErrTensor, i, err)
 		}
 		layers[i] = b.Experts

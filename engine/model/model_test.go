@@ -175,6 +175,11 @@ func TestSetExperts(t *testing.T) {
 	}
 	m.SetExperts(nil)
 	sameBits(t, "local again", run(t, m, testTokens, 4), ref)
+	cctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := m.Forward(cctx, []Row{{Seq: seq, Token: 1}}, nil); !errors.Is(err, context.Canceled) || seq.Len() != 0 {
+		t.Errorf("cancelled context: err %v, len %d", err, seq.Len())
+	}
 }
 
 func TestForwardErrors(t *testing.T) {

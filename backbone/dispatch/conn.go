@@ -30,7 +30,7 @@ type conn struct {
 	mu      sync.Mutex
 	pending map[uint64]*job
 	expired map[uint64]time.Time // requests given up on; their RESULTs are late, not unknown
-	rtts    [128]time.Duration   // ring of recent request round trips
+	rtts    [128]sample // ring of recent requests' round trips and sizes
 	nrtt    int
 	closed  bool
 	reason  string
@@ -165,7 +165,7 @@ func (c *conn) handle(msg []byte) string {
 			j.done <- reply{err: fmt.Errorf("result has %d rows, want %d", f.M, len(j.pairs))}
 			return fmt.Sprintf("RESULT for request %d has %d rows, want %d", f.Request, f.M, len(j.pairs))
 		}
-		c.addRTT(now.Sub(j.sent))
+		c.addRTT(now.Sub(j.sent), j.bytes+len(msg))
 		c.results.Add(1)
 		c.rows.Add(uint64(j.nrows))
 		c.pairs.Add(uint64(f.M))
@@ -231,40 +231,79 @@ func (c *conn) take(req uint64, expire bool) *job {
 	return j
 }
 
-func (c *conn) addRTT(d time.Duration) {
+// sample is one answered request: its round trip and its DISPATCH + RESULT
+// bytes.
+type sample struct {
+	dur   time.Duration
+	bytes int
+}
+
+func (c *conn) addRTT(d time.Duration, bytes int) {
 	c.mu.Lock()
-	c.rtts[c.nrtt%len(c.rtts)] = d
+	c.rtts[c.nrtt%len(c.rtts)] = sample{d, bytes}
 	c.nrtt++
 	c.mu.Unlock()
 }
 
-// quantiles returns the q-quantiles (nearest rank) of the recent RTTs and
-// the sample count.
-func (c *conn) quantiles(qs ...float64) ([]time.Duration, int) {
+func (c *conn) samples() []sample {
 	c.mu.Lock()
-	n := min(c.nrtt, len(c.rtts))
-	s := append([]time.Duration(nil), c.rtts[:n]...)
-	c.mu.Unlock()
-	out := make([]time.Duration, len(qs))
-	if n == 0 {
-		return out, 0
-	}
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	for i, q := range qs {
-		r := int(math.Ceil(q*float64(n))) - 1
-		out[i] = s[max(0, min(r, n-1))]
-	}
-	return out, n
+	defer c.mu.Unlock()
+	return append([]sample(nil), c.rtts[:min(c.nrtt, len(c.rtts))]...)
 }
 
-// deadline is 3 x p99 of the recent round trips + margin, within
-// [MinDeadline, MaxDeadline]; MaxDeadline until 4 samples exist.
-func (c *conn) deadline(cfg Config) time.Duration {
-	q, n := c.quantiles(0.99)
-	if n < 4 {
+// quantile returns the q-quantile (nearest rank) of v, sorting v.
+func quantile[T int64 | float64](v []T, q float64) T {
+	if len(v) == 0 {
+		return 0
+	}
+	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+	r := int(math.Ceil(q*float64(len(v)))) - 1
+	return v[max(0, min(r, len(v)-1))]
+}
+
+// quantiles returns the q-quantiles of the recent round trips and the
+// sample count.
+func (c *conn) quantiles(qs ...float64) ([]time.Duration, int) {
+	ss := c.samples()
+	v := make([]int64, len(ss))
+	for i, s := range ss {
+		v[i] = int64(s.dur)
+	}
+	out := make([]time.Duration, len(qs))
+	for i, q := range qs {
+		out[i] = time.Duration(quantile(v, q))
+	}
+	return out, len(ss)
+}
+
+// deadline returns the time to wait for a request of the given bytes
+// (DISPATCH + expected RESULT). It models a round trip as latency + bytes /
+// throughput from the recent samples: bw is the median effective throughput
+// bytes/dur of the samples (a lower bound of the link's bandwidth, since dur
+// includes latency and compute), the latency of a sample is what remains of
+// dur after bytes/bw (at least 0), and
+//
+//	deadline = 3 x p99(latency) + margin + 2 x bytes / bw
+//
+// bounded by [MinDeadline, MaxDeadline]; MaxDeadline until 4 samples exist.
+// Erring long only delays the recovery from a failed worker; erring short
+// recomputes locally work a slow but healthy worker would have delivered.
+func (c *conn) deadline(cfg Config, bytes int) time.Duration {
+	ss := c.samples()
+	if len(ss) < 4 {
 		return cfg.MaxDeadline
 	}
-	return max(cfg.MinDeadline, min(cfg.MaxDeadline, 3*q[0]+cfg.DeadlineMargin))
+	rates := make([]float64, len(ss))
+	for i, s := range ss {
+		rates[i] = float64(s.bytes) / max(s.dur.Seconds(), 1e-6)
+	}
+	bw := quantile(rates, 0.5)
+	lat := make([]int64, len(ss))
+	for i, s := range ss {
+		lat[i] = max(0, int64(s.dur)-int64(float64(s.bytes)/bw*1e9))
+	}
+	d := 3*time.Duration(quantile(lat, 0.99)) + cfg.DeadlineMargin + time.Duration(2*float64(bytes)/bw*1e9)
+	return max(cfg.MinDeadline, min(cfg.MaxDeadline, d))
 }
 
 // sendData writes one worker message as a LinkData frame.

@@ -224,6 +224,7 @@ type job struct {
 	c     *conn
 	req   uint64
 	nrows int         // distinct rows in the DISPATCH
+	bytes int         // DISPATCH message bytes
 	pairs []pair      // in row-major (row, slot) order = RESULT order
 	done  chan reply  // receives exactly one reply once the request leaves pending
 	sent  time.Time   // when the DISPATCH was written
@@ -349,7 +350,8 @@ func (d *Dispatcher) send(j *job, layer int, hidden []float32, ids []int32, k in
 			msg = append(msg, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
 		}
 	}
-	deadline := j.c.deadline(d.cfg)
+	j.bytes = len(msg)
+	deadline := j.c.deadline(d.cfg, len(msg)+wire.ResultSize(len(j.pairs), D))
 	j.nrows = len(rows)
 	j.sent = time.Now()
 	j.timer = time.NewTimer(deadline)

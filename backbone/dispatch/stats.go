@@ -23,7 +23,7 @@ type WorkerStats struct {
 	BytesOut       uint64    // backbone -> worker message bytes
 	RTTp50ms       float64   // median round trip of recent requests, ms
 	RTTp99ms       float64   // 99th percentile round trip, ms
-	DeadlineMs     float64   // current per-request deadline, ms
+	DeadlineMs     float64   // current deadline of a request of 0 bytes (the latency part), ms
 }
 
 // Stats is a snapshot of the dispatcher.
@@ -45,7 +45,7 @@ func (c *conn) stats() WorkerStats {
 		Backend: c.hello.Backend, Threads: int(c.hello.Threads), Holdings: len(c.holds), ConnectedSince: c.since,
 		Requests: c.reqsSent.Load(), Results: c.results.Load(), Rows: c.rows.Load(), Pairs: c.pairs.Load(),
 		Timeouts: c.timeouts.Load(), Late: c.late.Load(), BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(),
-		RTTp50ms: ms(q[0]), RTTp99ms: ms(q[1]), DeadlineMs: ms(c.deadline(c.d.cfg))}
+		RTTp50ms: ms(q[0]), RTTp99ms: ms(q[1]), DeadlineMs: ms(c.deadline(c.d.cfg, 0))}
 }
 
 // Stats returns counters and per-worker statistics: connected sessions

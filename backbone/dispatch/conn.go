@@ -283,7 +283,7 @@ func (c *conn) quantiles(qs ...float64) ([]time.Duration, int) {
 // includes latency and compute), the latency of a sample is what remains of
 // dur after bytes/bw (at least 0), and
 //
-//	deadline = 3 x p99(latency) + margin + 2 x bytes / bw
+//	deadline = 3 x p99(latency) + margin + 4 x bytes / bw
 //
 // bounded by [MinDeadline, MaxDeadline]; MaxDeadline until 4 samples exist.
 // Erring long only delays the recovery from a failed worker; erring short
@@ -302,7 +302,7 @@ func (c *conn) deadline(cfg Config, bytes int) time.Duration {
 	for i, s := range ss {
 		lat[i] = max(0, int64(s.dur)-int64(float64(s.bytes)/bw*1e9))
 	}
-	d := 3*time.Duration(quantile(lat, 0.99)) + cfg.DeadlineMargin + time.Duration(2*float64(bytes)/bw*1e9)
+	d := 3*time.Duration(quantile(lat, 0.99)) + cfg.DeadlineMargin + time.Duration(4*float64(bytes)/bw*1e9)
 	return max(cfg.MinDeadline, min(cfg.MaxDeadline, d))
 }
 

@@ -23,9 +23,9 @@ func TestDeadline(t *testing.T) {
 	if d := c.deadline(cfg, 0); d != 320*time.Millisecond {
 		t.Fatalf("deadline(0) = %v, want 320ms", d)
 	}
-	// bytes 2e6: 320 ms + 2*2e6/10e6 s = 320 + 400 = 720 ms.
-	if d := c.deadline(cfg, 2_000_000); d != 720*time.Millisecond {
-		t.Fatalf("deadline(2e6) = %v, want 720ms", d)
+	// bytes 2e6: 320 ms + 4*2e6/10e6 s = 320 + 800 = 1120 ms.
+	if d := c.deadline(cfg, 2_000_000); d != 1120*time.Millisecond {
+		t.Fatalf("deadline(2e6) = %v, want 1120ms", d)
 	}
 	// Bounded above.
 	if d := c.deadline(cfg, 1e12); d != cfg.MaxDeadline {

@@ -15,6 +15,7 @@ package hub
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -259,9 +260,10 @@ func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link ne
 	reasons := make(chan string, 2)
 	// worker -> backbone
 	go func() {
+		var buf bytes.Buffer // reused: grows once to the largest message
 		for {
 			rctx, rcancel := context.WithTimeout(ctx, h.cfg.IdleTimeout)
-			typ, msg, err := c.Read(rctx)
+			typ, msg, err := readInto(rctx, c, &buf)
 			rcancel()
 			if err != nil {
 				var ce websocket.CloseError
@@ -507,4 +509,18 @@ func short(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// readInto reads one message into buf (reset first) and returns its bytes,
+// valid until the next call.
+func readInto(ctx context.Context, c *websocket.Conn, buf *bytes.Buffer) (websocket.MessageType, []byte, error) {
+	typ, r, err := c.Reader(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	buf.Reset()
+	if _, err := buf.ReadFrom(r); err != nil {
+		return 0, nil, err
+	}
+	return typ, buf.Bytes(), nil
 }

@@ -82,6 +82,22 @@ func loadSpec(tb testing.TB, mod func(*modelgen.Spec)) (*model.Model, *tokenizer
 	return m, tok
 }
 
+// fixtureTokenizer loads the fixtures' GPT-2 tokenizer (model B), skipping
+// when the fixtures are absent.
+func fixtureTokenizer(tb testing.TB) *tokenizer.Tokenizer {
+	tb.Helper()
+	f, err := gguf.Open("../../../shared/fixtures/tiny-qwen3moe-Q8_0.gguf")
+	if err != nil {
+		tb.Skipf("fixtures not available: %v", err)
+	}
+	tb.Cleanup(func() { f.Close() })
+	tok, err := tokenizer.FromGGUF(f)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tok
+}
+
 var errInjected = errors.New("injected expert failure")
 
 // failingExperts fails every call while on is set.

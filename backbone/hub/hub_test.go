@@ -1,0 +1,100 @@
+package hub
+
+import (
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestCheckListenAddr(t *testing.T) {
+	for _, c := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"127.0.0.1:7001", true},
+		{"[::1]:7001", true},
+		{"10.1.2.3:7001", true},
+		{"192.168.0.5:80", true},
+		{"172.16.0.1:80", true},
+		{"[fd00::1]:7001", true},
+		{"169.254.1.1:7001", true},
+		{"localhost:7001", true},
+		{":7001", false},
+		{"0.0.0.0:7001", false},
+		{"[::]:7001", false},
+		{"8.8.8.8:7001", false},
+		{"172.32.0.1:80", false},
+		{"[2001:db8::1]:7001", false},
+	} {
+		err := CheckListenAddr(c.addr, false)
+		if (err == nil) != c.ok || (err != nil && !c.ok && !errors.Is(err, ErrPublic)) {
+			t.Errorf("%s: err %v, want ok=%v", c.addr, err, c.ok)
+		}
+		if CheckListenAddr(c.addr, true) != nil {
+			t.Errorf("%s refused with allowPublic", c.addr)
+		}
+	}
+	if _, err := New(Config{Listen: "0.0.0.0:0", Backbone: "127.0.0.1:1", Secret: make([]byte, 32)}); !errors.Is(err, ErrPublic) {
+		t.Fatalf("New on 0.0.0.0: %v", err)
+	}
+	if _, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: make([]byte, 8)}); !errors.Is(err, ErrNoSecret) {
+		t.Fatalf("short secret: %v", err)
+	}
+}
+
+func TestGatewayAuth(t *testing.T) {
+	secret := []byte("0123456789abcdef")
+	now := time.Now()
+	req := func(h http.Header) *http.Request { return &http.Request{Header: h} }
+	h := http.Header{}
+	SignGateway(h, secret, "abcd", now)
+	if !Authorized(req(h), secret) {
+		t.Fatal("valid MAC refused")
+	}
+	if Authorized(req(h), []byte("another secret!!")) {
+		t.Fatal("wrong secret accepted")
+	}
+	forged := h.Clone()
+	forged.Set(HeaderWorker, "abce")
+	if Authorized(req(forged), secret) {
+		t.Fatal("changed worker accepted")
+	}
+	old := http.Header{}
+	SignGateway(old, secret, "abcd", now.Add(-2*time.Minute))
+	if Authorized(req(old), secret) {
+		t.Fatal("stale MAC accepted")
+	}
+	if Authorized(req(http.Header{}), secret) || Authorized(req(h), nil) {
+		t.Fatal("missing headers or secret accepted")
+	}
+	var c nonceCache
+	if !c.add("n", now, now.Add(time.Minute)) || c.add("n", now.Add(time.Second), now.Add(time.Minute)) {
+		t.Fatal("replay not detected")
+	}
+	if !c.add("n", now.Add(2*time.Minute), now.Add(3*time.Minute)) {
+		t.Fatal("expired nonce still remembered")
+	}
+}
+
+func TestLoadOrCreateSecret(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "d", "secret")
+	s1, err := LoadOrCreateSecret(p)
+	if err != nil || len(s1) != 32 {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(p)
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", st.Mode().Perm())
+	}
+	s2, err := LoadOrCreateSecret(p)
+	if err != nil || string(s1) != string(s2) {
+		t.Fatal("secret not stable")
+	}
+	_ = os.WriteFile(p, []byte("abcd\n"), 0o600)
+	if _, err := LoadOrCreateSecret(p); !errors.Is(err, ErrNoSecret) {
+		t.Fatalf("short secret file: %v", err)
+	}
+}

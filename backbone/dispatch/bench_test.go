@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
 // BenchmarkDispatchRTT13ms measures the dispatcher's per-token throughput
@@ -51,3 +55,52 @@ var benchDelay = func() time.Duration {
 	}
 	return 6500 * time.Microsecond
 }()
+
+// BenchmarkFixtureDecode compares greedy decode speed of the tiny Q8_0
+// fixture locally and with layer 0's experts on a worker behind the gateway
+// with the injected 13 ms round trip (one round trip per token).
+func BenchmarkFixtureDecode(b *testing.B) {
+	const name = "tiny-qwen3moe-Q8_0.gguf"
+	load := func() *model.Model {
+		f, err := gguf.Open(filepath.Join(fixtures, name))
+		if err != nil {
+			b.Skipf("fixture: %v", err)
+		}
+		b.Cleanup(func() { f.Close() })
+		m, err := model.Load(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return m
+	}
+	step := func(b *testing.B, m *model.Model) {
+		ctx := context.Background()
+		seq := m.NewSequence()
+		logits := make([]float32, m.Params().Vocab)
+		tok := int32(9707)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if seq.Len() >= 512 {
+				seq = m.NewSequence()
+			}
+			if err := m.Forward(ctx, []model.Row{{Seq: seq, Token: tok, Pos: seq.Len(), Logits: true}}, logits); err != nil {
+				b.Fatal(err)
+			}
+			tok = model.Greedy(logits)
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+	}
+	b.Run("local", func(b *testing.B) { step(b, load()) })
+	b.Run("swarm-layer0-gateway-13ms", func(b *testing.B) {
+		bb := load()
+		p := bb.Params()
+		local := bb.LocalExperts()
+		s := newStack(b, dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts},
+			benchDelay, func(c *dispatch.Config) { c.Fallback = local })
+		wl := load().LocalExperts()
+		s.startWorkerWith(b, wl, worker.HoldingsOf(wl, []int{0}))
+		s.waitWorkers(b, 1)
+		bb.SetExperts(s.disp)
+		step(b, bb)
+	})
+}

@@ -74,9 +74,9 @@ const DefaultAlignment = 32
 // must be an unsigned integer power of two, at most MaxAlignment.
 const KeyAlignment = "general.alignment"
 
-// MaxAlignment is the largest general.alignment accepted, 1 GiB (a sanity
-// bound; ggml stores it as uint32).
-const MaxAlignment = 1 << 30
+// MaxAlignment is the largest general.alignment accepted, 64 KiB (the
+// largest page size in use; a sanity bound so that padding stays small).
+const MaxAlignment = 1 << 16
 
 // MaxNameBytes is the longest tensor name read or written, 63 bytes
 // (GGML_MAX_NAME = 64 including the NUL, ggml.h; gguf.cpp refuses longer).

@@ -433,10 +433,6 @@ func TestWriterErrors(t *testing.T) {
 	}
 }
 
-type io_discard struct{}
-
-func (io_discard) Write(p []byte) (int, error) { return len(p), nil }
-
 // TestOpenClose writes a file with WriteFile, maps it with Open, and checks
 // views, Close and errors after Close.
 func TestOpenClose(t *testing.T) {

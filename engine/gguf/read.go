@@ -24,10 +24,16 @@ const (
 // ErrTensorBounds or ErrMalformed, and say what was being read at which byte
 // offset. Checks (as ggml/src/gguf.cpp gguf_init_from_file_impl, plus
 // bounds against the file size): every count, string length and array
-// length fits in the bytes left; tensor dims fit in int64 and their product
-// does not overflow; the tensor type is known and ne[0] is a multiple of its
-// block size; offsets are multiples of the alignment; every tensor lies
-// inside the file; keys and tensor names are unique.
+// length fits in the bytes left (the header's counts too, at the smallest
+// encoded size of a KV or tensor info); arrays nest at most 32 deep; bools
+// are 0 or 1; general.alignment is an unsigned power of two <= MaxAlignment;
+// a tensor has at most MaxDims dims that fit in int64 and whose product (and
+// byte size) does not overflow int64; its name is at most MaxNameBytes; its
+// type is Known and ne[0] a multiple of the block size; its offset is a
+// multiple of the alignment; keys and tensor names are unique; every tensor
+// lies inside data. A tensor past the end of data yields an error matching
+// both ErrTensorBounds and ErrTruncated. Missing padding after the last
+// tensor is accepted.
 func Parse(data []byte) (*File, error) {
 	d := &decoder{b: data}
 	f := &File{data: data}
@@ -408,37 +414,50 @@ func (d *decoder) array(field string) (Value, error) {
 		p, _ := d.take(uint64(n)*fs, field) // count checked that it fits
 		return fixedArray(elem, p, n), nil
 	}
+	// Leaf elements are read with a constant label; on failure the element
+	// is read again with its index in the label, so errors name it without
+	// formatting a label per element.
+	var a []Value
+	var strs []string
 	switch elem {
-	case TypeBool:
-		a := make([]bool, n)
-		for i := range a {
-			v, err := d.value(TypeBool, elemField(field, i))
-			if err != nil {
-				return Value{}, err
-			}
-			a[i] = v.x.(bool)
-		}
-		return Value{a}, nil
 	case TypeString:
-		a := make([]string, n)
-		for i := range a {
-			if a[i], err = d.str(elemField(field, i)); err != nil {
-				return Value{}, err
-			}
-		}
-		return Value{a}, nil
-	default: // TypeArray
-		a := make([]Value, n)
-		for i := range a {
-			if a[i], err = d.array(elemField(field, i)); err != nil {
-				return Value{}, err
-			}
-		}
-		return Value{a}, nil
+		strs = make([]string, n)
+	default:
+		a = make([]Value, n)
 	}
+	for i := range n {
+		at := d.off
+		var v Value
+		var err error
+		switch elem {
+		case TypeString:
+			strs[i], err = d.str(field)
+		case TypeArray: // label eagerly: re-reading would recurse
+			if a[i], err = d.array(fmt.Sprintf("%s[%d]", field, i)); err != nil {
+				return Value{}, err
+			}
+		default:
+			v, err = d.value(elem, field)
+			a[i] = v
+		}
+		if err != nil {
+			d.off = at
+			_, err = d.value(elem, fmt.Sprintf("%s[%d]", field, i))
+			return Value{}, err
+		}
+	}
+	switch elem {
+	case TypeString:
+		return Value{strs}, nil
+	case TypeBool:
+		bs := make([]bool, n)
+		for i, v := range a {
+			bs[i] = v.x.(bool)
+		}
+		return Value{bs}, nil
+	}
+	return Value{a}, nil
 }
-
-func elemField(field string, i int) string { return fmt.Sprintf("%s[%d]", field, i) }
 
 // fixedArray decodes n little-endian scalars of type t from p.
 func fixedArray(t ValueType, p []byte, n int) Value {

@@ -2,9 +2,11 @@ package serve
 
 import "strings"
 
-// stopMatcher trims generated text at the first occurrence of any stop
-// string, as the OpenAI API does: the returned text never contains the stop
-// string nor anything after it. While streaming, it holds back the longest
+// stopMatcher trims generated text at stop strings, as the OpenAI API does:
+// generation ends at the first token after which the text contains a stop
+// string, and the output is that text cut before the earliest occurrence of
+// any stop string in it (so it contains neither the stop string nor
+// anything after it; llama.cpp's server applies the same rule). While streaming, it holds back the longest
 // tail of the text that is still a prefix of some stop string, so no byte
 // that a later stop match would remove is ever released.
 //

@@ -39,7 +39,8 @@ func TestStopMatcherCases(t *testing.T) {
 		{[]string{"\n\n"}, []string{"hello\n", "\nworld"}, "hello", true, []string{"hello", ""}},
 		{[]string{"ab"}, []string{"x", "a", "b"}, "x", true, []string{"x", "", ""}},
 		{[]string{"ab"}, []string{"xa", "c"}, "xac", false, []string{"x", "ac"}},
-		{[]string{"abc", "b"}, []string{"zab"}, "za", true, nil},           // earliest match wins: "b" at 2
+		{[]string{"abc", "b"}, []string{"zab"}, "za", true, nil},           // "b" completes first
+		{[]string{"cabb", "a"}, []string{"bca", "bb"}, "bc", true, nil},    // "a" completes before "cabb" could
 		{[]string{"bc", "abcd"}, []string{"abc"}, "a", true, nil},          // "bc" at 1 before "abcd" could complete
 		{[]string{"aab"}, []string{"a", "a", "a", "b"}, "a", true, nil},    // overlapping prefix
 		{[]string{"END"}, []string{"the E", "N", "D."}, "the ", true, nil}, // across three pieces
@@ -62,10 +63,29 @@ func TestStopMatcherCases(t *testing.T) {
 	}
 }
 
+// stopReference is the stop rule computed naively: generation stops after
+// the first piece k whose text so far, P_k, contains a stop string, and the
+// output is P_k cut before the earliest occurrence in it (strings.Index);
+// without a match the output is the whole text.
+func stopReference(stops, pieces []string) (string, bool) {
+	var p string
+	for _, x := range pieces {
+		p += x
+		first := -1
+		for _, s := range stops {
+			if i := strings.Index(p, s); i >= 0 && (first < 0 || i < first) {
+				first = i
+			}
+		}
+		if first >= 0 {
+			return p[:first], true
+		}
+	}
+	return p, false
+}
+
 // TestStopMatcherProperty: for random texts over a small alphabet split at
-// random points, the released text equals the text cut before the first
-// occurrence of any stop (strings.Index over the whole text), and nothing
-// released is ever taken back.
+// random points, the matcher's output equals stopReference's.
 func TestStopMatcherProperty(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	word := func(n int) string {
@@ -81,22 +101,13 @@ func TestStopMatcherProperty(t *testing.T) {
 		for range rng.IntN(3) + 1 {
 			stops = append(stops, word(1+rng.IntN(4)))
 		}
-		want, wantStop := text, false
-		first := -1
-		for _, s := range stops {
-			if i := strings.Index(text, s); i >= 0 && (first < 0 || i < first) {
-				first = i
-			}
-		}
-		if first >= 0 {
-			want, wantStop = text[:first], true
-		}
 		var pieces []string
 		for rest := text; rest != ""; {
 			n := 1 + rng.IntN(min(4, len(rest)))
 			pieces = append(pieces, rest[:n])
 			rest = rest[n:]
 		}
+		want, wantStop := stopReference(stops, pieces)
 		got, stopped := runStop(stops, pieces)
 		if got != want || stopped != wantStop {
 			t.Fatalf("text %q stops %q pieces %q: %q %v, want %q %v", text, stops, pieces, got, stopped, want, wantStop)
@@ -111,16 +122,6 @@ func FuzzStopMatcher(f *testing.F) {
 	f.Add("caf\xc3\xa9", "\xc3", "", uint8(1))
 	f.Fuzz(func(t *testing.T, text, s1, s2 string, step uint8) {
 		stops := slices.DeleteFunc([]string{s1, s2}, func(s string) bool { return s == "" })
-		want, wantStop := text, false
-		first := -1
-		for _, s := range stops {
-			if i := strings.Index(text, s); i >= 0 && (first < 0 || i < first) {
-				first = i
-			}
-		}
-		if first >= 0 {
-			want, wantStop = text[:first], true
-		}
 		n := int(step%8) + 1
 		var pieces []string
 		for rest := text; rest != ""; {
@@ -128,6 +129,7 @@ func FuzzStopMatcher(f *testing.F) {
 			pieces = append(pieces, rest[:k])
 			rest = rest[k:]
 		}
+		want, wantStop := stopReference(stops, pieces)
 		got, stopped := runStop(stops, pieces)
 		if got != want || stopped != wantStop {
 			t.Fatalf("text %q stops %q: %q %v, want %q %v", text, stops, got, stopped, want, wantStop)
@@ -237,4 +239,45 @@ func TestSwarmCollector(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
+}
+
+// FuzzParseRequest: any body gives either a Job that Submit's checks
+// accept or a 4xx API error, never a panic.
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"kvasir","prompt":"hello","max_tokens":4,"temperature":0,"stop":["\n"]}`,
+		`{"prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"prompt":[[1,2]],"top_p":0.5,"top_k":3,"seed":-1}`,
+		`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null}],"max_completion_tokens":3}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"stop":"x"}`,
+		`{"prompt":"x","max_tokens":1e309}`, `{"prompt":`, `[]`, `null`, `{"prompt":[-1]}`, `{"prompt":"x","n":2}`,
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	m, tok := loadTiny(f)
+	chat, _ := ChatTemplateFor(tok, "", "auto")
+	s, err := New(Config{Model: m, Tokenizer: tok, Chat: chat, Registry: prometheus.NewRegistry(), Logger: quiet})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, isChat bool) {
+		parse := s.parseCompletion
+		if isChat {
+			parse = s.parseChat
+		}
+		j, p, e := parse(body)
+		if e != nil {
+			if e.status < 400 || e.status > 499 || e.Msg == "" || e.Type == "" {
+				t.Fatalf("error %+v", e)
+			}
+			return
+		}
+		if p == nil {
+			t.Fatal("nil params without error")
+		}
+		if err := s.check(j); err != nil {
+			t.Fatalf("parsed job fails Submit's checks: %v", err)
+		}
+	})
 }

@@ -59,6 +59,12 @@ func FuzzParse(f *testing.F) {
 	f.Add(header(3, 1, 0).tinfo("t", 99, 0, 4).pad(32).b)                                         // unknown tensor type
 	f.Add(header(3, 1, 0).tinfo("t", 0, 0, 1<<32, 1<<32, 1<<32).pad(32).b)                        // dims overflow
 
+	deep := header(3, 0, 1).str("deep").u32(uint32(TypeArray)) // arrays nested past the limit
+	for range 40 {
+		deep.u32(uint32(TypeArray)).u64(1)
+	}
+	f.Add(deep.b)
+
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, err := Parse(data)
 		if err != nil {

@@ -148,11 +148,11 @@ func (p *proxy) pipe(dst, src net.Conn) {
 	q := make(chan chunk, 4096)
 	go func() {
 		defer close(q)
+		buf := make([]byte, 256<<10)
 		for {
-			buf := make([]byte, 256<<10)
 			n, err := src.Read(buf)
 			if n > 0 {
-				q <- chunk{time.Now().Add(p.delay), buf[:n]}
+				q <- chunk{time.Now().Add(p.delay), append([]byte(nil), buf[:n]...)}
 			}
 			if err != nil {
 				return

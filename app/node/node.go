@@ -66,6 +66,18 @@ func RegisterSliceLoader(l SliceLoader) {
 	defaultLoader = l
 }
 
+// LoadSlice loads dir with the registered loader, or returns
+// ErrNoSliceLoader.
+func LoadSlice(dir string, threads int) (*Slice, error) {
+	loaderMu.Lock()
+	l := defaultLoader
+	loaderMu.Unlock()
+	if l == nil {
+		return nil, ErrNoSliceLoader
+	}
+	return l(dir, threads)
+}
+
 // Config configures a Node.
 type Config struct {
 	GatewayURL string // wss://host[:port]

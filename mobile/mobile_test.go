@@ -1,0 +1,108 @@
+package mobile
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/app/node"
+	"github.com/kvasir-ai/kvasir/wallet"
+)
+
+type zeroComputer struct{}
+
+func (zeroComputer) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	clear(out)
+	return nil
+}
+
+func statsOf(t *testing.T) stats {
+	t.Helper()
+	var s stats
+	if err := json.Unmarshal([]byte(StatsJSON()), &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestStartStopModes(t *testing.T) {
+	loadSlice = func(dir string, threads int) (*node.Slice, error) {
+		if dir != "/slice" {
+			return nil, fmt.Errorf("no slice at %q", dir)
+		}
+		return &node.Slice{Computer: zeroComputer{}, ModelID: "m", Backend: "cpu"}, nil
+	}
+	seed := NewKeySeed()
+	if len(seed) != 64 {
+		t.Fatalf("seed %q", seed)
+	}
+	raw, _ := hex.DecodeString(seed)
+	want := wallet.Address(ed25519.NewKeyFromSeed(raw).Public().(ed25519.PublicKey))
+	if a, err := AddressOf(seed); err != nil || a != want {
+		t.Errorf("AddressOf %q %v, want %q", a, err, want)
+	}
+	cfg := func(gw, slice, mode, key string) string {
+		b, _ := json.Marshal(config{GatewayURL: gw, SliceDir: slice, Mode: mode, KeySeedHex: key})
+		return string(b)
+	}
+	bad := []string{
+		"{", cfg("ws://127.0.0.1:1", "/slice", "background", seed), cfg("ws://127.0.0.1:1", "/slice", "", "abcd"),
+		cfg("http://127.0.0.1:1", "/slice", "", seed), cfg("ws://127.0.0.1:1", "/nope", "", seed),
+		`{"gateway_url":"ws://127.0.0.1:1","slice_dir":"/slice","key_seed_hex":"` + seed + `","ca_pem":"junk"}`,
+	}
+	for _, c := range bad {
+		if err := Start(c); !errors.Is(err, ErrConfig) {
+			t.Errorf("Start(%s) = %v, want ErrConfig", c, err)
+		}
+	}
+	if s := statsOf(t); s.Running || s.State != "offline" {
+		t.Errorf("not running: %+v", s)
+	}
+
+	// Port 1 on loopback refuses: the worker keeps redialling.
+	if err := Start(cfg("ws://127.0.0.1:1", "/slice", ModeForeground, seed)); err != nil {
+		t.Fatal(err)
+	}
+	defer Stop()
+	if err := Start(cfg("ws://127.0.0.1:1", "/slice", ModeForeground, seed)); !errors.Is(err, ErrRunning) {
+		t.Errorf("second Start: %v", err)
+	}
+	s := statsOf(t)
+	if !s.Running || s.Mode != ModeForeground || s.Address != want || s.Gateway != "127.0.0.1:1" || s.State == "paused" {
+		t.Errorf("running: %+v", s)
+	}
+	SetForeground(false)
+	if s := statsOf(t); s.State != "paused" || s.Reason != ReasonBackground {
+		t.Errorf("background: %+v", s)
+	}
+	SetForeground(true)
+	Pause()
+	if s := statsOf(t); s.State != "paused" || !strings.Contains(s.Reason, "by you") {
+		t.Errorf("paused: %+v", s)
+	}
+	Resume()
+	if s := statsOf(t); s.State == "paused" {
+		t.Errorf("resumed: %+v", s)
+	}
+	Stop()
+	if s := statsOf(t); s.Running {
+		t.Errorf("stopped: %+v", s)
+	}
+
+	// Charging mode waits for the charger.
+	if err := Start(cfg("ws://127.0.0.1:1", "/slice", ModeCharging, seed)); err != nil {
+		t.Fatal(err)
+	}
+	if s := statsOf(t); s.State != "paused" || s.Reason != ReasonNotCharging {
+		t.Errorf("charging mode, unplugged: %+v", s)
+	}
+	SetCharging(true)
+	if s := statsOf(t); s.State == "paused" {
+		t.Errorf("charging: %+v", s)
+	}
+}

@@ -30,7 +30,7 @@ type conn struct {
 	mu      sync.Mutex
 	pending map[uint64]*job
 	expired map[uint64]time.Time // requests given up on; their RESULTs are late, not unknown
-	rtts    [128]sample // ring of recent requests' round trips and sizes
+	rtts    [128]sample          // ring of recent requests' round trips and sizes
 	nrtt    int
 	closed  bool
 	reason  string

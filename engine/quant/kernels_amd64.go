@@ -151,3 +151,9 @@ func q5_1Dot(w, a []byte, nb int) float32 {
 
 // q8_0Sums has no separate AVX2 kernel on amd64 (q8_0DotAVX2 fuses it).
 func q8_0Sums(w, a []byte, out []int32) { genericQ8_0Sums(w, a, out) }
+
+// Integer-sum kernels of the K-quants: the Go ones here (the AVX2 path
+// fuses them into q4KDotAVX2 etc.).
+func q4KSums(w, a []byte, out []int32) { genericQ4KSums(w, a, out) }
+func q5KSums(w, a []byte, out []int32) { genericQ5KSums(w, a, out) }
+func q6KSums(w, a []byte, out []int32) { genericQ6KSums(w, a, out) }

@@ -20,6 +20,34 @@ func dotF32LanesNEON(a, b *float32, n int, acc *[32]float32)
 //go:noescape
 func q8_0SumsNEON(w, a *byte, nb int, out *int32)
 
+//go:noescape
+func q4KSumsNEON(w, a *byte, nb int, out *int32)
+
+//go:noescape
+func q6KSumsNEON(w, a *byte, nb int, out *int32)
+
+// q4KSums writes per block sum_j sc_j * sum(q4*q8) of block_q4_K rows w
+// and block_q8_K rows a (genericQ4KSums).
+func q4KSums(w, a []byte, out []int32) {
+	if useSIMD && len(out) > 0 && len(w) >= 144*len(out) && len(a) >= 292*len(out) {
+		q4KSumsNEON(&w[0], &a[0], len(out), &out[0])
+		return
+	}
+	genericQ4KSums(w, a, out)
+}
+
+// q6KSums writes per block sum_g sc_g * sum((q6-32)*q8) of block_q6_K rows
+// w and block_q8_K rows a (genericQ6KSums).
+func q6KSums(w, a []byte, out []int32) {
+	if useSIMD && len(out) > 0 && len(w) >= 210*len(out) && len(a) >= 292*len(out) {
+		q6KSumsNEON(&w[0], &a[0], len(out), &out[0])
+		return
+	}
+	genericQ6KSums(w, a, out)
+}
+
+func q5KSums(w, a []byte, out []int32) { genericQ5KSums(w, a, out) }
+
 // dotF32Lanes adds a[i]*b[i] into acc[i%32] (genericDotF32Lanes); len(a) ==
 // len(b), a multiple of 32.
 func dotF32Lanes(a, b []float32, acc *[32]float32) {

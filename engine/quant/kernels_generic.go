@@ -24,3 +24,9 @@ func q4_0Dot(w, a []byte, nb int) float32 { return genericQ4_0Dot(w, a, nb) }
 func q4_1Dot(w, a []byte, nb int) float32 { return genericQ4_1Dot(w, a, nb) }
 func q5_0Dot(w, a []byte, nb int) float32 { return genericQ5_0Dot(w, a, nb) }
 func q5_1Dot(w, a []byte, nb int) float32 { return genericQ5_1Dot(w, a, nb) }
+
+// Integer-sum kernels of the K-quants: the Go ones here (the AVX2 path
+// fuses them into q4KDotAVX2 etc.).
+func q4KSums(w, a []byte, out []int32) { genericQ4KSums(w, a, out) }
+func q5KSums(w, a []byte, out []int32) { genericQ5KSums(w, a, out) }
+func q6KSums(w, a []byte, out []int32) { genericQ6KSums(w, a, out) }

@@ -328,17 +328,18 @@ func vecDotQ5K(w, a []byte, nb int) float32 { return q5KDot(w, a, nb) }
 // kDotSums is the Q4_K/Q5_K x Q8_K float part shared by every path (block
 // size bb: 144 or 176): per block sumf += d*isum, then sumf -= dmin*mins
 // term, with d = fp16 d_w * d_a and dmin = fp16 dmin_w * d_a
-// (ggml_vec_dot_q4_K_q8_K / _q5_K_q8_K). genericQ4KSums / genericQ5KSums
-// supply the exact scaled integer sums.
+// (ggml_vec_dot_q4_K_q8_K / _q5_K_q8_K). q4KSums / q5KSums (NEON on arm64,
+// else genericQ4KSums / genericQ5KSums) supply the exact scaled integer
+// sums.
 func kDotSums(bb int, w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32
 	for b0 := 0; b0 < nb; b0 += sumChunk {
 		k := min(sumChunk, nb-b0)
 		if bb == 144 {
-			genericQ4KSums(w[bb*b0:bb*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
+			q4KSums(w[bb*b0:bb*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
 		} else {
-			genericQ5KSums(w[bb*b0:bb*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
+			q5KSums(w[bb*b0:bb*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
 		}
 		for j := range k {
 			x, y := w[bb*(b0+j):], a[292*(b0+j):]
@@ -399,13 +400,13 @@ func vecDotQ6K(w, a []byte, nb int) float32 { return q6KDot(w, a, nb) }
 
 // q6KDotSums is the Q6_K x Q8_K float part shared by every path: per block
 // sumf += (fp16 d_w * d_a) * isum (ggml_vec_dot_q6_K_q8_K), isum from
-// genericQ6KSums.
+// q6KSums (NEON on arm64, else genericQ6KSums).
 func q6KDotSums(w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32
 	for b0 := 0; b0 < nb; b0 += sumChunk {
 		k := min(sumChunk, nb-b0)
-		genericQ6KSums(w[210*b0:210*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
+		q6KSums(w[210*b0:210*(b0+k)], a[292*b0:292*(b0+k)], buf[:k])
 		for j := range k {
 			d := fp16Table[le16(w[210*(b0+j)+208:])] * q8KD(a[292*(b0+j):])
 			sumf += float32(d * float32(buf[j]))

@@ -113,15 +113,30 @@ type Pong struct{ Time int64 }
 // Pause tells the backbone whether the worker takes new work.
 type Pause struct{ Paused bool }
 
-// Type implementations.
-func (*Hello) Type() Type    { return TypeHello }
-func (*Welcome) Type() Type  { return TypeWelcome }
+// Type returns TypeHello.
+func (*Hello) Type() Type { return TypeHello }
+
+// Type returns TypeWelcome.
+func (*Welcome) Type() Type { return TypeWelcome }
+
+// Type returns TypeDispatch.
 func (*Dispatch) Type() Type { return TypeDispatch }
-func (*Result) Type() Type   { return TypeResult }
-func (*Error) Type() Type    { return TypeError }
-func (*Ping) Type() Type     { return TypePing }
-func (*Pong) Type() Type     { return TypePong }
-func (*Pause) Type() Type    { return TypePause }
+
+// Type returns TypeResult.
+func (*Result) Type() Type { return TypeResult }
+
+// Type returns TypeError.
+func (*Error) Type() Type { return TypeError }
+
+// Type returns TypePing.
+func (*Ping) Type() Type { return TypePing }
+
+// Type returns TypePong.
+func (*Pong) Type() Type { return TypePong }
+
+// Type returns TypePause.
+func (*Pause) Type() Type { return TypePause }
+
 
 var le = binary.LittleEndian
 

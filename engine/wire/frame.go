@@ -137,7 +137,6 @@ func (*Pong) Type() Type { return TypePong }
 // Type returns TypePause.
 func (*Pause) Type() Type { return TypePause }
 
-
 var le = binary.LittleEndian
 
 func appendHeader(b []byte, t Type) []byte {

@@ -128,7 +128,7 @@ func TestServe(t *testing.T) {
 	release := make(chan struct{})
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if _, _, err := wire.VerifyUpgrade(r.Header, r.Method, r.URL.Path, time.Now(), time.Minute); err != nil {
-			http.Error(rw, err.Error(), 401)
+			http.Error(rw, err.Error(), http.StatusUnauthorized)
 			return
 		}
 		c, err := websocket.Accept(rw, r, nil)

@@ -139,7 +139,7 @@ func TestHeadlessWithoutSlice(t *testing.T) {
 		t.Fatalf("output:\n%s", o.String())
 	}
 	addr := strings.TrimPrefix(lines[0], "kvasir worker ")
-	if !strings.Contains(lines[2], " offline gw=- rtt=— 0.0 rows/s 0.00 MB/s pending=0.00000 KVR (no slice: node: no slice loader)") {
+	if !strings.Contains(lines[2], " offline gw=- rtt=— 0.0 rows/s 0.00 MB/s pending=0.00000 KVR (no slice: slice: bad manifest: ") {
 		t.Errorf("status line %q", lines[2])
 	}
 	if last := lines[len(lines)-1]; last != "stopped: served 0 bytes, pending 0.00000 KVR, credited 0.00000 KVR" {

@@ -12,7 +12,8 @@ type SliceInfo struct {
 	Experts    int       // (layer, expert) pairs held
 	Bytes      uint64    // bytes of expert tensors on disk
 	QuotaBytes uint64    // the owner's disk quota; 0 = none set
-	Verified   bool      // every expert's SHA-256 matched the manifest at VerifiedAt
+	Bad        int       // experts listed but not served: missing, truncated or failing the hash check
+	Verified   bool      // every served expert's SHA-256 matched the manifest at VerifiedAt
 	VerifiedAt time.Time // zero if never verified
 	Problem    string    // why the slice is unusable ("no slice folder set", a hash mismatch); "" if fine
 }
@@ -29,6 +30,8 @@ func (s SliceInfo) Summary() string {
 		l += " of " + FormatBytes(s.QuotaBytes) + " quota"
 	}
 	switch {
+	case s.Verified && s.Bad > 0:
+		l += fmt.Sprintf(", %d experts failed the hash check and are not served (verified %s)", s.Bad, s.VerifiedAt.Local().Format("15:04:05"))
 	case s.Verified:
 		l += ", integrity verified " + s.VerifiedAt.Local().Format("15:04:05")
 	default:

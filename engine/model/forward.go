@@ -95,6 +95,7 @@ func (ws *workspace) ensure(p Params, n int) {
 	if n <= ws.rows {
 		return
 	}
+	n = max(n, 2*ws.rows) // growing batches reallocate O(log n) times
 	qd, kd, vd := p.Heads*p.HeadDim, p.HeadsKV*p.HeadDim, p.HeadsKV*p.HeadDimV
 	ws.rows = n
 	ws.x = make([]float32, n*p.Embd)

@@ -218,3 +218,25 @@ func TestLedgerEntries(t *testing.T) {
 	}
 	_ = wire.Version
 }
+
+// TestReplicasShareWork: two workers holding the same experts both get work
+// (the replica rotates per call) and the numbers stay identical.
+func TestReplicasShareWork(t *testing.T) {
+	m := testModel()
+	s := newStack(t, m, 0, nil)
+	a := &fakeExperts{d: m.D, nExpert: m.NExpert}
+	b := &fakeExperts{d: m.D, nExpert: m.NExpert}
+	s.startWorker(t, a, 0, 1, 2, 3)
+	s.startWorker(t, b, 0, 1, 2, 3)
+	s.waitWorkers(t, 2)
+	rng := rand.New(rand.NewPCG(51, 52))
+	for i := 0; i < 8; i++ {
+		s.run(t, randomCall(t, m, rng, i%m.NLayer, 6))
+	}
+	if a.calls.Load() == 0 || b.calls.Load() == 0 {
+		t.Fatalf("calls a %d b %d: replicas not shared", a.calls.Load(), b.calls.Load())
+	}
+	if st := s.disp.Stats(); st.ExpertsLocal != 0 || st.ExpertsRemote != 8*6*uint64(m.K) {
+		t.Fatalf("local %d remote %d", st.ExpertsLocal, st.ExpertsRemote)
+	}
+}

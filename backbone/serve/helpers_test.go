@@ -242,7 +242,7 @@ func (t *testServer) post(tb testing.TB, path, body string) (*http.Response, []b
 func sseEvents(r io.Reader) ([]string, error) {
 	var out []string
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	sc.Buffer(make([]byte, 0, 4<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		switch {

@@ -499,9 +499,10 @@ func (s *session) snapshot() SessionStats {
 		Rejected: s.rejected, Pending: pend, Messages: s.msgs, DispatchesSent: s.nDisp, ResultsReceived: s.nResult}
 }
 
+// isHex reports whether s is lower-case hex (the ledger's worker id form).
 func isHex(s string) bool {
-	_, err := hex.DecodeString(s)
-	return err == nil
+	b, err := hex.DecodeString(s)
+	return err == nil && hex.EncodeToString(b) == s
 }
 
 func short(id string) string {

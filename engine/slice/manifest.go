@@ -288,6 +288,9 @@ func ReadManifest(dir string) (*Manifest, error) {
 		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > MaxManifestBytes {
+		return nil, fmt.Errorf("%w: %s: %d bytes (limit %d)", ErrManifest, f.Name(), st.Size(), MaxManifestBytes)
+	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxManifestBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrManifest, f.Name(), err)

@@ -593,3 +593,132 @@ qx1done:
 	VMOVSS X9, ret+32(FP)
 	VZEROUPPER
 	RET
+
+// KSCALES4 is KSCALES for the 4-row kernel: scales as words at 0(SP) and
+// Y7 = the duplicated mins words [m0,m0,m1,m1,...,m7,m7] (the bsums
+// product is per row). Uses AX, BX, DX, R8, R9, R10, X5, X6, X8.
+#define KSCALES4 \
+	MOVL        4(SI), AX \
+	MOVL        8(SI), BX \
+	MOVL        12(SI), R8 \
+	MOVL        AX, R9 \
+	ANDL        $0x3f3f3f3f, R9 \
+	MOVL        R8, R10 \
+	ANDL        $0x0f0f0f0f, R10 \
+	MOVL        AX, DX \
+	SHRL        $6, DX \
+	ANDL        $0x03030303, DX \
+	SHLL        $4, DX \
+	ORL         DX, R10 \
+	SHLQ        $32, R10 \
+	ORQ         R10, R9 \
+	MOVQ        R9, X5 \
+	VPMOVZXBW   X5, X5 \
+	VMOVDQU     X5, 0(SP) \
+	MOVL        BX, R9 \
+	ANDL        $0x3f3f3f3f, R9 \
+	MOVL        R8, R10 \
+	SHRL        $4, R10 \
+	ANDL        $0x0f0f0f0f, R10 \
+	MOVL        BX, DX \
+	SHRL        $6, DX \
+	ANDL        $0x03030303, DX \
+	SHLL        $4, DX \
+	ORL         DX, R10 \
+	SHLQ        $32, R10 \
+	ORQ         R10, R9 \
+	MOVQ        R9, X6 \
+	VPMOVZXBW   X6, X6 \
+	VPUNPCKLWD  X6, X6, X7 \
+	VPUNPCKHWD  X6, X6, X8 \
+	VINSERTI128 $1, X8, Y7, Y7
+
+// KROW4 accumulates one activation row (pointer P, int accumulator Y) for
+// the nibble vectors Y4/Y5 and scale broadcasts Y6/Y8.
+#define KROW4(P, Y, aoff) \
+	VPMADDUBSW aoff(P), Y4, Y13 \
+	VPMADDUBSW (aoff+32)(P), Y5, Y15 \
+	VPMADDWD   Y6, Y13, Y13 \
+	VPMADDWD   Y8, Y15, Y15 \
+	VPADDD     Y13, Y, Y \
+	VPADDD     Y15, Y, Y
+
+// Q4K_PAIR4: sub-blocks 2k, 2k+1 for the 4 rows.
+#define Q4K_PAIR4(qoff, aoff, soff) \
+	VMOVDQU      qoff(SI), Y4 \
+	VPSRLW       $4, Y4, Y5 \
+	VPAND        Y14, Y4, Y4 \
+	VPAND        Y14, Y5, Y5 \
+	VPBROADCASTW soff(SP), Y6 \
+	VPBROADCASTW (soff+2)(SP), Y8 \
+	KROW4(DI, Y0, aoff) \
+	KROW4(R11, Y1, aoff) \
+	KROW4(R12, Y2, aoff) \
+	KROW4(R13, Y3, aoff)
+
+// KFLOAT4 finishes one row's block as KFLOAT does: P the row's block_q8_K,
+// Y/X its integer accumulator, F its float accumulator; X6 = fp16 d_w,
+// X8 = fp16 dmin_w (as float32). Same scalar operations in the same order.
+#define KFLOAT4(P, Y, X, F) \
+	VPMADDWD  260(P), Y7, Y4 \
+	HSUM(Y, X, X13) \
+	HSUM(Y4, X4, X13) \
+	VCVTDQ2PS X, X \
+	VCVTDQ2PS X4, X4 \
+	VMOVSS    0(P), X15 \
+	VMULSS    X15, X6, X5 \
+	VMULSS    X15, X8, X13 \
+	VMULSS    X, X5, X5 \
+	VMULSS    X4, X13, X13 \
+	VADDSS    X5, F, F \
+	VSUBSS    X13, F, F
+
+// func q4KDot4AVX2(w, a0, a1, a2, a3 *byte, nb int, out *[4]float32)
+// out[r] = q4KDotAVX2(w, a_r, nb) for the 4 activation rows, bit for bit:
+// the weight block is unpacked once and each row keeps its own integer and
+// float accumulators with the single-row operation order.
+TEXT ·q4KDot4AVX2(SB), NOSPLIT, $16-56
+	MOVQ         w+0(FP), SI
+	MOVQ         a0+8(FP), DI
+	MOVQ         a1+16(FP), R11
+	MOVQ         a2+24(FP), R12
+	MOVQ         a3+32(FP), R13
+	MOVQ         nb+40(FP), CX
+	VXORPS       X9, X9, X9
+	VXORPS       X10, X10, X10
+	VXORPS       X11, X11, X11
+	VXORPS       X12, X12, X12
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+
+q4k4loop:
+	KSCALES4
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	Q4K_PAIR4(16, 4, 0)
+	Q4K_PAIR4(48, 68, 4)
+	Q4K_PAIR4(80, 132, 8)
+	Q4K_PAIR4(112, 196, 12)
+	F16SS(0, SI, X6)
+	F16SS(2, SI, X8)
+	KFLOAT4(DI, Y0, X0, X9)
+	KFLOAT4(R11, Y1, X1, X10)
+	KFLOAT4(R12, Y2, X2, X11)
+	KFLOAT4(R13, Y3, X3, X12)
+	ADDQ $144, SI
+	ADDQ $292, DI
+	ADDQ $292, R11
+	ADDQ $292, R12
+	ADDQ $292, R13
+	DECQ CX
+	JNZ  q4k4loop
+	MOVQ   out+48(FP), AX
+	VMOVSS X9, 0(AX)
+	VMOVSS X10, 4(AX)
+	VMOVSS X11, 8(AX)
+	VMOVSS X12, 12(AX)
+	VZEROUPPER
+	RET

@@ -79,3 +79,6 @@ func q4_0Dot(w, a []byte, nb int) float32 { return genericQ4_0Dot(w, a, nb) }
 func q4_1Dot(w, a []byte, nb int) float32 { return genericQ4_1Dot(w, a, nb) }
 func q5_0Dot(w, a []byte, nb int) float32 { return genericQ5_0Dot(w, a, nb) }
 func q5_1Dot(w, a []byte, nb int) float32 { return genericQ5_1Dot(w, a, nb) }
+
+// vecDot4 has no multi-row kernel in this build (see kernels_amd64.go).
+func vecDot4(weight Type, w, a []byte, ab, n int, out *[4]float32) bool { return false }

@@ -30,3 +30,6 @@ func q5_1Dot(w, a []byte, nb int) float32 { return genericQ5_1Dot(w, a, nb) }
 func q4KSums(w, a []byte, out []int32) { genericQ4KSums(w, a, out) }
 func q5KSums(w, a []byte, out []int32) { genericQ5KSums(w, a, out) }
 func q6KSums(w, a []byte, out []int32) { genericQ6KSums(w, a, out) }
+
+// vecDot4 has no multi-row kernel in this build (see kernels_amd64.go).
+func vecDot4(weight Type, w, a []byte, ab, n int, out *[4]float32) bool { return false }

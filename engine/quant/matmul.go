@@ -110,10 +110,22 @@ func MatMulConverted(weight Type, w []byte, rows, cols int, xc []byte, m int, y 
 
 // matMulRows computes output rows [lo, hi) of MatMulConverted: for each
 // weight row (rb bytes) the m converted activation rows (ab bytes each).
+// Groups of 4 activation rows go through vecDot4 where the weight type
+// has a multi-row kernel (same bits as vecDot, one pass over the weights).
 func matMulRows(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y []float32, rows, lo, hi int) {
+	var out [4]float32
 	for r := lo; r < hi; r++ {
 		wr := w[r*rb : (r+1)*rb]
-		for i := range m {
+		i := 0
+		for ; i+4 <= m; i += 4 {
+			if !vecDot4(weight, wr, xc[i*ab:(i+4)*ab], ab, cols, &out) {
+				break
+			}
+			for j := range 4 {
+				y[(i+j)*rows+r] = out[j]
+			}
+		}
+		for ; i < m; i++ {
 			y[i*rows+r] = vecDot(weight, wr, xc[i*ab:(i+1)*ab], cols)
 		}
 	}

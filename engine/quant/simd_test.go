@@ -76,6 +76,34 @@ func TestSIMDMatchesGeneric(t *testing.T) {
 			}
 		}
 	}
+	// Multi-row kernels: four activation rows against one weight row must
+	// give each row's single-row bits.
+	for _, typ := range []Type{Q4_K, Q6_K, Q8_0, Q5_K} {
+		for _, nb := range []int{1, 3, 8} {
+			n := nb * QK_K
+			rb, _ := typ.RowBytes(n)
+			ab, _ := ActivationBytes(typ, n)
+			w, a := make([]byte, rb), make([]byte, 4*ab)
+			randomCodes(r, w)
+			randomCodes(r, a)
+			if typ != Q8_0 {
+				for j := range 4 {
+					saneScales(r, w, a[j*ab:], typ.BlockBytes(), 292, nb)
+				}
+			}
+			var out [4]float32
+			if !vecDot4(typ, w, a, ab, n, &out) {
+				continue
+			}
+			for j := range 4 {
+				var want float32
+				withGeneric(func() { want = vecDot(typ, w, a[j*ab:(j+1)*ab], n) })
+				if !sameBits(out[j], want) {
+					t.Fatalf("%s vecDot4 nb=%d row %d: %g, generic %g", typ, nb, j, out[j], want)
+				}
+			}
+		}
+	}
 	// Float lanes: random magnitudes over a wide exponent range.
 	for _, n := range []int{32, 64, 96, 1024, 4096 + 32} {
 		a, b := make([]float32, n), make([]float32, n)

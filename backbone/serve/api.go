@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -66,7 +67,8 @@ func badRequest(param, code, format string, a ...any) *apiError {
 //	GET  /health               200 "ok"
 //
 // Errors are JSON {"error":{"message","type","param","code"}}: 400 bad JSON
-// or parameters or a prompt longer than the context, 404 unknown model or
+// or parameters or a prompt longer than the context, 401 missing API key
+// (when Config.APIKey is set), 404 unknown model or
 // path, 405 wrong method, 413 body over MaxBodyBytes, 429 (with
 // Retry-After) when the queue is full, 503 while closing, 500 when the
 // forward pass fails.
@@ -119,12 +121,24 @@ func (w *statusWriter) Flush() {
 func (s *Server) count(endpoint string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w}
-		h(sw, r)
+		if s.cfg.APIKey != "" && !s.authorized(r) {
+			sw.Header().Set("WWW-Authenticate", `Bearer realm="kvasir"`)
+			writeError(sw, newAPIError(http.StatusUnauthorized, "invalid_request_error", "", "invalid_api_key",
+				"missing or wrong API key (Authorization: Bearer ...)"))
+		} else {
+			h(sw, r)
+		}
 		if sw.code == 0 {
 			sw.code = http.StatusOK
 		}
 		s.met.httpRequests.WithLabelValues(endpoint, strconv.Itoa(sw.code)).Inc()
 	}
+}
+
+// authorized compares the bearer token with Config.APIKey in constant time.
+func (s *Server) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.APIKey)) == 1
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

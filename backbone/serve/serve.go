@@ -64,6 +64,11 @@ type Config struct {
 	Chat    ChatTemplate
 	ChatErr error // why Chat is nil (from ChatTemplateFor), for the 400 message
 
+	// APIKey, when not empty, is required on /v1/ requests as
+	// "Authorization: Bearer <APIKey>" (401 otherwise); /metrics and
+	// /health stay open.
+	APIKey string
+
 	MaxBatchRows int // rows per Forward step (prefill + decode); default 512
 	MaxSeqs      int // sequences decoded at once; default 512, at most MaxBatchRows
 	QueueSize    int // requests waiting beyond MaxSeqs before 429; default 1024 (negative: 0)

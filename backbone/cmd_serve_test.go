@@ -84,7 +84,9 @@ func startServe(t *testing.T, args ...string) string {
 	addr := make(chan string, 1)
 	code := make(chan int, 1)
 	var logs syncBuffer
-	go func() { code <- serveMain(ctx, append([]string{"--http", "127.0.0.1:0"}, args...), &logs, func(a string) { addr <- a }) }()
+	go func() {
+		code <- serveMain(ctx, append([]string{"--http", "127.0.0.1:0"}, args...), &logs, func(a string) { addr <- a })
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {

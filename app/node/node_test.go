@@ -1,0 +1,117 @@
+package node
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/app/internal/swarmtest"
+	"github.com/kvasir-ai/kvasir/app/status"
+	"github.com/kvasir-ai/kvasir/wallet"
+	"github.com/kvasir-ai/kvasir/wallet/walletapi"
+)
+
+func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestNodeInSwarm runs a real node (file key store, SQLite wallet, slice
+// directory with hash checks, worker over TLS) in a loopback swarm (hub,
+// gateway, dispatcher, ledger, crediting), serves load, and checks that
+// what the wallet shows matches the hub's ledger: credited bytes equal the
+// ledger's creditable bytes for this worker, at 7 nKVR per byte.
+func TestNodeInSwarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a loopback swarm")
+	}
+	sw, err := swarmtest.Start(t.TempDir(), 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	data := t.TempDir()
+	n, err := Open(Config{GatewayURL: sw.URL, CAFile: sw.CAFile, SliceDir: sw.SliceDir, DataDir: data, Threads: 1,
+		KeyStore: wallet.FileStore{Dir: data}, StoreName: "file", SyncEvery: 300 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := n.Slice()
+	if info.Layers != 1 || info.Experts != sw.Model.NExpert || !info.Verified || info.Bad != 0 || info.Bytes == 0 {
+		t.Errorf("slice info %+v, want 1 layer of %d verified experts", info, sw.Model.NExpert)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = n.Run(ctx) }()
+	defer func() { cancel(); <-done; n.Close() }()
+
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	if err := sw.WaitWorkers(wctx, 1); err != nil {
+		t.Fatalf("worker never connected: %v (stats %+v)", err, n.Stats())
+	}
+	waitFor(t, "connected state", 10*time.Second, func() bool { return n.Stats().State == status.Connected })
+	if s := n.Stats(); s.Gateway != sw.URL[len("wss://"):] || s.Reason != "" {
+		t.Errorf("stats after connect %+v", s)
+	}
+	const rows = 16
+	sw.Load(rows, 20*time.Millisecond)
+	waitFor(t, "rows served", 20*time.Second, func() bool { return n.Stats().Rows >= 20*rows })
+	sw.StopLoad()
+	st := n.Stats()
+	if st.Requests == 0 || st.BytesIn == 0 || st.BytesOut == 0 || st.Session == "" || st.RTT <= 0 && st.Requests < 1 {
+		t.Errorf("worker stats %+v", st)
+	}
+	if ds := sw.Disp.Stats(); ds.ExpertsRemote == 0 {
+		t.Errorf("dispatcher used no remote expert outputs: %+v", ds)
+	}
+
+	// The hub's ledger for this worker, once it has flushed everything.
+	id := n.Identity().WorkerID
+	var ledgerBytes uint64
+	waitFor(t, "wallet credited with the whole ledger", 20*time.Second, func() bool {
+		tot, err := sw.Ledger.Totals()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ledgerBytes = 0
+		for _, w := range tot {
+			if w.ID == id {
+				ledgerBytes = w.Bytes
+			}
+		}
+		s, err := n.Summary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ledgerBytes > 0 && s.CreditedBytes == ledgerBytes
+	})
+	s, err := n.Summary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.CreditedNKVR != walletapi.DefaultRateNKVRPerByte*s.CreditedBytes || s.PendingNKVR != s.CreditedNKVR || s.Statements == 0 {
+		t.Errorf("credited %d nKVR for %d bytes (pending %d, %d statements), want 7 nKVR/byte", s.CreditedNKVR, s.CreditedBytes, s.PendingNKVR, s.Statements)
+	}
+	// The wallet's own count (OnServed: DISPATCH and RESULT message sizes)
+	// equals what the hub metered as creditable, and is below the worker's
+	// total traffic by the HELLO/WELCOME/PAUSE messages.
+	if s.BytesServed != ledgerBytes || s.BytesServed >= st.BytesIn+st.BytesOut {
+		t.Errorf("own count %d, ledger %d, worker traffic %d", s.BytesServed, ledgerBytes, st.BytesIn+st.BytesOut)
+	}
+	if s.Address != n.Identity().Address || s.Reconcile.Mismatch {
+		t.Errorf("wallet %+v", s)
+	}
+	t.Logf("served %d rows in %d requests; worker bytes in %d out %d; wallet own count %d; ledger %d creditable; credited %s",
+		st.Rows, st.Requests, st.BytesIn, st.BytesOut, s.BytesServed, ledgerBytes, status.FormatKVR(s.CreditedNKVR))
+}
+

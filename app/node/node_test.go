@@ -114,4 +114,3 @@ func TestNodeInSwarm(t *testing.T) {
 	t.Logf("served %d rows in %d requests; worker bytes in %d out %d; wallet own count %d; ledger %d creditable; credited %s",
 		st.Rows, st.Requests, st.BytesIn, st.BytesOut, s.BytesServed, ledgerBytes, status.FormatKVR(s.CreditedNKVR))
 }
-

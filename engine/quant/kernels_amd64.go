@@ -108,14 +108,25 @@ func q6KDot(w, a []byte, nb int) float32 {
 //go:noescape
 func q4KDot4AVX2(w, a0, a1, a2, a3 *byte, nb int, out *[4]float32)
 
+//go:noescape
+func q6KDot4AVX2(w, a0, a1, a2, a3 *byte, nb int, out *[4]float32)
+
 // vecDot4 computes out[j] = vecDot(weight, w, a[j*ab:(j+1)*ab], n) for
 // j < 4 with one pass over the weight row, bit-identical to four vecDot
 // calls; it reports false when weight has no 4-row kernel here.
 func vecDot4(weight Type, w, a []byte, ab, n int, out *[4]float32) bool {
-	if !useSIMD || weight != Q4_K || n < QK_K || len(a) < 4*ab || ab < 292*(n/QK_K) || len(w) < 144*(n/QK_K) {
+	nb := n / QK_K
+	if !useSIMD || nb < 1 || len(a) < 4*ab || ab < 292*nb || len(w) < weight.BlockBytes()*nb {
 		return false
 	}
-	q4KDot4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], n/QK_K, out)
+	switch weight {
+	case Q4_K:
+		q4KDot4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, out)
+	case Q6_K:
+		q6KDot4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, out)
+	default:
+		return false
+	}
 	return true
 }
 

@@ -722,3 +722,112 @@ q4k4loop:
 	VMOVSS X12, 12(AX)
 	VZEROUPPER
 	RET
+
+// Q6K4_ROW: one activation row (pointer P, accumulator Y) times the codes
+// in Q for the 32 q8 codes at aoff(P), scale vector in Y8.
+#define Q6K4_ROW(P, Y, Q, aoff) \
+	VMOVDQU    aoff(P), Y9 \
+	VPMADDUBSW Y9, Q, Y10 \
+	VPMADDUBSW Y9, Y13, Y11 \
+	VPSUBW     Y11, Y10, Y10 \
+	VPMADDWD   Y8, Y10, Y10 \
+	VPADDD     Y10, Y, Y
+
+// Q6K4_QUARTER: 32 codes (register Q) with scales soff(SP) (low 16) and
+// soff+2(SP) (high 16), for the 4 rows.
+#define Q6K4_QUARTER(Q, aoff, soff) \
+	VPBROADCASTW soff(SP), Y8 \
+	VPBROADCASTW (soff+2)(SP), Y9 \
+	VINSERTI128  $1, X9, Y8, Y8 \
+	Q6K4_ROW(DI, Y0, Q, aoff) \
+	Q6K4_ROW(R11, Y1, Q, aoff) \
+	Q6K4_ROW(R12, Y2, Q, aoff) \
+	Q6K4_ROW(R13, Y3, Q, aoff)
+
+// Q6K4_HALF decodes 128 codes into Y4..Y7 (as Q6K_HALF) and accumulates
+// them for the 4 rows.
+#define Q6K4_HALF(qloff, hoff, aoff, soff) \
+	VMOVDQU hoff(SI), Y8 \
+	VMOVDQU qloff(SI), Y9 \
+	VMOVDQU (qloff+32)(SI), Y10 \
+	VPAND   Y14, Y9, Y4 \
+	VPSLLW  $4, Y8, Y11 \
+	VPAND   Y12, Y11, Y11 \
+	VPOR    Y11, Y4, Y4 \
+	VPAND   Y14, Y10, Y5 \
+	VPSLLW  $2, Y8, Y11 \
+	VPAND   Y12, Y11, Y11 \
+	VPOR    Y11, Y5, Y5 \
+	VPSRLW  $4, Y9, Y6 \
+	VPAND   Y14, Y6, Y6 \
+	VPAND   Y12, Y8, Y11 \
+	VPOR    Y11, Y6, Y6 \
+	VPSRLW  $4, Y10, Y7 \
+	VPAND   Y14, Y7, Y7 \
+	VPSRLW  $2, Y8, Y11 \
+	VPAND   Y12, Y11, Y11 \
+	VPOR    Y11, Y7, Y7 \
+	Q6K4_QUARTER(Y4, aoff, soff) \
+	Q6K4_QUARTER(Y5, (aoff+32), (soff+4)) \
+	Q6K4_QUARTER(Y6, (aoff+64), (soff+8)) \
+	Q6K4_QUARTER(Y7, (aoff+96), (soff+12))
+
+// Q6K4_FLOAT: sumf_r (float at foff(SP)) += (d_w*d_a)*float32(isum) for
+// one row, as q6KDotAVX2 does; X15 = d_w.
+#define Q6K4_FLOAT(P, Y, X, foff) \
+	HSUM(Y, X, X9) \
+	VCVTDQ2PS X, X \
+	VMOVSS    0(P), X10 \
+	VMULSS    X10, X15, X10 \
+	VMULSS    X, X10, X10 \
+	VMOVSS    foff(SP), X11 \
+	VADDSS    X10, X11, X11 \
+	VMOVSS    X11, foff(SP)
+
+// func q6KDot4AVX2(w, a0, a1, a2, a3 *byte, nb int, out *[4]float32)
+// out[r] = q6KDotAVX2(w, a_r, nb) for 4 activation rows, bit for bit.
+TEXT ·q6KDot4AVX2(SB), NOSPLIT, $48-56
+	MOVQ         w+0(FP), SI
+	MOVQ         a0+8(FP), DI
+	MOVQ         a1+16(FP), R11
+	MOVQ         a2+24(FP), R12
+	MOVQ         a3+32(FP), R13
+	MOVQ         nb+40(FP), CX
+	VXORPS       X0, X0, X0
+	VMOVDQU      X0, 32(SP)
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL         $0x30303030, AX
+	VMOVD        AX, X12
+	VPBROADCASTD X12, Y12
+	MOVL         $0x20202020, AX
+	VMOVD        AX, X13
+	VPBROADCASTD X13, Y13
+
+q6k4loop:
+	VPMOVSXBW 192(SI), Y8
+	VMOVDQU   Y8, 0(SP)
+	VPXOR     Y0, Y0, Y0
+	VPXOR     Y1, Y1, Y1
+	VPXOR     Y2, Y2, Y2
+	VPXOR     Y3, Y3, Y3
+	Q6K4_HALF(0, 128, 4, 0)
+	Q6K4_HALF(64, 160, 132, 16)
+	F16SS(208, SI, X15)
+	Q6K4_FLOAT(DI, Y0, X0, 32)
+	Q6K4_FLOAT(R11, Y1, X1, 36)
+	Q6K4_FLOAT(R12, Y2, X2, 40)
+	Q6K4_FLOAT(R13, Y3, X3, 44)
+	ADDQ $210, SI
+	ADDQ $292, DI
+	ADDQ $292, R11
+	ADDQ $292, R12
+	ADDQ $292, R13
+	DECQ CX
+	JNZ  q6k4loop
+	MOVQ    out+48(FP), AX
+	VMOVDQU 32(SP), X0
+	VMOVDQU X0, 0(AX)
+	VZEROUPPER
+	RET

@@ -16,7 +16,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
-	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
@@ -33,34 +33,59 @@ type workerSlice struct {
 	Close    func() error
 }
 
-// loadWorkerSlice opens what --slice names, restricted to layers (nil: all).
-// It is the one place to swap in the slice-directory loader: today it serves
-// a GGUF file (the experts of the chosen layers, mapped from the file) and
-// refuses a directory.
+// loadWorkerSlice opens what --slice names, restricted to layers (nil: all):
+// a slice directory (engine/slice.Open, every expert's hash verified; layers
+// not in the list are dropped from the holdings) or a GGUF file
+// (slice.FromGGUF, views into the mapped file). It is the one place to swap
+// the loader.
 var loadWorkerSlice = func(path string, layers []int, threads int) (*workerSlice, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
+	var s *slice.Slice
+	var f *gguf.File
 	if st.IsDir() {
-		return nil, fmt.Errorf("slice directory %s: no slice-directory loader is linked yet; pass a GGUF file", path)
+		if s, err = slice.Open(path); err != nil {
+			return nil, err
+		}
+		for _, b := range s.Bad() {
+			fmt.Fprintf(os.Stderr, "worker: not serving layer %d expert %d: %v\n", b.Layer, b.Expert, b.Err)
+		}
+	} else {
+		if f, err = gguf.Open(path); err != nil {
+			return nil, err
+		}
+		if s, err = slice.FromGGUF(f, layers, nil); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
-	f, err := gguf.Open(path)
+	comp, err := s.Computer(threads)
 	if err != nil {
+		s.Close()
 		return nil, err
 	}
-	m, err := model.Load(f)
-	if err != nil {
-		f.Close()
-		return nil, err
+	keep := map[int]bool{}
+	for _, l := range layers {
+		keep[l] = true
 	}
-	m.SetThreads(threads)
-	local := m.LocalExperts()
-	id, _ := f.String("general.name")
-	if id == "" {
-		id = filepath.Base(path)
+	var hs []wire.Holding
+	for _, h := range s.Holdings() {
+		if len(layers) == 0 || keep[int(h.Layer)] {
+			hs = append(hs, h)
+		}
 	}
-	return &workerSlice{Computer: local, Holdings: worker.HoldingsOf(local, layers), ModelID: id, Close: f.Close}, nil
+	closeFn := func() error {
+		err := s.Close()
+		if f != nil {
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		return err
+	}
+	return &workerSlice{Computer: comp, Holdings: hs, ModelID: s.ModelID(), Close: closeFn}, nil
 }
 
 // runWorker: backbone worker --gateway wss://HOST:PORT --slice PATH
@@ -68,12 +93,12 @@ var loadWorkerSlice = func(path string, layers []int, threads int) (*workerSlice
 func runWorker(args []string) int {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	gw := fs.String("gateway", "", "gateway URL (wss://host:port)")
-	slice := fs.String("slice", "", "the experts to serve: a GGUF file (slice directories once their loader lands)")
+	slice := fs.String("slice", "", "the experts to serve: a slice directory (backbone slice) or a GGUF file")
 	layersFlag := fs.String("layers", "", "comma-separated layers to serve (default: all in the slice)")
 	caFile := fs.String("ca", "", "PEM CA certificate to trust for the gateway (default: system roots)")
 	keyFile := fs.String("key", defaultKeyFile(), "ed25519 identity key file (0600, created if missing)")
 	threads := fs.Int("threads", runtime.NumCPU(), "compute threads")
-	modelID := fs.String("model-id", "", "model id announced to the backbone (default: the GGUF's general.name)")
+	modelID := fs.String("model-id", "", "model id announced to the backbone (default: the slice's model id, engine/slice.ModelID)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

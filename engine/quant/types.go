@@ -5,6 +5,14 @@
 //
 // Block layouts follow llama.cpp ggml/src/ggml-common.h at commit
 // 3f545beccee69d9975f466ec7e45fd9aacd8ba90.
+//
+// Numerics (vecdot.go): every dot product has one fixed operation order -
+// exact integer sums per block, then float32 scale products and a float32
+// accumulation, never fused - so MatMul is batch- and thread-invariant and
+// the SIMD kernels (AVX2+F16C on amd64: kernels_amd64.s; NEON on arm64:
+// kernels_arm64.s) give the same bits as the pure-Go code (build tag noasm
+// or other GOARCHes), which tests check kernel by kernel. Results are
+// therefore also identical across amd64 and arm64.
 package quant
 
 import (

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/slice"
+)
+
+func init() {
+	register("slice", "cut a worker's expert slice from a GGUF, or check a slice directory", func(args []string) int {
+		return sliceMain(args, os.Stdout, os.Stderr)
+	})
+	// Serve slice directories in `backbone worker --slice DIR`; GGUF files
+	// keep the loader cmd_worker.go defines.
+	fromFile := loadWorkerSlice
+	loadWorkerSlice = func(path string, layers []int, threads int) (*workerSlice, error) {
+		if st, err := os.Stat(path); err != nil || !st.IsDir() {
+			return fromFile(path, layers, threads)
+		}
+		return loadSliceDir(path, layers, threads, os.Stderr)
+	}
+}
+
+// loadSliceDir opens the slice directory dir (verifying every expert's
+// hash), reports experts left out to warn, and serves the held experts of
+// the given layers (nil: all) with the manifest's model id.
+func loadSliceDir(dir string, layers []int, threads int, warn io.Writer) (*workerSlice, error) {
+	s, err := slice.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range s.Bad() {
+		fmt.Fprintf(warn, "worker: not serving layer %d expert %d: %v\n", b.Layer, b.Expert, b.Err)
+	}
+	ls := s.Layers()
+	hs := s.Holdings()
+	if layers != nil {
+		ls = make([]*expert.Layer, len(ls))
+		hs = nil
+		for _, l := range layers {
+			if l >= 0 && l < len(ls) {
+				ls[l] = s.Layers()[l]
+			}
+		}
+		for _, h := range s.Holdings() {
+			if slices.Contains(layers, int(h.Layer)) {
+				hs = append(hs, h)
+			}
+		}
+	}
+	comp, err := expert.NewLocal(ls, threads)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return &workerSlice{Computer: comp, Holdings: hs, ModelID: s.ModelID(), Close: s.Close}, nil
+}
+
+// sliceMain implements
+//
+//	backbone slice --model FILE --layers 0,1 [--experts 0-7,12] --out DIR
+//	backbone slice --check DIR
+//
+// The first cuts the experts of the chosen layers (ranges allowed, or
+// "all") into DIR (see engine/slice and docs/slices.md); the second opens a
+// slice directory, verifies every expert's SHA-256 and lists the bad ones.
+// It returns the exit code: 2 for bad usage, 1 for a failure or (with
+// --check) any bad expert.
+func sliceMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("slice", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	modelPath := fs.String("model", "", "GGUF model file to cut from")
+	layersFlag := fs.String("layers", "", `layers to cut: "0,1", "0-3,7" or "all" (required with --model)`)
+	expertsFlag := fs.String("experts", "all", `experts of each layer: "0-7,12" or "all"`)
+	out := fs.String("out", "", "slice directory to write (created; must be empty or hold a slice)")
+	check := fs.String("check", "", "verify the slice directory DIR instead of cutting")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 0 || (*check == "") == (*modelPath == "") {
+		fmt.Fprintln(stderr, "slice: give either --model FILE --layers L --out DIR, or --check DIR")
+		fs.Usage()
+		return 2
+	}
+	if *check != "" {
+		return sliceCheck(*check, stdout, stderr)
+	}
+	if *layersFlag == "" || *out == "" {
+		fmt.Fprintln(stderr, "slice: --layers and --out are required with --model")
+		return 2
+	}
+	f, err := gguf.Open(*modelPath)
+	if err != nil {
+		fmt.Fprintln(stderr, "slice:", err)
+		return 1
+	}
+	defer f.Close()
+	arch := f.Architecture()
+	nl, _ := f.Uint(arch + ".block_count")
+	ne, _ := f.Uint(arch + ".expert_count")
+	if nl == 0 || ne == 0 || nl > slice.MaxLayers || ne > slice.MaxExperts {
+		fmt.Fprintf(stderr, "slice: %s: block_count %d, expert_count %d: not a Mixture-of-Experts model this can slice\n", *modelPath, nl, ne)
+		return 1
+	}
+	layers, err := slice.ParseList(*layersFlag, int(nl))
+	if err != nil {
+		fmt.Fprintln(stderr, "slice: --layers:", err)
+		return 2
+	}
+	experts, err := slice.ParseList(*expertsFlag, int(ne))
+	if err != nil {
+		fmt.Fprintln(stderr, "slice: --experts:", err)
+		return 2
+	}
+	start := time.Now()
+	m, err := slice.Cut(f, layers, experts, *out)
+	if err != nil {
+		fmt.Fprintln(stderr, "slice:", err)
+		return 1
+	}
+	el := time.Since(start)
+	fmt.Fprintf(stdout, "slice: %s\nslice: wrote %s in %.2f s (%.0f MB/s)\n", *out, m, el.Seconds(),
+		float64(m.Bytes())/1e6/max(el.Seconds(), 1e-9))
+	return 0
+}
+
+// sliceCheck verifies the slice in dir and prints what it holds.
+func sliceCheck(dir string, stdout, stderr io.Writer) int {
+	start := time.Now()
+	s, err := slice.Open(dir)
+	if err != nil {
+		fmt.Fprintln(stderr, "slice:", err)
+		return 1
+	}
+	defer s.Close()
+	el := time.Since(start)
+	fmt.Fprintf(stdout, "slice: %s: model %s, %d experts verified (%d bytes) in %.2f s\n",
+		dir, s.ModelID(), len(s.Holdings()), s.Bytes(), el.Seconds())
+	for _, b := range s.Bad() {
+		fmt.Fprintf(stdout, "slice: BAD layer %d expert %d: %v\n", b.Layer, b.Expert, b.Err)
+	}
+	if len(s.Bad()) > 0 {
+		fmt.Fprintf(stderr, "slice: %d of %d experts are bad\n", len(s.Bad()), s.Manifest().Count())
+		return 1
+	}
+	return 0
+}

@@ -24,6 +24,10 @@ type seqState struct {
 	inStep   bool
 }
 
+// poolMaxPositions: sequences that used at most this many positions are
+// cleared and reused by later requests (their KV cache stays allocated).
+const poolMaxPositions = 256
+
 // loop is the scheduler: the only goroutine that touches the model.
 func (s *Server) loop() {
 	defer close(s.done)
@@ -46,7 +50,10 @@ func (s *Server) loop() {
 	)
 	vocab := s.p.Vocab
 	release := func(a *seqState) {
-		if err := a.seq.Truncate(0); err == nil && len(free) < s.cfg.MaxSeqs {
+		// Keep short sequences for reuse; a long one's cache (it grows by
+		// doubling) is left to the garbage collector so a burst of long
+		// requests does not pin its memory.
+		if a.seq.Len() <= poolMaxPositions && len(free) < s.cfg.MaxSeqs && a.seq.Truncate(0) == nil {
 			free = append(free, a.seq)
 		}
 		a.seq = nil

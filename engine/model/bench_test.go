@@ -5,6 +5,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
@@ -30,6 +31,7 @@ func benchDecode(b *testing.B, m *Model) {
 	row := []Row{{Seq: seq, Logits: true}}
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := processCPU()
 	for i := 0; i < b.N; i++ {
 		if seq.Len() >= 256 {
 			_ = seq.Truncate(64)
@@ -40,6 +42,7 @@ func benchDecode(b *testing.B, m *Model) {
 			b.Fatal(err)
 		}
 	}
+	reportCPU(b, cpu0, b.N)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
 	b.ReportMetric(float64(m.BytesPerToken()), "weightB/tok")
 	b.ReportMetric(float64(m.BytesPerToken())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
@@ -55,6 +58,7 @@ func benchPrefill(b *testing.B, m *Model) {
 	prompt := make([]Row, 64)
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := processCPU()
 	for i := 0; i < b.N; i++ {
 		_ = seq.Truncate(0)
 		for j := range prompt {
@@ -64,7 +68,19 @@ func benchPrefill(b *testing.B, m *Model) {
 			b.Fatal(err)
 		}
 	}
+	reportCPU(b, cpu0, 64*b.N)
 	b.ReportMetric(float64(64*b.N)/b.Elapsed().Seconds(), "tok/s")
+}
+
+// reportCPU reports the process CPU time (user+system, all threads) per
+// token since cpu0 as "cpu-us/tok": on a shared machine it tracks the work
+// done better than wall time does (wall time also shows how well the
+// threads overlap).
+func reportCPU(b *testing.B, cpu0 time.Duration, tokens int) {
+	if cpu0 == 0 || tokens == 0 {
+		return
+	}
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(tokens), "cpu-us/tok")
 }
 
 func BenchmarkFixtureQ4KM(b *testing.B) {

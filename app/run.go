@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"fyne.io/fyne/v2"
@@ -33,6 +34,8 @@ type Window struct {
 	ctl  *status.Control
 	gov  *limits.Governor
 	tray *tray
+
+	stopped atomic.Bool // the app has stopped: widgets must not be touched
 }
 
 // NewWindow builds the main window over be (a *node.Manager in the app, a
@@ -56,6 +59,7 @@ func NewWindow(a fyne.App, be Backend, gov *limits.Governor, onSave func(Setting
 	w.SetContent(u.Tabs)
 	w.Resize(fyne.NewSize(900, 640))
 	win := &Window{UI: u, Win: w, ctl: ctl, gov: gov}
+	a.Lifecycle().SetOnStopped(func() { win.stopped.Store(true) })
 	if withTray {
 		win.tray = newTray(a, w, ctl)
 	}
@@ -81,7 +85,12 @@ func (w *Window) Loop(stop <-chan struct{}) {
 		if full && w.gov != nil {
 			w.ctl.SetLimit(w.gov.Check())
 		}
-		fyne.Do(w.UI.Poll(time.Now(), full))
+		apply := w.UI.Poll(time.Now(), full)
+		fyne.Do(func() {
+			if !w.stopped.Load() { // after Quit, fyne.Do runs on this goroutine
+				apply()
+			}
+		})
 		select {
 		case <-stop:
 			return

@@ -5,14 +5,19 @@ import (
 	"image"
 	"image/color"
 	"image/png"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"fyne.io/fyne/v2"
 	fyneapp "fyne.io/fyne/v2/app"
 
+	"github.com/kvasir-ai/kvasir/app/internal/swarmtest"
+	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
 	"github.com/kvasir-ai/kvasir/wallet"
 )
@@ -39,6 +44,9 @@ func xvfbShot(path string) int {
 	secs := 12
 	if s := os.Getenv("KVASIR_XVFB_SECONDS"); s != "" {
 		fmt.Sscan(s, &secs)
+	}
+	if os.Getenv("KVASIR_XVFB_SWARM") != "" {
+		return xvfbSwarmShot(path, secs)
 	}
 	a := fyneapp.NewWithID(AppID + ".xvfbtest")
 	be := &fakeBackend{snap: status.Snapshot{State: status.Connected, Gateway: "127.0.0.1:8443", RTT: 1200 * time.Microsecond,
@@ -85,6 +93,70 @@ func xvfbShot(path string) int {
 		} else {
 			fmt.Println("screenshot ok:", path)
 			code = 0
+		}
+		fyne.Do(a.Quit)
+	}()
+	w.Win.ShowAndRun()
+	close(stop)
+	return code
+}
+
+// xvfbSwarmShot is xvfbShot against a real loopback swarm
+// (internal/swarmtest: TLS gateway, hub, ledger, crediting, dispatcher
+// with load) and a real node (slice directory, SQLite wallet, file key
+// store) run by node.Manager, as the app runs it. Besides the screenshot
+// check it requires the window to show non-zero throughput and pending KVR.
+func xvfbSwarmShot(path string, secs int) int {
+	dir, err := os.MkdirTemp("", "kvasir-xvfb-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	sw, err := swarmtest.Start(filepath.Join(dir, "swarm"), 500*time.Millisecond)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "swarm:", err)
+		return 1
+	}
+	defer sw.Close()
+	data := filepath.Join(dir, "data")
+	mgr := &node.Manager{}
+	err = mgr.Start(node.Config{GatewayURL: sw.URL, CAFile: sw.CAFile, SliceDir: sw.SliceDir, DataDir: data, Threads: 1,
+		KeyStore: wallet.FileStore{Dir: data}, StoreName: "file", SyncEvery: time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node:", err)
+		return 1
+	}
+	defer mgr.Stop()
+	sw.Load(64, 25*time.Millisecond)
+
+	a := fyneapp.NewWithID(AppID + ".xvfbtest")
+	w := NewWindow(a, mgr, nil, nil, true)
+	stop := make(chan struct{})
+	go w.Loop(stop)
+	code := 1
+	go func() {
+		time.Sleep(time.Duration(secs) * time.Second)
+		var rows, pending, state string
+		fyne.DoAndWait(func() { rows, pending, state = w.UI.rowsPS.Text, w.UI.pendingT.Text, w.UI.state.Text })
+		st := mgr.Stats()
+		sum, _ := mgr.Summary()
+		fmt.Printf("window: %s, %s, pending %s; worker %d rows, %d requests; wallet credited %d bytes\n",
+			state, rows, pending, st.Rows, st.Requests, sum.CreditedBytes)
+		out, err := exec.Command("import", "-window", "root", path).CombinedOutput()
+		switch {
+		case err != nil:
+			fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
+		case rows == status.FormatRows(0) || pending == status.FormatKVR(0) || st.Rows == 0:
+			fmt.Fprintln(os.Stderr, "the window shows no work served or no pending KVR")
+		default:
+			if err := CheckScreenshot(path); err != nil {
+				fmt.Fprintln(os.Stderr, "screenshot:", err)
+			} else {
+				fmt.Println("screenshot ok:", path)
+				code = 0
+			}
 		}
 		fyne.Do(a.Quit)
 	}()

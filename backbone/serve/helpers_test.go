@@ -161,7 +161,6 @@ type slowExperts struct {
 	inner expert.Computer
 	delay time.Duration
 	gate  chan struct{}
-	calls sync.WaitGroup
 	mu    sync.Mutex
 	n     int
 	rows  []int // rows per call

@@ -613,3 +613,51 @@ func TestParseList(t *testing.T) {
 		}
 	}
 }
+
+// TestDownloadFlow builds a slice the way a downloader would (issue 6): one
+// expert at a time with WriteExpert, then WriteManifest listing only what was
+// written; a manifest that does not validate is not written.
+func TestDownloadFlow(t *testing.T) {
+	f := genGGUF(t, tinySpec(t))
+	src, err := FromGGUF(f, []int{3}, []int{1, 4, 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	m := *src.Manifest()
+	m.Layers = []LayerEntry{m.Layers[0]}
+	m.Layers[0].Experts = nil
+	if err := WriteManifest(dir, &m); err != nil { // an empty slice of layer 3
+		t.Fatal(err)
+	}
+	l := src.Layers()[3]
+	for _, ee := range src.Manifest().Layers[0].Experts[:2] {
+		e := ee.Expert
+		if err := WriteExpert(dir, 3, e, l.Gate.Expert[e], l.Up.Expert[e], l.Down.Expert[e]); err != nil {
+			t.Fatal(err)
+		}
+		if err := SyncLayerDir(dir, 3); err != nil {
+			t.Fatal(err)
+		}
+		m.Layers[0].Experts = append(m.Layers[0].Experts, ee)
+		if err := WriteManifest(dir, &m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !reflect.DeepEqual(s.Holdings(), src.Holdings()[:2]) || len(s.Bad()) != 0 || s.Dir() != dir {
+		t.Fatalf("holdings %v, want %v; bad %v", s.Holdings(), src.Holdings()[:2], s.Bad())
+	}
+	bad := m
+	bad.Version = 2
+	if err := WriteManifest(dir, &bad); !errors.Is(err, ErrManifest) {
+		t.Fatalf("invalid manifest written: %v", err)
+	}
+	if got, err := ReadManifest(dir); err != nil || got.Count() != 2 {
+		t.Fatalf("manifest after a refused write: %v, %v", got, err)
+	}
+}

@@ -188,7 +188,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	if err != nil {
 		return fail(err)
 	}
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	p := m.Params()

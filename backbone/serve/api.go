@@ -241,15 +241,15 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 			"this model's maximum context length is %d tokens; the prompt has %d tokens", s.p.Context, len(prompt))
 	}
 	j := Job{Prompt: prompt, Sampler: model.SamplerOptions{Temperature: 1, TopP: 1}}
-	max := p.MaxTokens
-	if max == nil {
-		max = p.MaxCompletionTokens
+	mt := p.MaxTokens
+	if mt == nil {
+		mt = p.MaxCompletionTokens
 	}
 	switch {
-	case max != nil && *max < 1:
-		return Job{}, badRequest("max_tokens", "invalid_value", "max_tokens must be at least 1 (got %d)", *max)
-	case max != nil:
-		j.MaxTokens = *max
+	case mt != nil && *mt < 1:
+		return Job{}, badRequest("max_tokens", "invalid_value", "max_tokens must be at least 1 (got %d)", *mt)
+	case mt != nil:
+		j.MaxTokens = *mt
 	case defaultMax > 0:
 		j.MaxTokens = defaultMax
 	default:

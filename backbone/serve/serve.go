@@ -303,7 +303,6 @@ type Stream struct {
 	reason    string
 	err       error
 	cancelled bool
-	taken     bool // the final Delta was returned
 }
 
 func newStream(ctx context.Context, j Job) *Stream {
@@ -321,7 +320,6 @@ func (st *Stream) Next(ctx context.Context) (Delta, error) {
 			d := Delta{Text: string(st.text), Tokens: st.tokens, Done: st.done, Finish: st.reason, Err: st.err,
 				PromptTokens: len(st.job.Prompt), CompletionTokens: st.generated}
 			st.text, st.tokens = st.text[:0], nil
-			st.taken = st.done
 			st.mu.Unlock()
 			return d, nil
 		}

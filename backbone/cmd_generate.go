@@ -2,23 +2,35 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"math"
 	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
 
 func init() {
-	register("generate", "decode a prompt on a GGUF model (default: the embedded tiny model)", func(args []string) int {
-		return generateMain(args, os.Stdout, os.Stderr)
+	register("generate", "decode a prompt on a GGUF model (default: the embedded tiny model), experts local or over the swarm", func(args []string) int {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return generateMainContext(ctx, args, os.Stdout, os.Stderr)
 	})
 }
 
@@ -29,15 +41,68 @@ type generateResult struct {
 	Text         string  `json:"text"`          // decoded tokens; invalid UTF-8 bytes become U+FFFD
 	PrefillTokS  float64 `json:"prefill_tok_s"` // prompt tokens / prefill seconds
 	DecodeTokS   float64 `json:"decode_tok_s"`  // single-token forward passes / their seconds
+	// LogitsSHA256 is the hex SHA-256 over every logits vector the decode
+	// computed (prefill's last row, then each step's; vocab float32 each,
+	// little-endian): equal hashes mean bit-identical logits.
+	LogitsSHA256 string `json:"logits_sha256"`
+	// MaxStepMs is the longest single-token forward pass, ms (a stall shows
+	// here).
+	MaxStepMs float64 `json:"max_step_ms"`
+
+	// With --dispatch-listen only (swarm decode):
+	ExpertsRemote *uint64      `json:"experts_remote,omitempty"` // (row, slot) expert outputs computed by workers
+	ExpertsLocal  *uint64      `json:"experts_local,omitempty"`  // (row, slot) outputs computed here (unheld, failed or late)
+	Workers       []workerJSON `json:"workers,omitempty"`        // one entry per worker session, live ones first
 }
 
-// generateMain implements
+// workerJSON is one worker session in generate's and demo's JSON, from the
+// dispatcher's dispatch.WorkerStats. Bytes are whole messages of the session
+// (control frames included), as the backbone counted them.
+type workerJSON struct {
+	ID        string  `json:"id"`      // hex ed25519 public key
+	Session   string  `json:"session"` // hub session id
+	Connected bool    `json:"connected"`
+	Reason    string  `json:"reason,omitempty"` // why an ended session ended
+	Holdings  int     `json:"holdings"`         // (layer, expert) pairs accepted
+	Requests  uint64  `json:"requests"`         // DISPATCH frames sent
+	Rows      uint64  `json:"rows"`             // hidden rows in accepted RESULTs
+	Pairs     uint64  `json:"pairs"`            // (row, slot) outputs accepted
+	Timeouts  uint64  `json:"timeouts"`         // requests past their deadline
+	BytesIn   uint64  `json:"bytes_in"`         // worker -> backbone
+	BytesOut  uint64  `json:"bytes_out"`        // backbone -> worker
+	RTTp50ms  float64 `json:"rtt_p50_ms"`
+	RTTp99ms  float64 `json:"rtt_p99_ms"`
+}
+
+func workersJSON(st dispatch.Stats) []workerJSON {
+	out := make([]workerJSON, 0, len(st.Workers))
+	for _, w := range st.Workers {
+		out = append(out, workerJSON{ID: w.ID, Session: w.Session, Connected: w.Connected, Reason: w.Reason,
+			Holdings: w.Holdings, Requests: w.Requests, Rows: w.Rows, Pairs: w.Pairs, Timeouts: w.Timeouts,
+			BytesIn: w.BytesIn, BytesOut: w.BytesOut, RTTp50ms: w.RTTp50ms, RTTp99ms: w.RTTp99ms})
+	}
+	return out
+}
+
+// generateMain is generateMainContext without cancellation.
+func generateMain(args []string, stdout, stderr io.Writer) int {
+	return generateMainContext(context.Background(), args, stdout, stderr)
+}
+
+// generateMainContext implements
 //
-//	backbone generate --model FILE --prompt TEXT --max-tokens N --temperature 0 [--top-k K --top-p P --seed S --threads T] [--json]
+//	backbone generate [--model FILE] --prompt TEXT --max-tokens N --temperature 0
+//	                  [--top-k K --top-p P --seed S --threads T] [--json]
+//	                  [--dispatch-listen ADDR --wait-workers N --wait-timeout 2m]
 //
 // writing text (or the JSON object) to stdout and diagnostics to stderr; it
-// returns the exit code (2: bad usage, 1: failure).
-func generateMain(args []string, stdout, stderr io.Writer) int {
+// returns the exit code (2: bad usage, 1: failure). With --dispatch-listen
+// the experts are computed by the swarm: a dispatcher listens on ADDR for
+// the hub's worker links (it prints "generate: dispatch listening on
+// HOST:PORT" to stderr; port 0 picks one), the decode starts once
+// --wait-workers workers are connected, and whatever no worker holds is
+// computed locally.
+func generateMainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	modelPath := fs.String("model", "", "GGUF model file (default: the embedded tiny model)")
@@ -50,85 +115,198 @@ func generateMain(args []string, stdout, stderr io.Writer) int {
 	threads := fs.Int("threads", 0, "goroutines for matrix products (0: all CPUs)")
 	special := fs.Bool("special", false, "parse special-token text (e.g. <|im_start|>) in the prompt")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of streaming text")
+	dispatchListen := fs.String("dispatch-listen", "", "compute experts over the swarm: listen here (LAN host:port) for the hub's worker links")
+	waitWorkers := fs.Int("wait-workers", 0, "with --dispatch-listen: wait for N workers before decoding")
+	waitTimeout := fs.Duration("wait-timeout", 2*time.Minute, "how long --wait-workers waits")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() != 0 || *maxTokens < 0 {
-		fmt.Fprintln(stderr, "generate: unexpected arguments or negative --max-tokens")
+	if fs.NArg() != 0 || *maxTokens < 0 || *waitWorkers < 0 {
+		fmt.Fprintln(stderr, "generate: unexpected arguments or negative --max-tokens/--wait-workers")
 		fs.Usage()
+		return 2
+	}
+	if *waitWorkers > 0 && *dispatchListen == "" {
+		fmt.Fprintln(stderr, "generate: --wait-workers needs --dispatch-listen")
 		return 2
 	}
 	out := stdout
 	if *asJSON {
 		out = io.Discard
 	}
-	res, err := generate(context.Background(), generateOptions{
-		modelPath: *modelPath, prompt: *prompt, maxTokens: *maxTokens, threads: *threads, special: *special,
-		sampler: model.SamplerOptions{Temperature: float32(*temp), TopK: *topK, TopP: float32(*topP), Seed: *seed},
-	}, out)
-	if err != nil {
+	fail := func(err error) int {
 		fmt.Fprintln(stderr, "generate:", err)
 		return 1
 	}
+	lm, err := loadGenModel(*modelPath)
+	if err != nil {
+		return fail(err)
+	}
+	defer lm.Close()
+	lm.m.SetThreads(*threads)
+	var d *dispatch.Dispatcher
+	if *dispatchListen != "" {
+		log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		if d, err = startDispatcher(lm, *dispatchListen, log, nil); err != nil {
+			return fail(err)
+		}
+		defer d.Close()
+		fmt.Fprintf(stderr, "generate: dispatch listening on %s (model id %q)\n", d.Addr(), lm.id)
+		if *waitWorkers > 0 {
+			wctx, cancel := context.WithTimeout(ctx, *waitTimeout)
+			err := d.WaitWorkers(wctx, *waitWorkers)
+			cancel()
+			if err != nil {
+				return fail(fmt.Errorf("waiting for %d workers: %w", *waitWorkers, err))
+			}
+		}
+		lm.m.SetExperts(d)
+	}
+	res, err := decode(ctx, lm, decodeOptions{prompt: *prompt, maxTokens: *maxTokens, special: *special,
+		sampler: model.SamplerOptions{Temperature: float32(*temp), TopK: *topK, TopP: float32(*topP), Seed: *seed}}, out)
+	if err != nil {
+		return fail(err)
+	}
+	if d != nil {
+		st := d.Stats()
+		res.ExpertsRemote, res.ExpertsLocal, res.Workers = &st.ExpertsRemote, &st.ExpertsLocal, workersJSON(st)
+	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		if err := enc.Encode(res); err != nil {
-			fmt.Fprintln(stderr, "generate:", err)
-			return 1
+		if err := json.NewEncoder(stdout).Encode(res); err != nil {
+			return fail(err)
 		}
 		return 0
 	}
 	fmt.Fprintf(stdout, "\n\nprefill: %d tokens, %.1f tok/s; decode: %d tokens, %.1f tok/s\n",
 		len(res.PromptTokens), res.PrefillTokS, len(res.Tokens), res.DecodeTokS)
+	if d != nil {
+		fmt.Fprintf(stdout, "experts: %d remote, %d local\n", *res.ExpertsRemote, *res.ExpertsLocal)
+		for _, w := range res.Workers {
+			fmt.Fprintf(stdout, "worker %.16s… rows %d, bytes in %d out %d, rtt p50 %.2f ms p99 %.2f ms\n",
+				w.ID, w.Rows, w.BytesIn, w.BytesOut, w.RTTp50ms, w.RTTp99ms)
+		}
+	}
 	return 0
 }
 
-type generateOptions struct {
-	modelPath string
-	prompt    string
-	maxTokens int
-	threads   int
-	special   bool
-	sampler   model.SamplerOptions
+// loadedModel is a model ready to decode, with what the swarm needs to
+// know about it.
+type loadedModel struct {
+	f   *gguf.File
+	m   *model.Model
+	tok *tokenizer.Tokenizer
+	id  string // slice.ModelID(f): what workers announce in HELLO
 }
 
-// generate prefills the prompt in one batch, then samples and feeds back one
-// token at a time until maxTokens or an end-of-generation token, streaming
-// complete UTF-8 text to out.
-func generate(ctx context.Context, o generateOptions, out io.Writer) (*generateResult, error) {
+func (l *loadedModel) Close() error { return l.f.Close() }
+
+// loadGenModel opens path (mapped), or the embedded tiny model when path
+// is "", and loads model and tokenizer.
+func loadGenModel(path string) (*loadedModel, error) {
 	var f *gguf.File
 	var err error
-	if o.modelPath == "" {
+	if path == "" {
 		data, err := modelgen.Tiny()
 		if err != nil {
 			return nil, err
 		}
-		f, err = gguf.Parse(data)
-		if err != nil {
+		if f, err = gguf.Parse(data); err != nil {
 			return nil, err
 		}
-	} else if f, err = gguf.Open(o.modelPath); err != nil {
+	} else if f, err = gguf.Open(path); err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	m, err := model.Load(f)
 	if err != nil {
+		f.Close()
 		return nil, err
 	}
-	m.SetThreads(o.threads)
 	tok, err := tokenizer.FromGGUF(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	id, _ := slice.ModelID(f)
+	return &loadedModel{f: f, m: m, tok: tok, id: id}, nil
+}
+
+// startDispatcher starts a dispatch.Dispatcher for lm on listen: it accepts
+// workers announcing lm's model id (slice.ModelID), uses a holding only if
+// its hash equals the SHA-256 of lm's own expert bytes (slice.HashExpert,
+// computed once per expert on first use), and computes locally with lm's
+// experts whatever no worker delivers. tune, if set, may change the config
+// (deadlines) before New. The caller installs it with lm.m.SetExperts and
+// closes it.
+func startDispatcher(lm *loadedModel, listen string, log *slog.Logger, tune func(*dispatch.Config)) (*dispatch.Dispatcher, error) {
+	p := lm.m.Params()
+	local := lm.m.LocalExperts()
+	var mu sync.Mutex
+	hashes := map[[2]int][32]byte{}
+	cfg := dispatch.Config{Listen: listen, Fallback: local, Logger: log,
+		Model: dispatch.Model{ID: lm.id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts},
+		ExpertHash: func(l, e int) ([32]byte, bool) {
+			if l < 0 || l >= local.NumLayers() {
+				return [32]byte{}, false
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if h, ok := hashes[[2]int{l, e}]; ok {
+				return h, true
+			}
+			h, ok := slice.HashExpert(local.Layer(l), e)
+			if ok {
+				hashes[[2]int{l, e}] = h
+			}
+			return h, ok
+		}}
+	if tune != nil {
+		tune(&cfg)
+	}
+	d, err := dispatch.New(cfg)
 	if err != nil {
 		return nil, err
 	}
+	if err := d.Start(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// decodeOptions are the per-decode settings of decode.
+type decodeOptions struct {
+	prompt    string
+	maxTokens int
+	special   bool
+	sampler   model.SamplerOptions
+	// onToken, if set, is called after each sampled token (i counts from 0)
+	// before the next forward pass.
+	onToken func(i int, tok int32)
+}
+
+// decode prefills the prompt in one batch on a new sequence of lm, then
+// samples and feeds back one token at a time until maxTokens, an
+// end-of-generation token or the context length, streaming complete UTF-8
+// text to out. The model's experts are whatever lm.m has installed.
+func decode(ctx context.Context, lm *loadedModel, o decodeOptions, out io.Writer) (*generateResult, error) {
+	m, tok := lm.m, lm.tok
 	res := &generateResult{PromptTokens: tok.Tokenize(o.prompt, true, o.special), Tokens: []int32{}}
 	if len(res.PromptTokens) == 0 {
 		return nil, errors.New("the prompt encodes to no tokens")
 	}
+	h := sha256.New()
+	res.LogitsSHA256 = hex.EncodeToString(h.Sum(nil))
 	if o.maxTokens == 0 {
 		return res, nil
 	}
 	vocab := m.Params().Vocab
 	logits := make([]float32, vocab)
+	raw := make([]byte, 4*vocab)
+	hashLogits := func() {
+		for i, v := range logits {
+			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+		}
+		h.Write(raw)
+	}
 	seq := m.NewSequence()
 	rows := make([]model.Row, len(res.PromptTokens))
 	for i, t := range res.PromptTokens {
@@ -139,16 +317,20 @@ func generate(ctx context.Context, o generateOptions, out io.Writer) (*generateR
 		return nil, err
 	}
 	res.PrefillTokS = float64(len(rows)) / time.Since(start).Seconds()
+	hashLogits()
 
 	sampler := model.NewSampler(o.sampler)
 	dec := tok.NewDecoder(false)
 	decodeSteps := 0
-	var decodeTime time.Duration
+	var decodeTime, maxStep time.Duration
 	for {
 		next := sampler.Sample(logits)
 		res.Tokens = append(res.Tokens, next)
 		if _, err := io.WriteString(out, dec.Add(next)); err != nil {
 			return nil, err
+		}
+		if o.onToken != nil {
+			o.onToken(len(res.Tokens)-1, next)
 		}
 		if len(res.Tokens) >= o.maxTokens || tok.IsEOG(next) || seq.Len() >= m.Params().Context {
 			break
@@ -158,13 +340,18 @@ func generate(ctx context.Context, o generateOptions, out io.Writer) (*generateR
 		if err := m.Forward(ctx, row, logits); err != nil {
 			return nil, err
 		}
-		decodeTime += time.Since(t0)
+		step := time.Since(t0)
+		decodeTime += step
+		maxStep = max(maxStep, step)
 		decodeSteps++
+		hashLogits()
 	}
 	if _, err := io.WriteString(out, dec.Flush()); err != nil {
 		return nil, err
 	}
 	res.Text = tok.Decode(res.Tokens)
+	res.LogitsSHA256 = hex.EncodeToString(h.Sum(nil))
+	res.MaxStepMs = float64(maxStep) / 1e6
 	if decodeSteps > 0 {
 		res.DecodeTokS = float64(decodeSteps) / decodeTime.Seconds()
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/engine/worker"
@@ -88,8 +90,36 @@ var loadWorkerSlice = func(path string, layers []int, threads int) (*workerSlice
 	return &workerSlice{Computer: comp, Holdings: hs, ModelID: s.ModelID(), Close: closeFn}, nil
 }
 
+// loadTinySlice serves the experts of the given layers (nil: all) of the
+// embedded tiny model (engine/modelgen.Tiny, the bytes `backbone genmodel
+// --preset tiny` writes), as views into its in-memory GGUF, with their
+// hashes and slice.ModelID.
+func loadTinySlice(layers []int, threads int) (*workerSlice, error) {
+	data, err := modelgen.Tiny()
+	if err != nil {
+		return nil, err
+	}
+	f, err := gguf.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	s, err := slice.FromGGUF(f, layers, nil)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	comp, err := s.Computer(threads)
+	if err != nil {
+		s.Close()
+		f.Close()
+		return nil, err
+	}
+	return &workerSlice{Computer: comp, Holdings: s.Holdings(), ModelID: s.ModelID(),
+		Close: func() error { return errors.Join(s.Close(), f.Close()) }}, nil
+}
+
 // runWorker: backbone worker --gateway wss://HOST:PORT --slice PATH
-// [--layers 0,1] [--ca C] [--key FILE] [--threads N] [--model-id ID].
+// (or --model-tiny) [--layers 0,1] [--ca C] [--key FILE] [--threads N] [--model-id ID].
 func runWorker(args []string) int {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	gw := fs.String("gateway", "", "gateway URL (wss://host:port)")
@@ -99,11 +129,12 @@ func runWorker(args []string) int {
 	keyFile := fs.String("key", defaultKeyFile(), "ed25519 identity key file (0600, created if missing)")
 	threads := fs.Int("threads", runtime.NumCPU(), "compute threads")
 	modelID := fs.String("model-id", "", "model id announced to the backbone (default: the slice's model id, engine/slice.ModelID)")
+	modelTiny := fs.Bool("model-tiny", false, "serve the experts of the embedded tiny model (the default model of backbone generate and demo) instead of --slice")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *gw == "" || *slice == "" {
-		fmt.Fprintln(os.Stderr, "worker: --gateway and --slice are required")
+	if *gw == "" || (*slice == "") == !*modelTiny {
+		fmt.Fprintln(os.Stderr, "worker: --gateway and one of --slice or --model-tiny are required")
 		return 2
 	}
 	var layers []int
@@ -136,7 +167,12 @@ func runWorker(args []string) int {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 1
 	}
-	sl, err := loadWorkerSlice(*slice, layers, *threads)
+	var sl *workerSlice
+	if *modelTiny {
+		sl, err = loadTinySlice(layers, *threads)
+	} else {
+		sl, err = loadWorkerSlice(*slice, layers, *threads)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 1

@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -104,6 +105,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	idle := fs.Bool("only-when-idle", false, "pause while other programs use more than a quarter of the CPUs")
 	maxT := fs.Float64("max-temp", 0, "pause at this CPU temperature in °C (0 = no limit)")
 	resT := fs.Float64("resume-temp", 0, "resume at this CPU temperature in °C (default max-temp - 10)")
+	syncEvery := fs.Duration("sync", 30*time.Second, "how often to fetch credit statements from the gateway")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -115,7 +117,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvasir: --headless needs --gateway wss://HOST:PORT and --slice DIR")
 		return 2
 	}
-	n, err := node.Open(node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, DataDir: *data, Threads: *threads, Warn: stderr})
+	n, err := node.Open(node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, DataDir: *data, Threads: *threads, Warn: stderr,
+		SyncEvery: *syncEvery, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1

@@ -67,6 +67,11 @@ func TestNodeInSwarm(t *testing.T) {
 	sw.Load(rows, 20*time.Millisecond)
 	waitFor(t, "rows served", 20*time.Second, func() bool { return n.Stats().Rows >= 20*rows })
 	sw.StopLoad()
+	waitFor(t, "the worker to go quiet", 10*time.Second, func() bool {
+		a := n.Stats()
+		time.Sleep(300 * time.Millisecond)
+		return n.Stats().Rows == a.Rows
+	})
 	st := n.Stats()
 	if st.Requests == 0 || st.BytesIn == 0 || st.BytesOut == 0 || st.Session == "" || st.RTT <= 0 && st.Requests < 1 {
 		t.Errorf("worker stats %+v", st)
@@ -77,16 +82,16 @@ func TestNodeInSwarm(t *testing.T) {
 
 	// The hub's ledger for this worker, once it has flushed everything.
 	id := n.Identity().WorkerID
-	var ledgerBytes uint64
+	var ledgerBytes, rejected uint64
 	waitFor(t, "wallet credited with the whole ledger", 20*time.Second, func() bool {
 		tot, err := sw.Ledger.Totals()
 		if err != nil {
 			t.Fatal(err)
 		}
-		ledgerBytes = 0
+		ledgerBytes, rejected = 0, 0
 		for _, w := range tot {
 			if w.ID == id {
-				ledgerBytes = w.Bytes
+				ledgerBytes, rejected = w.Bytes, w.RejectedBytes
 			}
 		}
 		s, err := n.Summary()
@@ -103,14 +108,16 @@ func TestNodeInSwarm(t *testing.T) {
 		t.Errorf("credited %d nKVR for %d bytes (pending %d, %d statements), want 7 nKVR/byte", s.CreditedNKVR, s.CreditedBytes, s.PendingNKVR, s.Statements)
 	}
 	// The wallet's own count (OnServed: DISPATCH and RESULT message sizes)
-	// equals what the hub metered as creditable, and is below the worker's
-	// total traffic by the HELLO/WELCOME/PAUSE messages.
-	if s.BytesServed != ledgerBytes || s.BytesServed >= st.BytesIn+st.BytesOut {
-		t.Errorf("own count %d, ledger %d, worker traffic %d", s.BytesServed, ledgerBytes, st.BytesIn+st.BytesOut)
+	// equals what the hub metered for those frames: creditable plus
+	// rejected (late results, never paid); it is below the worker's total
+	// traffic by the HELLO/WELCOME/PAUSE/ping messages.
+	if s.BytesServed != ledgerBytes+rejected || s.BytesServed >= st.BytesIn+st.BytesOut || s.RejectedBytes != rejected {
+		t.Errorf("own count %d, ledger %d + %d rejected (wallet says %d), worker traffic %d",
+			s.BytesServed, ledgerBytes, rejected, s.RejectedBytes, st.BytesIn+st.BytesOut)
 	}
 	if s.Address != n.Identity().Address || s.Reconcile.Mismatch {
 		t.Errorf("wallet %+v", s)
 	}
-	t.Logf("served %d rows in %d requests; worker bytes in %d out %d; wallet own count %d; ledger %d creditable; credited %s",
-		st.Rows, st.Requests, st.BytesIn, st.BytesOut, s.BytesServed, ledgerBytes, status.FormatKVR(s.CreditedNKVR))
+	t.Logf("served %d rows in %d requests; worker bytes in %d out %d; wallet own count %d; ledger %d creditable + %d rejected; credited %s",
+		st.Rows, st.Requests, st.BytesIn, st.BytesOut, s.BytesServed, ledgerBytes, rejected, status.FormatKVR(s.CreditedNKVR))
 }

@@ -25,7 +25,13 @@ func (s SliceInfo) Summary() string {
 	if s.Problem != "" {
 		return s.Problem
 	}
-	l := fmt.Sprintf("%d experts in %d layers, %s", s.Experts, s.Layers, FormatBytes(s.Bytes))
+	plural := func(n int, one string) string {
+		if n == 1 {
+			return fmt.Sprintf("%d %s", n, one)
+		}
+		return fmt.Sprintf("%d %ss", n, one)
+	}
+	l := fmt.Sprintf("%s in %s, %s", plural(s.Experts, "expert"), plural(s.Layers, "layer"), FormatBytes(s.Bytes))
 	if s.QuotaBytes > 0 {
 		l += " of " + FormatBytes(s.QuotaBytes) + " quota"
 	}

@@ -175,3 +175,23 @@ func TestWriteHistoryCSV(t *testing.T) {
 		}
 	}
 }
+
+func TestSliceSummary(t *testing.T) {
+	at := time.Date(2026, 11, 29, 12, 0, 5, 0, time.Local)
+	cases := []struct {
+		s    SliceInfo
+		want string
+	}{
+		{SliceInfo{Problem: "no slice folder set"}, "no slice folder set"},
+		{SliceInfo{Layers: 1, Experts: 1, Bytes: 1536}, "1 expert in 1 layer, 1.5 KiB, integrity not verified"},
+		{SliceInfo{Layers: 2, Experts: 96, Bytes: 12 << 20, QuotaBytes: 64 << 20, Verified: true, VerifiedAt: at},
+			"96 experts in 2 layers, 12.0 MiB of 64.0 MiB quota, integrity verified 12:00:05"},
+		{SliceInfo{Layers: 2, Experts: 95, Bytes: 12 << 20, Bad: 1, Verified: true, VerifiedAt: at},
+			"95 experts in 2 layers, 12.0 MiB, 1 experts failed the hash check and are not served (verified 12:00:05)"},
+	}
+	for _, c := range cases {
+		if got := c.s.Summary(); got != c.want {
+			t.Errorf("got %q\nwant %q", got, c.want)
+		}
+	}
+}

@@ -197,7 +197,8 @@ func (s *Swarm) Load(rows int, period time.Duration) {
 				}
 			}
 			s.Calls.Add(1)
-			if err := s.Disp.ComputeExperts(ctx, 0, hidden, ids, rows, m.K, out); err != nil && ctx.Err() == nil {
+			// Not ctx: a stopped load lets its last request finish.
+			if err := s.Disp.ComputeExperts(context.Background(), 0, hidden, ids, rows, m.K, out); err != nil {
 				s.Errors.Add(1)
 			}
 		}

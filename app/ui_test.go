@@ -249,3 +249,21 @@ func TestSettingsPersist(t *testing.T) {
 		t.Errorf("invalid settings were saved: %d", len(saved))
 	}
 }
+
+func TestWalletAndSliceTabs(t *testing.T) {
+	u, be, w := newTestUI(t)
+	be.sum = sampleSummary()
+	be.slice = status.SliceInfo{Dir: "/srv/slice", Layers: 2, Experts: 96, Bytes: 12 << 20, QuotaBytes: 64 << 20}
+	u.Poll(time.Time{}, true)()
+	u.Tabs.SelectIndex(1)
+	if u.pending.Text != "0.00895 KVR — credited by the gateway, not yet paid out" ||
+		u.credited.Text != "0.00895 KVR — 1 signed statements, 1.2 MiB" || u.address.Text != be.sum.Address {
+		t.Errorf("wallet labels %q %q %q", u.pending.Text, u.credited.Text, u.address.Text)
+	}
+	test.AssertRendersToMarkup(t, "wallet.xml", w.Canvas())
+	test.AssertImageMatches(t, "wallet.png", w.Canvas().Capture())
+	u.Tabs.SelectIndex(2)
+	test.AssertImageMatches(t, "slice.png", w.Canvas().Capture())
+	u.Tabs.SelectIndex(3)
+	test.AssertImageMatches(t, "settings.png", w.Canvas().Capture())
+}

@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -11,25 +10,34 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// benchRTT is the simulated round trip: 13 ms, or KVASIR_BENCH_RTT_MS.
+func benchRTT() time.Duration {
+	if v, err := strconv.Atoi(os.Getenv("KVASIR_BENCH_RTT_MS")); err == nil && v >= 0 {
+		return time.Duration(v) * time.Millisecond
+	}
+	return 13 * time.Millisecond
+}
+
+// benchTokens is max_tokens per request: 16, or KVASIR_BENCH_TOKENS.
+func benchTokens() int {
+	if v, err := strconv.Atoi(os.Getenv("KVASIR_BENCH_TOKENS")); err == nil && v > 0 {
+		return v
+	}
+	return 16
+}
+
 // BenchmarkSwarmBatching measures aggregate decode throughput with 1, 8, 64
 // and 512 concurrent sequences on the tiny model, with every MoE layer's
 // expert call behind a simulated 13 ms round trip (slowExperts: sleep, then
 // compute locally), as a swarm would add. Each iteration submits N
 // one-token prompts (different tokens) with max_tokens 16 and waits for all.
-// Reported: tok/s (generated tokens / wall time), ms/step and
-// tok/s/seq. The per-token throughput gain at 512 over 1 is the ratio of
-// their tok/s.
+// Reported: tok/s (generated tokens / wall time), ms/step and tok/s/seq.
+// The per-token throughput gain at 512 over 1 is the ratio of their tok/s.
 //
 // KVASIR_BENCH_RTT_MS overrides the 13 ms; KVASIR_BENCH_TOKENS the 16.
 func BenchmarkSwarmBatching(b *testing.B) {
-	rtt := 13 * time.Millisecond
-	if v, err := strconv.Atoi(os.Getenv("KVASIR_BENCH_RTT_MS")); err == nil && v >= 0 {
-		rtt = time.Duration(v) * time.Millisecond
-	}
-	maxTok := 16
-	if v, err := strconv.Atoi(os.Getenv("KVASIR_BENCH_TOKENS")); err == nil && v > 0 {
-		maxTok = v
-	}
+	rtt := benchRTT()
+	maxTok := benchTokens()
 	for _, n := range []int{1, 8, 64, 512} {
 		b.Run(fmt.Sprintf("seqs=%d", n), func(b *testing.B) {
 			m, tok := loadTiny(b)
@@ -41,30 +49,7 @@ func BenchmarkSwarmBatching(b *testing.B) {
 			}
 			s.Start()
 			defer s.Close()
-			vocab := m.Params().Vocab
-			var tokens int
-			var elapsed time.Duration
-			b.ResetTimer()
-			for range b.N {
-				start := time.Now()
-				streams := make([]*Stream, n)
-				for i := range streams {
-					st, err := s.Submit(context.Background(), Job{Prompt: []int32{int32(3 + i%(vocab-3))}, MaxTokens: maxTok})
-					if err != nil {
-						b.Fatal(err)
-					}
-					streams[i] = st
-				}
-				for _, st := range streams {
-					_, _, d := collect(b, st)
-					if d.Finish == FinishError {
-						b.Fatal(d.Err)
-					}
-					tokens += d.CompletionTokens
-				}
-				elapsed += time.Since(start)
-			}
-			b.StopTimer()
+			tokens, elapsed := runWaves(b, s, n, maxTok)
 			steps := gatherValue(b, reg, "kvasir_serve_steps_total")
 			tps := float64(tokens) / elapsed.Seconds()
 			b.ReportMetric(tps, "tok/s")

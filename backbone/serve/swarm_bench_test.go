@@ -1,0 +1,228 @@
+package serve
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/gateway"
+	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/worker"
+)
+
+// delayProxy forwards TCP connections to target, delivering every chunk
+// oneWay later in each direction (a round trip of 2 x oneWay), in order.
+type delayProxy struct {
+	ln     net.Listener
+	target string
+	oneWay time.Duration
+	wg     sync.WaitGroup
+}
+
+func newDelayProxy(tb testing.TB, target string, oneWay time.Duration) *delayProxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &delayProxy{ln: ln, target: target, oneWay: oneWay}
+	p.wg.Add(1)
+	go p.accept()
+	tb.Cleanup(func() { ln.Close(); p.wg.Wait() })
+	return p
+}
+
+func (p *delayProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		t, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.wg.Add(2)
+		go p.pipe(t, c)
+		go p.pipe(c, t)
+	}
+}
+
+type timedChunk struct {
+	due time.Time
+	b   []byte
+}
+
+func (p *delayProxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	q := make(chan timedChunk, 1024)
+	go func() {
+		defer close(q)
+		for {
+			b := make([]byte, 64<<10)
+			n, err := src.Read(b)
+			if n > 0 {
+				q <- timedChunk{time.Now().Add(p.oneWay), b[:n]}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range q {
+		time.Sleep(time.Until(c.due))
+		if _, err := dst.Write(c.b); err != nil {
+			break
+		}
+	}
+	dst.Close()
+	src.Close()
+	for range q { // let the reader finish
+	}
+}
+
+// newSwarm starts a dispatcher for m, a hub, a TLS gateway, a delaying
+// proxy between gateway and hub, and one worker holding every expert (an
+// independent instance of the tiny model); it returns the dispatcher once
+// the worker is connected.
+func newSwarm(tb testing.TB, m *model.Model, oneWay time.Duration) *dispatch.Dispatcher {
+	tb.Helper()
+	p := m.Params()
+	d, err := dispatch.New(dispatch.Config{Listen: "127.0.0.1:0", Fallback: m.LocalExperts(), Logger: quiet,
+		Model: dispatch.Model{ID: "tiny", D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := d.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Backbone: d.Addr(), Secret: secret, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { h.Close() })
+	px := newDelayProxy(tb, h.Addr(), oneWay)
+	certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: px.ln.Addr().String(), Secret: secret,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := g.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { g.Close() })
+	wm, _ := loadTiny(tb)
+	local := wm.LocalExperts()
+	_, key, _ := ed25519.GenerateKey(nil)
+	w, err := worker.New(worker.Config{GatewayURL: "wss://" + g.Addr(), Key: key, RootCAs: pool, Computer: local,
+		Holdings: worker.HoldingsOf(local, nil), ModelID: "tiny", Backend: "cpu", Threads: 2, Logger: quiet,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	tb.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := d.WaitWorkers(wctx, 1); err != nil {
+		tb.Fatal(err)
+	}
+	return d
+}
+
+// BenchmarkRealSwarm is BenchmarkSwarmBatching over the real swarm: every
+// expert call goes dispatcher -> hub -> delaying proxy (6.5 ms each way,
+// KVASIR_BENCH_RTT_MS overrides the 13 ms round trip) -> TLS gateway ->
+// worker and back. The worker runs on the same machine, so it competes with
+// the backbone for the CPU. Also reported: the share of expert outputs the
+// worker computed (remote%) and deadline misses.
+func BenchmarkRealSwarm(b *testing.B) {
+	rtt := benchRTT()
+	maxTok := benchTokens()
+	for _, n := range []int{1, 8, 64, 512} {
+		b.Run(fmt.Sprintf("seqs=%d", n), func(b *testing.B) {
+			m, tok := loadTiny(b)
+			d := newSwarm(b, m, rtt/2)
+			m.SetExperts(d)
+			reg := prometheus.NewRegistry()
+			s, err := New(Config{Model: m, Tokenizer: tok, MaxBatchRows: 512, MaxSeqs: 512, Registry: reg, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.Start()
+			defer s.Close()
+			tokens, elapsed := runWaves(b, s, n, maxTok)
+			steps := gatherValue(b, reg, "kvasir_serve_steps_total")
+			st := d.Stats()
+			var misses uint64
+			for _, w := range st.Workers {
+				misses += w.Timeouts
+			}
+			tps := float64(tokens) / elapsed.Seconds()
+			b.ReportMetric(tps, "tok/s")
+			b.ReportMetric(tps/float64(n), "tok/s/seq")
+			b.ReportMetric(elapsed.Seconds()*1e3/steps, "ms/step")
+			b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
+			b.ReportMetric(float64(misses), "misses")
+		})
+	}
+}
+
+// runWaves submits n one-token prompts b.N times, each wave waited for, and
+// returns the tokens generated and the wall time.
+func runWaves(b *testing.B, s *Server, n, maxTok int) (int, time.Duration) {
+	vocab := s.p.Vocab
+	var tokens int
+	var elapsed time.Duration
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		streams := make([]*Stream, n)
+		for i := range streams {
+			st, err := s.Submit(context.Background(), Job{Prompt: []int32{int32(3 + i%(vocab-3))}, MaxTokens: maxTok})
+			if err != nil {
+				b.Fatal(err)
+			}
+			streams[i] = st
+		}
+		for _, st := range streams {
+			_, _, d := collect(b, st)
+			if d.Finish == FinishError {
+				b.Fatal(d.Err)
+			}
+			tokens += d.CompletionTokens
+		}
+		elapsed += time.Since(start)
+	}
+	b.StopTimer()
+	return tokens, elapsed
+}

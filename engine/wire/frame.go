@@ -41,7 +41,7 @@ type Limits struct {
 }
 
 // Frame is one decoded protocol frame: *Hello, *Welcome, *Dispatch, *Result,
-// *Error, *Ping, *Pong or *Pause.
+// *Error, *Ping, *Pong, *Pause, *Assign, *ChunkReq, *Chunk or *Holdings.
 type Frame interface {
 	// Type is the frame's type byte.
 	Type() Type
@@ -64,6 +64,8 @@ type Hello struct {
 	ModelID  string            // model identity, <= MaxModelID bytes of UTF-8
 	Backend  string            // e.g. "cpu-avx2", <= MaxBackend bytes of UTF-8
 	Threads  uint16            // compute threads the worker uses
+	Quota    uint64            // disk quota of the worker's slice, bytes (held experts count); 0: no assignment
+	Speed    uint32            // download speed hint, KiB/s; 0: unknown
 	Holdings []Holding         // <= MaxHoldings entries, no duplicates
 }
 
@@ -167,8 +169,14 @@ func (h *Hello) Append(b []byte) []byte {
 	b = appendStr(b, clip(h.ModelID, MaxModelID))
 	b = appendStr(b, clip(h.Backend, MaxBackend))
 	b = le.AppendUint16(b, h.Threads)
-	b = le.AppendUint32(b, uint32(len(h.Holdings)))
-	for _, x := range h.Holdings {
+	b = le.AppendUint64(b, h.Quota)
+	b = le.AppendUint32(b, h.Speed)
+	return appendHoldings(b, h.Holdings)
+}
+
+func appendHoldings(b []byte, hs []Holding) []byte {
+	b = le.AppendUint32(b, uint32(len(hs)))
+	for _, x := range hs {
 		b = le.AppendUint16(b, x.Layer)
 		b = le.AppendUint32(b, x.Expert)
 		b = append(b, x.SHA256[:]...)
@@ -406,6 +414,14 @@ func Decode(msg []byte, lim *Limits) (Frame, error) {
 		f = &Ping{Time: int64(r.u64("time"))}
 	case TypePong:
 		f = &Pong{Time: int64(r.u64("time"))}
+	case TypeAssign:
+		f, err = decodeAssign(r, lim)
+	case TypeChunkReq:
+		f, err = decodeChunkReq(r, lim)
+	case TypeChunk:
+		f, err = decodeChunk(r, lim)
+	case TypeHoldings:
+		f, err = decodeHoldings(r, lim)
 	case TypePause:
 		v := r.u8("paused")
 		if r.err == nil && v > 1 {
@@ -434,28 +450,47 @@ func decodeHello(r *reader, lim *Limits) (*Hello, error) {
 	h.ModelID = r.str(MaxModelID, "model id")
 	h.Backend = r.str(MaxBackend, "backend")
 	h.Threads = r.u16("threads")
+	h.Quota = r.u64("quota")
+	h.Speed = r.u32("speed")
+	var err error
+	h.Holdings, err = readHoldings(r, lim, map[uint64]struct{}{}, true)
+	if err != nil {
+		return nil, err
+	}
+	if len(r.b) != 0 {
+		return nil, fmt.Errorf("%w: %d bytes after holdings", ErrTruncated, len(r.b))
+	}
+	return h, r.err
+}
+
+// readHoldings reads n u32 and n holdings (with sha256 when withSum, else
+// (layer, expert) only), checking ranges against lim and duplicates against
+// seen (which it extends).
+func readHoldings(r *reader, lim *Limits, seen map[uint64]struct{}, withSum bool) ([]Holding, error) {
 	n := r.u32("holdings count")
 	if r.err != nil {
 		return nil, r.err
 	}
+	size := holdingSize
+	if !withSum {
+		size = 6
+	}
 	if n > MaxHoldings {
 		return nil, fmt.Errorf("%w: %d holdings > %d", ErrTooLarge, n, MaxHoldings)
 	}
-	if int(n)*holdingSize != len(r.b) {
-		return nil, fmt.Errorf("%w: %d holdings need %d bytes, %d left", ErrTruncated, n, int(n)*holdingSize, len(r.b))
+	if int(n)*size > len(r.b) {
+		return nil, fmt.Errorf("%w: %d holdings need %d bytes, %d left", ErrTruncated, n, int(n)*size, len(r.b))
 	}
-	h.Holdings = make([]Holding, n)
-	seen := make(map[uint64]struct{}, n)
-	for i := range h.Holdings {
-		x := &h.Holdings[i]
+	hs := make([]Holding, n)
+	for i := range hs {
+		x := &hs[i]
 		x.Layer = r.u16("layer")
 		x.Expert = r.u32("expert")
-		copy(x.SHA256[:], r.take(32, "sha256"))
-		if lim.NLayer > 0 && int(x.Layer) >= lim.NLayer {
-			return nil, fmt.Errorf("%w: holding layer %d >= %d", ErrRange, x.Layer, lim.NLayer)
+		if withSum {
+			copy(x.SHA256[:], r.take(32, "sha256"))
 		}
-		if lim.NExpert > 0 && uint64(x.Expert) >= uint64(lim.NExpert) {
-			return nil, fmt.Errorf("%w: holding expert %d >= %d", ErrRange, x.Expert, lim.NExpert)
+		if err := checkExpert(lim, x.Layer, x.Expert, "holding"); err != nil {
+			return nil, err
 		}
 		key := uint64(x.Layer)<<32 | uint64(x.Expert)
 		if _, dup := seen[key]; dup {
@@ -463,7 +498,19 @@ func decodeHello(r *reader, lim *Limits) (*Hello, error) {
 		}
 		seen[key] = struct{}{}
 	}
-	return h, r.err
+	return hs, r.err
+}
+
+// checkExpert checks (layer, expert) against lim's NLayer and NExpert when
+// they are set.
+func checkExpert(lim *Limits, layer uint16, e uint32, what string) error {
+	if lim.NLayer > 0 && int(layer) >= lim.NLayer {
+		return fmt.Errorf("%w: %s layer %d >= %d", ErrRange, what, layer, lim.NLayer)
+	}
+	if lim.NExpert > 0 && uint64(e) >= uint64(lim.NExpert) {
+		return fmt.Errorf("%w: %s expert %d >= %d", ErrRange, what, e, lim.NExpert)
+	}
+	return nil
 }
 
 func decodeDispatch(r *reader, lim *Limits) (*Dispatch, error) {

@@ -16,9 +16,9 @@ func FuzzDecode(f *testing.F) {
 		f.Add(append(msg, 0, 1, 2))
 	}
 	f.Add([]byte{})
-	f.Add([]byte{Magic, 1, 0})
+	f.Add([]byte{Magic, 2, 0})
 	// DISPATCH header claiming 2^32-1 rows of 2^32-1 floats.
-	f.Add([]byte{Magic, 1, 0, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 2, 0})
+	f.Add([]byte{Magic, 2, 0, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 2, 0})
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		lim := testLimits()
 		lim.Holds = func(l, e int) bool { return e%2 == 1 }

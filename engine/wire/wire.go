@@ -21,8 +21,12 @@
 //	  |    X-Kvasir-Key/Time/Nonce/Sig   |-- same request + HMAC --->|                         |
 //	  |                                  |   X-Kvasir-Worker...      |-- TCP link, preamble -->|
 //	  |<============== 101 Switching Protocols, then raw byte splice ===============>|          |
-//	  |--- HELLO (key, model, holdings, backend, threads) ---------------------------------->|
+//	  |--- HELLO (key, model, holdings, backend, threads, quota, speed) -------------------->|
 //	  |<-- WELCOME (session, d, k, n_layer, n_expert, accepted holdings) --------------------|
+//	  |<-- ASSIGN (model header, chunk size, experts to hold with sha256 + chunk sha256s) ---|  (provisioning)
+//	  |--- CHUNK_REQ (layer, expert, offset, len), a few in flight ------------------------->|
+//	  |<-- CHUNK (layer, expert, offset, bytes): after any queued DISPATCH, rate limited ----|
+//	  |--- HOLDINGS (quota, added experts with sha256, dropped experts) -------------------->|
 //	  |<-- DISPATCH (req, layer, n x d hidden, n x k ids; -1 = not yours) -------------------|
 //	  |--- RESULT (req, m x d outputs, m = ids != -1, row-major (row, slot) order) --------->|
 //	  |                                  |                           |<-- ACCEPTED(req) -------| (link only)
@@ -42,7 +46,12 @@ package wire
 //
 //	1 (2026-11): first version: HELLO, WELCOME, DISPATCH, RESULT, ERROR,
 //	             PING, PONG, PAUSE; signed upgrade "kvasir-upgrade-v1".
-const Version uint16 = 1
+//	2 (2026-11): expert provisioning (issue 6): HELLO carries the slice's
+//	             disk quota (u64 bytes) and a download speed hint (u32 KiB/s)
+//	             after threads; new frames ASSIGN, CHUNK_REQ, CHUNK,
+//	             HOLDINGS; error code 9 (not assigned). Version 1 peers are
+//	             refused (ErrVersion).
+const Version uint16 = 2
 
 // Magic is the first byte of every frame.
 const Magic byte = 0x6B
@@ -60,7 +69,15 @@ const (
 	MaxBackend  = 256     // HELLO backend description, bytes
 	MaxSession  = 128     // WELCOME session id, bytes
 	MaxErrorMsg = 1024    // ERROR message, bytes
-	MaxHoldings = 1 << 20 // HELLO holdings entries
+	MaxHoldings = 1 << 20 // HELLO holdings entries; also ASSIGN entries and HOLDINGS adds + drops
+	MaxArch     = 64      // ASSIGN architecture name, bytes
+	// MaxChunk is the largest CHUNK payload and CHUNK_REQ length, bytes
+	// (16 MiB); MinChunk the smallest ASSIGN chunk size (4 KiB).
+	MaxChunk = 16 << 20
+	MinChunk = 4 << 10
+	// MaxExpertSize is the largest expert ASSIGN may name, bytes (4 GiB, the
+	// slice format's limit).
+	MaxExpertSize = 4 << 30
 )
 
 // Type is a frame type, the 4th byte of the header.
@@ -68,7 +85,7 @@ type Type uint8
 
 // Frame types. The trailing comment is the payload layout after the header.
 const (
-	TypeHello    Type = 0x01 // key [32]u8 | model_len u16 | model [model_len]u8 | backend_len u16 | backend [backend_len]u8 | threads u16 | n_hold u32 | n_hold x (layer u16 | expert u32 | sha256 [32]u8)
+	TypeHello    Type = 0x01 // key [32]u8 | model_len u16 | model [model_len]u8 | backend_len u16 | backend [backend_len]u8 | threads u16 | quota u64 (slice disk quota, bytes; 0 = take no assignment) | speed u32 (download hint, KiB/s; 0 = unknown) | n_hold u32 | n_hold x (layer u16 | expert u32 | sha256 [32]u8)
 	TypeWelcome  Type = 0x02 // session_len u16 | session [session_len]u8 | d u32 | k u16 | n_layer u16 | n_expert u32 | accepted u32
 	TypeDispatch Type = 0x03 // req u64 | layer u16 | n u32 | d u32 | k u16 | hidden [n*d]f32 | ids [n*k]i32 (-1 = slot not for this worker)
 	TypeResult   Type = 0x04 // req u64 | m u32 | d u32 | out [m*d]f32 (m = ids != -1 of the DISPATCH, in row-major (row, slot) order)
@@ -76,6 +93,21 @@ const (
 	TypePing     Type = 0x06 // time i64 (sender's clock, unix ns)
 	TypePong     Type = 0x07 // time i64 (the PING's time, echoed)
 	TypePause    Type = 0x08 // paused u8 (1 = worker takes no new DISPATCH, 0 = takes work again)
+	// TypeAssign (backbone -> worker) is the complete set of experts the
+	// worker should hold (held ones it keeps, missing ones it fetches,
+	// held ones not listed it may delete) and what it needs to write them
+	// into a slice directory (engine/slice manifest fields). Entries come in
+	// the backbone's priority order (most used first).
+	TypeAssign Type = 0x09 // model_len u16 | model | model_sha256 [32]u8 | arch_len u16 | arch | d_ff u32 | chunk u32 (chunk size, bytes, MinChunk..MaxChunk) | n_lt u16 | n_lt x (layer u16 | gate_type u32 | up_type u32 | down_type u32) (ggml type ids) | n u32 | n x (layer u16 | expert u32 | size u64 | sha256 [32]u8 | n_chunk u32 (= ceil(size/chunk)) | n_chunk x sha256 [32]u8 (of bytes [i*chunk, min(size, (i+1)*chunk)) ))
+	// TypeChunkReq (worker -> backbone) asks for bytes [offset, offset+len)
+	// of an assigned expert's file (gate || up || down).
+	TypeChunkReq Type = 0x0A // layer u16 | expert u32 | offset u64 | len u32 (1..MaxChunk)
+	// TypeChunk (backbone -> worker) answers a CHUNK_REQ; the backbone sends
+	// it after any DISPATCH queued on the same connection.
+	TypeChunk Type = 0x0B // layer u16 | expert u32 | offset u64 | n u32 (1..MaxChunk) | data [n]u8
+	// TypeHoldings (worker -> backbone) updates what the worker holds and
+	// its quota: experts added (downloaded and verified) and dropped.
+	TypeHoldings Type = 0x0C // quota u64 | n_add u32 | n_add x (layer u16 | expert u32 | sha256 [32]u8) | n_drop u32 | n_drop x (layer u16 | expert u32)
 )
 
 // Error codes carried by ERROR frames.
@@ -88,6 +120,7 @@ const (
 	CodeProtocol  uint16 = 6 // unexpected frame type or version
 	CodeShutdown  uint16 = 7 // the sender is shutting down
 	CodeBadResult uint16 = 8 // a RESULT had the wrong shape or an unknown request id
+	CodeNotAssign uint16 = 9 // a CHUNK_REQ named an expert not assigned to the worker or bytes outside it
 )
 
 // String returns the frame type's upper-case name, or "TYPE(0xNN)".
@@ -109,6 +142,14 @@ func (t Type) String() string {
 		return "PONG"
 	case TypePause:
 		return "PAUSE"
+	case TypeAssign:
+		return "ASSIGN"
+	case TypeChunkReq:
+		return "CHUNK_REQ"
+	case TypeChunk:
+		return "CHUNK"
+	case TypeHoldings:
+		return "HOLDINGS"
 	}
 	const hex = "0123456789ABCDEF"
 	return "TYPE(0x" + string([]byte{hex[t>>4], hex[t&15]}) + ")"

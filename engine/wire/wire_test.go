@@ -20,7 +20,7 @@ func sampleFrames() []Frame {
 	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
 	return []Frame{
 		&Hello{Key: key.Public().(ed25519.PublicKey), ModelID: "qwen3moe-test", Backend: "cpu", Threads: 4,
-			Holdings: []Holding{{Layer: 1, Expert: 3, SHA256: sha256.Sum256([]byte("a"))}, {Layer: 3, Expert: 7}}},
+			Quota: 64 << 20, Speed: 12345, Holdings: []Holding{{Layer: 1, Expert: 3, SHA256: sha256.Sum256([]byte("a"))}, {Layer: 3, Expert: 7}}},
 		&Welcome{Session: "s-1", D: 3, K: 2, NLayer: 4, NExpert: 8, Accepted: 2},
 		&Dispatch{Request: 42, Layer: 2, N: 2, D: 3, K: 2,
 			Hidden: []float32{1, -2, 3.5, float32(math.Inf(1)), 0, -0.25}, IDs: []int32{5, -1, 0, 7}},
@@ -30,6 +30,16 @@ func sampleFrames() []Frame {
 		&Pong{Time: -5},
 		&Pause{Paused: true},
 		&Pause{Paused: false},
+		&Assign{ModelID: "tiny@0123456789abcdef", ModelSHA256: sha256.Sum256([]byte("m")), Arch: "qwen3moe", DFF: 256,
+			ChunkSize: 4096, Layers: []LayerTypes{{Layer: 1, Gate: 8, Up: 8, Down: 8}, {Layer: 3, Gate: 12, Up: 12, Down: 14}},
+			Experts: []Assigned{
+				{Layer: 3, Expert: 7, Size: 4097, SHA256: sha256.Sum256([]byte("e")), Chunks: [][32]byte{sha256.Sum256([]byte("c0")), sha256.Sum256([]byte("c1"))}},
+				{Layer: 1, Expert: 0, Size: 10, Chunks: [][32]byte{{}}},
+			}},
+		&ChunkReq{Layer: 3, Expert: 7, Offset: 4096, Len: 1},
+		&Chunk{Layer: 3, Expert: 7, Offset: 4096, Data: []byte{0xAB}},
+		&Holdings{Quota: 1 << 30, Add: []Holding{{Layer: 3, Expert: 7, SHA256: sha256.Sum256([]byte("e"))}},
+			Drop: []Holding{{Layer: 1, Expert: 0}}},
 	}
 }
 
@@ -53,14 +63,14 @@ func TestRoundTrip(t *testing.T) {
 // layouts written next to the type constants (worked by hand).
 func TestEncodingBytes(t *testing.T) {
 	ping := (&Ping{Time: 0x0102030405060708}).Append(nil)
-	want := []byte{0x6B, 1, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
+	want := []byte{0x6B, 2, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
 	if !bytes.Equal(ping, want) {
 		t.Fatalf("ping = % x, want % x", ping, want)
 	}
 	// DISPATCH req=1 layer=2 n=1 d=1 k=1 hidden=[1.0] ids=[-1]:
 	// 1.0f = 0x3F800000, -1 = 0xFFFFFFFF.
 	d := (&Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 1, Hidden: []float32{1}, IDs: []int32{-1}}).Append(nil)
-	want = []byte{0x6B, 1, 0, 0x03,
+	want = []byte{0x6B, 2, 0, 0x03,
 		1, 0, 0, 0, 0, 0, 0, 0, // req
 		2, 0, // layer
 		1, 0, 0, 0, // n
@@ -105,7 +115,7 @@ func TestDecodeRejects(t *testing.T) {
 	}{
 		{"empty", nil, lim, ErrTruncated},
 		{"magic", mut(func(b []byte) []byte { b[0] = 'x'; return b }), lim, ErrMagic},
-		{"version", mut(func(b []byte) []byte { b[1] = 2; return b }), lim, ErrVersion},
+		{"version", mut(func(b []byte) []byte { b[1] = 1; return b }), lim, ErrVersion},
 		{"type", mut(func(b []byte) []byte { b[3] = 0x7F; return b }), lim, ErrType},
 		{"truncated", good[:len(good)-1], lim, ErrTruncated},
 		{"trailing", append(append([]byte(nil), good...), 0), lim, ErrTruncated},

@@ -216,7 +216,7 @@ func Stop() {
 	}
 }
 
-// Stats is StatsJSON's object.
+// stats is StatsJSON's object.
 type stats struct {
 	Running     bool    `json:"running"`
 	State       string  `json:"state"` // offline, dialing, connected, paused

@@ -28,7 +28,7 @@ func LoadSliceDir(path string, threads int) (*Slice, error) {
 		return nil, err
 	}
 	var s *slice.Slice
-	closeAll := func() error { return nil }
+	var closeAll func() error
 	if st.IsDir() {
 		s, err = slice.Open(path)
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"sync/atomic"
 
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
@@ -89,6 +88,10 @@ type workspace struct {
 	convType                 [3]quant.Type
 	convN                    int
 	scores                   [][]float32 // per worker
+	chunks                   []chunk     // projectAll's work list
+	ptmp                     []float32   // projectAll's per-chunk outputs when n > 1
+	mu                       sync.Mutex  // guards err
+	err                      error       // first error of a parallel region
 }
 
 func (ws *workspace) ensure(p Params, n int) {
@@ -188,6 +191,10 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) error
 		ropeTable(p, rows[i].Pos, ws.cos[i*half:(i+1)*half], ws.sin[i*half:(i+1)*half])
 	}
 
+	if m.threads > 1 {
+		m.team.start(m.threads)
+		defer m.team.stop()
+	}
 	for il := range m.Blocks {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -205,7 +212,6 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) error
 				j++
 			}
 		}
-		ws.convN = 0
 		if err := m.project(ws.sel[:nl*d], nl, &m.Output, logits); err != nil {
 			return err
 		}
@@ -227,14 +233,8 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 	for i := range n {
 		rmsNorm(ws.xn[i*d:(i+1)*d], ws.x[i*d:(i+1)*d], b.AttnNorm, p.NormEps)
 	}
-	ws.convN = 0
-	if err := m.project(ws.xn[:n*d], n, &b.AttnQ, ws.q[:n*qd]); err != nil {
-		return err
-	}
-	if err := m.project(ws.xn[:n*d], n, &b.AttnK, ws.k[:n*kd]); err != nil {
-		return err
-	}
-	if err := m.project(ws.xn[:n*d], n, &b.AttnV, ws.v[:n*vd]); err != nil {
+	if err := m.projectAll(ws.xn[:n*d], n, proj{w: &b.AttnQ, y: ws.q[:n*qd]},
+		proj{w: &b.AttnK, y: ws.k[:n*kd]}, proj{w: &b.AttnV, y: ws.v[:n*vd]}); err != nil {
 		return err
 	}
 	for i := range rows {
@@ -258,7 +258,6 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 	}
 	m.attention(il, rows)
 
-	ws.convN = 0
 	if err := m.project(ws.att[:n*p.Heads*p.HeadDimV], n, &b.AttnOutput, ws.tmp[:n*d]); err != nil {
 		return err
 	}
@@ -269,7 +268,6 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 		rmsNorm(ws.xn[i*d:(i+1)*d], ws.x[i*d:(i+1)*d], b.FFNNorm, p.NormEps)
 	}
 	ne, k := p.Experts, p.ExpertsUsed
-	ws.convN = 0
 	if err := m.project(ws.xn[:n*d], n, &b.FFNGateInp, ws.router[:n*ne]); err != nil {
 		return err
 	}
@@ -299,46 +297,151 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 	return nil
 }
 
-// project computes y [n x w.Rows] = x [n x w.Cols] . w^T through
-// quant.MatMulConverted, converting x to w's vec_dot_type once per type
-// until ws.convN is reset (callers reset it when x changes).
+// proj is one matrix product of a parallel region: y [n x w.Rows] = x .
+// w^T, x already converted to w's vec_dot_type (conv).
+type proj struct {
+	w    *Weight
+	conv []byte
+	y    []float32
+}
+
+// Parallel grain of projectAll, in multiply-adds (rows x cols x n): a
+// region smaller than minParallelMACs (tens of microseconds) runs on the
+// caller, since waking a helper costs microseconds and, on a loaded
+// machine, a helper descheduled inside a region delays the whole step;
+// chunks are at least minChunkMACs.
+const (
+	minParallelMACs = 1 << 19
+	minChunkMACs    = 1 << 16
+)
+
+// chunk is rows [lo, hi) of region job j.
+type chunk struct{ j, lo, hi int32 }
+
+// project computes y [n x w.Rows] = x [n x w.Cols] . w^T (see projectAll).
 func (m *Model) project(x []float32, n int, w *Weight, y []float32) error {
+	return m.projectAll(x, n, proj{w: w, y: y})
+}
+
+// projectAll computes y = x [n x Cols] . w^T for every job (all over the same
+// x) in one parallel region: x is converted once per vec_dot_type
+// (quant.ConvertActivation), then each weight's output rows are cut into
+// chunks that m.threads goroutines take in order from a shared counter (a
+// descheduled thread on a loaded machine delays only its current chunk).
+// Every output element is one quant.MatMulConverted dot product whatever the
+// chunking, so results do not depend on the thread count.
+func (m *Model) projectAll(x []float32, n int, jobs ...proj) error {
 	ws := &m.ws
-	vt := w.Type.VecDotType()
-	slot := -1
-	for j := range ws.convN {
-		if ws.convType[j] == vt {
-			slot = j
-			break
-		}
-	}
-	if slot < 0 {
-		if ws.convN == len(ws.conv) {
-			ws.convN = 0
-		}
-		slot = ws.convN
-		ab, err := quant.ActivationBytes(w.Type, len(x))
+	ws.convN = 0
+	work := 0
+	for i := range jobs {
+		c, err := m.convert(x, jobs[i].w)
 		if err != nil {
-			return fmt.Errorf("model: %s: %w", w.Name, err)
+			return err
 		}
-		if cap(ws.conv[slot]) < ab {
-			ws.conv[slot] = make([]byte, ab)
-		}
-		ws.conv[slot] = ws.conv[slot][:ab]
-		if err := quant.ConvertActivation(w.Type, x, ws.conv[slot]); err != nil {
-			return fmt.Errorf("model: %s: %w", w.Name, err)
-		}
-		ws.convType[slot] = vt
-		ws.convN++
+		jobs[i].conv = c
+		work += jobs[i].w.Rows * jobs[i].w.Cols * n
 	}
 	threads := m.threads
-	if w.Rows*w.Cols*n < 1<<16 {
-		threads = 1
+	if threads <= 1 || work < minParallelMACs {
+		for _, jb := range jobs {
+			w := jb.w
+			if err := quant.MatMulConverted(w.Type, w.Data, w.Rows, w.Cols, jb.conv, n, jb.y, 1); err != nil {
+				return fmt.Errorf("model: %s: %w", w.Name, err)
+			}
+		}
+		return nil
 	}
-	if err := quant.MatMulConverted(w.Type, w.Data, w.Rows, w.Cols, ws.conv[slot], n, y, threads); err != nil {
-		return fmt.Errorf("model: %s: %w", w.Name, err)
+	// About 8 chunks per thread over the region, each at least
+	// minChunkMACs multiply-adds.
+	total := 0
+	for _, jb := range jobs {
+		total += jb.w.Rows
 	}
-	return nil
+	step := max((total+8*threads-1)/(8*threads), minChunkMACs/(n*jobs[0].w.Cols))
+	ws.chunks = ws.chunks[:0]
+	tmp := 0
+	for j, jb := range jobs {
+		for lo := 0; lo < jb.w.Rows; lo += step {
+			ws.chunks = append(ws.chunks, chunk{int32(j), int32(lo), int32(min(jb.w.Rows, lo+step))})
+		}
+		if n > 1 {
+			tmp += n * jb.w.Rows
+		}
+	}
+	if len(ws.ptmp) < tmp {
+		ws.ptmp = make([]float32, max(tmp, 2*len(ws.ptmp)))
+	}
+	ws.err = nil
+	m.team.run(len(ws.chunks), func(_, u int) {
+		c := ws.chunks[u]
+		jb := &jobs[c.j]
+		w := jb.w
+		rb, err := w.Type.RowBytes(w.Cols)
+		if err != nil {
+			ws.fail(err)
+			return
+		}
+		lo, hi := int(c.lo), int(c.hi)
+		rows := hi - lo
+		if n == 1 {
+			err = quant.MatMulConverted(w.Type, w.Data[lo*rb:hi*rb], rows, w.Cols, jb.conv, 1, jb.y[lo:hi], 1)
+		} else {
+			// n x rows into a private region, then scattered.
+			off := 0
+			for _, o := range jobs[:c.j] {
+				off += n * o.w.Rows
+			}
+			t := ws.ptmp[off+n*lo : off+n*hi]
+			err = quant.MatMulConverted(w.Type, w.Data[lo*rb:hi*rb], rows, w.Cols, jb.conv, n, t, 1)
+			for i := range n {
+				copy(jb.y[i*w.Rows+lo:i*w.Rows+hi], t[i*rows:(i+1)*rows])
+			}
+		}
+		if err != nil {
+			ws.fail(fmt.Errorf("model: %s: %w", w.Name, err))
+		}
+	})
+	return ws.err
+}
+
+// fail records the first error of a parallel region in ws.err.
+func (ws *workspace) fail(err error) {
+	ws.mu.Lock()
+	if ws.err == nil {
+		ws.err = err
+	}
+	ws.mu.Unlock()
+}
+
+// convert returns x converted to w's vec_dot_type, converting once per type
+// until ws.convN is reset (projectAll resets it: its x changes per call).
+func (m *Model) convert(x []float32, w *Weight) ([]byte, error) {
+	ws := &m.ws
+	vt := w.Type.VecDotType()
+	for j := range ws.convN {
+		if ws.convType[j] == vt {
+			return ws.conv[j], nil
+		}
+	}
+	if ws.convN == len(ws.conv) {
+		return nil, fmt.Errorf("%w: %s: more than %d activation types in one region", ErrTensor, w.Name, len(ws.conv))
+	}
+	slot := ws.convN
+	ab, err := quant.ActivationBytes(w.Type, len(x))
+	if err != nil {
+		return nil, fmt.Errorf("model: %s: %w", w.Name, err)
+	}
+	if cap(ws.conv[slot]) < ab {
+		ws.conv[slot] = make([]byte, ab)
+	}
+	ws.conv[slot] = ws.conv[slot][:ab]
+	if err := quant.ConvertActivation(w.Type, x, ws.conv[slot]); err != nil {
+		return nil, fmt.Errorf("model: %s: %w", w.Name, err)
+	}
+	ws.convType[slot] = vt
+	ws.convN++
+	return ws.conv[slot], nil
 }
 
 // attention computes ws.att (rows x Heads*HeadDimV) from ws.q and the
@@ -360,11 +463,11 @@ func (m *Model) attention(il int, rows []Row) {
 	for i := range rows {
 		work += (rows[i].Pos + 1) * p.Heads * (hd + hdv)
 	}
-	threads := m.threads
+	run := m.team.run
 	if work < 1<<15 {
-		threads = 1
+		run = serial
 	}
-	parallelW(units, threads, func(w, u int) {
+	run(units, func(w, u int) {
 		i, h := u/p.Heads, u%p.Heads
 		kvh := h / group
 		seq, pos := rows[i].Seq, rows[i].Pos
@@ -492,31 +595,9 @@ func route(logits, probs []float32, ids []int32, w []float32) {
 	}
 }
 
-// parallelW runs fn(worker, unit) for unit in [0, n) on up to threads
-// goroutines (worker in [0, threads)), handing units out in order.
-func parallelW(n, threads int, fn func(worker, unit int)) {
-	if threads <= 1 || n <= 1 {
-		for i := range n {
-			fn(0, i)
-		}
-		return
+// serial calls fn(0, u) for u in [0, n) in order (team.run's signature).
+func serial(n int, fn func(worker, unit int)) {
+	for u := range n {
+		fn(0, u)
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	nw := min(threads, n)
-	work := func(w int) {
-		for {
-			i := int(next.Add(1) - 1)
-			if i >= n {
-				return
-			}
-			fn(w, i)
-		}
-	}
-	wg.Add(nw - 1)
-	for w := 1; w < nw; w++ {
-		go func() { defer wg.Done(); work(w) }()
-	}
-	work(0)
-	wg.Wait()
 }

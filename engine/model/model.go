@@ -65,6 +65,7 @@ type Model struct {
 	experts expert.Computer
 	threads int
 	ws      workspace
+	team    team // Forward's helper goroutines
 }
 
 // Params returns the model's hyperparameters.

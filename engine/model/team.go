@@ -1,0 +1,138 @@
+package model
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// team runs the parallel regions of one Forward call (projections,
+// attention) on threads-1 helper goroutines started when the call begins
+// and stopped before it returns, so no goroutine outlives a Forward (tests
+// elsewhere check for leaks with goleak) while a token's ~20 regions pay
+// one goroutine start instead of one each.
+//
+// A region hands out units [0, n) in order from a shared counter; the
+// caller works on it too. Between regions a helper yields a few times
+// (runtime.Gosched, so other goroutines, such as an expert Computer's, keep
+// the processor) before it blocks on its wake channel. Which goroutine
+// computes a unit never changes what it computes.
+type team struct {
+	helpers int
+	gen     atomic.Uint64 // region number; a helper joins each new one
+	quit    atomic.Bool
+	next    atomic.Int64 // next unit of the current region
+	busy    atomic.Int64 // helpers still inside the current region
+	units   int
+	fn      func(worker, unit int)
+	wake    []chan struct{} // per helper, capacity 1
+	done    chan struct{}   // capacity 1: the last helper out of a region
+	wg      sync.WaitGroup
+}
+
+// spinYields is how many times an idle helper (or the caller waiting for
+// helpers) yields before blocking: a few microseconds, about the serial
+// work (norms, rope, routing) between two regions of a small model.
+const spinYields = 30
+
+// start launches threads-1 helpers (none for threads <= 1).
+func (t *team) start(threads int) {
+	t.helpers = max(0, threads-1)
+	t.quit.Store(false)
+	if len(t.wake) < t.helpers {
+		t.wake = make([]chan struct{}, t.helpers)
+		for i := range t.wake {
+			t.wake[i] = make(chan struct{}, 1)
+		}
+	}
+	if t.done == nil {
+		t.done = make(chan struct{}, 1)
+	}
+	t.wg.Add(t.helpers)
+	for w := 1; w <= t.helpers; w++ {
+		go t.helper(w, t.gen.Load())
+	}
+}
+
+// stop ends the helpers and waits until they have returned.
+func (t *team) stop() {
+	if t.helpers == 0 {
+		return
+	}
+	t.quit.Store(true)
+	t.gen.Add(1)
+	for w := range t.helpers {
+		t.signal(t.wake[w])
+	}
+	t.wg.Wait()
+	t.helpers = 0
+}
+
+// signal makes a pending wake-up on c without blocking (one is enough).
+func (t *team) signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+func (t *team) helper(w int, seen uint64) {
+	defer t.wg.Done()
+	for {
+		g := t.gen.Load()
+		for i := 0; g == seen && i < spinYields; i++ {
+			runtime.Gosched()
+			g = t.gen.Load()
+		}
+		if g == seen {
+			<-t.wake[w-1] // may be stale: the loop checks gen again
+			continue
+		}
+		seen = g
+		if t.quit.Load() {
+			return
+		}
+		t.work(w)
+		if t.busy.Add(-1) == 0 {
+			t.signal(t.done)
+		}
+	}
+}
+
+func (t *team) work(w int) {
+	for {
+		u := int(t.next.Add(1) - 1)
+		if u >= t.units {
+			return
+		}
+		t.fn(w, u)
+	}
+}
+
+// run calls fn(worker, unit) for every unit in [0, n), worker in
+// [0, helpers], and returns when all calls have returned. With no helpers,
+// or one unit, it runs them in order on the caller.
+func (t *team) run(n int, fn func(worker, unit int)) {
+	if t.helpers == 0 || n <= 1 {
+		for u := range n {
+			fn(0, u)
+		}
+		return
+	}
+	t.fn, t.units = fn, n
+	t.next.Store(0)
+	t.busy.Store(int64(t.helpers))
+	t.gen.Add(1)
+	for w := range t.helpers {
+		t.signal(t.wake[w])
+	}
+	t.work(0)
+	for i := 0; t.busy.Load() != 0; i++ {
+		if i < spinYields {
+			runtime.Gosched()
+			continue
+		}
+		<-t.done // may be stale: the loop checks busy again
+	}
+	t.fn = nil
+}

@@ -130,11 +130,15 @@ func (s *Swarm) start(ctx context.Context, name string, re *regexp.Regexp, addr 
 
 // AddWorker starts `backbone worker --gateway GatewayURL --ca CAFile --key
 // Dir/NAME.key --slice slicePath` plus extra flags (e.g. "--threads", "1")
-// as the child name. It does not wait for the worker to connect: the
+// as the child name; with slicePath "" there is no --slice (extra then
+// says what to serve, e.g. "--model-tiny"). It does not wait for the worker to connect: the
 // dispatcher's WaitWorkers does.
 func (s *Swarm) AddWorker(name, slicePath string, extra ...string) (*Proc, error) {
 	args := append([]string{"worker", "--gateway", s.GatewayURL, "--ca", s.CAFile,
-		"--key", filepath.Join(s.cfg.Dir, name+".key"), "--slice", slicePath}, extra...)
+		"--key", filepath.Join(s.cfg.Dir, name+".key")}, extra...)
+	if slicePath != "" {
+		args = append(args, "--slice", slicePath)
+	}
 	p, err := Start(name, s.cfg.Log, s.cfg.Env, s.cfg.Bin, args...)
 	if err != nil {
 		return nil, err

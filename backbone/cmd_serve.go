@@ -40,7 +40,7 @@ type serveOptions struct {
 	dispatchListen                                     string
 	waitWorkers                                        int
 	waitTimeout                                        time.Duration
-	maxBatch, maxSeqs, queue, threads                  int
+	maxBatch, maxSeqs, queue, threads, lanes           int
 }
 
 // serveExperts is where a serving model's experts are computed.
@@ -90,7 +90,7 @@ var serveExpertsFor = func(ctx context.Context, m *model.Model, id string, o ser
 //
 //	backbone serve [--model FILE] [--http 127.0.0.1:8080] [--dispatch-listen ADDR [--wait-workers N]]
 //	               [--model-id ID] [--api-key KEY] [--chat-template auto|chatml|none]
-//	               [--max-batch 512] [--max-seqs 512] [--queue 1024] [--threads N]
+//	               [--max-batch 512] [--max-seqs 512] [--queue 1024] [--threads N] [--lanes 1]
 //
 // ready, if set, is called with the bound HTTP address once it accepts
 // requests. It returns the process exit code: 2 for bad flags, 1 for
@@ -111,11 +111,12 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	fs.IntVar(&o.maxSeqs, "max-seqs", serve.DefaultMaxSeqs, "sequences decoded at once (at most --max-batch)")
 	fs.IntVar(&o.queue, "queue", serve.DefaultQueueSize, "requests that may wait for a slot before 429")
 	fs.IntVar(&o.threads, "threads", 0, "goroutines for matrix products (0: all CPUs)")
+	fs.IntVar(&o.lanes, "lanes", 1, "model instances decoding in turn, so one computes while another waits on its expert round trips")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() != 0 || o.maxBatch < 1 || o.maxSeqs < 1 || o.queue < 0 || o.waitWorkers < 0 {
-		fmt.Fprintln(stderr, "serve: unexpected arguments or a non-positive --max-batch/--max-seqs or negative --queue/--wait-workers")
+	if fs.NArg() != 0 || o.maxBatch < 1 || o.maxSeqs < 1 || o.queue < 0 || o.waitWorkers < 0 || o.lanes < 1 || o.lanes > 16 {
+		fmt.Fprintln(stderr, "serve: unexpected arguments, a non-positive --max-batch/--max-seqs, a negative --queue/--wait-workers, or --lanes outside 1..16")
 		return 2
 	}
 	if o.waitWorkers > 0 && o.dispatchListen == "" {
@@ -165,6 +166,15 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	if ex.Computer != nil {
 		m.SetExperts(ex.Computer)
 	}
+	var lanes []*model.Model
+	for range o.lanes - 1 {
+		lm, err := model.Load(f) // the same weights (views of f), its own buffers
+		if err != nil {
+			return fail(err)
+		}
+		lm.SetThreads(o.threads)
+		lanes = append(lanes, lm)
+	}
 	reg := prometheus.NewRegistry()
 	if ex.Stats != nil {
 		if err := reg.Register(serve.NewSwarmCollector(ex.Stats)); err != nil {
@@ -175,7 +185,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	if queue == 0 {
 		queue = -1 // serve.Config: 0 means the default, negative means none
 	}
-	s, err := serve.New(serve.Config{Model: m, Tokenizer: tok, ModelID: id, Chat: chat, ChatErr: chatErr,
+	s, err := serve.New(serve.Config{Model: m, Lanes: lanes, Experts: ex.Computer, Tokenizer: tok, ModelID: id, Chat: chat, ChatErr: chatErr,
 		APIKey: o.apiKey, MaxBatchRows: o.maxBatch, MaxSeqs: o.maxSeqs, QueueSize: queue,
 		Registry: reg, Logger: log})
 	if err != nil {
@@ -194,7 +204,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	p := m.Params()
 	log.Info("serving", "http", ln.Addr().String(), "model", id, "layers", p.Layers, "experts", p.Experts,
 		"context", p.Context, "chat", chat != nil, "max_batch", o.maxBatch, "max_seqs", o.maxSeqs, "queue", o.queue,
-		"where", ex.Describe)
+		"lanes", o.lanes, "where", ex.Describe)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

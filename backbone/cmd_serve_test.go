@@ -211,7 +211,7 @@ func TestServeCommandLocal(t *testing.T) {
 }
 
 func TestServeCommandFlags(t *testing.T) {
-	for _, args := range [][]string{{"extra"}, {"--max-batch", "0"}, {"--wait-workers", "1"}, {"--queue", "-1"}} {
+	for _, args := range [][]string{{"extra"}, {"--max-batch", "0"}, {"--wait-workers", "1"}, {"--queue", "-1"}, {"--lanes", "0"}} {
 		var errb bytes.Buffer
 		if c := serveMain(context.Background(), args, &errb, nil); c != 2 {
 			t.Errorf("serve %v: exit %d, want 2 (%s)", args, c, errb.String())
@@ -280,7 +280,7 @@ func TestServeSwarmAllRemote(t *testing.T) {
 	t.Cleanup(func() { wcancel(); <-wdone })
 
 	// serve waits for the worker before it answers.
-	addr := startServe(t, "--dispatch-listen", dispatchAddr, "--wait-workers", "1", "--wait-timeout", "30s")
+	addr := startServe(t, "--dispatch-listen", dispatchAddr, "--wait-workers", "1", "--wait-timeout", "30s", "--lanes", "2")
 	const prompt = "The swarm computes"
 	got, code := streamCompletion(t, addr, prompt, 10)
 	if code != 200 {

@@ -31,30 +31,48 @@ func benchTokens() int {
 // expert call behind a simulated 13 ms round trip (slowExperts: sleep, then
 // compute locally), as a swarm would add. Each iteration submits N
 // one-token prompts (different tokens) with max_tokens 16 and waits for all.
-// Reported: tok/s (generated tokens / wall time), ms/step and tok/s/seq.
-// The per-token throughput gain at 512 over 1 is the ratio of their tok/s.
+// Reported: tok/s (generated tokens / wall time), ms/step (wall time per
+// step of one lane, meaningful when every lane has work) and
+// tok/s/seq. The per-token throughput gain at 512 over 1 is the ratio of
+// their tok/s. lanes=2 splits the sequences over two model instances that
+// take turns on the CPU while the other waits for its round trip.
 //
 // KVASIR_BENCH_RTT_MS overrides the 13 ms; KVASIR_BENCH_TOKENS the 16.
 func BenchmarkSwarmBatching(b *testing.B) {
 	rtt := benchRTT()
 	maxTok := benchTokens()
-	for _, n := range []int{1, 8, 64, 512} {
-		b.Run(fmt.Sprintf("seqs=%d", n), func(b *testing.B) {
-			m, tok := loadTiny(b)
-			m.SetExperts(&slowExperts{inner: m.LocalExperts(), delay: rtt})
-			reg := prometheus.NewRegistry()
-			s, err := New(Config{Model: m, Tokenizer: tok, MaxBatchRows: 512, MaxSeqs: 512, Registry: reg, Logger: quiet})
-			if err != nil {
-				b.Fatal(err)
-			}
-			s.Start()
-			defer s.Close()
-			tokens, elapsed := runWaves(b, s, n, maxTok)
-			steps := gatherValue(b, reg, "kvasir_serve_steps_total")
-			tps := float64(tokens) / elapsed.Seconds()
-			b.ReportMetric(tps, "tok/s")
-			b.ReportMetric(tps/float64(n), "tok/s/seq")
-			b.ReportMetric(elapsed.Seconds()*1e3/steps, "ms/step")
-		})
+	for _, lanes := range []int{1, 2} {
+		for _, n := range []int{1, 8, 64, 512} {
+			b.Run(fmt.Sprintf("lanes=%d/seqs=%d", lanes, n), func(b *testing.B) {
+				m, tok := loadTiny(b)
+				cfg := Config{Model: m, Tokenizer: tok, MaxBatchRows: 512, MaxSeqs: 512, Registry: prometheus.NewRegistry(), Logger: quiet}
+				ex := &slowExperts{inner: m.LocalExperts(), delay: rtt}
+				m.SetExperts(ex)
+				for range lanes - 1 {
+					lm, _ := loadTiny(b)
+					cfg.Lanes = append(cfg.Lanes, lm)
+					cfg.Experts = ex
+				}
+				benchServer(b, cfg, n, maxTok)
+			})
+		}
 	}
+}
+
+// benchServer runs waves of n requests on a server made from cfg and
+// reports tok/s, tok/s/seq and ms/step.
+func benchServer(b *testing.B, cfg Config, n, maxTok int) *Server {
+	s, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.Start()
+	b.Cleanup(func() { s.Close() })
+	tokens, elapsed := runWaves(b, s, n, maxTok)
+	steps := gatherValue(b, cfg.Registry.(prometheus.Gatherer), "kvasir_serve_steps_total")
+	tps := float64(tokens) / elapsed.Seconds()
+	b.ReportMetric(tps, "tok/s")
+	b.ReportMetric(tps/float64(n), "tok/s/seq")
+	b.ReportMetric(elapsed.Seconds()*1e3/steps*float64(len(s.lanes)), "ms/step") // per lane, when all lanes are busy
+	return s
 }

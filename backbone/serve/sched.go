@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
@@ -28,9 +29,44 @@ type seqState struct {
 // cleared and reused by later requests (their KV cache stays allocated).
 const poolMaxPositions = 256
 
-// loop is the scheduler: the only goroutine that touches the model.
-func (s *Server) loop() {
-	defer close(s.done)
+// baton serializes the lanes' computation: a one-token semaphore.
+type baton struct{ ch chan struct{} }
+
+func (b *baton) acquire(ctx context.Context) error {
+	select {
+	case b.ch <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *baton) release() { <-b.ch }
+
+// batonExperts hands the baton to another lane for the duration of an
+// expert call (a swarm round trip) and takes it back before the layer goes
+// on. It is called only from its lane's goroutine, inside Forward.
+type batonExperts struct {
+	inner expert.Computer
+	l     *lane
+}
+
+func (e *batonExperts) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	if e.l.holdsCPU {
+		e.l.baton.release()
+		e.l.holdsCPU = false
+	}
+	err := e.inner.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
+	if aerr := e.l.baton.acquire(ctx); aerr != nil {
+		return aerr
+	}
+	e.l.holdsCPU = true
+	return err
+}
+
+// loop is one lane's scheduler: the only goroutine that touches its model.
+func (s *Server) loop(l *lane) {
+	defer s.running.Done()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -69,9 +105,10 @@ func (s *Server) loop() {
 		clear(active[len(kept):])
 		active = kept
 		s.mu.Lock()
-		s.active = len(active)
+		s.active += len(active) - l.active
+		l.active = len(active)
+		s.met.active.Set(float64(s.active))
 		s.mu.Unlock()
-		s.met.active.Set(float64(len(active)))
 	}
 	end := func(a *seqState, text, reason string, err error) {
 		a.st.finishText(text, reason, err)
@@ -80,12 +117,15 @@ func (s *Server) loop() {
 	}
 
 	for {
-		// Admit queued requests into free slots.
+		// Admit queued requests into free slots, at most this lane's even
+		// share of all the work.
 		s.mu.Lock()
-		n := min(len(s.queue), s.cfg.MaxSeqs-len(active))
+		share := (len(s.queue) + s.active + len(s.lanes) - 1) / len(s.lanes)
+		n := max(0, min(len(s.queue), l.maxSeqs-len(active), share-len(active)))
 		admitted := s.queue[:n]
 		s.queue = append([]*Stream(nil), s.queue[n:]...)
-		s.active = len(active) + n
+		s.active += n
+		l.active = len(active) + n
 		s.met.queueDepth.Set(float64(len(s.queue)))
 		s.mu.Unlock()
 		for _, st := range admitted {
@@ -93,7 +133,7 @@ func (s *Server) loop() {
 			if k := len(free); k > 0 {
 				seq, free = free[k-1], free[:k-1]
 			} else {
-				seq = s.m.NewSequence()
+				seq = l.m.NewSequence()
 			}
 			var stops []string
 			for _, x := range st.job.Stop {
@@ -117,7 +157,7 @@ func (s *Server) loop() {
 			select {
 			case <-s.stop:
 				return
-			case <-s.wake:
+			case <-l.wake:
 				continue
 			}
 		}
@@ -171,7 +211,16 @@ func (s *Server) loop() {
 			logits = make([]float32, need)
 		}
 		start := time.Now()
-		err := s.m.Forward(ctx, rows, logits[:len(owners)*vocab])
+		if l.baton != nil {
+			if l.baton.acquire(ctx) == nil {
+				l.holdsCPU = true
+			}
+		}
+		err := l.m.Forward(ctx, rows, logits[:len(owners)*vocab])
+		if l.holdsCPU {
+			l.baton.release()
+			l.holdsCPU = false
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				err = ErrClosed

@@ -207,8 +207,8 @@ func TestSampledDeterministic(t *testing.T) {
 func TestForwardErrorEndsBatch(t *testing.T) {
 	fail := &failingExperts{}
 	s, reg := newSched(t, nil)
-	fail.inner = s.m.LocalExperts()
-	s.m.SetExperts(fail)
+	fail.inner = s.lanes[0].m.LocalExperts()
+	s.lanes[0].m.SetExperts(fail)
 	s.Start()
 	fail.on.Store(true)
 	st, err := s.Submit(context.Background(), Job{Prompt: []int32{1, 2, 3}, MaxTokens: 4})
@@ -319,5 +319,67 @@ func TestContextLimit(t *testing.T) {
 	}
 	if !rtok.IsEOG(want[len(want)-1]) && (len(toks) != 3 || d.Finish != FinishLength) {
 		t.Fatalf("%d tokens, finish %q; want 3 and length", len(toks), d.Finish)
+	}
+}
+
+// TestLanes: with three lanes (three instances of the model) sharing one
+// expert computer, 32 requests are spread over the lanes, decode at the
+// same time, and each gives exactly the tokens of its decode alone.
+func TestLanes(t *testing.T) {
+	const n, maxTok = 32, 10
+	m, tok := loadTiny(t)
+	l1, _ := loadTiny(t)
+	l2, _ := loadTiny(t)
+	slow := &slowExperts{inner: m.LocalExperts(), delay: time.Millisecond}
+	s, err := New(Config{Model: m, Lanes: []*model.Model{l1, l2}, Experts: slow, Tokenizer: tok,
+		Registry: prometheus.NewRegistry(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	prompts := randomPrompts(n, s.p.Vocab, 5)
+	streams := make([]*Stream, n)
+	for i, p := range prompts {
+		if streams[i], err = s.Submit(context.Background(), Job{Prompt: p, MaxTokens: maxTok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy := make([]bool, len(s.lanes))
+	stop := make(chan struct{})
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			s.mu.Lock()
+			for i, l := range s.lanes {
+				busy[i] = busy[i] || l.active > 0
+			}
+			s.mu.Unlock()
+		}
+	}()
+	s.Start()
+	for i, st := range streams {
+		got, _, _ := collect(t, st)
+		if want := directGreedy(t, prompts[i], maxTok); !slices.Equal(got, want) {
+			t.Errorf("request %d: tokens %v, alone %v", i, got, want)
+		}
+	}
+	close(stop)
+	<-polled
+	for i, b := range busy {
+		if !b {
+			t.Errorf("lane %d never decoded", i)
+		}
+	}
+	if st := s.Stats(); st.Active != 0 || st.Queued != 0 {
+		t.Errorf("after all finished: %+v", st)
+	}
+	if _, err := New(Config{Model: m, Lanes: []*model.Model{m}, Tokenizer: tok, Registry: prometheus.NewRegistry()}); err == nil {
+		t.Error("the primary model as its own lane was accepted")
 	}
 }

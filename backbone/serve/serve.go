@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
@@ -56,6 +57,18 @@ const (
 type Config struct {
 	Model     *model.Model         // the model; the Server's scheduler is its only user while running
 	Tokenizer *tokenizer.Tokenizer // the model's tokenizer
+	// Lanes are more instances of the same model (model.Load on the same
+	// file: the weights are shared views, each instance has its own
+	// buffers). With lanes, the sequences are split between Model and the
+	// lanes, each decoded by its own goroutine, and the lanes take turns
+	// on the CPU: a lane holds the compute baton except while its expert
+	// call is out (the swarm round trip), so one lane computes while
+	// another waits. The server installs Experts on every instance.
+	Lanes []*model.Model
+	// Experts computes the experts of every instance when Lanes is set
+	// (nil: each instance's own local experts); without lanes it is
+	// ignored and Model keeps what SetExperts gave it.
+	Experts expert.Computer
 	// ModelID is the name served by /v1/models and accepted in requests'
 	// "model" field; default "kvasir".
 	ModelID string
@@ -69,8 +82,8 @@ type Config struct {
 	// /health stay open.
 	APIKey string
 
-	MaxBatchRows int // rows per Forward step (prefill + decode); default 512
-	MaxSeqs      int // sequences decoded at once; default 512, at most MaxBatchRows
+	MaxBatchRows int // rows per Forward step (prefill + decode); default 512 (per lane)
+	MaxSeqs      int // sequences decoded at once; default 512, at most MaxBatchRows (split evenly between lanes)
 	QueueSize    int // requests waiting beyond MaxSeqs before 429; default 1024 (negative: 0)
 	// RetryAfter is the Retry-After of a 429, rounded up to whole seconds;
 	// default 1 s.
@@ -85,7 +98,7 @@ type Config struct {
 // Close stops it.
 type Server struct {
 	cfg    Config
-	m      *model.Model
+	lanes  []*lane
 	p      model.Params
 	tok    *tokenizer.Tokenizer
 	met    *metrics
@@ -94,12 +107,24 @@ type Server struct {
 
 	mu      sync.Mutex
 	queue   []*Stream
-	active  int // sequences admitted and not yet released (scheduler-owned count, read by Stats)
+	active  int // sequences admitted and not yet released, all lanes
 	closed  bool
 	started bool
-	wake    chan struct{} // cap 1: work arrived
 	stop    chan struct{}
 	done    chan struct{}
+	running sync.WaitGroup // lane goroutines
+}
+
+// lane is one model instance and the goroutine that decodes its share of
+// the sequences.
+type lane struct {
+	m        *model.Model
+	wake     chan struct{} // cap 1: work arrived
+	maxSeqs  int
+	active   int // guarded by Server.mu
+	baton    *baton
+	experts  *batonExperts // nil without lanes
+	holdsCPU bool          // this lane holds the baton (lane goroutine only)
 }
 
 // New validates cfg and returns a stopped Server. Errors: a missing model or
@@ -110,6 +135,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("serve: Config.Model and Config.Tokenizer are required")
 	}
 	p := cfg.Model.Params()
+	for i, lm := range cfg.Lanes {
+		if lm == nil || lm == cfg.Model || lm.Params() != p {
+			return nil, fmt.Errorf("serve: lane %d is nil, the primary model itself, or another model", i)
+		}
+	}
 	if cfg.Tokenizer.VocabSize() > p.Vocab {
 		return nil, fmt.Errorf("serve: tokenizer has %d tokens, the model %d", cfg.Tokenizer.VocabSize(), p.Vocab)
 	}
@@ -134,8 +164,25 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, m: cfg.Model, p: p, tok: cfg.Tokenizer, log: cfg.Logger,
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Server{cfg: cfg, p: p, tok: cfg.Tokenizer, log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	models := append([]*model.Model{cfg.Model}, cfg.Lanes...)
+	per := (cfg.MaxSeqs + len(models) - 1) / len(models)
+	var b *baton
+	if len(models) > 1 {
+		b = &baton{ch: make(chan struct{}, 1)}
+	}
+	for _, m := range models {
+		l := &lane{m: m, wake: make(chan struct{}, 1), maxSeqs: per, baton: b}
+		if b != nil {
+			inner := cfg.Experts
+			if inner == nil {
+				inner = m.LocalExperts()
+			}
+			l.experts = &batonExperts{inner: inner, l: l}
+			m.SetExperts(l.experts)
+		}
+		s.lanes = append(s.lanes, l)
+	}
 	if cfg.Registry == nil {
 		r := prometheus.NewRegistry()
 		cfg.Registry, s.cfg.Registry = r, r
@@ -159,7 +206,14 @@ func (s *Server) Start() {
 		return
 	}
 	s.started = true
-	go s.loop()
+	s.running.Add(len(s.lanes))
+	for _, l := range s.lanes {
+		go s.loop(l)
+	}
+	go func() {
+		s.running.Wait()
+		close(s.done)
+	}()
 }
 
 // Close stops the scheduler after its current step, ends every queued and
@@ -259,9 +313,11 @@ func (s *Server) check(j Job) error {
 }
 
 func (s *Server) poke() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
+	for _, l := range s.lanes {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -168,32 +168,28 @@ func newSwarm(tb testing.TB, m *model.Model, oneWay time.Duration) *dispatch.Dis
 func BenchmarkRealSwarm(b *testing.B) {
 	rtt := benchRTT()
 	maxTok := benchTokens()
-	for _, n := range []int{1, 8, 64, 512} {
-		b.Run(fmt.Sprintf("seqs=%d", n), func(b *testing.B) {
-			m, tok := loadTiny(b)
-			d := newSwarm(b, m, rtt/2)
-			m.SetExperts(d)
-			reg := prometheus.NewRegistry()
-			s, err := New(Config{Model: m, Tokenizer: tok, MaxBatchRows: 512, MaxSeqs: 512, Registry: reg, Logger: quiet})
-			if err != nil {
-				b.Fatal(err)
-			}
-			s.Start()
-			defer s.Close()
-			tokens, elapsed := runWaves(b, s, n, maxTok)
-			steps := gatherValue(b, reg, "kvasir_serve_steps_total")
-			st := d.Stats()
-			var misses uint64
-			for _, w := range st.Workers {
-				misses += w.Timeouts
-			}
-			tps := float64(tokens) / elapsed.Seconds()
-			b.ReportMetric(tps, "tok/s")
-			b.ReportMetric(tps/float64(n), "tok/s/seq")
-			b.ReportMetric(elapsed.Seconds()*1e3/steps, "ms/step")
-			b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
-			b.ReportMetric(float64(misses), "misses")
-		})
+	for _, lanes := range []int{1, 2} {
+		for _, n := range []int{1, 8, 64, 512} {
+			b.Run(fmt.Sprintf("lanes=%d/seqs=%d", lanes, n), func(b *testing.B) {
+				m, tok := loadTiny(b)
+				d := newSwarm(b, m, rtt/2)
+				m.SetExperts(d)
+				cfg := Config{Model: m, Tokenizer: tok, MaxBatchRows: 512, MaxSeqs: 512, Registry: prometheus.NewRegistry(), Logger: quiet}
+				for range lanes - 1 {
+					lm, _ := loadTiny(b)
+					cfg.Lanes = append(cfg.Lanes, lm)
+					cfg.Experts = d
+				}
+				benchServer(b, cfg, n, maxTok)
+				st := d.Stats()
+				var misses uint64
+				for _, w := range st.Workers {
+					misses += w.Timeouts
+				}
+				b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
+				b.ReportMetric(float64(misses), "misses")
+			})
+		}
 	}
 }
 

@@ -1,0 +1,202 @@
+package slice
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sync"
+
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+)
+
+// Catalog is the backbone's view of every expert of a model for
+// provisioning workers: the manifest header a worker needs (model id, shapes,
+// per-layer tensor types and expert sizes), each expert's file bytes (gate ||
+// up || down, read from views into the memory-mapped GGUF, never copied
+// whole) and its SHA-256 and per-chunk SHA-256s, computed on first use and
+// cached. It is safe for concurrent use.
+type Catalog struct {
+	header *Manifest       // Layers carry types and ExpertBytes, no Experts
+	layers []*expert.Layer // n_layer entries, every expert held
+	bytes  []int64         // expert file size per layer
+
+	mu     sync.Mutex
+	sums   map[uint64]*Sums
+	hashes map[uint64][32]byte
+}
+
+// Sums are an expert's file SHA-256 and the SHA-256 of each Chunk-byte
+// chunk: Chunks[i] covers bytes [i*Chunk, min(size, (i+1)*Chunk)).
+type Sums struct {
+	SHA256 [32]byte
+	Chunk  int
+	Chunks [][32]byte
+}
+
+// NewCatalog returns the catalog of every layer and expert of f, which must
+// stay open while the catalog is used. Errors wrap ErrModel or those of
+// expert.FromGGUF.
+func NewCatalog(f *gguf.File) (*Catalog, error) {
+	arch := f.Architecture()
+	if arch == "" {
+		return nil, fmt.Errorf("%w: no general.architecture", ErrModel)
+	}
+	nl, err := f.Uint(arch + ".block_count")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrModel, err)
+	}
+	if nl == 0 || nl > MaxLayers {
+		return nil, fmt.Errorf("%w: block_count %d (1..%d)", ErrModel, nl, MaxLayers)
+	}
+	layers := make([]*expert.Layer, nl)
+	for i := range layers {
+		if layers[i], err = expert.FromGGUF(f, i); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", i, err)
+		}
+	}
+	id, sum := ModelID(f)
+	m := &Manifest{Format: FormatName, Version: FormatVersion, ModelID: id, ModelSHA256: hex.EncodeToString(sum[:]),
+		Architecture: clipUTF8(arch, 64), NLayer: int(nl)}
+	return newCatalog(m, layers)
+}
+
+// NewCatalogOf returns a catalog over layers (n_layer entries, each holding
+// every expert, all of one shape) with the given model id, model sum and
+// architecture. Errors wrap ErrModel or ErrManifest.
+func NewCatalogOf(modelID string, modelSHA256 [32]byte, arch string, layers []*expert.Layer) (*Catalog, error) {
+	m := &Manifest{Format: FormatName, Version: FormatVersion, ModelID: modelID,
+		ModelSHA256: hex.EncodeToString(modelSHA256[:]), Architecture: arch, NLayer: len(layers)}
+	return newCatalog(m, layers)
+}
+
+func newCatalog(m *Manifest, layers []*expert.Layer) (*Catalog, error) {
+	c := &Catalog{header: m, layers: layers, bytes: make([]int64, len(layers)), sums: map[uint64]*Sums{}, hashes: map[uint64][32]byte{}}
+	for i, l := range layers {
+		if l == nil {
+			return nil, fmt.Errorf("%w: layer %d missing", ErrModel, i)
+		}
+		if m.NExpert == 0 {
+			m.NExpert, m.DModel, m.DFF = l.NExpert, l.DModel, l.DFF
+		} else if l.NExpert != m.NExpert || l.DModel != m.DModel || l.DFF != m.DFF {
+			return nil, fmt.Errorf("%w: layer %d has %d experts of %d x %d, want %d of %d x %d", ErrModel,
+				i, l.NExpert, l.DModel, l.DFF, m.NExpert, m.DModel, m.DFF)
+		}
+		for e := 0; e < l.NExpert; e++ {
+			if !l.Held(e) {
+				return nil, fmt.Errorf("%w: layer %d lacks expert %d", ErrModel, i, e)
+			}
+		}
+		eb, err := expertBytes(l.Gate.Type, l.Up.Type, l.Down.Type, m.DModel, m.DFF)
+		if err != nil {
+			return nil, fmt.Errorf("%w: layer %d: %v", ErrModel, i, err)
+		}
+		c.bytes[i] = eb
+		m.Layers = append(m.Layers, LayerEntry{Layer: i, GateType: l.Gate.Type.String(), UpType: l.Up.Type.String(),
+			DownType: l.Down.Type.String(), ExpertBytes: eb, Experts: []ExpertEntry{}})
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Header returns the manifest header: model id and sum, architecture,
+// shapes, and one LayerEntry per layer with its types and ExpertBytes and no
+// experts. Do not modify it.
+func (c *Catalog) Header() *Manifest { return c.header }
+
+// Layer returns layer l's experts (views into the model), nil when out of
+// range.
+func (c *Catalog) Layer(l int) *expert.Layer {
+	if l < 0 || l >= len(c.layers) {
+		return nil
+	}
+	return c.layers[l]
+}
+
+// Size returns the file size in bytes of expert e of layer l, 0 when out of
+// range.
+func (c *Catalog) Size(l, e int) int64 {
+	if l < 0 || l >= len(c.layers) || e < 0 || e >= c.header.NExpert {
+		return 0
+	}
+	return c.bytes[l]
+}
+
+// ReadAt copies bytes [off, off+len(p)) of expert e of layer l's file (gate
+// || up || down) into p. It returns false, copying nothing, when (l, e) is
+// out of range or the range is not inside the file.
+func (c *Catalog) ReadAt(l, e int, p []byte, off int64) bool {
+	size := c.Size(l, e)
+	if size == 0 || off < 0 || off > size || int64(len(p)) > size-off {
+		return false
+	}
+	ly := c.layers[l]
+	n := 0
+	for _, part := range [][]byte{ly.Gate.Expert[e], ly.Up.Expert[e], ly.Down.Expert[e]} {
+		if off >= int64(len(part)) {
+			off -= int64(len(part))
+			continue
+		}
+		n += copy(p[n:], part[off:])
+		off = 0
+		if n == len(p) {
+			break
+		}
+	}
+	return true
+}
+
+// Sums returns expert e of layer l's file SHA-256 and its chunk SHA-256s
+// for chunks of chunk bytes (> 0), computing and caching them on first use
+// (one pass over the expert's bytes). ok is false when (l, e) is out of
+// range.
+func (c *Catalog) Sums(l, e, chunk int) (s *Sums, ok bool) {
+	size := c.Size(l, e)
+	if size == 0 || chunk <= 0 {
+		return nil, false
+	}
+	k := uint64(l)<<32 | uint64(e)
+	c.mu.Lock()
+	s = c.sums[k]
+	c.mu.Unlock()
+	if s != nil && s.Chunk == chunk {
+		return s, true
+	}
+	s = &Sums{Chunk: chunk}
+	full := sha256.New()
+	buf := make([]byte, chunk)
+	for off := int64(0); off < size; off += int64(chunk) {
+		b := buf[:min(int64(chunk), size-off)]
+		c.ReadAt(l, e, b, off)
+		full.Write(b)
+		s.Chunks = append(s.Chunks, sha256.Sum256(b))
+	}
+	full.Sum(s.SHA256[:0])
+	c.mu.Lock()
+	c.sums[k] = s
+	c.hashes[k] = s.SHA256
+	c.mu.Unlock()
+	return s, true
+}
+
+// Hash returns the SHA-256 of expert e of layer l's file (HashExpert),
+// cached; ok is false when out of range.
+func (c *Catalog) Hash(l, e int) (sum [32]byte, ok bool) {
+	k := uint64(l)<<32 | uint64(e)
+	c.mu.Lock()
+	sum, ok = c.hashes[k]
+	c.mu.Unlock()
+	if ok {
+		return sum, true
+	}
+	if c.Size(l, e) == 0 {
+		return sum, false
+	}
+	sum, ok = HashExpert(c.layers[l], e)
+	c.mu.Lock()
+	c.hashes[k] = sum
+	c.mu.Unlock()
+	return sum, ok
+}

@@ -190,6 +190,9 @@ func (p *Proc) Stop(grace time.Duration) error {
 	return p.Err()
 }
 
+// Signal sends sig to the child (e.g. os.Interrupt, as Ctrl-C would).
+func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
 // Kill ends the child with SIGKILL (no chance to clean up) and waits for it.
 func (p *Proc) Kill() {
 	_ = p.cmd.Process.Kill()

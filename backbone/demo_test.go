@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/demo"
+	"github.com/kvasir-ai/kvasir/wallet/walletapi"
+)
+
+// TestDemoProcess runs `backbone demo --json` as a process and checks its
+// report against independent sources: a local decode here, the wire sizes
+// of docs/protocol.md, the hub's ledger (`backbone ledger --json`) and the
+// gateway's wallets file (`backbone wallets --json`).
+func TestDemoProcess(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "demo")
+	const prompt, n = "The demo decodes", 24
+	out := runBackbone(t, 120*time.Second, "demo", "--json", "--dir", dir, "--max-tokens", strconv.Itoa(n), "--prompt", prompt)
+	var r demoResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+
+	lm, err := loadGenModel("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	local, err := decode(context.Background(), lm, decodeOptions{prompt: prompt, maxTokens: n}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.TokensEqual || !r.LogitsEqual || !equal(r.Tokens, local.Tokens) || !equal(r.LocalTokens, local.Tokens) {
+		t.Errorf("demo tokens %v (equal %v, logits %v), its local %v; local decode here %v",
+			r.Tokens, r.TokensEqual, r.LogitsEqual, r.LocalTokens, local.Tokens)
+	}
+	var wantText string // JSON carries each invalid UTF-8 byte as U+FFFD
+	enc, _ := json.Marshal(local.Text)
+	_ = json.Unmarshal(enc, &wantText)
+	if r.Text != wantText || r.SwarmTokS <= 0 || r.LocalTokS <= 0 {
+		t.Errorf("text %q (want %q), tok/s swarm %v local %v", r.Text, wantText, r.SwarmTokS, r.LocalTokS)
+	}
+	p := lm.m.Params()
+	rows := uint64(len(local.PromptTokens) + len(local.Tokens) - 1) // rows through each layer
+	forwards := uint64(len(local.Tokens))                            // prefill + one per token but the last
+	if r.ExpertsLocal != 0 || r.ExpertsRemote != rows*uint64(p.Layers*p.ExpertsUsed) {
+		t.Errorf("experts remote %d local %d, want %d and 0", r.ExpertsRemote, r.ExpertsLocal, rows*uint64(p.Layers*p.ExpertsUsed))
+	}
+	if len(r.Workers) != 2 {
+		t.Fatalf("workers: %+v", r.Workers)
+	}
+
+	var ledger ledgerJSON
+	if err := json.Unmarshal(runBackbone(t, 30*time.Second, "ledger", "--db", filepath.Join(dir, "ledger.sqlite"), "--json"), &ledger); err != nil {
+		t.Fatal(err)
+	}
+	var wallets struct {
+		Wallets []struct {
+			Worker string `json:"worker"`
+			Bytes  uint64 `json:"bytes"`
+			NKVR   uint64 `json:"nkvr"`
+		} `json:"wallets"`
+	}
+	if err := json.Unmarshal(runBackbone(t, 30*time.Second, "wallets", "--db", filepath.Join(dir, "wallets.sqlite"), "--json"), &wallets); err != nil {
+		t.Fatal(err)
+	}
+	if len(ledger.Workers) != 2 || len(wallets.Wallets) != 2 {
+		t.Fatalf("ledger %+v, wallets %+v: want 2 workers each", ledger, wallets)
+	}
+	d, k := uint64(p.Embd), uint64(p.ExpertsUsed)
+	for i, w := range r.Workers {
+		wantLayers := []int{i, i + 2}
+		if len(w.Layers) != 2 || w.Layers[0] != wantLayers[0] || w.Layers[1] != wantLayers[1] {
+			t.Errorf("%s layers %v, want %v", w.Name, w.Layers, wantLayers)
+		}
+		// docs/protocol.md: DISPATCH = 24 + 4nd + 4nk bytes, RESULT = 20 +
+		// 4md with m = n x k; one request per held layer per forward.
+		wRows := rows * uint64(len(w.Layers))
+		wantBytes := 44*forwards*uint64(len(w.Layers)) + 4*wRows*(d+k) + 4*wRows*k*d
+		if w.Rows != wRows || w.LedgerBytes != wantBytes || w.RejectedBytes != 0 {
+			t.Errorf("%s: rows %d ledger %d rejected %d; want rows %d, %d creditable bytes", w.Name, w.Rows, w.LedgerBytes, w.RejectedBytes, wRows, wantBytes)
+		}
+		// The backbone's own counts add the control frames (HELLO, WELCOME).
+		if all := w.BytesIn + w.BytesOut; all < wantBytes || all > wantBytes+16<<10 {
+			t.Errorf("%s: backbone counted %d bytes, ledger %d", w.Name, all, wantBytes)
+		}
+		if w.CreditedBytes != w.LedgerBytes || w.CreditedNKVR != 7*w.LedgerBytes || w.CreditedNKVR == 0 ||
+			w.CreditedKVR != walletapi.FormatKVR(7*w.LedgerBytes) {
+			t.Errorf("%s: credited %d bytes, %d nKVR (%s); want %d x 7", w.Name, w.CreditedBytes, w.CreditedNKVR, w.CreditedKVR, w.LedgerBytes)
+		}
+		found := 0
+		for _, l := range ledger.Workers {
+			if l.ID == w.ID && l.Bytes == w.LedgerBytes && l.RejectedBytes == 0 && l.Address == w.Address {
+				found++
+			}
+		}
+		for _, x := range wallets.Wallets {
+			if x.Worker == w.ID && x.Bytes == w.LedgerBytes && x.NKVR == 7*w.LedgerBytes {
+				found++
+			}
+		}
+		if found != 2 {
+			t.Errorf("%s (%s): ledger %+v, wallets %+v", w.Name, w.ID, ledger.Workers, wallets.Wallets)
+		}
+		if alive(w.Pid) {
+			t.Errorf("%s (pid %d) outlived the demo", w.Name, w.Pid)
+		}
+	}
+}
+
+// alive reports whether process pid exists (signal 0).
+func alive(pid int) bool {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return false
+	}
+	return p.Signal(syscall.Signal(0)) == nil
+}
+
+// marked lists the processes whose environment holds mark (Linux /proc).
+func marked(t *testing.T, mark string) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Skip("no /proc:", err)
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err == nil && bytes.Contains(env, []byte(mark)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestDemoNoOrphans interrupts (SIGINT, as Ctrl-C) and kills (SIGKILL) a
+// running demo once its workers are connected: none of its children may
+// survive it. Children are found by an environment marker they inherit.
+func TestDemoNoOrphans(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("finds children through /proc and relies on Linux's parent-death signal")
+	}
+	for _, sig := range []os.Signal{os.Interrupt, os.Kill} {
+		t.Run(sig.String(), func(t *testing.T) {
+			var rnd [8]byte
+			_, _ = rand.Read(rnd[:])
+			mark := "KVASIR_TEST_MARK=" + hex.EncodeToString(rnd[:])
+			log := newTestLog(t)
+			p, err := demo.Start("demo", log, []string{asBackbone, mark}, backboneBin(t),
+				"demo", "--verbose", "--max-tokens", "4000", "--dir", t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Kill()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			if _, err := p.Await(ctx, regexp.MustCompile(`^\[worker-1\] .*worker: connected`)); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(marked(t, mark)); n < 5 {
+				t.Fatalf("%d marked processes while the demo runs, want demo + hub + gateway + 2 workers", n)
+			}
+			if err := p.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-p.Done():
+			case <-time.After(30 * time.Second):
+				t.Fatal("demo did not exit")
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				left := marked(t, mark)
+				if len(left) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					for _, pid := range left {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+					t.Fatalf("processes %v outlived the demo (%v)", left, sig)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}

@@ -53,7 +53,7 @@ func TestDemoProcess(t *testing.T) {
 	}
 	p := lm.m.Params()
 	rows := uint64(len(local.PromptTokens) + len(local.Tokens) - 1) // rows through each layer
-	forwards := uint64(len(local.Tokens))                            // prefill + one per token but the last
+	forwards := uint64(len(local.Tokens))                           // prefill + one per token but the last
 	if r.ExpertsLocal != 0 || r.ExpertsRemote != rows*uint64(p.Layers*p.ExpertsUsed) {
 		t.Errorf("experts remote %d local %d, want %d and 0", r.ExpertsRemote, r.ExpertsLocal, rows*uint64(p.Layers*p.ExpertsUsed))
 	}

@@ -75,7 +75,18 @@ type scratch struct {
 	start      []int32
 	order      []int32 // pair indices (r*k+s) grouped by expert, ascending within a group
 	units      []unit
-	active     []int32 // experts with at least one pair
+	active     []int32    // experts with at least one pair
+	mu         sync.Mutex // guards err
+	err        error      // first error of the call's parallel phases
+}
+
+// fail records the first error of a call in s.err.
+func (s *scratch) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
 }
 
 // unit is a slice [lo, hi) of one expert's output rows (or of pairs in the
@@ -93,6 +104,28 @@ func grow[T any](s []T, n int) []T {
 // n x k int32, out is n x k x DModel float32. Errors wrap ErrUnknownLayer,
 // ErrUnknownExpert or ErrShape, or are ctx.Err().
 func (c *Local) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	threads := c.Threads()
+	return c.ComputeExpertsWith(ctx, func(n int, fn func(worker, unit int)) { parallel(n, threads, fn) }, threads,
+		layer, hidden, ids, n, k, out)
+}
+
+// Runner runs fn(worker, unit) for every unit in [0, n), on goroutines
+// numbered worker in [0, threads), and returns when every call has
+// returned; units may run in any order and concurrently.
+type Runner func(n int, fn func(worker, unit int))
+
+// minParallelMACs is the smallest phase (multiply-adds, or activations for
+// the SwiGLU phase times 64) handed to the Runner; smaller phases run on
+// the caller: a few microseconds of work do not pay for waking a goroutine.
+const minParallelMACs = 1 << 18
+
+// ComputeExpertsWith is ComputeExperts with its parallel phases run by run
+// over threads goroutines (for example a model's helper goroutines, so
+// that a decode step starts no goroutine of its own). threads only sets how
+// the work is cut; results are bit-identical whatever run and threads are.
+// Same shapes and errors as ComputeExperts.
+func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	threads = max(1, threads)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -112,7 +145,6 @@ func (c *Local) ComputeExperts(ctx context.Context, layer int, hidden []float32,
 			return fmt.Errorf("%w: layer %d expert %d", ErrUnknownExpert, layer, e)
 		}
 	}
-	threads := c.Threads()
 	s, _ := c.pool.Get().(*scratch)
 	if s == nil {
 		s = new(scratch)
@@ -201,17 +233,17 @@ func (c *Local) ComputeExperts(ctx context.Context, layer int, hidden []float32,
 	s.u = grow(s.u, np*dff)
 	s.tg = grow(s.tg, np*dff)
 	s.tu = grow(s.tu, np*dff)
-	var mu sync.Mutex
-	var firstErr error
-	fail := func(err error) {
-		mu.Lock()
-		if firstErr == nil {
-			firstErr = err
+	s.err = nil
+	fail := s.fail
+	// pick returns run for a phase of the given work, else serial.
+	pick := func(work int) Runner {
+		if threads > 1 && work >= minParallelMACs {
+			return run
 		}
-		mu.Unlock()
+		return serial
 	}
 	s.units = splitUnits(s.units[:0], s.active, dff, threads)
-	parallel(len(s.units), threads, func(ui int) {
+	pick(2*np*dff*d)(len(s.units), func(_, ui int) {
 		un := s.units[ui]
 		q0, q1 := int(s.start[un.e]), int(s.start[un.e+1])
 		cnt, lo, hi := q1-q0, int(un.lo), int(un.hi)
@@ -231,14 +263,14 @@ func (c *Local) ComputeExperts(ctx context.Context, layer int, hidden []float32,
 			copy(s.u[(q0+i)*dff+lo:(q0+i)*dff+hi], tu[i*w:(i+1)*w])
 		}
 	})
-	if firstErr != nil {
-		return firstErr
+	if s.err != nil {
+		return s.err
 	}
 
 	// Phase 2: h = silu(gate) * up per pair, converted for down.
 	s.hc = grow(s.hc, np*hab)
 	chunk := max(1, (np+4*threads-1)/(4*threads))
-	parallel((np+chunk-1)/chunk, threads, func(ui int) {
+	pick(64*np*dff)((np+chunk-1)/chunk, func(_, ui int) {
 		for q := ui * chunk; q < min(np, (ui+1)*chunk); q++ {
 			g := s.g[q*dff : (q+1)*dff]
 			SwiGLU(g, g, s.u[q*dff:(q+1)*dff])
@@ -247,15 +279,15 @@ func (c *Local) ComputeExperts(ctx context.Context, layer int, hidden []float32,
 			}
 		}
 	})
-	if firstErr != nil {
-		return firstErr
+	if s.err != nil {
+		return s.err
 	}
 
 	// Phase 3: down projection, units over (expert, DModel row range),
 	// scattered to out[p*d + i] for pair p = order[q].
 	s.tg = grow(s.tg, np*d)
 	s.units = splitUnits(s.units[:0], s.active, d, threads)
-	parallel(len(s.units), threads, func(ui int) {
+	pick(np*d*dff)(len(s.units), func(_, ui int) {
 		un := s.units[ui]
 		q0, q1 := int(s.start[un.e]), int(s.start[un.e+1])
 		cnt, lo, hi := q1-q0, int(un.lo), int(un.hi)
@@ -271,8 +303,8 @@ func (c *Local) ComputeExperts(ctx context.Context, layer int, hidden []float32,
 			copy(out[p*d+lo:p*d+hi], td[i*w:(i+1)*w])
 		}
 	})
-	if firstErr != nil {
-		return firstErr
+	if s.err != nil {
+		return s.err
 	}
 	return ctx.Err()
 }
@@ -294,32 +326,38 @@ func splitUnits(dst []unit, active []int32, rows, threads int) []unit {
 	return dst
 }
 
-// parallel runs fn(0..n-1) on up to threads goroutines, handing out units
-// in order from a shared counter. With one thread or one unit it runs inline.
-func parallel(n, threads int, fn func(unit int)) {
+// serial calls fn(0, u) for u in [0, n) in order (a Runner on the caller).
+func serial(n int, fn func(worker, unit int)) {
+	for u := range n {
+		fn(0, u)
+	}
+}
+
+// parallel runs fn over [0, n) on up to threads goroutines (worker
+// numbers in [0, threads)), handing out units in order from a shared
+// counter. With one thread or one unit it runs inline.
+func parallel(n, threads int, fn func(worker, unit int)) {
 	if threads <= 1 || n <= 1 {
-		for i := range n {
-			fn(i)
-		}
+		serial(n, fn)
 		return
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	w := min(threads, n)
 	wg.Add(w - 1)
-	work := func() {
+	work := func(worker int) {
 		for {
 			i := int(next.Add(1) - 1)
 			if i >= n {
 				return
 			}
-			fn(i)
+			fn(worker, i)
 		}
 	}
-	for range w - 1 {
-		go func() { defer wg.Done(); work() }()
+	for wk := 1; wk < w; wk++ {
+		go func() { defer wg.Done(); work(wk) }()
 	}
-	work()
+	work(0)
 	wg.Wait()
 }
 

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/kvasir-ai/kvasir/engine/gguf"
@@ -318,4 +319,40 @@ func fixtureLayer(t *testing.T, f *gguf.File, layer int) *Layer {
 		t.Fatalf("fixture layer %d: %d experts, d %d, ffn %d", layer, l.NExpert, l.DModel, l.DFF)
 	}
 	return l
+}
+
+// TestComputeExpertsWith: a caller's Runner that runs units in reverse
+// order, each on its own goroutine, gives the bits of ComputeExperts on one
+// goroutine, at a batch large enough that every phase goes to the Runner.
+func TestComputeExpertsWith(t *testing.T) {
+	s := synthLayer(t, quant.Q8_0, 16, 64, 64, 13)
+	const n, k = 64, 4
+	x, ids := randRows(rand.New(rand.NewPCG(9, 9)), n, s.d, k, s.nExpert)
+	c, _ := NewLocal([]*Layer{s.l}, 1)
+	ref := make([]float32, n*k*s.d)
+	if err := c.ComputeExperts(context.Background(), 0, x, ids, n, k, ref); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	reverse := func(n int, fn func(worker, unit int)) {
+		calls++
+		var wg sync.WaitGroup
+		for u := n - 1; u >= 0; u-- {
+			wg.Add(1)
+			go func() { defer wg.Done(); fn(u%3, u) }()
+		}
+		wg.Wait()
+	}
+	got := make([]float32, n*k*s.d)
+	if err := c.ComputeExpertsWith(context.Background(), reverse, 3, 0, x, ids, n, k, got); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 3 {
+		t.Errorf("runner called for %d phases, want 3", calls)
+	}
+	assertBits(t, got, ref, "reverse-order runner")
+	if err := c.ComputeExpertsWith(context.Background(), reverse, 3, 0, x[:s.d], ids[:k], 1, k, got[:k*s.d]); err != nil {
+		t.Fatal(err)
+	}
+	assertBits(t, got[:k*s.d], ref[:k*s.d], "one row")
 }

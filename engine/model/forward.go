@@ -6,6 +6,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
@@ -275,7 +276,18 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 		route(ws.router[i*ne:(i+1)*ne], ws.probs, ws.ids[i*k:(i+1)*k], ws.wts[i*k:(i+1)*k])
 	}
 	eo := ws.eo[:n*k*d]
-	if err := m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo); err != nil {
+	var err error
+	if m.experts == expert.Computer(m.local) {
+		// The model's own experts run on its helper goroutines.
+		run := expert.Runner(serial)
+		if m.team.helpers > 0 {
+			run = m.team.run
+		}
+		err = m.local.ComputeExpertsWith(ctx, run, m.team.helpers+1, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo)
+	} else {
+		err = m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo)
+	}
+	if err != nil {
 		return fmt.Errorf("model: layer %d experts: %w", il, err)
 	}
 	// experts = ggml_mul(experts, weights); moe_out = sum over slots in slot

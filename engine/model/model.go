@@ -191,10 +191,10 @@ func (m *Model) SetExperts(c expert.Computer) {
 // LocalExperts returns the Computer over the model's own expert tensors.
 func (m *Model) LocalExperts() *expert.Local { return m.local }
 
-// SetThreads sets the goroutines used by matrix products and attention
-// (n <= 0: runtime.GOMAXPROCS(0)). Results do not depend on it. The local
-// experts' thread count is fixed when the model is loaded (GOMAXPROCS);
-// use SetExperts with an expert.NewLocal of your choice to change it.
+// SetThreads sets the goroutines used by matrix products, attention and
+// the model's own local experts (n <= 0: runtime.GOMAXPROCS(0)); Forward
+// starts n-1 helper goroutines per call and stops them before it returns.
+// Results do not depend on n. A Computer set with SetExperts uses its own.
 func (m *Model) SetThreads(n int) {
 	if n <= 0 {
 		n = runtime.GOMAXPROCS(0)

@@ -20,12 +20,26 @@ type conn struct {
 	session, worker string
 	link            net.Conn
 	hello           *wire.Hello
-	holds           map[uint64]struct{} // accepted holdings
+	holds           map[uint64]struct{} // accepted holdings; replaced (never modified) under d.mu
+	nholds          atomic.Int64        // len(holds)
 	since           time.Time
 	paused          atomic.Bool
 
-	wmu sync.Mutex // guards bw and link writes
-	bw  *bufio.Writer
+	// Provisioning, guarded by d.mu: the quota from HELLO/HOLDINGS (bytes),
+	// the assignment (order: priority order; target: the same as a set) and
+	// its generation.
+	quota     uint64
+	order     []uint64
+	target    map[uint64]bool
+	assignGen uint64
+	amu       sync.Mutex // serialises ASSIGN sends; guards sentGen
+	sentGen   uint64
+	chunks    chan *wire.ChunkReq // low-priority queue served by chunkSender
+	done      chan struct{}       // closed when the session ends
+
+	wmu    sync.Mutex // guards bw and link writes
+	bw     *bufio.Writer
+	urgent atomic.Int32 // high-priority writers waiting for wmu; CHUNKs yield to them
 
 	mu      sync.Mutex
 	pending map[uint64]*job
@@ -37,6 +51,9 @@ type conn struct {
 
 	reqsSent, rows, pairs, results, timeouts, late atomic.Uint64
 	bytesIn, bytesOut                              atomic.Uint64
+	assignedBytes, assigns, chunkReqs, chunkBytes  atomic.Uint64
+	quotaNow                                       atomic.Uint64 // quota, for stats (which may run under d.mu)
+	nassigned                                      atomic.Int64  // len(order), for stats
 }
 
 const maxGone = 256
@@ -53,7 +70,8 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 		return
 	}
 	c := &conn{d: d, session: session, worker: worker, link: link, since: time.Now(),
-		bw: bufio.NewWriterSize(link, 64<<10), pending: map[uint64]*job{}, expired: map[uint64]time.Time{}}
+		bw: bufio.NewWriterSize(link, 64<<10), pending: map[uint64]*job{}, expired: map[uint64]time.Time{},
+		chunks: make(chan *wire.ChunkReq, 64), done: make(chan struct{})}
 	kind, p, err := wire.ReadLink(br)
 	if err != nil || kind != wire.LinkData {
 		d.log.Warn("dispatch: no HELLO", "session", session, "err", err)
@@ -78,7 +96,11 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 	d.rebuildLocked()
 	d.mu.Unlock()
 	d.log.Info("dispatch: worker joined", "session", session, "worker", short(worker),
-		"holdings", len(c.holds), "backend", c.hello.Backend, "threads", c.hello.Threads)
+		"holdings", len(c.holds), "backend", c.hello.Backend, "threads", c.hello.Threads, "quota", c.hello.Quota)
+	if d.cfg.Catalog != nil {
+		go c.chunkSender()
+		d.plan()
+	}
 	for {
 		_ = link.SetReadDeadline(time.Now().Add(d.cfg.IdleTimeout))
 		kind, p, err := wire.ReadLink(br)
@@ -113,7 +135,9 @@ func (d *Dispatcher) hello(c *conn, msg []byte) string {
 	if hex.EncodeToString(h.Key) != c.worker {
 		return "HELLO key differs from the authenticated worker key"
 	}
-	if d.cfg.Model.ID != "" && h.ModelID != d.cfg.Model.ID {
+	// A worker with nothing yet (an empty slice directory) may not know the
+	// model id; ASSIGN tells it.
+	if d.cfg.Model.ID != "" && h.ModelID != d.cfg.Model.ID && (h.ModelID != "" || len(h.Holdings) > 0) {
 		return fmt.Sprintf("model %q, backbone serves %q", h.ModelID, d.cfg.Model.ID)
 	}
 	c.hello = h
@@ -126,6 +150,11 @@ func (d *Dispatcher) hello(c *conn, msg []byte) string {
 			}
 		}
 		c.holds[key(int(x.Layer), int(x.Expert))] = struct{}{}
+	}
+	c.nholds.Store(int64(len(c.holds)))
+	if d.cfg.Catalog != nil {
+		c.quota = h.Quota
+		c.quotaNow.Store(h.Quota)
 	}
 	m := d.cfg.Model
 	w := &wire.Welcome{Session: c.session, D: uint32(m.D), K: uint16(m.K), NLayer: uint16(m.NLayer),
@@ -182,6 +211,13 @@ func (c *conn) handle(msg []byte) string {
 			return "PONG write: " + err.Error()
 		}
 	case *wire.Pong:
+	case *wire.ChunkReq:
+		if c.d.cfg.Catalog == nil {
+			return "CHUNK_REQ but provisioning is off"
+		}
+		return c.chunkReq(f)
+	case *wire.Holdings:
+		c.holdingsUpdate(f)
 	case *wire.Pause:
 		if c.paused.Swap(f.Paused) != f.Paused {
 			c.d.mu.Lock()
@@ -308,9 +344,34 @@ func (c *conn) deadline(cfg Config, bytes int) time.Duration {
 
 // sendData writes one worker message as a LinkData frame.
 func (c *conn) sendData(msg []byte, timeout time.Duration) error {
+	c.urgent.Add(1)
 	c.wmu.Lock()
+	c.urgent.Add(-1)
 	defer c.wmu.Unlock()
 	_ = c.link.SetWriteDeadline(time.Now().Add(max(timeout, time.Second)))
+	err := wire.WriteLink(c.bw, wire.LinkData, msg)
+	if err == nil {
+		err = c.bw.Flush()
+	}
+	if err == nil {
+		c.bytesOut.Add(uint64(len(msg)))
+	}
+	return err
+}
+
+// sendLow writes one low-priority worker message (a CHUNK) as a LinkData
+// frame once no high-priority write (sendData, sendCtl) is waiting.
+func (c *conn) sendLow(msg []byte) error {
+	for {
+		c.wmu.Lock()
+		if c.urgent.Load() == 0 {
+			break
+		}
+		c.wmu.Unlock()
+		time.Sleep(50 * time.Microsecond)
+	}
+	defer c.wmu.Unlock()
+	_ = c.link.SetWriteDeadline(time.Now().Add(30 * time.Second))
 	err := wire.WriteLink(c.bw, wire.LinkData, msg)
 	if err == nil {
 		err = c.bw.Flush()
@@ -324,7 +385,9 @@ func (c *conn) sendData(msg []byte, timeout time.Duration) error {
 // sendCtl writes a link control frame (best effort: a failed write surfaces
 // as a read error on the link).
 func (c *conn) sendCtl(kind byte, payload []byte) {
+	c.urgent.Add(1)
 	c.wmu.Lock()
+	c.urgent.Add(-1)
 	defer c.wmu.Unlock()
 	_ = c.link.SetWriteDeadline(time.Now().Add(time.Second))
 	if wire.WriteLink(c.bw, kind, payload) == nil {
@@ -348,6 +411,7 @@ func (c *conn) close(code uint16, reason string) {
 		return
 	}
 	c.closed, c.reason = true, reason
+	close(c.done)
 	pend := c.pending
 	c.pending = map[uint64]*job{}
 	c.mu.Unlock()
@@ -372,6 +436,11 @@ func (c *conn) close(code uint16, reason string) {
 		c.closeLink(reason)
 	}
 	d.log.Info("dispatch: worker left", "session", c.session, "worker", short(c.worker), "reason", reason)
+	select {
+	case <-d.stop:
+	default:
+		d.plan() // its experts go to the others
+	}
 }
 
 func short(id string) string {

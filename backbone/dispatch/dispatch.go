@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
@@ -53,6 +54,28 @@ type Config struct {
 	HelloTimeout   time.Duration // default 10 s
 	IdleTimeout    time.Duration // close a link silent this long (workers ping every 20 s); default 90 s
 	Logger         *slog.Logger
+
+	// Catalog, when set, turns provisioning on (see provision.go): workers
+	// announcing a quota in HELLO are assigned experts and fetch their bytes
+	// from it. ExpertHash defaults to Catalog.Hash.
+	Catalog *slice.Catalog
+	// ChunkSize is the CHUNK size in bytes, clamped to
+	// [wire.MinChunk, wire.MaxChunk]; default 1 MiB.
+	ChunkSize int
+	// RateLimit bounds the expert bytes sent to one worker, bytes/s (token
+	// bucket with a burst of one chunk); 0: unlimited.
+	RateLimit float64
+	// HotShare is the share of a layer's routed rows (pairs / rows, in
+	// [0, 1]) at or above which an expert is hot and stays on the backbone;
+	// default 0.9; > 1 disables. HotMinTokens is how many rows of the layer
+	// must have been routed before any expert counts as hot; default 256.
+	HotShare     float64
+	HotMinTokens uint64
+	// Replicas is how many workers should hold each routed expert; default 2.
+	Replicas int
+	// ReplanEvery reruns the assignment as routing statistics evolve;
+	// default 30 s.
+	ReplanEvery time.Duration
 }
 
 // Errors returned (wrapped) by ComputeExperts.
@@ -79,6 +102,9 @@ type Dispatcher struct {
 
 	calls, reqs          atomic.Uint64
 	remote, local, fails atomic.Uint64
+
+	usage []atomic.Uint64 // (row, slot) pairs routed per (layer, expert): layer*NExpert + expert
+	rows  []atomic.Uint64 // rows routed per layer
 }
 
 var _ expert.Computer = (*Dispatcher)(nil)
@@ -102,11 +128,35 @@ func New(cfg Config) (*Dispatcher, error) {
 	def(&cfg.DeadlineMargin, 20*time.Millisecond)
 	def(&cfg.HelloTimeout, 10*time.Second)
 	def(&cfg.IdleTimeout, 90*time.Second)
+	def(&cfg.ReplanEvery, 30*time.Second)
+	if cfg.ChunkSize <= 0 {
+		cfg.ChunkSize = 1 << 20
+	}
+	cfg.ChunkSize = max(wire.MinChunk, min(wire.MaxChunk, cfg.ChunkSize))
+	if cfg.HotShare <= 0 {
+		cfg.HotShare = 0.9
+	}
+	if cfg.HotMinTokens == 0 {
+		cfg.HotMinTokens = 256
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 2
+	}
+	if cat := cfg.Catalog; cat != nil {
+		h := cat.Header()
+		if h.NLayer != m.NLayer || h.NExpert != m.NExpert || h.DModel != m.D {
+			return nil, fmt.Errorf("%w: catalog has %d layers of %d experts, d %d; model %+v", ErrShape, h.NLayer, h.NExpert, h.DModel, m)
+		}
+		if cfg.ExpertHash == nil {
+			cfg.ExpertHash = cat.Hash
+		}
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	d := &Dispatcher{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}),
-		workers: map[string]*conn{}, index: map[uint64][]*conn{}, changed: make(chan struct{})}
+		workers: map[string]*conn{}, index: map[uint64][]*conn{}, changed: make(chan struct{}),
+		usage: make([]atomic.Uint64, m.NLayer*m.NExpert), rows: make([]atomic.Uint64, m.NLayer)}
 	d.lim = wire.Limits{D: m.D, K: m.K, NLayer: m.NLayer, NExpert: m.NExpert,
 		MaxRows: wire.MaxMessage / (4 * (m.D + m.K))}
 	return d, nil
@@ -140,6 +190,22 @@ func (d *Dispatcher) Start() error {
 			go func() { defer d.wg.Done(); d.serveLink(c) }()
 		}
 	}()
+	if d.cfg.Catalog != nil {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			t := time.NewTicker(d.cfg.ReplanEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-d.stop:
+					return
+				case <-t.C:
+					d.plan()
+				}
+			}
+		}()
+	}
 	d.log.Info("dispatch listening", "addr", ln.Addr().String())
 	return nil
 }
@@ -257,6 +323,10 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 		if e < 0 || int(e) >= d.cfg.Model.NExpert {
 			return fmt.Errorf("%w: expert id %d", ErrShape, e)
 		}
+	}
+	d.rows[layer].Add(uint64(n))
+	for _, e := range ids {
+		d.usage[layer*d.cfg.Model.NExpert+int(e)].Add(1)
 	}
 	seq := d.calls.Add(1)
 	d.mu.Lock()

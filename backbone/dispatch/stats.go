@@ -24,6 +24,12 @@ type WorkerStats struct {
 	RTTp50ms       float64   // median round trip of recent requests, ms
 	RTTp99ms       float64   // 99th percentile round trip, ms
 	DeadlineMs     float64   // current deadline of a request of 0 bytes (the latency part), ms
+	Quota          uint64    // slice disk quota the worker announced, bytes (0: not provisioned)
+	Assigned       int       // experts in its current assignment
+	AssignedBytes  uint64    // their total size, bytes (<= Quota)
+	Assigns        uint64    // ASSIGN frames sent
+	ChunkReqs      uint64    // CHUNK_REQs served (queued)
+	ChunkBytes     uint64    // expert bytes sent in CHUNK frames
 }
 
 // Stats is a snapshot of the dispatcher.
@@ -40,12 +46,15 @@ func (c *conn) stats() WorkerStats {
 	c.mu.Lock()
 	closed, reason := c.closed, c.reason
 	c.mu.Unlock()
+	quota, assigned := c.quotaNow.Load(), int(c.nassigned.Load())
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	return WorkerStats{ID: c.worker, Session: c.session, Connected: !closed, Paused: c.paused.Load(), Reason: reason,
-		Backend: c.hello.Backend, Threads: int(c.hello.Threads), Holdings: len(c.holds), ConnectedSince: c.since,
+		Backend: c.hello.Backend, Threads: int(c.hello.Threads), Holdings: int(c.nholds.Load()), ConnectedSince: c.since,
 		Requests: c.reqsSent.Load(), Results: c.results.Load(), Rows: c.rows.Load(), Pairs: c.pairs.Load(),
 		Timeouts: c.timeouts.Load(), Late: c.late.Load(), BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(),
-		RTTp50ms: ms(q[0]), RTTp99ms: ms(q[1]), DeadlineMs: ms(c.deadline(c.d.cfg, 0))}
+		RTTp50ms: ms(q[0]), RTTp99ms: ms(q[1]), DeadlineMs: ms(c.deadline(c.d.cfg, 0)),
+		Quota: quota, Assigned: assigned, AssignedBytes: c.assignedBytes.Load(), Assigns: c.assigns.Load(),
+		ChunkReqs: c.chunkReqs.Load(), ChunkBytes: c.chunkBytes.Load()}
 }
 
 // Stats returns counters and per-worker statistics: connected sessions

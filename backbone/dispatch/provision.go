@@ -1,0 +1,381 @@
+package dispatch
+
+import (
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/wire"
+)
+
+// Provisioning (issue 6): with Config.Catalog set, the dispatcher assigns
+// experts to every worker that announces a disk quota in HELLO, serves the
+// experts' bytes in chunks (CHUNK_REQ -> CHUNK) from the catalog's views
+// into the memory-mapped GGUF at most Config.RateLimit bytes/s per worker,
+// and starts routing to an expert as soon as the worker announces it in
+// HOLDINGS with the right hash.
+//
+// Assignment policy (plan), recomputed when a worker joins, leaves, changes
+// its holdings or quota, and every ReplanEvery:
+//
+//  1. A worker keeps the accepted experts it holds, then its previous
+//     assignment, in that order, as long as they fit its quota.
+//  2. Hot experts stay on the backbone: an expert is hot when at least
+//     HotMinTokens rows of its layer were routed and the share of them
+//     routed to it (pairs / rows) is >= HotShare. They are not assigned.
+//  3. Every other expert that no worker's assignment covers goes to the
+//     worker with the most free quota that can hold it, most routed experts
+//     first (ties: layer, expert).
+//  4. Then replicas: experts routed at least once, most routed first, each
+//     to further workers (most free quota first) until Replicas workers hold
+//     it or none has room.
+//
+// The sum of a worker's assigned expert sizes never exceeds its quota.
+
+// plan recomputes every provisioning worker's assignment and sends ASSIGN to
+// those whose assignment changed. It is a no-op without a Catalog.
+func (d *Dispatcher) plan() {
+	cat := d.cfg.Catalog
+	if cat == nil {
+		return
+	}
+	m := d.cfg.Model
+	d.mu.Lock()
+	var ws []*conn
+	for _, c := range d.workers {
+		if c.quota > 0 {
+			ws = append(ws, c)
+		}
+	}
+	sort.Slice(ws, func(i, j int) bool { return ws[i].session < ws[j].session })
+	use := func(k uint64) uint64 { return d.usage[int(k>>32)*m.NExpert+int(uint32(k))].Load() }
+	hot := d.hotLocked()
+	type tgt struct {
+		keys map[uint64]bool
+		used int64
+	}
+	tg := make([]tgt, len(ws))
+	cover := map[uint64]int{}
+	add := func(i int, k uint64) bool {
+		size := cat.Size(int(k>>32), int(uint32(k)))
+		if size == 0 || tg[i].keys[k] || tg[i].used+size > int64(ws[i].quota) {
+			return false
+		}
+		tg[i].keys[k] = true
+		tg[i].used += size
+		cover[k]++
+		return true
+	}
+	for i, c := range ws {
+		tg[i].keys = map[uint64]bool{}
+		held := make([]uint64, 0, len(c.holds))
+		for k := range c.holds {
+			held = append(held, k)
+		}
+		slices.Sort(held)
+		for _, k := range held {
+			add(i, k)
+		}
+		for _, k := range c.order {
+			if !hot[k] {
+				add(i, k)
+			}
+		}
+	}
+	cands := make([]uint64, 0, m.NLayer*m.NExpert)
+	for l := 0; l < m.NLayer; l++ {
+		for e := 0; e < m.NExpert; e++ {
+			if k := key(l, e); !hot[k] {
+				cands = append(cands, k)
+			}
+		}
+	}
+	sort.SliceStable(cands, func(i, j int) bool { return use(cands[i]) > use(cands[j]) })
+	roomiest := func(k uint64) int {
+		best, bestFree := -1, int64(-1)
+		size := cat.Size(int(k>>32), int(uint32(k)))
+		for i, c := range ws {
+			free := int64(c.quota) - tg[i].used
+			if !tg[i].keys[k] && free >= size && free > bestFree {
+				best, bestFree = i, free
+			}
+		}
+		return best
+	}
+	for _, k := range cands {
+		if cover[k] == 0 {
+			if i := roomiest(k); i >= 0 {
+				add(i, k)
+			}
+		}
+	}
+	for _, k := range cands {
+		if use(k) == 0 {
+			break
+		}
+		for cover[k] < d.cfg.Replicas {
+			i := roomiest(k)
+			if i < 0 || !add(i, k) {
+				break
+			}
+		}
+	}
+	var changed []*conn
+	for i, c := range ws {
+		order := make([]uint64, 0, len(tg[i].keys))
+		for k := range tg[i].keys {
+			order = append(order, k)
+		}
+		slices.SortFunc(order, func(a, b uint64) int {
+			if ua, ub := use(a), use(b); ua != ub {
+				if ua > ub {
+					return -1
+				}
+				return 1
+			}
+			if a < b {
+				return -1
+			}
+			return 1
+		})
+		if !sameKeys(c.order, order) {
+			c.order = order
+			c.target = tg[i].keys
+			c.assignedBytes.Store(uint64(tg[i].used))
+			c.nassigned.Store(int64(len(order)))
+			c.assignGen++
+			changed = append(changed, c)
+		}
+	}
+	d.mu.Unlock()
+	for _, c := range changed {
+		go c.sendAssign()
+	}
+}
+
+func sameKeys(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	x, y := slices.Clone(a), slices.Clone(b)
+	slices.Sort(x)
+	slices.Sort(y)
+	return slices.Equal(x, y)
+}
+
+// hotLocked returns the hot experts (see the policy above); d.mu held.
+func (d *Dispatcher) hotLocked() map[uint64]bool {
+	m := d.cfg.Model
+	hot := map[uint64]bool{}
+	for l := 0; l < m.NLayer; l++ {
+		rows := d.rows[l].Load()
+		if rows == 0 || rows < d.cfg.HotMinTokens {
+			continue
+		}
+		for e := 0; e < m.NExpert; e++ {
+			if float64(d.usage[l*m.NExpert+e].Load())/float64(rows) >= d.cfg.HotShare {
+				hot[key(l, e)] = true
+			}
+		}
+	}
+	return hot
+}
+
+// HotExperts returns the experts the policy keeps on the backbone now, as
+// (layer, expert) pairs in order.
+func (d *Dispatcher) HotExperts() [][2]int {
+	d.mu.Lock()
+	hot := d.hotLocked()
+	d.mu.Unlock()
+	var out [][2]int
+	for k := range hot {
+		out = append(out, [2]int{int(k >> 32), int(uint32(k))})
+	}
+	slices.SortFunc(out, func(a, b [2]int) int {
+		if a[0] != b[0] {
+			return a[0] - b[0]
+		}
+		return a[1] - b[1]
+	})
+	return out
+}
+
+// Routing returns how many (row, slot) pairs ComputeExperts routed to
+// expert e of layer l and how many rows it computed for layer l, since
+// start.
+func (d *Dispatcher) Routing(l, e int) (pairs, rows uint64) {
+	m := d.cfg.Model
+	if l < 0 || l >= m.NLayer || e < 0 || e >= m.NExpert {
+		return 0, 0
+	}
+	return d.usage[l*m.NExpert+e].Load(), d.rows[l].Load()
+}
+
+// Replan recomputes the assignments now (it also runs on every worker
+// change and every ReplanEvery).
+func (d *Dispatcher) Replan() { d.plan() }
+
+// sendAssign builds and sends the conn's current assignment as ASSIGN
+// (computing chunk hashes on first use); a newer assignment supersedes it.
+func (c *conn) sendAssign() {
+	c.amu.Lock()
+	defer c.amu.Unlock()
+	d := c.d
+	cat := d.cfg.Catalog
+	d.mu.Lock()
+	gen, order := c.assignGen, slices.Clone(c.order)
+	d.mu.Unlock()
+	if gen == c.sentGen {
+		return
+	}
+	h := cat.Header()
+	a := &wire.Assign{ModelID: h.ModelID, Arch: h.Architecture, DFF: uint32(h.DFF), ChunkSize: uint32(d.cfg.ChunkSize)}
+	if sum, err := hex.DecodeString(h.ModelSHA256); err == nil {
+		copy(a.ModelSHA256[:], sum)
+	}
+	layers := map[int]bool{}
+	for _, k := range order {
+		l, e := int(k>>32), int(uint32(k))
+		s, ok := cat.Sums(l, e, d.cfg.ChunkSize)
+		if !ok {
+			continue
+		}
+		if !layers[l] {
+			layers[l] = true
+			le := h.Layers[l]
+			g, u, dn, _ := le.Types()
+			a.Layers = append(a.Layers, wire.LayerTypes{Layer: uint16(l), Gate: uint32(g), Up: uint32(u), Down: uint32(dn)})
+		}
+		a.Experts = append(a.Experts, wire.Assigned{Layer: uint16(l), Expert: uint32(e), Size: uint64(cat.Size(l, e)),
+			SHA256: s.SHA256, Chunks: s.Chunks})
+	}
+	if len(a.Layers) == 0 {
+		le := h.Layers[0]
+		g, u, dn, _ := le.Types()
+		a.Layers = append(a.Layers, wire.LayerTypes{Layer: 0, Gate: uint32(g), Up: uint32(u), Down: uint32(dn)})
+	}
+	d.mu.Lock()
+	stale := gen != c.assignGen
+	d.mu.Unlock()
+	if stale {
+		return
+	}
+	if err := c.sendData(a.Append(nil), 10*time.Second); err != nil {
+		c.close(wire.CodeShutdown, "ASSIGN write: "+err.Error())
+		return
+	}
+	c.sentGen = gen
+	c.assigns.Add(1)
+}
+
+// chunkReq handles a worker's CHUNK_REQ: an expert of its assignment and a
+// range inside it is queued for the chunk sender; anything else is refused
+// with ERROR CodeNotAssign. It returns a reason to close the session.
+func (c *conn) chunkReq(r *wire.ChunkReq) string {
+	d := c.d
+	l, e := int(r.Layer), int(r.Expert)
+	d.mu.Lock()
+	ok := c.target[key(l, e)]
+	d.mu.Unlock()
+	size := int64(0)
+	if d.cfg.Catalog != nil {
+		size = d.cfg.Catalog.Size(l, e)
+	}
+	if !ok || r.Offset >= uint64(size) || uint64(r.Len) > uint64(size)-r.Offset {
+		msg := fmt.Sprintf("layer %d expert %d bytes %d+%d not assigned", l, e, r.Offset, r.Len)
+		if err := c.sendData((&wire.Error{Code: wire.CodeNotAssign, Message: msg}).Append(nil), 5*time.Second); err != nil {
+			return "ERROR write: " + err.Error()
+		}
+		return ""
+	}
+	c.chunkReqs.Add(1)
+	select {
+	case c.chunks <- r:
+		return ""
+	default:
+		return fmt.Sprintf("more than %d chunk requests in flight", cap(c.chunks))
+	}
+}
+
+// chunkSender serves queued CHUNK_REQs until the session closes: each
+// CHUNK waits for the rate limit (token bucket: RateLimit bytes/s, burst
+// of one ChunkSize) and for any DISPATCH or control frame waiting to be
+// written (those go first; at most one CHUNK is ever ahead of a DISPATCH).
+func (c *conn) chunkSender() {
+	d := c.d
+	rate := d.cfg.RateLimit
+	burst := float64(d.cfg.ChunkSize) // a request is at most one chunk in practice; larger ones wait for a full bucket
+	tokens, last := burst, time.Now()
+	var buf []byte
+	for {
+		var r *wire.ChunkReq
+		select {
+		case <-c.done:
+			return
+		case r = <-c.chunks:
+		}
+		n := int(r.Len)
+		if rate > 0 {
+			now := time.Now()
+			tokens = min(burst, tokens+now.Sub(last).Seconds()*rate)
+			last = now
+			if need := min(float64(n), burst) - tokens; need > 0 {
+				t := time.NewTimer(time.Duration(need / rate * 1e9))
+				select {
+				case <-c.done:
+					t.Stop()
+					return
+				case <-t.C:
+				}
+				now = time.Now()
+				tokens = min(burst, tokens+now.Sub(last).Seconds()*rate)
+				last = now
+			}
+			tokens -= float64(n)
+		}
+		data := make([]byte, n)
+		if !d.cfg.Catalog.ReadAt(int(r.Layer), int(r.Expert), data, int64(r.Offset)) {
+			continue
+		}
+		buf = (&wire.Chunk{Layer: r.Layer, Expert: r.Expert, Offset: r.Offset, Data: data}).Append(buf[:0])
+		if err := c.sendLow(buf); err != nil {
+			c.close(wire.CodeShutdown, "CHUNK write: "+err.Error())
+			return
+		}
+		c.chunkBytes.Add(uint64(n))
+	}
+}
+
+// holdingsUpdate applies a worker's HOLDINGS: added experts whose hash
+// matches the backbone's are routed to from now on, dropped ones no longer;
+// the quota is updated and the assignments replanned.
+func (c *conn) holdingsUpdate(h *wire.Holdings) {
+	d := c.d
+	d.mu.Lock()
+	holds := make(map[uint64]struct{}, len(c.holds)+len(h.Add))
+	for k := range c.holds {
+		holds[k] = struct{}{}
+	}
+	for _, x := range h.Add {
+		if d.cfg.ExpertHash != nil {
+			if sum, ok := d.cfg.ExpertHash(int(x.Layer), int(x.Expert)); !ok || sum != x.SHA256 {
+				continue
+			}
+		}
+		holds[key(int(x.Layer), int(x.Expert))] = struct{}{}
+	}
+	for _, x := range h.Drop {
+		delete(holds, key(int(x.Layer), int(x.Expert)))
+	}
+	c.holds = holds
+	c.nholds.Store(int64(len(holds)))
+	c.quota = h.Quota
+	c.quotaNow.Store(h.Quota)
+	if d.workers[c.session] == c {
+		d.rebuildLocked()
+	}
+	d.mu.Unlock()
+	d.plan()
+}

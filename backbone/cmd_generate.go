@@ -216,14 +216,23 @@ func loadGenModel(path string) (*loadedModel, error) {
 	} else if f, err = gguf.Open(path); err != nil {
 		return nil, err
 	}
-	m, err := model.Load(f)
+	lm, err := loadGenModelFile(f)
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
+	return lm, nil
+}
+
+// loadGenModelFile loads model and tokenizer from the open file f, which
+// the result's Close closes (on error the caller still owns f).
+func loadGenModelFile(f *gguf.File) (*loadedModel, error) {
+	m, err := model.Load(f)
+	if err != nil {
+		return nil, err
+	}
 	tok, err := tokenizer.FromGGUF(f)
 	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	id, _ := slice.ModelID(f)

@@ -1,0 +1,331 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/gateway"
+	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/quant"
+	"github.com/kvasir-ai/kvasir/engine/worker"
+)
+
+// benchOneWay is the injected one-way delay on the worker's link: a 13 ms
+// round trip, the reference deployment's (docs/BENCHMARKS.md).
+const benchOneWay = 6500 * time.Microsecond
+
+// BenchmarkSwarmDecode13ms measures greedy single-token decode (tok/s)
+// with local experts, and with layer 0's experts on a worker reached over an
+// injected 13 ms round trip (6.5 ms each way, a delaying TCP proxy on the
+// worker's link): "hub-direct" reaches the hub over plain WebSocket (a shim
+// adds the hub's gateway headers, as backbone/gateway's BenchmarkRoundTrip
+// does), "gateway" goes through the TLS gateway's authenticated splice.
+// Every other layer is computed locally: one round trip per token. The
+// worker runs in this process, on the same CPUs. Models: the embedded tiny
+// model, the Q4_K_M fixture (if present) and, with KVASIR_BENCH_Q30=1, a
+// 4-layer Q4_K model of Qwen3-30B-A3B's layer shapes (1.4 GB, generated in
+// memory).
+func BenchmarkSwarmDecode13ms(b *testing.B) {
+	models := []struct {
+		name string
+		load func(b *testing.B) *loadedModel
+	}{
+		{"tiny", func(b *testing.B) *loadedModel { return benchLoad(b, "") }},
+		{"fixture-Q4_K_M", func(b *testing.B) *loadedModel {
+			p := filepath.Join("..", "..", "shared", "fixtures", "tiny-qwen3moe-Q4_K_M.gguf")
+			if _, err := os.Stat(p); err != nil {
+				b.Skipf("fixture absent: %v", err)
+			}
+			return benchLoad(b, p)
+		}},
+		{"qwen3-30b-shape-4L", benchQ30},
+	}
+	for _, mc := range models {
+		b.Run(mc.name+"/local", func(b *testing.B) {
+			lm := mc.load(b)
+			lm.m.SetExperts(nil)
+			benchSteps(b, lm)
+		})
+		for _, via := range []string{"hub-direct", "gateway"} {
+			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
+				lm := mc.load(b)
+				d := benchSwarm(b, lm, via)
+				lm.m.SetExperts(d)
+				defer lm.m.SetExperts(nil)
+				benchSteps(b, lm)
+				st := d.Stats()
+				b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
+				for _, w := range st.Workers {
+					b.ReportMetric(w.RTTp50ms, "rtt-p50-ms")
+				}
+			})
+		}
+	}
+}
+
+var benchModels sync.Map // path -> *loadedModel, shared by the sub-benchmarks
+
+func benchLoad(b *testing.B, path string) *loadedModel {
+	if lm, ok := benchModels.Load(path); ok {
+		return lm.(*loadedModel)
+	}
+	lm, err := loadGenModel(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchModels.Store(path, lm)
+	return lm
+}
+
+var q30 struct {
+	once sync.Once
+	lm   *loadedModel
+	err  error
+}
+
+func benchQ30(b *testing.B) *loadedModel {
+	if os.Getenv("KVASIR_BENCH_Q30") != "1" {
+		b.Skip("set KVASIR_BENCH_Q30=1 (generates a 1.4 GB model in memory)")
+	}
+	q30.once.Do(func() {
+		s, err := modelgen.Preset("qwen3-30b-a3b")
+		if err != nil {
+			q30.err = err
+			return
+		}
+		s.Layers, s.Type = 4, quant.Q4_K
+		w, err := modelgen.Build(s)
+		if err != nil {
+			q30.err = err
+			return
+		}
+		var buf bytes.Buffer
+		if _, err := w.WriteTo(&buf); err != nil {
+			q30.err = err
+			return
+		}
+		f, err := gguf.Parse(buf.Bytes())
+		if err != nil {
+			q30.err = err
+			return
+		}
+		q30.lm, q30.err = loadGenModelFile(f)
+	})
+	if q30.err != nil {
+		b.Fatal(q30.err)
+	}
+	return q30.lm
+}
+
+// benchSteps decodes b.N greedy tokens one forward pass each on one
+// sequence (restarted every 256 positions) and reports tok/s.
+func benchSteps(b *testing.B, lm *loadedModel) {
+	ctx := context.Background()
+	m := lm.m
+	logits := make([]float32, m.Params().Vocab)
+	seq := m.NewSequence()
+	tok := int32(1)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if seq.Len() >= 256 {
+			seq = m.NewSequence()
+		}
+		if err := m.Forward(ctx, []model.Row{{Seq: seq, Token: tok, Pos: seq.Len(), Logits: true}}, logits); err != nil {
+			b.Fatal(err)
+		}
+		tok = model.Greedy(logits)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+}
+
+// benchSwarm starts dispatcher and hub in this process and an in-process
+// worker holding layer 0 of lm, linked as via says, and waits for it.
+func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher {
+	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Backbone: d.Addr(), Secret: secret, Logger: quietLogger()})
+	if err == nil {
+		err = h.Start()
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close() })
+	_, key, _ := ed25519.GenerateKey(nil)
+	var url string
+	var pool *x509.CertPool
+	switch via {
+	case "hub-direct":
+		shim := newHubShim(b, h.Addr(), secret, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
+		url = "ws://" + newDelayProxy(b, shim, benchOneWay)
+	case "gateway":
+		certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
+		if err != nil {
+			b.Fatal(err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pool = x509.NewCertPool()
+		pool.AppendCertsFromPEM(certPEM)
+		g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: h.Addr(), Secret: secret,
+			TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Logger: quietLogger()})
+		if err == nil {
+			err = g.Start()
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { g.Close() })
+		url = "wss://" + newDelayProxy(b, g.Addr(), benchOneWay)
+	}
+	local := lm.m.LocalExperts() // safe for concurrent use
+	w, err := worker.New(worker.Config{GatewayURL: url, Key: key, RootCAs: pool, Computer: local,
+		Holdings: worker.HoldingsOf(local, []int{0}), ModelID: lm.id, Backend: "cpu", Threads: 1, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer wcancel()
+	if err := d.WaitWorkers(wctx, 1); err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// newHubShim listens on loopback and forwards each connection's HTTP
+// upgrade to the hub with the hub's gateway headers for worker added (no
+// TLS, no check of the worker's signature), then copies bytes both ways:
+// the "direct to the hub" path of a benchmark.
+func newHubShim(tb testing.TB, hubAddr string, secret []byte, worker string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	tb.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				hc, err := net.Dial("tcp", hubAddr)
+				if err != nil {
+					return
+				}
+				defer hc.Close()
+				hub.SignGateway(req.Header, secret, worker, time.Now())
+				var head bytes.Buffer
+				fmt.Fprintf(&head, "GET %s HTTP/1.1\r\nHost: %s\r\n", req.URL.RequestURI(), req.Host)
+				_ = req.Header.Write(&head)
+				head.WriteString("\r\n")
+				if _, err := hc.Write(head.Bytes()); err != nil {
+					return
+				}
+				go func() { _, _ = io.Copy(hc, br); hc.Close() }()
+				_, _ = io.Copy(c, hc)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// newDelayProxy listens on loopback and relays each connection to target,
+// delivering every chunk read oneWay later in each direction.
+func newDelayProxy(tb testing.TB, target string, oneWay time.Duration) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	tb.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			wg.Add(2)
+			go func() { defer wg.Done(); delayPipe(t, c, oneWay) }()
+			go func() { defer wg.Done(); delayPipe(c, t, oneWay) }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func delayPipe(dst, src net.Conn, delay time.Duration) {
+	defer dst.Close()
+	defer src.Close()
+	type chunk struct {
+		at time.Time
+		b  []byte
+	}
+	q := make(chan chunk, 4096)
+	go func() {
+		defer close(q)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				q <- chunk{time.Now().Add(delay), append([]byte(nil), buf[:n]...)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range q {
+		time.Sleep(time.Until(c.at))
+		if _, err := dst.Write(c.b); err != nil {
+			for range q {
+			}
+			return
+		}
+	}
+}

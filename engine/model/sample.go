@@ -9,10 +9,10 @@ import (
 // (llama.cpp's greedy sampler and the fixtures' argmax). It returns -1 for
 // empty logits. NaN logits are never chosen over a number.
 func Greedy(logits []float32) int32 {
-	best := -1
+	best, bv := -1, float32(0) // bv = logits[best], kept in a register
 	for i, v := range logits {
-		if v == v && (best < 0 || v > logits[best] || logits[best] != logits[best]) {
-			best = i
+		if v > bv || best < 0 && v == v { // a NaN v fails both
+			best, bv = i, v
 		}
 	}
 	if best < 0 && len(logits) > 0 {

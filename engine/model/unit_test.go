@@ -94,6 +94,10 @@ func TestGreedy(t *testing.T) {
 		{[]float32{5, 1, 5}, 0},
 		{[]float32{nan, 1, 2}, 2},
 		{[]float32{-1, nan, -2}, 0},
+		{[]float32{-3, -1, -2, -1}, 1},
+		{[]float32{nan, nan}, 0},
+		{[]float32{nan, float32(math.Inf(-1)), float32(math.Inf(-1))}, 1},
+		{[]float32{0, float32(math.Inf(1)), nan, float32(math.Inf(1))}, 1},
 		{nil, -1},
 	} {
 		if got := Greedy(tc.in); got != tc.want {

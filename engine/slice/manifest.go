@@ -87,6 +87,15 @@ func (l *LayerEntry) Types() (gate, up, down quant.Type, err error) {
 	return ts[0], ts[1], ts[2], nil
 }
 
+// ExpertBytes returns the size in bytes of one expert file of a layer with
+// the given types: d_ff*RowBytes(gate, d_model) + d_ff*RowBytes(up,
+// d_model) + d_model*RowBytes(down, d_ff) (the table in docs/slices.md).
+// Errors wrap ErrManifest (a type that cannot be computed with or a row
+// length that is not a whole number of blocks).
+func ExpertBytes(gate, up, down quant.Type, dModel, dFF int) (int64, error) {
+	return expertBytes(gate, up, down, dModel, dFF)
+}
+
 // expertBytes returns the size of one expert of the given types and shape,
 // or an error wrapping ErrManifest.
 func expertBytes(gate, up, down quant.Type, dModel, dFF int) (int64, error) {

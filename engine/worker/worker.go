@@ -29,6 +29,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
@@ -69,6 +70,21 @@ type Stats struct {
 	Session        string        // hub session id of the current session
 	ConnectedSince time.Time     // zero when not connected
 	LastError      string        // last session or computation error
+
+	// Slice and download progress (Config.SliceDir only; zero otherwise).
+	// The Download fields describe the current assignment: bytes of its
+	// experts held or verified in partial files / its total bytes, and its
+	// experts held / assigned. They are 0/0 before the first ASSIGN.
+	SliceBytes           int64  // bytes the quota counts: expert files + partial downloads
+	Quota                int64  // the slice's disk quota, bytes
+	Experts              int    // experts held (verified, served)
+	BadExperts           int    // experts found missing, truncated or corrupt at start (deleted; fetched again if assigned)
+	DownloadBytesDone    uint64 // assigned bytes held or verified so far
+	DownloadBytesTotal   uint64 // assigned bytes
+	DownloadExpertsDone  int    // assigned experts held
+	DownloadExpertsTotal int    // assigned experts
+	ChunkRequests        uint64 // CHUNK_REQs sent (cumulative)
+	ChunksReceived       uint64 // CHUNKs verified and written (cumulative)
 }
 
 // Config configures a Worker.
@@ -85,6 +101,17 @@ type Config struct {
 	// id and that request's DISPATCH and RESULT message sizes in bytes.
 	OnServed func(session string, bytesIn, bytesOut uint64)
 
+	// SliceDir, when set, makes the worker keep its experts in this slice
+	// directory (engine/slice.Store; created if needed, may start empty):
+	// it serves the verified experts, downloads what the backbone assigns
+	// within Quota bytes, and announces changes. Computer and Holdings
+	// must then be nil; ModelID defaults to the slice's.
+	SliceDir string
+	Quota    int64  // slice disk quota, bytes (SliceDir only); 0: take no assignment
+	Speed    uint32 // download speed hint for the backbone, KiB/s; 0: unknown
+	// DownloadWindow is the number of CHUNK_REQs kept in flight; default 4.
+	DownloadWindow int
+
 	PingInterval time.Duration // default 20 s
 	BackoffBase  time.Duration // first reconnect delay bound; default 250 ms
 	BackoffMax   time.Duration // delay cap; default 30 s
@@ -100,17 +127,23 @@ type Worker struct {
 	url    string
 	path   string
 	holds  map[uint64]struct{}
+	store  *slice.Store // SliceDir's store, nil without
 
-	mu        sync.Mutex
-	st        Stats
-	paused    bool // the user's wish
-	finish    bool // FinishThenPause requested
-	sentPause bool // what the current session last told the backbone
-	busy      int  // DISPATCHes queued or computing
-	kick      chan struct{}
-	sendMu    sync.Mutex // orders PAUSE frames
+	mu                sync.Mutex
+	sendNow           func([]byte) error // the current session's sender, nil between sessions
+	badAtOpen         int
+	dlBase, dlTotal   uint64 // progress of the current assignment (see Stats)
+	expDone, expTotal int
+	st                Stats
+	paused            bool // the user's wish
+	finish            bool // FinishThenPause requested
+	sentPause         bool // what the current session last told the backbone
+	busy              int  // DISPATCHes queued or computing
+	kick              chan struct{}
+	sendMu            sync.Mutex // orders PAUSE frames
 
-	rows, reqs, bin, bout atomic.Uint64
+	rows, reqs, bin, bout        atomic.Uint64
+	dlDone, chunkReqs, chunksGot atomic.Uint64
 }
 
 // New validates cfg and returns a Worker.
@@ -118,11 +151,39 @@ func New(cfg Config) (*Worker, error) {
 	if len(cfg.Key) != ed25519.PrivateKeySize {
 		return nil, errors.New("worker: Key must be a 64-byte ed25519 private key")
 	}
+	var store *slice.Store
+	storeBad := 0
+	if cfg.SliceDir != "" {
+		if cfg.Computer != nil || cfg.Holdings != nil {
+			return nil, errors.New("worker: SliceDir excludes Computer and Holdings")
+		}
+		st, bad, err := slice.OpenStore(cfg.SliceDir, max(cfg.Quota, 0), cfg.Threads)
+		if err != nil {
+			return nil, fmt.Errorf("worker: slice: %w", err)
+		}
+		store, cfg.Computer, storeBad = st, st, len(bad)
+		if cfg.ModelID == "" {
+			cfg.ModelID = st.ModelID()
+		}
+		lg := cfg.Logger
+		if lg == nil {
+			lg = slog.Default()
+		}
+		for _, b := range bad {
+			lg.Warn("worker: expert deleted, to fetch again", "layer", b.Layer, "expert", b.Expert, "err", b.Err)
+		}
+	}
 	if cfg.Computer == nil {
 		return nil, errors.New("worker: Computer required")
 	}
+	if cfg.DownloadWindow <= 0 {
+		cfg.DownloadWindow = 4
+	}
 	u, err := url.Parse(cfg.GatewayURL)
 	if err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
+		if store != nil {
+			store.Close()
+		}
 		return nil, fmt.Errorf("worker: gateway URL %q must be wss://host[:port]", cfg.GatewayURL)
 	}
 	if u.Path == "" || u.Path == "/" {
@@ -141,7 +202,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Logger = slog.Default()
 	}
 	w := &Worker{cfg: cfg, log: cfg.Logger, url: u.String(), path: u.Path,
-		holds: map[uint64]struct{}{}, kick: make(chan struct{}, 1)}
+		holds: map[uint64]struct{}{}, kick: make(chan struct{}, 1), store: store, badAtOpen: storeBad}
 	for _, h := range cfg.Holdings {
 		w.holds[uint64(h.Layer)<<32|uint64(h.Expert)] = struct{}{}
 	}
@@ -160,7 +221,39 @@ func (w *Worker) Stats() Stats {
 	s := w.st
 	w.mu.Unlock()
 	s.Rows, s.Requests, s.BytesIn, s.BytesOut = w.rows.Load(), w.reqs.Load(), w.bin.Load(), w.bout.Load()
+	if w.store != nil {
+		w.mu.Lock()
+		s.BadExperts = w.badAtOpen
+		s.DownloadBytesDone, s.DownloadBytesTotal = w.dlBase, w.dlTotal
+		s.DownloadExpertsDone, s.DownloadExpertsTotal = w.expDone, w.expTotal
+		w.mu.Unlock()
+		s.DownloadBytesDone = min(s.DownloadBytesDone+w.dlDone.Load(), s.DownloadBytesTotal)
+		s.SliceBytes, s.Quota, s.Experts = w.store.Used(), w.store.Quota(), len(w.store.Holdings())
+		s.ChunkRequests, s.ChunksReceived = w.chunkReqs.Load(), w.chunksGot.Load()
+	}
 	return s
+}
+
+// Close releases the slice store of Config.SliceDir (unmapping its
+// experts); call it after Run has returned. Without SliceDir it does
+// nothing.
+func (w *Worker) Close() error {
+	if w.store == nil {
+		return nil
+	}
+	return w.store.Close()
+}
+
+// Store returns the slice store of Config.SliceDir (nil without).
+func (w *Worker) Store() *slice.Store { return w.store }
+
+// holdsExpert reports whether the worker serves expert e of layer l.
+func (w *Worker) holdsExpert(l, e int) bool {
+	if w.store != nil {
+		return w.store.Holds(l, e)
+	}
+	_, ok := w.holds[uint64(l)<<32|uint64(e)]
+	return ok
 }
 
 // Pause stops taking work now: the backbone is told at once, and DISPATCHes
@@ -283,6 +376,12 @@ func (w *Worker) session(ctx context.Context) error {
 	}
 	hello := &wire.Hello{Key: w.cfg.Key.Public().(ed25519.PublicKey), ModelID: w.cfg.ModelID,
 		Backend: w.cfg.Backend, Threads: uint16(min(w.cfg.Threads, 0xFFFF)), Holdings: w.cfg.Holdings}
+	if w.store != nil {
+		hello.Holdings, hello.Quota, hello.Speed = w.store.Holdings(), uint64(w.store.Quota()), w.cfg.Speed
+		if id := w.store.ModelID(); id != "" {
+			hello.ModelID = id
+		}
+	}
 	if err := send(hello.Append(nil)); err != nil {
 		return fmt.Errorf("HELLO: %w", err)
 	}
@@ -306,15 +405,42 @@ func (w *Worker) session(ctx context.Context) error {
 		return fmt.Errorf("expected WELCOME, got %s", f.Type())
 	}
 	lim := &wire.Limits{D: int(wel.D), K: int(wel.K), NLayer: int(wel.NLayer), NExpert: int(wel.NExpert),
-		Holds: func(l, e int) bool { _, ok := w.holds[uint64(l)<<32|uint64(e)]; return ok }}
+		Holds: w.holdsExpert}
 	w.mu.Lock()
 	w.st.Session, w.st.ConnectedSince = wel.Session, time.Now()
 	w.sentPause = false
 	w.mu.Unlock()
 	w.log.Info("worker: connected", "gateway", w.st.Gateway, "session", wel.Session, "accepted", wel.Accepted)
 
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	queue := make(chan *wire.Dispatch, 64)
+	dl := make(chan dlEvent, 4*w.cfg.DownloadWindow+8)
+	w.mu.Lock()
+	w.sendNow = send
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.sendNow = nil
+		w.mu.Unlock()
+	}()
+	if w.store != nil {
+		go func() {
+			if err := w.downloader(sctx, wel, dl, send); err != nil {
+				errc <- fmt.Errorf("download: %w", err)
+			}
+		}()
+	}
+	toDL := func(e dlEvent) error {
+		if w.store == nil {
+			return errors.New("provisioning frame but no SliceDir")
+		}
+		select {
+		case dl <- e:
+			return nil
+		case <-sctx.Done():
+			return sctx.Err()
+		}
+	}
 	// control: pings and pause changes.
 	go func() {
 		t := time.NewTicker(w.cfg.PingInterval)
@@ -403,6 +529,22 @@ func (w *Worker) session(ctx context.Context) error {
 				w.mu.Lock()
 				w.st.LastError = f.Error()
 				w.mu.Unlock()
+				if f.Code == wire.CodeNotAssign && w.store != nil {
+					if err := toDL(dlEvent{refuse: f}); err != nil {
+						errc <- err
+						return
+					}
+				}
+			case *wire.Assign:
+				if err := toDL(dlEvent{assign: f}); err != nil {
+					errc <- err
+					return
+				}
+			case *wire.Chunk:
+				if err := toDL(dlEvent{chunk: f}); err != nil {
+					errc <- err
+					return
+				}
 			default:
 				c.Close(websocket.StatusPolicyViolation, "unexpected "+f.Type().String())
 				errc <- fmt.Errorf("unexpected %s from backbone", f.Type())

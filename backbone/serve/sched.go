@@ -17,12 +17,12 @@ type seqState struct {
 	fed      int   // prompt tokens already in the KV cache
 	chunk    int   // prompt tokens fed in the current step
 	decoding bool  // the prompt is in; next is the token to feed
-	next     int32 //
+	next     int32 // the last sampled token, fed in the next step
 	sampler  *model.Sampler
 	dec      *tokenizer.Decoder
 	stop     stopMatcher
-	gen      int // tokens sampled
-	inStep   bool
+	gen      int  // tokens sampled
+	inStep   bool // has rows in the current step
 }
 
 // poolMaxPositions: sequences that used at most this many positions are

@@ -280,12 +280,10 @@ func (w *Worker) DeleteSlice() error {
 	if w.store == nil {
 		return errors.New("worker: DeleteSlice needs Config.SliceDir")
 	}
-	if _, err := w.store.SetQuota(0); err != nil {
-		return err
-	}
-	dropped, err := w.store.DeleteAll()
-	w.announce(&wire.Holdings{Quota: 0, Drop: dropped})
-	return err
+	dropped, err := w.store.SetQuota(0)
+	more, derr := w.store.DeleteAll()
+	w.announce(&wire.Holdings{Quota: 0, Drop: append(dropped, more...)})
+	return errors.Join(err, derr)
 }
 
 // announce sends h on the current session, if any (the next HELLO carries

@@ -130,8 +130,12 @@ func runWorker(args []string) int {
 	threads := fs.Int("threads", runtime.NumCPU(), "compute threads")
 	modelID := fs.String("model-id", "", "model id announced to the backbone (default: the slice's model id, engine/slice.ModelID)")
 	modelTiny := fs.Bool("model-tiny", false, "serve the experts of the embedded tiny model (the default model of backbone generate and demo) instead of --slice")
+	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with optional KiB/MiB/GiB suffix; the backbone assigns experts and the worker downloads them (issue 6)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *quotaFlag != "" {
+		return runSliceWorker(*gw, *slice, *quotaFlag, *caFile, *keyFile, *threads)
 	}
 	if *gw == "" || (*slice == "") == !*modelTiny {
 		fmt.Fprintln(os.Stderr, "worker: --gateway and one of --slice or --model-tiny are required")
@@ -217,4 +221,82 @@ func defaultKeyFile() string {
 		return "kvasir-worker.key"
 	}
 	return filepath.Join(dir, "kvasir", "worker.key")
+}
+
+// parseBytes parses a byte count with an optional KiB, MiB or GiB suffix
+// (powers of 1024), e.g. "64MiB".
+func parseBytes(s string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suf string
+		m   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if strings.HasSuffix(s, u.suf) {
+			s, mult = strings.TrimSuffix(s, u.suf), u.m
+			break
+		}
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || v < 0 || v > (1<<62)/mult {
+		return 0, fmt.Errorf("bad byte count %q", s)
+	}
+	return v * mult, nil
+}
+
+// runSliceWorker: backbone worker --gateway URL --slice DIR --quota 64MiB:
+// a worker that keeps a downloaded slice in DIR (engine/worker
+// Config.SliceDir), starting from an empty or missing folder.
+func runSliceWorker(gw, dir, quotaFlag, caFile, keyFile string, threads int) int {
+	quota, err := parseBytes(quotaFlag)
+	if err != nil || gw == "" || dir == "" {
+		fmt.Fprintln(os.Stderr, "worker: --quota needs --gateway, a --slice directory and a byte count:", err)
+		return 2
+	}
+	var pool *x509.CertPool
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			return 1
+		}
+		pool = x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			fmt.Fprintf(os.Stderr, "worker: no certificate in %s\n", caFile)
+			return 1
+		}
+	}
+	key, err := worker.LoadOrCreateKeyFile(keyFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	w, err := worker.New(worker.Config{GatewayURL: gw, Key: key, RootCAs: pool, SliceDir: dir, Quota: quota,
+		Backend: "cpu-" + runtime.GOARCH, Threads: threads})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	defer w.Close()
+	st := w.Stats()
+	fmt.Fprintf(os.Stderr, "worker: slice %s: %d experts, %d of %d quota bytes used, %d bad experts deleted; key %x, gateway %s\n",
+		dir, st.Experts, st.SliceBytes, st.Quota, st.BadExperts, key.Public(), gw)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s := w.Stats()
+				fmt.Fprintf(os.Stderr, "worker: %s %s experts=%d download=%d/%d bytes %d/%d experts slice=%d/%d rows=%d\n",
+					s.State, s.Reason, s.Experts, s.DownloadBytesDone, s.DownloadBytesTotal, s.DownloadExpertsDone,
+					s.DownloadExpertsTotal, s.SliceBytes, s.Quota, s.Rows)
+			}
+		}
+	}()
+	_ = w.Run(ctx)
+	return 0
 }

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -103,4 +104,77 @@ func BenchmarkFixtureDecode(b *testing.B) {
 		bb.SetExperts(s.disp)
 		step(b, bb)
 	})
+}
+
+// BenchmarkDecodeWhileProvisioning measures greedy decode speed of the tiny
+// Q8_0 fixture through gateway and hub (no injected delay) with every
+// expert served by worker A, while worker B (paused, so it serves nothing)
+// either idles with quota 0 ("idle") or downloads the whole model (64
+// experts, 13.4 MB in 64 KiB chunks) over and over: DeleteSlice, SetQuota,
+// download ("provisioning-unlimited", and "provisioning-8MiBps" with the
+// backbone's per-worker rate limit at 8 MiB/s). The drop is the provisioning
+// cost on the backbone's machine (chunk reads, TLS, hub, worker hashing and
+// writes all share the CPUs here).
+func BenchmarkDecodeWhileProvisioning(b *testing.B) {
+	run := func(b *testing.B, rate float64, provision bool) {
+		s := newProvStack(b, func(c *dispatch.Config) { c.RateLimit = rate })
+		wl := loadFixture(b, provFixture).LocalExperts()
+		s.startWorkerWith(b, wl, worker.HoldingsOf(wl, nil))
+		s.waitWorkers(b, 1)
+		_, kb, _ := ed25519.GenerateKey(nil)
+		sb := s.startSliceWorker(b, kb, filepath.Join(b.TempDir(), "b"), 0)
+		sb.w.Pause()
+		s.waitWorkers(b, 2)
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		rounds := 0
+		go func() {
+			defer close(done)
+			if !provision {
+				return
+			}
+			for {
+				_ = sb.w.SetQuota(64 << 20)
+				for sb.w.Stats().Experts < 64 {
+					select {
+					case <-stop:
+						return
+					case <-time.After(5 * time.Millisecond):
+					}
+				}
+				rounds++
+				_ = sb.w.DeleteSlice()
+			}
+		}()
+		bb := s.bb
+		bb.SetExperts(s.disp)
+		ctx := context.Background()
+		seq := bb.NewSequence()
+		logits := make([]float32, bb.Params().Vocab)
+		tok := int32(9707)
+		before := sb.w.Stats().ChunksReceived
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if seq.Len() >= 256 {
+				seq = bb.NewSequence()
+			}
+			if err := bb.Forward(ctx, []model.Row{{Seq: seq, Token: tok, Pos: seq.Len(), Logits: true}}, logits); err != nil {
+				b.Fatal(err)
+			}
+			tok = model.Greedy(logits)
+		}
+		b.StopTimer()
+		el := b.Elapsed().Seconds()
+		chunks := sb.w.Stats().ChunksReceived - before
+		close(stop)
+		<-done
+		b.ReportMetric(float64(b.N)/el, "tok/s")
+		b.ReportMetric(float64(chunks)*float64(s.chunk)/el/1e6, "prov-MB/s")
+		if st := s.disp.Stats(); st.ExpertsLocal != 0 {
+			b.Logf("%d expert outputs computed locally", st.ExpertsLocal)
+		}
+	}
+	b.Run("idle", func(b *testing.B) { run(b, 0, false) })
+	b.Run("provisioning-unlimited", func(b *testing.B) { run(b, 0, true) })
+	b.Run("provisioning-8MiBps", func(b *testing.B) { run(b, 8<<20, true) })
 }

@@ -14,7 +14,7 @@ import (
 
 const fixtures = "../../../shared/fixtures"
 
-func loadFixture(t *testing.T, name string) *model.Model {
+func loadFixture(t testing.TB, name string) *model.Model {
 	t.Helper()
 	f, err := gguf.Open(filepath.Join(fixtures, name))
 	if err != nil {

@@ -30,7 +30,7 @@ type provStack struct {
 	chunk int
 }
 
-func newProvStack(t *testing.T, mod func(*dispatch.Config)) *provStack {
+func newProvStack(t testing.TB, mod func(*dispatch.Config)) *provStack {
 	t.Helper()
 	f, err := gguf.Open(filepath.Join(fixtures, provFixture))
 	if err != nil {
@@ -63,7 +63,7 @@ type sliceWorker struct {
 	stop func()
 }
 
-func (s *provStack) startSliceWorker(t *testing.T, key ed25519.PrivateKey, dir string, quota int64) *sliceWorker {
+func (s *provStack) startSliceWorker(t testing.TB, key ed25519.PrivateKey, dir string, quota int64) *sliceWorker {
 	t.Helper()
 	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, SliceDir: dir, Quota: quota,
 		Backend: "cpu", Threads: 1, Logger: quiet, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
@@ -87,7 +87,7 @@ func (s *provStack) startSliceWorker(t *testing.T, key ed25519.PrivateKey, dir s
 }
 
 // waitUntil polls cond every 10 ms for up to d.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -206,7 +206,7 @@ func TestProvisionEmptyWorkerDecode(t *testing.T) {
 // resumes: the second run requests exactly the chunks that were not yet
 // verified on disk, and ends with the whole assignment held.
 func TestProvisionResume(t *testing.T) {
-	s := newProvStack(t, func(c *dispatch.Config) { c.RateLimit = 2 << 20 }) // 32 chunks/s
+	s := newProvStack(t, func(c *dispatch.Config) { c.RateLimit = 1 << 20 }) // 16 chunks/s
 	_, key, _ := ed25519.GenerateKey(nil)
 	dir := filepath.Join(t.TempDir(), "slice")
 	quota := 10 * s.size

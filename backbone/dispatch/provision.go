@@ -45,7 +45,7 @@ func (d *Dispatcher) plan() {
 	d.mu.Lock()
 	var ws []*conn
 	for _, c := range d.workers {
-		if c.quota > 0 {
+		if c.quota > 0 || len(c.order) > 0 { // quota 0 with an assignment: send it an empty one
 			ws = append(ws, c)
 		}
 	}
@@ -368,6 +368,12 @@ func (c *conn) holdingsUpdate(h *wire.Holdings) {
 	}
 	for _, x := range h.Drop {
 		delete(holds, key(int(x.Layer), int(x.Expert)))
+	}
+	if len(h.Drop) > 0 && len(c.order) > 0 {
+		// The worker deleted experts: send it its next assignment even if
+		// the plan keeps the same experts, so it fetches them again.
+		c.order = c.order[:0:0]
+		c.nassigned.Store(0)
 	}
 	c.holds = holds
 	c.nholds.Store(int64(len(holds)))

@@ -400,4 +400,12 @@ func TestProvisionQuota(t *testing.T) {
 		ws, ok := workerStats(s.stack, keyID(ka))
 		return ok && ws.Quota == 0 && ws.Holdings == 0
 	})
+	// A new quota: assigned and downloaded again.
+	if err := a.w.SetQuota(2 * s.size); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "A's new download", func() bool { return a.w.Stats().Experts == 2 })
+	if d := sliceDiskBytes(t, da); d != 2*s.size {
+		t.Fatalf("A's slice holds %d bytes, want %d", d, 2*s.size)
+	}
 }

@@ -47,7 +47,6 @@ type heldExpert struct {
 	sum     [32]byte
 	data    []byte
 	release func() error
-	uses    uint64 // (row, slot) pairs computed
 }
 
 // Store is a worker's slice directory managed for downloads: it serves the

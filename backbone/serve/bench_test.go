@@ -33,7 +33,9 @@ func benchTokens() int {
 // one-token prompts (different tokens) with max_tokens 16 and waits for all.
 // Reported: tok/s (generated tokens / wall time), ms/step (wall time per
 // step of one lane, meaningful when every lane has work) and
-// tok/s/seq. The per-token throughput gain at 512 over 1 is the ratio of
+// tok/s/seq, and cpu-ms/tok (process CPU time per generated token: on a
+// shared machine tok/s measures the share of the CPU the run got, this
+// does not). The per-token throughput gain at 512 over 1 is the ratio of
 // their tok/s. lanes=2 splits the sequences over two model instances that
 // take turns on the CPU while the other waits for its round trip.
 //
@@ -68,11 +70,14 @@ func benchServer(b *testing.B, cfg Config, n, maxTok int) *Server {
 	}
 	s.Start()
 	b.Cleanup(func() { s.Close() })
+	cpu0 := cpuTime()
 	tokens, elapsed := runWaves(b, s, n, maxTok)
+	cpu := cpuTime() - cpu0
 	steps := gatherValue(b, cfg.Registry.(prometheus.Gatherer), "kvasir_serve_steps_total")
 	tps := float64(tokens) / elapsed.Seconds()
 	b.ReportMetric(tps, "tok/s")
 	b.ReportMetric(tps/float64(n), "tok/s/seq")
 	b.ReportMetric(elapsed.Seconds()*1e3/steps*float64(len(s.lanes)), "ms/step") // per lane, when all lanes are busy
+	b.ReportMetric(cpu.Seconds()*1e3/float64(tokens), "cpu-ms/tok")
 	return s
 }

@@ -45,8 +45,6 @@ type demoOptions struct {
 	dir           string
 	verbose, json bool
 	timeout       time.Duration
-	bin           string   // the backbone binary the children run (default os.Executable)
-	env           []string // added to the children's environment
 }
 
 // demoResult is the --json output of backbone demo.
@@ -169,8 +167,9 @@ type demoSwarm struct {
 // Experts returns the running swarm's expert.Computer: the dispatcher,
 // which sends each MoE layer's rows to the worker processes and computes
 // locally what none delivers. It is the hook for `backbone demo --serve`
-// (to come): serve installs it with Model.SetExperts, as serveExpertsFor
-// does with its own dispatcher.
+// (to come): start the swarm with startDemoSwarm, install Experts() in the
+// served model(s) with Model.SetExperts (as serveExpertsFor does with its
+// own dispatcher), serve until interrupted, then Close.
 func (s *demoSwarm) Experts() expert.Computer { return s.d }
 
 // startDemoSwarm prepares dir (model file, one slice and one key per
@@ -220,13 +219,13 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 	if s.d, err = startDispatcher(s.lm, "127.0.0.1:0", quiet, nil); err != nil {
 		return nil, err
 	}
-	bin := o.bin
-	if bin == "" {
-		if bin, err = os.Executable(); err != nil {
-			return nil, err
-		}
+	// The children are this very binary (under `go run` a temporary one),
+	// so the demo needs nothing but itself.
+	bin, err := os.Executable()
+	if err != nil {
+		return nil, err
 	}
-	s.sw, err = demo.StartSwarm(ctx, demo.Config{Bin: bin, Env: o.env, Dir: dir, Backbone: s.d.Addr(),
+	s.sw, err = demo.StartSwarm(ctx, demo.Config{Bin: bin, Dir: dir, Backbone: s.d.Addr(),
 		RateNKVRPerByte: o.rate, Log: log})
 	if err != nil {
 		return nil, err

@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/demo"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
 // asBackbone is the environment variable that makes the test binary run
@@ -257,7 +260,20 @@ func TestSwarmWorkerKilled(t *testing.T) {
 	if err := d.WaitWorkers(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	victim := d.Stats().Workers[0] // whichever joined; find its process by key below
+	victim := d.Stats().Workers[0] // whichever; its process is the one with its key
+	var victimProc *demo.Proc
+	for _, w := range ws {
+		key, err := worker.LoadOrCreateKeyFile(sw.KeyFile(w.Name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hex.EncodeToString(key.Public().(ed25519.PublicKey)) == victim.ID {
+			victimProc = w
+		}
+	}
+	if victimProc == nil {
+		t.Fatalf("no worker process has key %s", victim.ID)
+	}
 	lm.m.SetExperts(d)
 	defer lm.m.SetExperts(nil)
 	killed := make(chan struct{})
@@ -270,7 +286,7 @@ func TestSwarmWorkerKilled(t *testing.T) {
 		}
 		last = now
 		if i == killAt {
-			go func() { defer close(killed); procOf(t, ws, victim.ID).Kill() }()
+			go func() { defer close(killed); victimProc.Kill() }()
 		}
 	}
 	swarm, err := decode(ctx, lm, opts, io.Discard)
@@ -298,18 +314,5 @@ func TestSwarmWorkerKilled(t *testing.T) {
 	}
 	t.Logf("%d tokens, killed after %d; longest step %v; experts remote %d, local %d", len(swarm.Tokens), killAt, maxGap, st.ExpertsRemote, st.ExpertsLocal)
 }
-
-// procOf returns the worker process whose key file holds the public key id.
-func procOf(t *testing.T, ws []*demo.Proc, id string) *demo.Proc {
-	for _, w := range ws {
-		if strings.Contains(w.Tail(maxTail), id) {
-			return w
-		}
-	}
-	t.Errorf("no worker process logged key %s", id)
-	return ws[0]
-}
-
-const maxTail = 100
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -135,7 +135,7 @@ func (s *Swarm) start(ctx context.Context, name string, re *regexp.Regexp, addr 
 // dispatcher's WaitWorkers does.
 func (s *Swarm) AddWorker(name, slicePath string, extra ...string) (*Proc, error) {
 	args := append([]string{"worker", "--gateway", s.GatewayURL, "--ca", s.CAFile,
-		"--key", filepath.Join(s.cfg.Dir, name+".key")}, extra...)
+		"--key", s.KeyFile(name)}, extra...)
 	if slicePath != "" {
 		args = append(args, "--slice", slicePath)
 	}
@@ -148,6 +148,10 @@ func (s *Swarm) AddWorker(name, slicePath string, extra ...string) (*Proc, error
 	s.mu.Unlock()
 	return p, nil
 }
+
+// KeyFile is the identity key file (engine/worker.LoadOrCreateKeyFile)
+// of the worker AddWorker started as name.
+func (s *Swarm) KeyFile(name string) string { return filepath.Join(s.cfg.Dir, name+".key") }
 
 // Workers returns the worker processes in the order they were added.
 func (s *Swarm) Workers() []*Proc {

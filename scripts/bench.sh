@@ -142,13 +142,34 @@ END {
   print "| CPU | " cpu " |"
   if (quick == "1") print "| **quick mode** | every benchmark ran once: numbers are not meaningful |"
   print ""
+  bw = num("MemBandwidth/read/threads=2", "GB/s"); bw1 = num("MemBandwidth/read/threads=1", "GB/s")
+  if (bw1 > bw) bw = bw1
+  print "## Summary"
+  print ""
+  print "| measure | value |"
+  print "|---|---:|"
+  print "| memory bandwidth BW (read, best of 1 and 2 goroutines) | " f(bw, 2) " GB/s |"
+  split("Q4_K Q6_K Q8_0", ts, " ")
+  for (j = 1; j <= 3; j++)
+    print "| " ts[j] " matvec 2048x2048, 1 row: weight GB/s / BW | " f(ratio(num("MatVec/" ts[j] "/2048x2048/m=1", "weight_GB/s"), bw), 2) " |"
+  t = num("Qwen3_30B_A3B_4L/decode", "tok/s"); wb = num("Qwen3_30B_A3B_4L/decode", "weightB/tok")
+  print "| decode, Qwen3-30B-A3B shapes (4 layers, Q4_K): tok/s x weight bytes/token / BW | " f(ratio(t * wb / 1e9, bw), 2) " |"
+  t = num("FixtureQ4KM/decode", "tok/s"); wb = num("FixtureQ4KM/decode", "weightB/tok")
+  print "| decode, fixture Q4_K_M: tok/s x weight bytes/token / BW | " f(ratio(t * wb / 1e9, bw), 2) " |"
+  l = num("SwarmDecode13ms/qwen3-30b-shape-4L/local", "tok/s")
+  print "| swarm / local tok/s, 1 of 4 layers remote at 13 ms, 30B shapes: direct to hub | " f(ratio(num("SwarmDecode13ms/qwen3-30b-shape-4L/layer0-remote-hub-direct", "tok/s"), l), 3) " |"
+  print "| same, through the TLS gateway | " f(ratio(num("SwarmDecode13ms/qwen3-30b-shape-4L/layer0-remote-gateway", "tok/s"), l), 3) " |"
+  print "| dispatcher tok/s at 512 rows per step / at 1 row (13 ms RTT; reference: 77x) | " f(ratio(num("DispatchRTT13ms/rows=512", "tok/s"), num("DispatchRTT13ms/rows=1", "tok/s")), 1) "x |"
+  print "| serve over the real swarm, 512 sequences / 1 (13 ms RTT, 1 lane) | " f(ratio(num("RealSwarm/lanes=1/seqs=512", "tok/s"), num("RealSwarm/lanes=1/seqs=1", "tok/s")), 1) "x |"
+  dd = num("RoundTrip/direct", "ns/op"); gg = num("RoundTrip/gateway", "ns/op")
+  print "| latency the gateway adds to a 64-byte round trip | " f((dd > 0 && gg > 0) ? (gg - dd) / 1000 : -1, 1) " us |"
+  print "| gateway splice throughput (both directions) | " f(num("Splice", "MB/s"), 0) " MB/s |"
+  print ""
   print "The machine is shared: each table gives the load average (1, 5, 15 min) before and after it. With a load"
   print "above the core count the benchmarks got a fraction of the CPU, so wall-clock rates are low bounds;"
   print "the `GB/s_per_cpu` and `cpu-us/tok` columns (CPU time actually used) are steadier."
   print ""
 
-  bw = num("MemBandwidth/read/threads=2", "GB/s"); bw1 = num("MemBandwidth/read/threads=1", "GB/s")
-  if (bw1 > bw) bw = bw1
   print "## Memory bandwidth"
   print ""
   print "The reference every ratio below uses: **BW = " f(bw, 2) " GB/s**, the best of the `read` rows (DotF32 of a"

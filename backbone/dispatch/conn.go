@@ -98,7 +98,8 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 	d.log.Info("dispatch: worker joined", "session", session, "worker", short(worker),
 		"holdings", len(c.holds), "backend", c.hello.Backend, "threads", c.hello.Threads, "quota", c.hello.Quota)
 	if d.cfg.Catalog != nil {
-		go c.chunkSender()
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); c.chunkSender() }()
 		d.plan()
 	}
 	for {

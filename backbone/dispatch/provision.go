@@ -151,7 +151,11 @@ func (d *Dispatcher) plan() {
 	}
 	d.mu.Unlock()
 	for _, c := range changed {
-		go c.sendAssign()
+		// plan runs on goroutines d.wg tracks (links, the replan ticker), so
+		// the counter is > 0 here and Close waits for these too: the
+		// catalog's views must not be read after Close.
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); c.sendAssign() }()
 	}
 }
 
@@ -214,7 +218,8 @@ func (d *Dispatcher) Routing(l, e int) (pairs, rows uint64) {
 }
 
 // Replan recomputes the assignments now (it also runs on every worker
-// change and every ReplanEvery).
+// change and every ReplanEvery). Do not call it concurrently with or after
+// Close.
 func (d *Dispatcher) Replan() { d.plan() }
 
 // sendAssign builds and sends the conn's current assignment as ASSIGN
@@ -237,6 +242,13 @@ func (c *conn) sendAssign() {
 	}
 	layers := map[int]bool{}
 	for _, k := range order {
+		select {
+		case <-d.stop:
+			return
+		case <-c.done:
+			return
+		default:
+		}
 		l, e := int(k>>32), int(uint32(k))
 		s, ok := cat.Sums(l, e, d.cfg.ChunkSize)
 		if !ok {

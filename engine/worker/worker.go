@@ -423,13 +423,20 @@ func (w *Worker) session(ctx context.Context) error {
 		w.sendNow = nil
 		w.mu.Unlock()
 	}()
+	dlDone := make(chan struct{})
 	if w.store != nil {
 		go func() {
+			defer close(dlDone)
 			if err := w.downloader(sctx, wel, dl, send); err != nil {
 				errc <- fmt.Errorf("download: %w", err)
 			}
 		}()
+	} else {
+		close(dlDone)
 	}
+	// The downloader writes into the slice directory: the session (and so
+	// Run) returns only after it has stopped.
+	defer func() { <-dlDone }()
 	toDL := func(e dlEvent) error {
 		if w.store == nil {
 			return errors.New("provisioning frame but no SliceDir")

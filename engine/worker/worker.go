@@ -418,6 +418,15 @@ func (w *Worker) session(ctx context.Context) error {
 	w.mu.Lock()
 	w.sendNow = send
 	w.mu.Unlock()
+	if w.store != nil {
+		// Changes between HELLO and now (SetQuota, DeleteSlice) found no
+		// session to announce them on: announce the difference.
+		if upd := holdingsDiff(hello, w.store); upd != nil {
+			if err := send(upd.Append(nil)); err != nil {
+				return fmt.Errorf("HOLDINGS: %w", err)
+			}
+		}
+	}
 	defer func() {
 		w.mu.Lock()
 		w.sendNow = nil
@@ -653,4 +662,29 @@ func clipReason(s string) string {
 		s = s[:120]
 	}
 	return strings.ToValidUTF8(s, "?")
+}
+
+// holdingsDiff returns the HOLDINGS that brings the backbone from what
+// hello announced to st's state now, or nil when nothing changed.
+func holdingsDiff(hello *wire.Hello, st *slice.Store) *wire.Holdings {
+	now := st.Holdings()
+	was := make(map[uint64]bool, len(hello.Holdings))
+	for _, h := range hello.Holdings {
+		was[hkey(int(h.Layer), int(h.Expert))] = true
+	}
+	upd := &wire.Holdings{Quota: uint64(st.Quota())}
+	for _, h := range now {
+		k := hkey(int(h.Layer), int(h.Expert))
+		if !was[k] {
+			upd.Add = append(upd.Add, h)
+		}
+		delete(was, k)
+	}
+	for k := range was {
+		upd.Drop = append(upd.Drop, wire.Holding{Layer: uint16(k >> 32), Expert: uint32(k)})
+	}
+	if upd.Quota == hello.Quota && len(upd.Add) == 0 && len(upd.Drop) == 0 {
+		return nil
+	}
+	return upd
 }

@@ -25,7 +25,7 @@ type Settings struct {
 	GatewayURL     string  // wss://host[:port]
 	CAFile         string  // PEM file of extra root CAs for the gateway; "" = system roots
 	SliceDir       string  // folder of the expert slice
-	QuotaGiB       float64 // disk quota for the slice, GiB (2^30 bytes); 0 = no limit
+	QuotaGiB       float64 // disk quota for experts the backbone assigns, GiB (2^30 bytes); 0 = serve the slice folder as it is (node.Config.QuotaBytes)
 	Threads        int     // compute threads; 0 = all CPUs
 	PauseOnBattery bool
 	OnlyWhenIdle   bool
@@ -133,7 +133,7 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 	f.gateway = entry("wss://gateway.example:443")
 	f.ca = entry("PEM file (optional)")
 	f.slice = entry("/path/to/slice")
-	f.quota = entry("GiB")
+	f.quota = entry("GiB; 0 = serve the folder as it is")
 	f.threads = entry(fmt.Sprintf("0 = all %d CPUs", runtime.NumCPU()))
 	f.maxT = entry("°C, 0 = no limit")
 	f.resT = entry("°C, default limit − 10")

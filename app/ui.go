@@ -73,6 +73,8 @@ type UI struct {
 	events                                                       []wallet.Event
 	// slice tab
 	slice, sliceDetail *widget.Label
+	download           *widget.ProgressBar // assigned bytes downloaded, 0..1
+	downloadLine       *widget.Label
 
 	Settings *SettingsForm // settings tab
 
@@ -172,7 +174,10 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.slice = widget.NewLabel("")
 	u.slice.Wrapping = fyne.TextWrapWord
 	u.sliceDetail = widget.NewLabel("")
-	sliceTab := container.NewVBox(widget.NewCard("Slice on disk", "", container.NewVBox(u.slice, u.sliceDetail)))
+	u.download = widget.NewProgressBar()
+	u.downloadLine = widget.NewLabel("no experts assigned yet")
+	sliceTab := container.NewVBox(widget.NewCard("Slice on disk", "", container.NewVBox(u.slice, u.sliceDetail)),
+		widget.NewCard("Assigned by the backbone", "", container.NewVBox(u.downloadLine, u.download)))
 
 	tabs := []*container.TabItem{
 		container.NewTabItemWithIcon("Status", theme.HomeIcon(), u.statusTab),
@@ -253,9 +258,17 @@ func (u *UI) Apply(now time.Time, snap status.Snapshot, sum *wallet.Summary, sli
 	if !snap.ConnectedSince.IsZero() {
 		since = " · connected since " + snap.ConnectedSince.Local().Format("15:04:05")
 	}
-	u.counters.SetText(fmt.Sprintf("%d rows · %d requests · received %s · sent %s%s",
-		snap.Rows, snap.Requests, status.FormatBytes(snap.BytesIn), status.FormatBytes(snap.BytesOut), since))
+	counters := fmt.Sprintf("%d rows · %d requests · received %s · sent %s%s",
+		snap.Rows, snap.Requests, status.FormatBytes(snap.BytesIn), status.FormatBytes(snap.BytesOut), since)
+	if snap.Downloading() {
+		counters += " · " + snap.DownloadLine()
+	}
+	u.counters.SetText(counters)
 	u.chart.SetSeries(u.meter.Series())
+	if snap.DownloadBytesTotal > 0 {
+		u.downloadLine.SetText(snap.DownloadLine())
+		u.download.SetValue(float64(snap.DownloadBytesDone) / float64(snap.DownloadBytesTotal))
+	}
 
 	if sum != nil || sumErr != nil {
 		u.showWallet(s, sumErr)

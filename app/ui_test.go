@@ -262,6 +262,13 @@ func TestWalletAndSliceTabs(t *testing.T) {
 	}
 	test.AssertRendersToMarkup(t, "wallet.xml", w.Canvas())
 	test.AssertImageMatches(t, "wallet.png", w.Canvas().Capture())
+	be.snap = status.Snapshot{State: status.Connected, DownloadBytesDone: 3 << 20, DownloadBytesTotal: 4 << 20,
+		DownloadExpertsDone: 6, DownloadExpertsTotal: 8}
+	u.Poll(time.Time{}, false)()
+	if u.download.Value != 0.75 || u.downloadLine.Text != "downloading experts: 6 of 8, 3.0 MiB of 4.0 MiB (75%)" ||
+		!strings.HasSuffix(u.counters.Text, " · downloading experts: 6 of 8, 3.0 MiB of 4.0 MiB (75%)") {
+		t.Errorf("download %v %q %q", u.download.Value, u.downloadLine.Text, u.counters.Text)
+	}
 	u.Tabs.SelectIndex(2)
 	test.AssertImageMatches(t, "slice.png", w.Canvas().Capture())
 	u.Tabs.SelectIndex(3)

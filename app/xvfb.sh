@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # app/xvfb.sh [OUT.png] — open the real contributor window under Xvfb
 # (inside a D-Bus session when dbus-run-session exists, so the tray path
-# runs too), connected to a loopback swarm (app/internal/swarmtest: TLS
+# runs too), connected to a loopback swarm (app/swarmtest: TLS
 # gateway, hub, ledger, crediting, dispatcher with load, a real node with
 # an SQLite wallet), let it work, then screenshot the screen with
 # ImageMagick's `import`, check it is not blank and shows non-zero

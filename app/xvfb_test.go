@@ -16,9 +16,9 @@ import (
 	"fyne.io/fyne/v2"
 	fyneapp "fyne.io/fyne/v2/app"
 
-	"github.com/kvasir-ai/kvasir/app/internal/swarmtest"
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
+	"github.com/kvasir-ai/kvasir/app/swarmtest"
 	"github.com/kvasir-ai/kvasir/wallet"
 )
 
@@ -102,7 +102,7 @@ func xvfbShot(path string) int {
 }
 
 // xvfbSwarmShot is xvfbShot against a real loopback swarm
-// (internal/swarmtest: TLS gateway, hub, ledger, crediting, dispatcher
+// (app/swarmtest: TLS gateway, hub, ledger, crediting, dispatcher
 // with load) and a real node (slice directory, SQLite wallet, file key
 // store) run by node.Manager, as the app runs it. Besides the screenshot
 // check it requires the window to show non-zero throughput and pending KVR.

@@ -70,21 +70,21 @@ type config struct {
 	SliceDir   string `json:"slice_dir"`    // expert slice folder in the app's files
 	KeySeedHex string `json:"key_seed_hex"` // 64 hex chars: the ed25519 seed (RFC 8032)
 	Threads    int    `json:"threads"`      // 0 = all CPUs
+	QuotaBytes int64  `json:"quota_bytes"`  // > 0: keep slice_dir (may start empty) and download the backbone's assignment within it
 	Mode       string `json:"mode"`         // ModeForeground or ModeCharging
 }
 
 type run struct {
-	w        *worker.Worker
-	ctl      *status.Control
-	slice    *node.Slice
-	cancel   context.CancelFunc
-	done     chan struct{}
-	meter    *status.Meter
-	address  string
-	mode     string
-	fg, chg  bool
-	served   atomic.Uint64
-	loadTime time.Time
+	w       *worker.Worker
+	ctl     *status.Control
+	slice   *node.Slice
+	cancel  context.CancelFunc
+	done    chan struct{}
+	meter   *status.Meter
+	address string
+	mode    string
+	fg, chg bool
+	served  atomic.Uint64
 }
 
 var (
@@ -127,21 +127,31 @@ func Start(configJSON string) error {
 	if cur != nil {
 		return ErrRunning
 	}
-	sl, err := loadSlice(c.SliceDir, c.Threads)
-	if err != nil {
-		return fmt.Errorf("%w: slice: %v", ErrConfig, err)
+	if c.QuotaBytes < 0 {
+		return fmt.Errorf("%w: quota_bytes %d", ErrConfig, c.QuotaBytes)
 	}
 	key := ed25519.NewKeyFromSeed(seed)
-	r := &run{slice: sl, meter: status.NewMeter(64), mode: c.Mode, fg: true,
-		address: wallet.Address(key.Public().(ed25519.PublicKey)), loadTime: time.Now()}
-	r.w, err = worker.New(worker.Config{GatewayURL: c.GatewayURL, Key: key, RootCAs: pool, Computer: sl.Computer,
-		Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: sl.Backend, Threads: c.Threads,
-		OnServed: func(_ string, in, out uint64) { r.served.Add(in + out) }})
-	if err != nil {
-		if sl.Close != nil {
-			sl.Close()
+	r := &run{slice: &node.Slice{}, meter: status.NewMeter(64), mode: c.Mode, fg: true,
+		address: wallet.Address(key.Public().(ed25519.PublicKey))}
+	wc := worker.Config{GatewayURL: c.GatewayURL, Key: key, RootCAs: pool, Backend: "cpu", Threads: c.Threads,
+		OnServed: func(_ string, in, out uint64) { r.served.Add(in + out) }}
+	if c.QuotaBytes > 0 {
+		wc.SliceDir, wc.Quota = c.SliceDir, c.QuotaBytes
+	} else {
+		sl, err := loadSlice(c.SliceDir, c.Threads)
+		if err != nil {
+			return fmt.Errorf("%w: slice: %v", ErrConfig, err)
 		}
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+		r.slice = sl
+		wc.Computer, wc.Holdings, wc.ModelID, wc.Backend = sl.Computer, sl.Holdings, sl.ModelID, sl.Backend
+	}
+	var err2 error
+	r.w, err2 = worker.New(wc)
+	if err2 != nil {
+		if r.slice.Close != nil {
+			r.slice.Close()
+		}
+		return fmt.Errorf("%w: %v", ErrConfig, err2)
 	}
 	r.ctl = status.NewControl(adapter{r.w})
 	r.applyMode()
@@ -211,6 +221,7 @@ func Stop() {
 	}
 	r.cancel()
 	<-r.done
+	r.w.Close()
 	if r.slice.Close != nil {
 		r.slice.Close()
 	}
@@ -233,13 +244,19 @@ type stats struct {
 	MBPerSec    float64 `json:"mb_per_s"`   // 10^6 bytes per second, same window
 	BytesServed uint64  `json:"bytes_served"`
 	MeteredNKVR uint64  `json:"metered_nkvr"` // bytes_served x the default rate (an estimate; credits come from the gateway)
-	Session     string  `json:"session,omitempty"`
-	LastError   string  `json:"last_error,omitempty"`
+	// Download progress of the assignment (quota_bytes > 0).
+	DownloadBytesDone    uint64 `json:"download_bytes_done"`
+	DownloadBytesTotal   uint64 `json:"download_bytes_total"`
+	DownloadExpertsDone  int    `json:"download_experts_done"`
+	DownloadExpertsTotal int    `json:"download_experts_total"`
+	Session              string `json:"session,omitempty"`
+	LastError            string `json:"last_error,omitempty"`
 }
 
 // StatsJSON returns the worker's state as a JSON object: running, state,
 // reason, mode, address, gateway, rtt_ms, rows, requests, bytes_in,
-// bytes_out, rows_per_s, mb_per_s, bytes_served, metered_nkvr, session,
+// bytes_out, rows_per_s, mb_per_s, bytes_served, metered_nkvr,
+// download_bytes_done/_total, download_experts_done/_total, session,
 // last_error. Poll it about once a second for the rates.
 func StatsJSON() string {
 	mu.Lock()
@@ -258,7 +275,9 @@ func StatsJSON() string {
 		out = stats{Running: true, State: s.State.String(), Reason: s.Reason, Mode: r.mode, Address: r.address,
 			Gateway: s.Gateway, RTTMillis: float64(s.RTT) / float64(time.Millisecond), Rows: s.Rows, Requests: s.Requests,
 			BytesIn: s.BytesIn, BytesOut: s.BytesOut, RowsPerSec: rows, MBPerSec: bytes / status.BytesPerMB,
-			BytesServed: served, MeteredNKVR: nkvr, Session: s.Session, LastError: s.LastError}
+			BytesServed: served, MeteredNKVR: nkvr, Session: s.Session, LastError: s.LastError,
+			DownloadBytesDone: s.DownloadBytesDone, DownloadBytesTotal: s.DownloadBytesTotal,
+			DownloadExpertsDone: s.DownloadExpertsDone, DownloadExpertsTotal: s.DownloadExpertsTotal}
 	}
 	b, _ := json.Marshal(out)
 	return string(b)

@@ -7,10 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/app/node"
+	"github.com/kvasir-ai/kvasir/app/swarmtest"
 	"github.com/kvasir-ai/kvasir/wallet"
 )
 
@@ -105,4 +109,46 @@ func TestStartStopModes(t *testing.T) {
 	if s := statsOf(t); s.State == "paused" {
 		t.Errorf("charging: %+v", s)
 	}
+}
+
+// TestMobileInSwarm runs the bindable API against a loopback swarm with an
+// empty slice folder and a quota: it downloads its assignment, serves load,
+// and StatsJSON reports rows, rates and the bytes it served.
+func TestMobileInSwarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a loopback swarm")
+	}
+	sw, err := swarmtest.Start(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	ca, err := os.ReadFile(sw.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]any{"gateway_url": sw.URL, "ca_pem": string(ca), "slice_dir": filepath.Join(t.TempDir(), "s"),
+		"key_seed_hex": NewKeySeed(), "threads": 1, "quota_bytes": 64 << 20, "mode": ModeCharging})
+	if err := Start(string(cfg)); err != nil {
+		t.Fatal(err)
+	}
+	defer Stop()
+	SetCharging(true)
+	sw.Load(16, 20*time.Millisecond)
+	deadline := time.Now().Add(30 * time.Second)
+	var s stats
+	for {
+		s = statsOf(t)
+		if s.Rows > 0 && s.BytesServed > 0 && s.DownloadBytesTotal > 0 && s.DownloadBytesDone == s.DownloadBytesTotal && s.RowsPerSec > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no work served: %+v", s)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if s.State != "connected" || s.MeteredNKVR != 7*s.BytesServed {
+		t.Errorf("stats %+v", s)
+	}
+	t.Logf("%s", StatsJSON())
 }

@@ -14,6 +14,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -106,6 +108,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	maxT := fs.Float64("max-temp", 0, "pause at this CPU temperature in °C (0 = no limit)")
 	resT := fs.Float64("resume-temp", 0, "resume at this CPU temperature in °C (default max-temp - 10)")
 	syncEvery := fs.Duration("sync", 30*time.Second, "how often to fetch credit statements from the gateway")
+	quotaFlag := fs.String("quota", "", "disk quota for experts the backbone assigns, bytes with optional KiB/MiB/GiB suffix: "+
+		"the worker keeps --slice DIR (may start empty) and downloads its assignment; unset: serve --slice as it is")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -117,7 +121,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvasir: --headless needs --gateway wss://HOST:PORT and --slice DIR")
 		return 2
 	}
-	n, err := node.Open(node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, DataDir: *data, Threads: *threads, Warn: stderr,
+	var quota uint64
+	if *quotaFlag != "" {
+		q, err := ParseBytes(*quotaFlag)
+		if err != nil || q == 0 {
+			fmt.Fprintf(stderr, "kvasir: --quota %q: want a positive byte count like 64MiB\n", *quotaFlag)
+			return 2
+		}
+		quota = q
+	}
+	n, err := node.Open(node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, QuotaBytes: quota, DataDir: *data, Threads: *threads, Warn: stderr,
 		SyncEvery: *syncEvery, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
@@ -147,6 +160,35 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "stopped: served %d bytes, pending %s, credited %s\n", s.BytesServed, status.FormatKVR(s.PendingNKVR), status.FormatKVR(s.CreditedNKVR))
 	}
 	return 0
+}
+
+// ErrBytes wraps ParseBytes errors.
+var ErrBytes = errors.New("headless: bad byte count")
+
+// ParseBytes parses a byte count: a non-negative integer with an optional
+// suffix B, KiB, MiB, GiB or TiB (powers of 1024) or KB, MB, GB, TB
+// (powers of 1000). Errors wrap ErrBytes (also on overflow of 2^62).
+func ParseBytes(s string) (uint64, error) {
+	units := []struct {
+		suf  string
+		mult uint64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
+	num, mult := strings.TrimSpace(s), uint64(1)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(num, u.suf); ok {
+			num, mult = strings.TrimSpace(n), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseUint(num, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %q", ErrBytes, s)
+	}
+	if v > (1<<62)/mult {
+		return 0, fmt.Errorf("%w: %q is too large", ErrBytes, s)
+	}
+	return v * mult, nil
 }
 
 // walletMain is `kvasir wallet [--json] [--data DIR] [--sync --gateway URL [--ca FILE]]`.

@@ -85,7 +85,12 @@ type Config struct {
 	SliceDir   string
 	DataDir    string // identity record and wallet.db; "" = DefaultDataDir()
 	Threads    int    // compute threads; 0 = all CPUs
-	QuotaBytes uint64 // shown with the slice; 0 = none
+	// QuotaBytes > 0 turns on slice provisioning: SliceDir (created if
+	// needed, may start empty) is kept by the worker (engine/worker
+	// Config.SliceDir), which downloads the experts the backbone assigns
+	// within this many bytes and serves those that verify. 0 serves the
+	// slice directory or GGUF file at SliceDir as it is (LoadSlice).
+	QuotaBytes uint64
 
 	LoadSlice SliceLoader     // nil: the registered loader
 	KeyStore  wallet.KeyStore // nil: wallet.DefaultKeyStore(DataDir, Warn)
@@ -114,9 +119,11 @@ type Node struct {
 	slice   *Slice
 	info    status.SliceInfo
 	w       *worker.Worker
+	prov    bool // provisioning mode (QuotaBytes > 0)
 	hc      *http.Client
-	base    string // https://host[:port] of the gateway, for wallet sync
-	problem string // why there is no worker
+	base    string    // https://host[:port] of the gateway, for wallet sync
+	problem string    // why there is no worker
+	opened  time.Time // when Open verified the slice
 	log     *slog.Logger
 }
 
@@ -136,7 +143,7 @@ func Open(cfg Config) (*Node, error) {
 	if cfg.SyncEvery <= 0 {
 		cfg.SyncEvery = 30 * time.Second
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger}
+	n := &Node{cfg: cfg, log: cfg.Logger, opened: time.Now()}
 	if n.log == nil {
 		n.log = slog.Default()
 	}
@@ -192,6 +199,18 @@ func Open(cfg Config) (*Node, error) {
 	case cfg.SliceDir == "":
 		n.problem = "no slice: no slice folder set (Settings)"
 		n.info.Problem = "no slice folder set"
+	case cfg.QuotaBytes > 0:
+		if cfg.QuotaBytes > 1<<62 {
+			n.Close()
+			return nil, fmt.Errorf("%w: quota %d bytes", ErrConfig, cfg.QuotaBytes)
+		}
+		n.prov = true
+		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool, SliceDir: cfg.SliceDir,
+			Quota: int64(cfg.QuotaBytes), Backend: "cpu", Threads: cfg.Threads, OnServed: n.wal.Served, Logger: n.log})
+		if err != nil {
+			n.problem = "no slice: " + err.Error()
+			n.info.Problem = n.problem
+		}
 	default:
 		load := cfg.LoadSlice
 		if load == nil {
@@ -294,7 +313,9 @@ func FromWorker(s worker.Stats) status.Snapshot {
 	}
 	return status.Snapshot{State: st, Reason: s.Reason, Gateway: s.Gateway, RTT: s.RTT, Rows: s.Rows,
 		Requests: s.Requests, BytesIn: s.BytesIn, BytesOut: s.BytesOut, Session: s.Session,
-		ConnectedSince: s.ConnectedSince, LastError: s.LastError}
+		ConnectedSince: s.ConnectedSince, LastError: s.LastError,
+		DownloadBytesDone: s.DownloadBytesDone, DownloadBytesTotal: s.DownloadBytesTotal,
+		DownloadExpertsDone: s.DownloadExpertsDone, DownloadExpertsTotal: s.DownloadExpertsTotal}
 }
 
 // Pause implements status.Source.
@@ -321,8 +342,29 @@ func (n *Node) FinishThenPause() {
 // Summary returns the wallet summary (wallet.Wallet.Summary).
 func (n *Node) Summary() (wallet.Summary, error) { return n.wal.Summary() }
 
-// Slice returns the slice facts.
-func (n *Node) Slice() status.SliceInfo { return n.info }
+// Slice returns the slice facts; in provisioning mode, the worker's slice
+// store as it is now (experts verified at start or at download).
+func (n *Node) Slice() status.SliceInfo {
+	if !n.prov || n.w == nil {
+		return n.info
+	}
+	ws := n.w.Stats()
+	info := n.info
+	info.Experts, info.Bytes, info.Bad = ws.Experts, uint64(max(ws.SliceBytes, 0)), ws.BadExperts
+	info.QuotaBytes = uint64(max(ws.Quota, 0))
+	info.Layers = 0
+	seen := map[uint16]bool{}
+	if st := n.w.Store(); st != nil {
+		for _, h := range st.Holdings() {
+			if !seen[h.Layer] {
+				seen[h.Layer] = true
+				info.Layers++
+			}
+		}
+	}
+	info.Verified, info.VerifiedAt = true, n.opened
+	return info
+}
 
 // Close flushes and closes the wallet and releases the slice. Call after
 // Run has returned.
@@ -333,6 +375,9 @@ func (n *Node) Close() error {
 	}
 	if n.slice != nil && n.slice.Close != nil {
 		err = errors.Join(err, n.slice.Close())
+	}
+	if n.w != nil {
+		err = errors.Join(err, n.w.Close())
 	}
 	return err
 }

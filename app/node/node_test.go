@@ -4,11 +4,13 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/kvasir-ai/kvasir/app/internal/swarmtest"
 	"github.com/kvasir-ai/kvasir/app/status"
+	"github.com/kvasir-ai/kvasir/app/swarmtest"
 	"github.com/kvasir-ai/kvasir/wallet"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
@@ -120,4 +122,52 @@ func TestNodeInSwarm(t *testing.T) {
 	}
 	t.Logf("served %d rows in %d requests; worker bytes in %d out %d; wallet own count %d; ledger %d creditable + %d rejected; credited %s",
 		st.Rows, st.Requests, st.BytesIn, st.BytesOut, s.BytesServed, ledgerBytes, rejected, status.FormatKVR(s.CreditedNKVR))
+}
+
+// TestNodeProvisioning starts a node with an empty slice folder and a
+// quota: the backbone assigns experts, the worker downloads and verifies
+// them, the snapshot reports the download, and the node then serves.
+func TestNodeProvisioning(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a loopback swarm")
+	}
+	sw, err := swarmtest.Start(t.TempDir(), 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	data := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "slice")
+	const quota = 64 << 20
+	n, err := Open(Config{GatewayURL: sw.URL, CAFile: sw.CAFile, SliceDir: dir, QuotaBytes: quota, DataDir: data, Threads: 1,
+		KeyStore: wallet.FileStore{Dir: data}, StoreName: "file", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := n.Slice(); info.Experts != 0 || info.QuotaBytes != quota {
+		t.Errorf("empty slice info %+v", info)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = n.Run(ctx) }()
+	defer func() { cancel(); <-done; n.Close() }()
+
+	// The download counters and the store's holdings are read separately:
+	// wait until both show the whole assignment.
+	var s status.Snapshot
+	var info status.SliceInfo
+	waitFor(t, "the assignment downloaded", 30*time.Second, func() bool {
+		s, info = n.Stats(), n.Slice()
+		return s.DownloadBytesTotal > 0 && !s.Downloading() && info.Experts == s.DownloadExpertsTotal
+	})
+	if info.Experts != s.DownloadExpertsTotal || info.Experts == 0 || info.Bytes != s.DownloadBytesTotal ||
+		info.Bytes > quota || info.Layers == 0 || info.Bad != 0 {
+		t.Errorf("after download: slice %+v, stats %+v", info, s)
+	}
+	if got := s.DownloadLine(); !strings.HasPrefix(got, "assigned experts held: ") || !strings.HasSuffix(got, "(100%)") {
+		t.Errorf("download line %q", got)
+	}
+	sw.Load(16, 20*time.Millisecond)
+	waitFor(t, "rows served from downloaded experts", 20*time.Second, func() bool { return n.Stats().Rows > 0 })
+	t.Logf("downloaded %d experts (%d bytes) in %d layers, then served %d rows", info.Experts, info.Bytes, info.Layers, n.Stats().Rows)
 }

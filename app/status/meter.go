@@ -152,13 +152,17 @@ func FormatRTT(d time.Duration) string {
 //
 //	connected gw=host:443 rtt=12.0 ms 2469.0 rows/s 1.28 MB/s pending=0.00895 KVR
 //
-// followed by " (reason)" when not earning.
+// followed by " download=3/8 experts" while assigned experts are being
+// fetched and " (reason)" when not earning.
 func Line(s Snapshot, rowsPS, bytesPS float64, pendingNKVR uint64) string {
 	gw := s.Gateway
 	if gw == "" {
 		gw = "-"
 	}
 	l := fmt.Sprintf("%s gw=%s rtt=%s %s %s pending=%s", s.State, gw, FormatRTT(s.RTT), FormatRows(rowsPS), FormatMBps(bytesPS), FormatKVR(pendingNKVR))
+	if s.Downloading() {
+		l += fmt.Sprintf(" download=%d/%d experts", s.DownloadExpertsDone, s.DownloadExpertsTotal)
+	}
 	if s.Reason != "" {
 		l += " (" + s.Reason + ")"
 	}

@@ -7,6 +7,7 @@
 package status
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -51,6 +52,29 @@ type Snapshot struct {
 	Session        string        // current session id; "" when none
 	ConnectedSince time.Time     // zero when not connected
 	LastError      string        // last connection error; "" if none
+
+	// Download of the experts the backbone assigned (slice provisioning;
+	// zero without): bytes and experts of the assignment held so far and
+	// in all.
+	DownloadBytesDone, DownloadBytesTotal     uint64
+	DownloadExpertsDone, DownloadExpertsTotal int
+}
+
+// Downloading reports whether assigned experts are still being fetched.
+func (s Snapshot) Downloading() bool { return s.DownloadBytesDone < s.DownloadBytesTotal }
+
+// DownloadLine renders the download progress, e.g. "downloading experts:
+// 3 of 8, 1.2 MiB of 1.6 MiB (75%)", or "" when nothing is assigned.
+func (s Snapshot) DownloadLine() string {
+	if s.DownloadBytesTotal == 0 {
+		return ""
+	}
+	verb := "downloading experts"
+	if !s.Downloading() {
+		verb = "assigned experts held"
+	}
+	return fmt.Sprintf("%s: %d of %d, %s of %s (%.0f%%)", verb, s.DownloadExpertsDone, s.DownloadExpertsTotal,
+		FormatBytes(s.DownloadBytesDone), FormatBytes(s.DownloadBytesTotal), 100*float64(s.DownloadBytesDone)/float64(s.DownloadBytesTotal))
 }
 
 // Earning reports whether the worker is connected and not paused.

@@ -1,12 +1,15 @@
-// Package swarmtest starts a complete kvasir swarm in one process on
+// Package swarmtest (a test helper; no binary imports it) starts a
+// complete kvasir swarm in one process on
 // loopback, for the app's end-to-end tests and its screenshot: a backbone
 // dispatcher over the generated tiny qwen3moe model (engine/modelgen), the
 // hub metering into a real SQLite ledger, the gateway on TLS with a
 // self-signed certificate and the wallet API of the crediting service
 // mounted, the crediting loop, a slice directory cut from the model for a
 // worker, and a load generator that asks the dispatcher for expert outputs
-// as a decode would. Only the contributor node is left for the test to
-// start.
+// as a decode would. Provisioning is on (the dispatcher's catalog is the
+// model): a worker started with a quota and an empty folder is assigned
+// experts and downloads them. Only the contributor node is left for the
+// test to start.
 package swarmtest
 
 import (
@@ -101,7 +104,12 @@ func Start(dir string, creditEvery time.Duration) (s *Swarm, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.Disp, err = dispatch.New(dispatch.Config{Listen: "127.0.0.1:0", Model: s.Model, Fallback: local, Logger: quiet}); err != nil {
+	cat, err := slice.NewCatalog(s.file)
+	if err != nil {
+		return nil, err
+	}
+	if s.Disp, err = dispatch.New(dispatch.Config{Listen: "127.0.0.1:0", Model: s.Model, Fallback: local, Logger: quiet,
+		Catalog: cat, HotShare: 2}); err != nil {
 		return nil, err
 	}
 	if err := s.Disp.Start(); err != nil {

@@ -26,8 +26,9 @@ import (
 //     HotMinTokens rows of its layer were routed and the share of them
 //     routed to it (pairs / rows) is >= HotShare. They are not assigned.
 //  3. Every other expert that no worker's assignment covers goes to the
-//     worker with the most free quota that can hold it, most routed experts
-//     first (ties: layer, expert).
+//     worker with the most free quota that can hold it (ties: the higher
+//     HELLO speed hint, then session id), most routed experts first (ties:
+//     layer, expert).
 //  4. Then replicas: experts routed at least once, most routed first, each
 //     to further workers (most free quota first) until Replicas workers hold
 //     it or none has room.
@@ -94,12 +95,12 @@ func (d *Dispatcher) plan() {
 	}
 	sort.SliceStable(cands, func(i, j int) bool { return use(cands[i]) > use(cands[j]) })
 	roomiest := func(k uint64) int {
-		best, bestFree := -1, int64(-1)
+		best, bestFree, bestSpeed := -1, int64(-1), uint32(0)
 		size := cat.Size(int(k>>32), int(uint32(k)))
 		for i, c := range ws {
-			free := int64(c.quota) - tg[i].used
-			if !tg[i].keys[k] && free >= size && free > bestFree {
-				best, bestFree = i, free
+			free, speed := int64(c.quota)-tg[i].used, c.hello.Speed
+			if !tg[i].keys[k] && free >= size && (free > bestFree || (free == bestFree && speed > bestSpeed)) {
+				best, bestFree, bestSpeed = i, free, speed
 			}
 		}
 		return best

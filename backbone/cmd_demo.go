@@ -119,7 +119,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&o.workerThreads, "worker-threads", 1, "compute threads per worker")
 	fs.IntVar(&o.threads, "threads", 0, "backbone goroutines for matrix products (0: all CPUs)")
 	fs.Uint64Var(&o.rate, "rate-nkvr-per-byte", walletapi.DefaultRateNKVRPerByte, "the gateway's price in nKVR per creditable byte")
-	fs.StringVar(&o.dir, "dir", "", "keep the demo's files (model, slices, ledger, wallets, keys, logs) in DIR (default: a temporary directory, removed)")
+	fs.StringVar(&o.dir, "dir", "", "keep the demo's files (model, slices, ledger, wallets, keys, logs) in DIR, new or empty (default: a temporary directory, removed)")
 	fs.BoolVar(&o.verbose, "verbose", false, "copy the children's logs to stderr")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object")
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "give up after this long")
@@ -244,10 +244,11 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		}
 		return nil, fmt.Errorf("waiting for %d workers: %w%s", o.workers, err, tails)
 	}
-	want := p.Experts * ((p.Layers + o.workers - 1) / o.workers)
 	for _, w := range s.d.Stats().Workers {
-		if w.Connected && w.Holdings == 0 {
-			return nil, fmt.Errorf("worker %.16s: none of its experts was accepted (want up to %d)", w.ID, want)
+		for i, k := range s.keys {
+			if want := p.Experts * len(s.layers[i]); k == w.ID && w.Holdings != want {
+				return nil, fmt.Errorf("%s: the dispatcher accepted %d of its %d experts", s.names[i], w.Holdings, want)
+			}
 		}
 	}
 	return s, nil
@@ -277,8 +278,15 @@ func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResul
 			return nil, err
 		}
 		defer os.RemoveAll(dir)
-	} else if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
+	} else {
+		// A used directory would add its old ledger rows and credits to
+		// this run's report.
+		if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
+			return nil, fmt.Errorf("--dir %s is not empty", dir)
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
 	}
 	var log io.Writer = stderr
 	if !o.verbose {

@@ -201,3 +201,26 @@ func TestDemoNoOrphans(t *testing.T) {
 		})
 	}
 }
+
+// TestDemoFlags: bad flags exit 2; a --dir that already holds files
+// (whose ledger and wallets would mix into the report) exits 1 before
+// anything starts.
+func TestDemoFlags(t *testing.T) {
+	var out, errb bytes.Buffer
+	for _, args := range [][]string{{"extra"}, {"--max-tokens", "0"}, {"--workers", "0"}, {"--rate-nkvr-per-byte", "0"}, {"--nope"}} {
+		if c := demoMain(context.Background(), args, &out, &errb); c != 2 {
+			t.Errorf("demo %v: exit %d, want 2", args, c)
+		}
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ledger.sqlite"), []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if c := demoMain(context.Background(), []string{"--dir", dir}, &out, &errb); c != 1 || !bytes.Contains(errb.Bytes(), []byte("not empty")) {
+		t.Errorf("non-empty --dir: exit %d, %q", c, errb.String())
+	}
+	if c := demoMain(context.Background(), []string{"--workers", "5"}, &out, &errb); c != 1 || !bytes.Contains(errb.Bytes(), []byte("only 4 layers")) {
+		t.Errorf("--workers 5 on 4 layers: exit %d, %q", c, errb.String())
+	}
+}

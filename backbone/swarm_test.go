@@ -316,3 +316,26 @@ func TestSwarmWorkerKilled(t *testing.T) {
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestGenerateSwarmFlags: --wait-workers needs --dispatch-listen (exit 2);
+// an address that cannot be bound, or no worker within --wait-timeout,
+// fails (exit 1) with the reason.
+func TestGenerateSwarmFlags(t *testing.T) {
+	var out, errb strings.Builder
+	if c := generateMain([]string{"--wait-workers", "1"}, &out, &errb); c != 2 {
+		t.Errorf("--wait-workers alone: exit %d, want 2", c)
+	}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--dispatch-listen", "256.0.0.1:1"}, "dispatch"},
+		{[]string{"--dispatch-listen", "127.0.0.1:0", "--wait-workers", "1", "--wait-timeout", "200ms"}, "waiting for 1 workers"},
+	}
+	for _, c := range cases {
+		errb.Reset()
+		if code := generateMain(append(c.args, "--max-tokens", "1"), &out, &errb); code != 1 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q (want %q)", c.args, code, errb.String(), c.want)
+		}
+	}
+}

@@ -18,7 +18,7 @@ import (
 // TestGoldenLogits is a regression lock for performance work: with
 // KVASIR_GOLDEN_DIR set, it runs fixed scenarios (prefill in one batch with
 // every row's logits, greedy decode steps, two sequences interleaved with
-// logits asked for some rows only; on 1 and 2 threads) on the fixture
+// logits asked for some rows only; on 1, 2 and 3 threads) on the fixture
 // models and on generated models, and either records every logit as raw
 // float32 bits (first run: DIR/<scenario>.f32 absent) or compares the run
 // bit-for-bit with the recording. Record with the code before a change,
@@ -68,7 +68,7 @@ func TestGoldenLogits(t *testing.T) {
 	for _, mc := range models {
 		t.Run(mc.name, func(t *testing.T) {
 			m := mc.m(t)
-			for _, threads := range []int{1, 2} {
+			for _, threads := range []int{1, 2, 3} {
 				m.SetThreads(threads)
 				got := goldenScenario(t, m)
 				// Thread count must not matter: both runs compare with one file.

@@ -433,10 +433,21 @@ func (s *session) fromWorker(msg []byte, n int) {
 	case t == wire.TypeResult || t == wire.TypeDispatch: // short RESULT, or a worker sending DISPATCH
 		s.rejected += uint64(n)
 	default:
-		if _, err := wire.Peek(msg); err != nil || t == 0 || t > wire.TypePause {
-			s.rejected += uint64(n) // garbage
+		if _, err := wire.Peek(msg); err != nil || !workerControl(t) {
+			s.rejected += uint64(n) // garbage, or a frame only the backbone sends
 		}
 	}
+}
+
+// workerControl reports whether t is a control frame a worker may send: overhead,
+// neither credited nor rejected (docs/accounting.md).
+func workerControl(t wire.Type) bool {
+	switch t {
+	case wire.TypeHello, wire.TypeError, wire.TypePing, wire.TypePong, wire.TypePause,
+		wire.TypeChunkReq, wire.TypeHoldings:
+		return true
+	}
+	return false
 }
 
 func (s *session) toWorker(msg []byte) {

@@ -88,10 +88,10 @@ func TestMetering(t *testing.T) {
 			t.Fatalf("backbone got kind %d % x", m.kind, m.p)
 		}
 	}
-	ping := (&wire.Ping{Time: 1}).Append(nil)                                            // 12 bytes: overhead
+	ping := (&wire.Ping{Time: 1}).Append(nil)                                           // 12 bytes: overhead
 	res5 := (&wire.Result{Request: 5, M: 2, D: 3, Out: make([]float32, 6)}).Append(nil) // 20+24 = 44: accepted
 	res6 := (&wire.Result{Request: 6, M: 1, D: 3, Out: make([]float32, 3)}).Append(nil) // 20+12 = 32: rejected
-	garbage := []byte("garbage!!")                                                       // 9: rejected
+	garbage := []byte("garbage!!")                                                      // 9: rejected
 	send(ping)
 	send(res5)
 	send(res6)

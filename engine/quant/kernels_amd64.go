@@ -111,23 +111,92 @@ func q4KDot4AVX2(w, a0, a1, a2, a3 *byte, nb int, out *[4]float32)
 //go:noescape
 func q6KDot4AVX2(w, a0, a1, a2, a3 *byte, nb int, out *[4]float32)
 
+// has4 reports whether vecDot4 has a kernel for weight rows of n elements.
+func has4(weight Type, n int) bool {
+	return useSIMD && n >= QK_K && (weight == Q4_K || weight == Q6_K)
+}
+
 // vecDot4 computes out[j] = vecDot(weight, w, a[j*ab:(j+1)*ab], n) for
 // j < 4 with one pass over the weight row, bit-identical to four vecDot
 // calls; it reports false when weight has no 4-row kernel here.
 func vecDot4(weight Type, w, a []byte, ab, n int, out *[4]float32) bool {
 	nb := n / QK_K
-	if !useSIMD || nb < 1 || len(a) < 4*ab || ab < 292*nb || len(w) < weight.BlockBytes()*nb {
+	if !useSIMD || nb < 1 || len(a) < 4*ab || ab < 292*nb {
 		return false
 	}
 	switch weight {
 	case Q4_K:
+		if len(w) < 144*nb {
+			return false
+		}
 		q4KDot4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, out)
 	case Q6_K:
+		if len(w) < 210*nb {
+			return false
+		}
 		q6KDot4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, out)
 	default:
 		return false
 	}
 	return true
+}
+
+//go:noescape
+func dotF32AVX2(a, b *float32, n int) float32
+
+// dotF32 is genericDotF32 (DotF32 on n <= len(a), len(b) elements).
+func dotF32(a, b []float32, n int) float32 {
+	if useSIMD && n > 0 && len(a) >= n && len(b) >= n {
+		return dotF32AVX2(&a[0], &b[0], n)
+	}
+	return genericDotF32(a, b, n)
+}
+
+//go:noescape
+func f16RowsAVX2(w, a *byte, n, rows, rb int, out *float32)
+
+//go:noescape
+func q8_0RowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
+
+//go:noescape
+func q4KRowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
+
+//go:noescape
+func q6KRowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
+
+// vecDotRows sets out[r] = vecDot(weight, w[r*rb:(r+1)*rb], a, n) for
+// r < len(out) (genericVecDotRows), validated once for all rows: the
+// AVX2 kernels loop over the rows themselves. Lengths are the caller's
+// (checked) shapes; anything short falls back to the per-row path.
+func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
+	rows := len(out)
+	if !useSIMD || rows == 0 || rb <= 0 || len(w) < rows*rb {
+		genericVecDotRows(weight, w, rb, a, n, out)
+		return
+	}
+	switch weight {
+	case Q6_K:
+		if nb := n / QK_K; nb > 0 && rb >= 210*nb && len(a) >= 292*nb {
+			q6KRowsAVX2(&w[0], &a[0], nb, rows, rb, &out[0])
+			return
+		}
+	case Q4_K:
+		if nb := n / QK_K; nb > 0 && rb >= 144*nb && len(a) >= 292*nb {
+			q4KRowsAVX2(&w[0], &a[0], nb, rows, rb, &out[0])
+			return
+		}
+	case Q8_0:
+		if nb := n / 32; nb > 0 && rb >= 34*nb && len(a) >= 34*nb {
+			q8_0RowsAVX2(&w[0], &a[0], nb, rows, rb, &out[0])
+			return
+		}
+	case F16:
+		if n >= 32 && n%32 == 0 && rb >= 2*n && len(a) >= 2*n {
+			f16RowsAVX2(&w[0], &a[0], n, rows, rb, &out[0])
+			return
+		}
+	}
+	genericVecDotRows(weight, w, rb, a, n, out)
 }
 
 //go:noescape

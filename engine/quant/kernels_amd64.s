@@ -831,3 +831,273 @@ q6k4loop:
 	VMOVDQU X0, 0(AX)
 	VZEROUPPER
 	RET
+
+// REDUCE32 sums the 32 float32 lanes Y0 (lanes 0-7), Y1 (8-15), Y2
+// (16-23), Y3 (24-31) into X0[0] with reduceLanes' tree: acc[i] +=
+// acc[i+w] for w = 16, 8, 4, 2, 1, each add acc[i] + acc[i+w] as in Go.
+#define REDUCE32 \
+	VADDPS       Y2, Y0, Y0 \
+	VADDPS       Y3, Y1, Y1 \
+	VADDPS       Y1, Y0, Y0 \
+	VEXTRACTF128 $1, Y0, X1 \
+	VADDPS       X1, X0, X0 \
+	VPSHUFD      $0x4e, X0, X1 \
+	VADDPS       X1, X0, X0 \
+	VPSHUFD      $0xb1, X0, X1 \
+	VADDSS       X1, X0, X0
+
+// func dotF32AVX2(a, b *float32, n int) float32
+// DotF32 for n >= 0 elements: the 32-lane loop of dotF32LanesAVX2 from
+// zero accumulators, the n%32 tail elements i added (scalar, unfused) to
+// lane i%32, then REDUCE32.
+TEXT ·dotF32AVX2(SB), NOSPLIT, $128-28
+	MOVQ   a+0(FP), SI
+	MOVQ   b+8(FP), DI
+	MOVQ   n+16(FP), CX
+	MOVQ   CX, DX
+	ANDQ   $31, DX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	SHRQ   $5, CX
+	JZ     df32tail
+
+df32loop:
+	VMOVUPS 0(SI), Y4
+	VMOVUPS 32(SI), Y5
+	VMOVUPS 64(SI), Y6
+	VMOVUPS 96(SI), Y7
+	VMULPS  0(DI), Y4, Y4
+	VMULPS  32(DI), Y5, Y5
+	VMULPS  64(DI), Y6, Y6
+	VMULPS  96(DI), Y7, Y7
+	VADDPS  Y4, Y0, Y0
+	VADDPS  Y5, Y1, Y1
+	VADDPS  Y6, Y2, Y2
+	VADDPS  Y7, Y3, Y3
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	DECQ    CX
+	JNZ     df32loop
+
+df32tail:
+	TESTQ   DX, DX
+	JZ      df32reduce
+	VMOVUPS Y0, 0(SP)
+	VMOVUPS Y1, 32(SP)
+	VMOVUPS Y2, 64(SP)
+	VMOVUPS Y3, 96(SP)
+	XORQ    CX, CX
+
+df32tailloop:
+	VMOVSS (SI)(CX*4), X4
+	VMULSS (DI)(CX*4), X4, X4
+	VMOVSS (SP)(CX*4), X5
+	VADDSS X4, X5, X5
+	VMOVSS X5, (SP)(CX*4)
+	INCQ   CX
+	CMPQ   CX, DX
+	JLT    df32tailloop
+	VMOVUPS 0(SP), Y0
+	VMOVUPS 32(SP), Y1
+	VMOVUPS 64(SP), Y2
+	VMOVUPS 96(SP), Y3
+
+df32reduce:
+	REDUCE32
+	VMOVSS X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// F16ROW computes one fp16 row dot (vecDotF16) of n = 32*CX elements at
+// SI, DI into X0[0] (SI, DI advance; CX reaches 0; CX >= 1).
+#define F16ROW(lbl) \
+	VXORPS Y0, Y0, Y0 \
+	VXORPS Y1, Y1, Y1 \
+	VXORPS Y2, Y2, Y2 \
+	VXORPS Y3, Y3, Y3 \
+lbl: \
+	VCVTPH2PS 0(SI), Y4 \
+	VCVTPH2PS 16(SI), Y5 \
+	VCVTPH2PS 32(SI), Y6 \
+	VCVTPH2PS 48(SI), Y7 \
+	VCVTPH2PS 0(DI), Y8 \
+	VCVTPH2PS 16(DI), Y9 \
+	VCVTPH2PS 32(DI), Y10 \
+	VCVTPH2PS 48(DI), Y11 \
+	VMULPS    Y8, Y4, Y4 \
+	VMULPS    Y9, Y5, Y5 \
+	VMULPS    Y10, Y6, Y6 \
+	VMULPS    Y11, Y7, Y7 \
+	VADDPS    Y4, Y0, Y0 \
+	VADDPS    Y5, Y1, Y1 \
+	VADDPS    Y6, Y2, Y2 \
+	VADDPS    Y7, Y3, Y3 \
+	ADDQ      $64, SI \
+	ADDQ      $64, DI \
+	DECQ      CX \
+	JNZ       lbl \
+	REDUCE32
+
+// func f16RowsAVX2(w, a *byte, n, rows, rb int, out *float32)
+// out[r] = vecDotF16(w[r*rb:], a, n) for r < rows (rows >= 1; n a
+// multiple of 32, n >= 32).
+TEXT ·f16RowsAVX2(SB), NOSPLIT, $0-48
+	MOVQ w+0(FP), BX
+	MOVQ a+8(FP), R11
+	MOVQ n+16(FP), DX
+	SHRQ $5, DX
+	MOVQ rows+24(FP), R8
+	MOVQ rb+32(FP), R9
+	MOVQ out+40(FP), R10
+
+f16rows:
+	MOVQ   BX, SI
+	MOVQ   R11, DI
+	MOVQ   DX, CX
+	F16ROW(f16rowloop)
+	VMOVSS X0, 0(R10)
+	ADDQ   $4, R10
+	ADDQ   R9, BX
+	DECQ   R8
+	JNZ    f16rows
+	VZEROUPPER
+	RET
+
+// func q8_0RowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
+// out[r] = q8_0DotAVX2(w + r*rb, a, nb) for r < rows (rows, nb >= 1).
+TEXT ·q8_0RowsAVX2(SB), NOSPLIT, $0-48
+	MOVQ w+0(FP), BX
+	MOVQ a+8(FP), R11
+	MOVQ nb+16(FP), DX
+	MOVQ rows+24(FP), R8
+	MOVQ rb+32(FP), R9
+	MOVQ out+40(FP), R10
+
+q8rows:
+	MOVQ   BX, SI
+	MOVQ   R11, DI
+	MOVQ   DX, CX
+	VXORPS X9, X9, X9
+
+q8rowloop:
+	VPMOVSXBW 2(SI), Y0
+	VPMOVSXBW 18(SI), Y1
+	VPMOVSXBW 2(DI), Y2
+	VPMOVSXBW 18(DI), Y3
+	VPMADDWD  Y2, Y0, Y0
+	VPMADDWD  Y3, Y1, Y1
+	VPADDD    Y1, Y0, Y0
+	HSUM(Y0, X0, X1)
+	VCVTDQ2PS X0, X0
+	F16SS(0, SI, X2)
+	F16SS(0, DI, X3)
+	VMULSS    X3, X2, X2
+	VMULSS    X0, X2, X2
+	VADDSS    X2, X9, X9
+	ADDQ      $34, SI
+	ADDQ      $34, DI
+	DECQ      CX
+	JNZ       q8rowloop
+	VMOVSS    X9, 0(R10)
+	ADDQ      $4, R10
+	ADDQ      R9, BX
+	DECQ      R8
+	JNZ       q8rows
+	VZEROUPPER
+	RET
+
+// func q4KRowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
+// out[r] = q4KDotAVX2(w + r*rb, a, nb) for r < rows (rows, nb >= 1). The
+// row loop state lives at 16(SP) (next row), 24(SP) (rows left), 32(SP)
+// (out) since KSCALES uses the general registers.
+TEXT ·q4KRowsAVX2(SB), NOSPLIT, $40-48
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, 16(SP)
+	MOVQ         rows+24(FP), AX
+	MOVQ         AX, 24(SP)
+	MOVQ         out+40(FP), AX
+	MOVQ         AX, 32(SP)
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+
+q4krows:
+	MOVQ   16(SP), SI
+	MOVQ   a+8(FP), DI
+	MOVQ   nb+16(FP), CX
+	VXORPS X9, X9, X9
+
+q4krowloop:
+	KSCALES
+	VPXOR Y0, Y0, Y0
+	Q4K_PAIR(16, 4, 0)
+	Q4K_PAIR(48, 68, 4)
+	Q4K_PAIR(80, 132, 8)
+	Q4K_PAIR(112, 196, 12)
+	KFLOAT
+	ADDQ  $144, SI
+	ADDQ  $292, DI
+	DECQ  CX
+	JNZ   q4krowloop
+	MOVQ   32(SP), DX
+	VMOVSS X9, 0(DX)
+	ADDQ   $4, DX
+	MOVQ   DX, 32(SP)
+	MOVQ   rb+32(FP), DX
+	ADDQ   DX, 16(SP)
+	DECQ   24(SP)
+	JNZ    q4krows
+	VZEROUPPER
+	RET
+
+// func q6KRowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
+// out[r] = q6KDotAVX2(w + r*rb, a, nb) for r < rows (rows, nb >= 1).
+TEXT ·q6KRowsAVX2(SB), NOSPLIT, $32-48
+	MOVQ         w+0(FP), BX
+	MOVQ         a+8(FP), R11
+	MOVQ         nb+16(FP), DX
+	MOVQ         rows+24(FP), R8
+	MOVQ         rb+32(FP), R9
+	MOVQ         out+40(FP), R10
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL         $0x30303030, AX
+	VMOVD        AX, X12
+	VPBROADCASTD X12, Y12
+	MOVL         $0x20202020, AX
+	VMOVD        AX, X13
+	VPBROADCASTD X13, Y13
+
+q6krows:
+	MOVQ   BX, SI
+	MOVQ   R11, DI
+	MOVQ   DX, CX
+	VXORPS X15, X15, X15
+
+q6krowloop:
+	VPMOVSXBW 192(SI), Y0
+	VMOVDQU   Y0, 0(SP)
+	VPXOR     Y0, Y0, Y0
+	Q6K_HALF(0, 128, 4, 0)
+	Q6K_HALF(64, 160, 132, 16)
+	HSUM(Y0, X0, X1)
+	VCVTDQ2PS X0, X0
+	F16SS(208, SI, X2)
+	VMOVSS    0(DI), X3
+	VMULSS    X3, X2, X2
+	VMULSS    X0, X2, X2
+	VADDSS    X2, X15, X15
+	ADDQ      $210, SI
+	ADDQ      $292, DI
+	DECQ      CX
+	JNZ       q6krowloop
+	VMOVSS    X15, 0(R10)
+	ADDQ      $4, R10
+	ADDQ      R9, BX
+	DECQ      R8
+	JNZ       q6krows
+	VZEROUPPER
+	RET

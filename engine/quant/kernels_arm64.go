@@ -82,3 +82,14 @@ func q5_1Dot(w, a []byte, nb int) float32 { return genericQ5_1Dot(w, a, nb) }
 
 // vecDot4 has no multi-row kernel in this build (see kernels_amd64.go).
 func vecDot4(weight Type, w, a []byte, ab, n int, out *[4]float32) bool { return false }
+
+// has4 is false: no vecDot4 kernels on arm64 yet.
+func has4(weight Type, n int) bool { return false }
+
+func dotF32(a, b []float32, n int) float32 { return genericDotF32(a, b, n) }
+
+// vecDotRows is the per-row loop on arm64 (the NEON kernels are integer
+// sums inside each row's dot).
+func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
+	genericVecDotRows(weight, w, rb, a, n, out)
+}

@@ -33,3 +33,12 @@ func q6KSums(w, a []byte, out []int32) { genericQ6KSums(w, a, out) }
 
 // vecDot4 has no multi-row kernel in this build (see kernels_amd64.go).
 func vecDot4(weight Type, w, a []byte, ab, n int, out *[4]float32) bool { return false }
+
+// has4 is false: no vecDot4 kernels in this build.
+func has4(weight Type, n int) bool { return false }
+
+func dotF32(a, b []float32, n int) float32 { return genericDotF32(a, b, n) }
+
+func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
+	genericVecDotRows(weight, w, rb, a, n, out)
+}

@@ -108,25 +108,44 @@ func MatMulConverted(weight Type, w []byte, rows, cols int, xc []byte, m int, y 
 	return nil
 }
 
+// rowTile is the weight rows matMulRows passes over before moving on, so
+// that with several activation rows a tile of weights is reused from
+// cache (64 rows of 4096 Q4_K columns: 144 KiB).
+const rowTile = 64
+
 // matMulRows computes output rows [lo, hi) of MatMulConverted: for each
 // weight row (rb bytes) the m converted activation rows (ab bytes each).
 // Groups of 4 activation rows go through vecDot4 where the weight type
-// has a multi-row kernel (same bits as vecDot, one pass over the weights).
+// has a multi-row kernel (same bits as vecDot, one pass over the weights);
+// the other activation rows go through vecDotRows, one call per tile of
+// weight rows (same bits as vecDot per row, validated once per call).
 func matMulRows(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y []float32, rows, lo, hi int) {
+	m4 := 0
+	if m >= 4 && has4(weight, cols) {
+		m4 = m &^ 3
+	}
+	tile := rowTile
+	if m == 1 {
+		tile = hi - lo // one activation row: nothing to reuse, one call
+	}
 	var out [4]float32
-	for r := lo; r < hi; r++ {
-		wr := w[r*rb : (r+1)*rb]
-		i := 0
-		for ; i+4 <= m; i += 4 {
-			if !vecDot4(weight, wr, xc[i*ab:(i+4)*ab], ab, cols, &out) {
-				break
-			}
-			for j := range 4 {
-				y[(i+j)*rows+r] = out[j]
+	for r0 := lo; r0 < hi; r0 += tile {
+		r1 := min(r0+tile, hi)
+		for r := r0; r < r1 && m4 > 0; r++ {
+			wr := w[r*rb : (r+1)*rb]
+			for i := 0; i < m4; i += 4 {
+				if !vecDot4(weight, wr, xc[i*ab:(i+4)*ab], ab, cols, &out) {
+					for j := range 4 {
+						out[j] = vecDot(weight, wr, xc[(i+j)*ab:(i+j+1)*ab], cols)
+					}
+				}
+				for j := range 4 {
+					y[(i+j)*rows+r] = out[j]
+				}
 			}
 		}
-		for ; i < m; i++ {
-			y[i*rows+r] = vecDot(weight, wr, xc[i*ab:(i+1)*ab], cols)
+		for i := m4; i < m; i++ {
+			vecDotRows(weight, w[r0*rb:r1*rb], rb, xc[i*ab:(i+1)*ab], cols, y[i*rows+r0:i*rows+r1])
 		}
 	}
 }

@@ -96,21 +96,30 @@ func vecDot(weight Type, w, a []byte, n int) float32 {
 func le16(b []byte) uint16 { return binary.LittleEndian.Uint16(b) }
 
 // reduceLanes sums the 32 lane accumulators in the fixed tree order
-// documented above.
+// documented above (acc[i] += acc[i+w] for w = 16, 8, 4, 2, 1), unrolled
+// into locals; acc is left unchanged.
 func reduceLanes(acc *[32]float32) float32 {
-	for w := 16; w >= 1; w /= 2 {
-		for i := 0; i < w; i++ {
-			acc[i] += acc[i+w]
-		}
-	}
-	return acc[0]
+	a0, a1, a2, a3 := acc[0]+acc[16], acc[1]+acc[17], acc[2]+acc[18], acc[3]+acc[19]
+	a4, a5, a6, a7 := acc[4]+acc[20], acc[5]+acc[21], acc[6]+acc[22], acc[7]+acc[23]
+	a8, a9, a10, a11 := acc[8]+acc[24], acc[9]+acc[25], acc[10]+acc[26], acc[11]+acc[27]
+	a12, a13, a14, a15 := acc[12]+acc[28], acc[13]+acc[29], acc[14]+acc[30], acc[15]+acc[31]
+	a0, a1, a2, a3 = a0+a8, a1+a9, a2+a10, a3+a11
+	a4, a5, a6, a7 = a4+a12, a5+a13, a6+a14, a7+a15
+	a0, a1, a2, a3 = a0+a4, a1+a5, a2+a6, a3+a7
+	a0, a1 = a0+a2, a1+a3
+	return a0 + a1
 }
 
 // DotF32 returns sum a[i]*b[i] over min(len(a), len(b)) elements with the
 // fixed 32-lane order documented above (SIMD where available; the result
 // does not depend on the CPU or GOARCH).
 func DotF32(a, b []float32) float32 {
-	n := min(len(a), len(b))
+	return dotF32(a, b, min(len(a), len(b)))
+}
+
+// genericDotF32 is DotF32 over the first n elements (n <= len(a), len(b))
+// with the lanes of dotF32Lanes and a Go tail and reduction.
+func genericDotF32(a, b []float32, n int) float32 {
 	var acc [32]float32
 	n32 := n &^ 31
 	if n32 > 0 {
@@ -120,6 +129,14 @@ func DotF32(a, b []float32) float32 {
 		acc[i&31] += float32(a[i] * b[i])
 	}
 	return reduceLanes(&acc)
+}
+
+// genericVecDotRows sets out[r] = vecDot(weight, w[r*rb:(r+1)*rb], a, n)
+// for r < len(out): the reference for vecDotRows.
+func genericVecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
+	for r := range out {
+		out[r] = vecDot(weight, w[r*rb:(r+1)*rb], a, n)
+	}
 }
 
 func genericDotF32Lanes(a, b []float32, acc *[32]float32) {

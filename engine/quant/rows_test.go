@@ -1,0 +1,125 @@
+package quant
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestVecDotRowsMatchesGeneric holds vecDotRows (the multi-row kernels
+// where this build has them) to one generic vecDot per row, bit for bit:
+// every weight type, row counts 0, 1, 2, odd and past a kernel unroll,
+// rows packed or with a padded stride (garbage in the padding), on real
+// quantized rows and on random code bytes with finite scales.
+func TestVecDotRowsMatchesGeneric(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, typ := range weightTypes {
+		ns := []int{QK_K, 3 * QK_K}
+		if typ.BlockSize() == 1 {
+			ns = append(ns, 32, 40, 7)
+		} else if typ.BlockSize() == 32 {
+			ns = append(ns, 32, 96)
+		}
+		for _, n := range ns {
+			rb0, _ := typ.RowBytes(n)
+			for _, pad := range []int{0, 20} {
+				rb := rb0 + pad
+				for _, rows := range []int{0, 1, 2, 7, 65} {
+					for _, random := range []bool{false, true} {
+						name := fmt.Sprintf("%s/n=%d/pad=%d/rows=%d/random=%v", typ, n, pad, rows, random)
+						w := make([]byte, rows*rb)
+						randomCodes(r, w)
+						a := convertRow(t, typ, randomRows(r.Uint64(), n))
+						for i := range rows {
+							row := quantRow(t, typ, randomRows(r.Uint64(), n))
+							if random && typ.BlockSize() > 1 {
+								randomCodes(r, row)
+								ab := 292
+								if typ.BlockSize() == 32 {
+									ab = len(a) / (n / 32)
+								}
+								saneScales(r, row, a, typ.BlockBytes(), ab, n/typ.BlockSize())
+							}
+							copy(w[i*rb:], row)
+						}
+						got := make([]float32, rows)
+						vecDotRows(typ, w, rb, a, n, got)
+						for i := range rows {
+							var want float32
+							withGeneric(func() { want = vecDot(typ, w[i*rb:i*rb+rb0], a, n) })
+							if !sameBits(got[i], want) {
+								t.Fatalf("%s: row %d = %g, generic vecDot %g", name, i, got[i], want)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestDotF32MatchesGeneric holds DotF32 (the AVX2 kernel where present:
+// lanes, tail and reduction) to the pure-Go path for every length 0..130
+// and some longer ones, on values over a wide exponent range (so that the
+// rounding of each add shows), plus infinities and NaN.
+func TestDotF32MatchesGeneric(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	lengths := []int{1000, 4096 + 17}
+	for n := range 131 {
+		lengths = append(lengths, n)
+	}
+	for _, n := range lengths {
+		a, b := make([]float32, n+3), make([]float32, n)
+		for i := range a {
+			a[i] = float32(math.Ldexp(r.NormFloat64(), r.IntN(40)-20))
+		}
+		for i := range b {
+			b[i] = float32(math.Ldexp(r.NormFloat64(), r.IntN(40)-20))
+		}
+		got := DotF32(a, b)
+		var want float32
+		withGeneric(func() { want = DotF32(a, b) })
+		if !sameBits(got, want) {
+			t.Fatalf("DotF32 n=%d: %g (%#x), generic %g (%#x)", n, got, math.Float32bits(got), want, math.Float32bits(want))
+		}
+		if n > 5 {
+			a[n/2] = float32(math.Inf(1))
+			got = DotF32(a, b)
+			withGeneric(func() { want = DotF32(a, b) })
+			if !sameBits(got, want) {
+				t.Fatalf("DotF32 n=%d with +Inf: %g, generic %g", n, got, want)
+			}
+		}
+	}
+}
+
+// TestMatMulMatchesGeneric compares MatMul with SIMD on and off for every
+// weight type, activation row counts around the 4-row kernel (1..5, 8, 9)
+// and more weight rows than one tile, on 1 and 2 goroutines.
+func TestMatMulMatchesGeneric(t *testing.T) {
+	const rows, cols = rowTile*2 + 3, 2 * QK_K
+	for _, typ := range weightTypes {
+		wq := quantRow(t, typ, randomRows(21, rows*cols))
+		for _, m := range []int{1, 2, 3, 4, 5, 8, 9} {
+			x := randomRows(uint64(22+m), m*cols)
+			want := make([]float32, m*rows)
+			withGeneric(func() {
+				if err := MatMul(typ, wq, rows, cols, x, m, want, 1); err != nil {
+					t.Fatal(err)
+				}
+			})
+			for _, th := range []int{1, 2} {
+				got := make([]float32, m*rows)
+				if err := MatMul(typ, wq, rows, cols, x, m, got, th); err != nil {
+					t.Fatal(err)
+				}
+				for i := range got {
+					if !sameBits(got[i], want[i]) {
+						t.Fatalf("%s m=%d threads=%d y[%d] = %g, generic %g", typ, m, th, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}

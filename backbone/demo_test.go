@@ -192,7 +192,9 @@ func TestDemoNoOrphans(t *testing.T) {
 				}
 				if time.Now().After(deadline) {
 					for _, pid := range left {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
+						if p, err := os.FindProcess(pid); err == nil {
+							_ = p.Kill()
+						}
 					}
 					t.Fatalf("processes %v outlived the demo (%v)", left, sig)
 				}

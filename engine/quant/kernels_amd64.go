@@ -142,6 +142,40 @@ func vecDot4(weight Type, w, a []byte, ab, n int, out *[4]float32) bool {
 }
 
 //go:noescape
+func q4KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
+
+//go:noescape
+func q6KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
+
+// vecDot4Rows sets y[j*ys+r] = vecDot(weight, w[r*rb:(r+1)*rb],
+// a[j*ab:(j+1)*ab], n) for r < rows and j < 4 (the 4-row kernels looped
+// over weight rows in assembly, bit-identical to vecDot4 per row); it
+// reports false, writing nothing, when weight has no such kernel here or
+// a length is short.
+func vecDot4Rows(weight Type, w []byte, rb int, a []byte, ab, n int, y []float32, ys, rows int) bool {
+	nb := n / QK_K
+	if !useSIMD || rows <= 0 || nb < 1 || rb <= 0 || len(w) < rows*rb ||
+		ab < 292*nb || len(a) < 4*ab || ys < rows || len(y) < 3*ys+rows {
+		return false
+	}
+	switch weight {
+	case Q4_K:
+		if rb < 144*nb {
+			return false
+		}
+		q4KRows4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, rows, rb, &y[0], ys)
+	case Q6_K:
+		if rb < 210*nb {
+			return false
+		}
+		q6KRows4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, rows, rb, &y[0], ys)
+	default:
+		return false
+	}
+	return true
+}
+
+//go:noescape
 func dotF32AVX2(a, b *float32, n int) float32
 
 // dotF32 is genericDotF32 (DotF32 on n <= len(a), len(b) elements).

@@ -1101,3 +1101,145 @@ q6krowloop:
 	JNZ       q6krows
 	VZEROUPPER
 	RET
+
+// STORE4(X) stores X[0] at (BX), then steps BX by DX (the byte stride
+// between y rows) for the rows4 kernels.
+#define STORE4(X) \
+	VMOVSS X, (BX) \
+	ADDQ   DX, BX
+
+// func q4KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
+// For r < rows: y[j*ys+r] = q4KDot4AVX2(w + r*rb, a_j, nb) row j, j < 4
+// (rows, nb >= 1). Row-loop state: 16(SP) next weight row, 24(SP) rows
+// left, 32(SP) &y[r].
+TEXT ·q4KRows4AVX2(SB), NOSPLIT, $40-80
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, 16(SP)
+	MOVQ         rows+48(FP), AX
+	MOVQ         AX, 24(SP)
+	MOVQ         y+64(FP), AX
+	MOVQ         AX, 32(SP)
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+
+q4k4rows:
+	MOVQ   16(SP), SI
+	MOVQ   a0+8(FP), DI
+	MOVQ   a1+16(FP), R11
+	MOVQ   a2+24(FP), R12
+	MOVQ   a3+32(FP), R13
+	MOVQ   nb+40(FP), CX
+	VXORPS X9, X9, X9
+	VXORPS X10, X10, X10
+	VXORPS X11, X11, X11
+	VXORPS X12, X12, X12
+
+q4k4rowloop:
+	KSCALES4
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	Q4K_PAIR4(16, 4, 0)
+	Q4K_PAIR4(48, 68, 4)
+	Q4K_PAIR4(80, 132, 8)
+	Q4K_PAIR4(112, 196, 12)
+	F16SS(0, SI, X6)
+	F16SS(2, SI, X8)
+	KFLOAT4(DI, Y0, X0, X9)
+	KFLOAT4(R11, Y1, X1, X10)
+	KFLOAT4(R12, Y2, X2, X11)
+	KFLOAT4(R13, Y3, X3, X12)
+	ADDQ $144, SI
+	ADDQ $292, DI
+	ADDQ $292, R11
+	ADDQ $292, R12
+	ADDQ $292, R13
+	DECQ CX
+	JNZ  q4k4rowloop
+	MOVQ 32(SP), BX
+	MOVQ ys+72(FP), DX
+	SHLQ $2, DX
+	STORE4(X9)
+	STORE4(X10)
+	STORE4(X11)
+	STORE4(X12)
+	ADDQ $4, 32(SP)
+	MOVQ rb+56(FP), DX
+	ADDQ DX, 16(SP)
+	DECQ 24(SP)
+	JNZ  q4k4rows
+	VZEROUPPER
+	RET
+
+// func q6KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
+// For r < rows: y[j*ys+r] = q6KDot4AVX2(w + r*rb, a_j, nb) row j, j < 4
+// (rows, nb >= 1). Row-loop state: 48(SP) next weight row, 56(SP) rows
+// left, 64(SP) &y[r]; 32(SP) the 4 float accumulators.
+TEXT ·q6KRows4AVX2(SB), NOSPLIT, $72-80
+	MOVQ         w+0(FP), AX
+	MOVQ         AX, 48(SP)
+	MOVQ         rows+48(FP), AX
+	MOVQ         AX, 56(SP)
+	MOVQ         y+64(FP), AX
+	MOVQ         AX, 64(SP)
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL         $0x30303030, AX
+	VMOVD        AX, X12
+	VPBROADCASTD X12, Y12
+	MOVL         $0x20202020, AX
+	VMOVD        AX, X13
+	VPBROADCASTD X13, Y13
+
+q6k4rows:
+	MOVQ    48(SP), SI
+	MOVQ    a0+8(FP), DI
+	MOVQ    a1+16(FP), R11
+	MOVQ    a2+24(FP), R12
+	MOVQ    a3+32(FP), R13
+	MOVQ    nb+40(FP), CX
+	VXORPS  X0, X0, X0
+	VMOVDQU X0, 32(SP)
+
+q6k4rowloop:
+	VPMOVSXBW 192(SI), Y8
+	VMOVDQU   Y8, 0(SP)
+	VPXOR     Y0, Y0, Y0
+	VPXOR     Y1, Y1, Y1
+	VPXOR     Y2, Y2, Y2
+	VPXOR     Y3, Y3, Y3
+	Q6K4_HALF(0, 128, 4, 0)
+	Q6K4_HALF(64, 160, 132, 16)
+	F16SS(208, SI, X15)
+	Q6K4_FLOAT(DI, Y0, X0, 32)
+	Q6K4_FLOAT(R11, Y1, X1, 36)
+	Q6K4_FLOAT(R12, Y2, X2, 40)
+	Q6K4_FLOAT(R13, Y3, X3, 44)
+	ADDQ $210, SI
+	ADDQ $292, DI
+	ADDQ $292, R11
+	ADDQ $292, R12
+	ADDQ $292, R13
+	DECQ CX
+	JNZ  q6k4rowloop
+	MOVQ   64(SP), BX
+	MOVQ   ys+72(FP), DX
+	SHLQ   $2, DX
+	VMOVSS 32(SP), X0
+	VMOVSS 36(SP), X1
+	VMOVSS 40(SP), X2
+	VMOVSS 44(SP), X3
+	STORE4(X0)
+	STORE4(X1)
+	STORE4(X2)
+	STORE4(X3)
+	ADDQ $4, 64(SP)
+	MOVQ rb+56(FP), DX
+	ADDQ DX, 48(SP)
+	DECQ 56(SP)
+	JNZ  q6k4rows
+	VZEROUPPER
+	RET

@@ -83,6 +83,11 @@ func q5_1Dot(w, a []byte, nb int) float32 { return genericQ5_1Dot(w, a, nb) }
 // vecDot4 has no multi-row kernel in this build (see kernels_amd64.go).
 func vecDot4(weight Type, w, a []byte, ab, n int, out *[4]float32) bool { return false }
 
+// vecDot4Rows has no kernel in this build either.
+func vecDot4Rows(weight Type, w []byte, rb int, a []byte, ab, n int, y []float32, ys, rows int) bool {
+	return false
+}
+
 // has4 is false: no vecDot4 kernels on arm64 yet.
 func has4(weight Type, n int) bool { return false }
 

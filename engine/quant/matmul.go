@@ -115,10 +115,11 @@ const rowTile = 64
 
 // matMulRows computes output rows [lo, hi) of MatMulConverted: for each
 // weight row (rb bytes) the m converted activation rows (ab bytes each).
-// Groups of 4 activation rows go through vecDot4 where the weight type
-// has a multi-row kernel (same bits as vecDot, one pass over the weights);
-// the other activation rows go through vecDotRows, one call per tile of
-// weight rows (same bits as vecDot per row, validated once per call).
+// Groups of 4 activation rows go through vecDot4Rows (else vecDot4 per
+// weight row) where the weight type has a 4-row kernel (same bits as
+// vecDot, one pass over the weights); the other activation rows go through
+// vecDotRows. Both take a tile of weight rows per call (same bits as
+// vecDot per element, validated once per call).
 func matMulRows(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y []float32, rows, lo, hi int) {
 	m4 := 0
 	if m >= 4 && has4(weight, cols) {
@@ -131,12 +132,16 @@ func matMulRows(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y []f
 	var out [4]float32
 	for r0 := lo; r0 < hi; r0 += tile {
 		r1 := min(r0+tile, hi)
-		for r := r0; r < r1 && m4 > 0; r++ {
-			wr := w[r*rb : (r+1)*rb]
-			for i := 0; i < m4; i += 4 {
-				if !vecDot4(weight, wr, xc[i*ab:(i+4)*ab], ab, cols, &out) {
+		for i := 0; i < m4; i += 4 {
+			x4 := xc[i*ab : (i+4)*ab]
+			if vecDot4Rows(weight, w[r0*rb:r1*rb], rb, x4, ab, cols, y[i*rows+r0:], rows, r1-r0) {
+				continue
+			}
+			for r := r0; r < r1; r++ {
+				wr := w[r*rb : (r+1)*rb]
+				if !vecDot4(weight, wr, x4, ab, cols, &out) {
 					for j := range 4 {
-						out[j] = vecDot(weight, wr, xc[(i+j)*ab:(i+j+1)*ab], cols)
+						out[j] = vecDot(weight, wr, x4[j*ab:(j+1)*ab], cols)
 					}
 				}
 				for j := range 4 {

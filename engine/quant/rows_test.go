@@ -123,3 +123,59 @@ func TestMatMulMatchesGeneric(t *testing.T) {
 		}
 	}
 }
+
+// TestVecDot4RowsMatchesGeneric holds vecDot4Rows (where this build has
+// it) to the generic vecDot of every (weight row, activation row) pair:
+// row counts 0, 1, 2, odd and longer, packed or padded weight rows, and a
+// y stride wider than rows whose gaps must stay untouched.
+func TestVecDot4RowsMatchesGeneric(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	for _, typ := range weightTypes {
+		for _, nb := range []int{1, 3} {
+			n := nb * QK_K
+			rb0, _ := typ.RowBytes(n)
+			ab, _ := ActivationBytes(typ, n)
+			for _, pad := range []int{0, 12} {
+				rb := rb0 + pad
+				for _, rows := range []int{0, 1, 2, 7, 65} {
+					w := make([]byte, rows*rb)
+					randomCodes(r, w)
+					for i := range rows {
+						copy(w[i*rb:], quantRow(t, typ, randomRows(r.Uint64(), n)))
+					}
+					a := make([]byte, 4*ab)
+					for j := range 4 {
+						copy(a[j*ab:], convertRow(t, typ, randomRows(r.Uint64(), n)))
+					}
+					ys := rows + 3
+					y := make([]float32, 4*ys)
+					for i := range y {
+						y[i] = -7
+					}
+					if !vecDot4Rows(typ, w, rb, a, ab, n, y, ys, rows) {
+						if has4(typ, n) && rows > 0 {
+							t.Fatalf("%s nb=%d rows=%d: has4 but vecDot4Rows declined", typ, nb, rows)
+						}
+						continue
+					}
+					for j := range 4 {
+						for i := range ys {
+							got := y[j*ys+i]
+							if i >= rows {
+								if got != -7 {
+									t.Fatalf("%s rows=%d: y gap [%d][%d] written: %g", typ, rows, j, i, got)
+								}
+								continue
+							}
+							var want float32
+							withGeneric(func() { want = vecDot(typ, w[i*rb:i*rb+rb0], a[j*ab:(j+1)*ab], n) })
+							if !sameBits(got, want) {
+								t.Fatalf("%s nb=%d pad=%d rows=%d: y[%d][%d] = %g, generic %g", typ, nb, pad, rows, j, i, got, want)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -45,6 +45,7 @@ type demoOptions struct {
 	dir           string
 	verbose, json bool
 	timeout       time.Duration
+	minDeadline   time.Duration
 }
 
 // demoResult is the --json output of backbone demo.
@@ -123,6 +124,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&o.verbose, "verbose", false, "copy the children's logs to stderr")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object")
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "give up after this long")
+	fs.DurationVar(&o.minDeadline, "min-deadline", 0, "lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -216,7 +218,7 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		s.keys = append(s.keys, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
 	}
 	quiet := slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	if s.d, err = startDispatcher(s.lm, "127.0.0.1:0", quiet, nil); err != nil {
+	if s.d, err = startDispatcher(s.lm, "127.0.0.1:0", quiet, minDeadlineTune(o.minDeadline)); err != nil {
 		return nil, err
 	}
 	// The children are this very binary (under `go run` a temporary one),

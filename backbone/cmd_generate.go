@@ -93,7 +93,7 @@ func generateMain(args []string, stdout, stderr io.Writer) int {
 //
 //	backbone generate [--model FILE] --prompt TEXT --max-tokens N --temperature 0
 //	                  [--top-k K --top-p P --seed S --threads T] [--json]
-//	                  [--dispatch-listen ADDR --wait-workers N --wait-timeout 2m]
+//	                  [--dispatch-listen ADDR --wait-workers N --wait-timeout 2m --min-deadline D]
 //
 // writing text (or the JSON object) to stdout and diagnostics to stderr; it
 // returns the exit code (2: bad usage, 1: failure). With --dispatch-listen
@@ -118,6 +118,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	dispatchListen := fs.String("dispatch-listen", "", "compute experts over the swarm: listen here (LAN host:port) for the hub's worker links")
 	waitWorkers := fs.Int("wait-workers", 0, "with --dispatch-listen: wait for N workers before decoding")
 	waitTimeout := fs.Duration("wait-timeout", 2*time.Minute, "how long --wait-workers waits")
+	minDeadline := fs.Duration("min-deadline", 0, "with --dispatch-listen: lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -147,7 +148,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	var d *dispatch.Dispatcher
 	if *dispatchListen != "" {
 		log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		if d, err = startDispatcher(lm, *dispatchListen, log, nil); err != nil {
+		if d, err = startDispatcher(lm, *dispatchListen, log, minDeadlineTune(*minDeadline)); err != nil {
 			return fail(err)
 		}
 		defer d.Close()
@@ -279,6 +280,19 @@ func startDispatcher(lm *loadedModel, listen string, log *slog.Logger, tune func
 		return nil, err
 	}
 	return d, nil
+}
+
+// minDeadlineTune returns a startDispatcher tune that sets
+// dispatch.Config.MinDeadline to d (and MaxDeadline to at least d); nil for
+// d <= 0 (the defaults).
+func minDeadlineTune(d time.Duration) func(*dispatch.Config) {
+	if d <= 0 {
+		return nil
+	}
+	return func(c *dispatch.Config) {
+		c.MinDeadline = d
+		c.MaxDeadline = max(c.MaxDeadline, d, 5*time.Second)
+	}
 }
 
 // decodeOptions are the per-decode settings of decode.

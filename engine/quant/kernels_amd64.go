@@ -111,9 +111,17 @@ func q4KDot4AVX2(w, a0, a1, a2, a3 *byte, nb int, out *[4]float32)
 //go:noescape
 func q6KDot4AVX2(w, a0, a1, a2, a3 *byte, nb int, out *[4]float32)
 
-// has4 reports whether vecDot4 has a kernel for weight rows of n elements.
+// has4 reports whether vecDot4Rows has a kernel for weight rows of n
+// elements (vecDot4 covers Q4_K and Q6_K only; matMulRows falls back to
+// vecDot where it declines).
 func has4(weight Type, n int) bool {
-	return useSIMD && n >= QK_K && (weight == Q4_K || weight == Q6_K)
+	switch weight {
+	case Q4_K, Q6_K:
+		return useSIMD && n >= QK_K
+	case Q8_0:
+		return useSIMD && n >= 32
+	}
+	return false
 }
 
 // vecDot4 computes out[j] = vecDot(weight, w, a[j*ab:(j+1)*ab], n) for
@@ -147,28 +155,35 @@ func q4KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
 //go:noescape
 func q6KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
 
+//go:noescape
+func q8_0Rows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
+
 // vecDot4Rows sets y[j*ys+r] = vecDot(weight, w[r*rb:(r+1)*rb],
 // a[j*ab:(j+1)*ab], n) for r < rows and j < 4 (the 4-row kernels looped
 // over weight rows in assembly, bit-identical to vecDot4 per row); it
 // reports false, writing nothing, when weight has no such kernel here or
 // a length is short.
 func vecDot4Rows(weight Type, w []byte, rb int, a []byte, ab, n int, y []float32, ys, rows int) bool {
-	nb := n / QK_K
-	if !useSIMD || rows <= 0 || nb < 1 || rb <= 0 || len(w) < rows*rb ||
-		ab < 292*nb || len(a) < 4*ab || ys < rows || len(y) < 3*ys+rows {
+	if !useSIMD || rows <= 0 || rb <= 0 || len(w) < rows*rb || len(a) < 4*ab || ys < rows || len(y) < 3*ys+rows {
 		return false
 	}
 	switch weight {
-	case Q4_K:
-		if rb < 144*nb {
+	case Q4_K, Q6_K:
+		nb := n / QK_K
+		if nb < 1 || ab < 292*nb || rb < weight.BlockBytes()*nb {
 			return false
 		}
-		q4KRows4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, rows, rb, &y[0], ys)
-	case Q6_K:
-		if rb < 210*nb {
+		if weight == Q4_K {
+			q4KRows4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, rows, rb, &y[0], ys)
+		} else {
+			q6KRows4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, rows, rb, &y[0], ys)
+		}
+	case Q8_0:
+		nb := n / 32
+		if nb < 1 || ab < 34*nb || rb < 34*nb {
 			return false
 		}
-		q6KRows4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, rows, rb, &y[0], ys)
+		q8_0Rows4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, rows, rb, &y[0], ys)
 	default:
 		return false
 	}

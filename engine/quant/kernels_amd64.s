@@ -1102,11 +1102,36 @@ q6krowloop:
 	VZEROUPPER
 	RET
 
-// STORE4(X) stores X[0] at (BX), then steps BX by DX (the byte stride
-// between y rows) for the rows4 kernels.
-#define STORE4(X) \
-	VMOVSS X, (BX) \
-	ADDQ   DX, BX
+// HSUM4(A, B, C, D, XA, XT) leaves in XA the 4 int32 lane sums
+// [sum A, sum B, sum C, sum D] of the 8-lane registers A..D (exact;
+// clobbers A, C and XT). The rows4 kernels then finish the 4 rows with
+// packed float ops: each lane is the scalar operation of the single-row
+// kernel on that row, in the same order, so the bits are the same.
+#define HSUM4(A, B, C, D, XA, XT) \
+	VPHADDD      B, A, A \
+	VPHADDD      D, C, C \
+	VPHADDD      C, A, A \
+	VEXTRACTI128 $1, A, XT \
+	VPADDD       XT, XA, XA
+
+// GATHER4D(X) loads the float32 d of the 4 block_q8_K at DI, R11, R12,
+// R13 into the lanes of X.
+#define GATHER4D(X) \
+	VMOVSS    0(DI), X \
+	VINSERTPS $0x10, 0(R11), X, X \
+	VINSERTPS $0x20, 0(R12), X, X \
+	VINSERTPS $0x30, 0(R13), X, X
+
+// STOREL4(X) stores the 4 float lanes of X at (BX), (BX+DX), (BX+2DX),
+// (BX+3DX) (DX: the byte stride between y rows).
+#define STOREL4(X) \
+	VMOVSS     X, (BX) \
+	ADDQ       DX, BX \
+	VEXTRACTPS $1, X, (BX) \
+	ADDQ       DX, BX \
+	VEXTRACTPS $2, X, (BX) \
+	ADDQ       DX, BX \
+	VEXTRACTPS $3, X, (BX)
 
 // func q4KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
 // For r < rows: y[j*ys+r] = q4KDot4AVX2(w + r*rb, a_j, nb) row j, j < 4
@@ -1131,9 +1156,6 @@ q4k4rows:
 	MOVQ   a3+32(FP), R13
 	MOVQ   nb+40(FP), CX
 	VXORPS X9, X9, X9
-	VXORPS X10, X10, X10
-	VXORPS X11, X11, X11
-	VXORPS X12, X12, X12
 
 q4k4rowloop:
 	KSCALES4
@@ -1145,12 +1167,25 @@ q4k4rowloop:
 	Q4K_PAIR4(48, 68, 4)
 	Q4K_PAIR4(80, 132, 8)
 	Q4K_PAIR4(112, 196, 12)
+	VPMADDWD     260(DI), Y7, Y4
+	VPMADDWD     260(R11), Y7, Y5
+	VPMADDWD     260(R12), Y7, Y6
+	VPMADDWD     260(R13), Y7, Y8
+	HSUM4(Y0, Y1, Y2, Y3, X0, X1)
+	HSUM4(Y4, Y5, Y6, Y8, X4, X5)
+	VCVTDQ2PS    X0, X0
+	VCVTDQ2PS    X4, X4
 	F16SS(0, SI, X6)
+	VBROADCASTSS X6, X6
 	F16SS(2, SI, X8)
-	KFLOAT4(DI, Y0, X0, X9)
-	KFLOAT4(R11, Y1, X1, X10)
-	KFLOAT4(R12, Y2, X2, X11)
-	KFLOAT4(R13, Y3, X3, X12)
+	VBROADCASTSS X8, X8
+	GATHER4D(X15)
+	VMULPS       X15, X6, X5
+	VMULPS       X15, X8, X13
+	VMULPS       X0, X5, X5
+	VMULPS       X4, X13, X13
+	VADDPS       X5, X9, X9
+	VSUBPS       X13, X9, X9
 	ADDQ $144, SI
 	ADDQ $292, DI
 	ADDQ $292, R11
@@ -1161,10 +1196,7 @@ q4k4rowloop:
 	MOVQ 32(SP), BX
 	MOVQ ys+72(FP), DX
 	SHLQ $2, DX
-	STORE4(X9)
-	STORE4(X10)
-	STORE4(X11)
-	STORE4(X12)
+	STOREL4(X9)
 	ADDQ $4, 32(SP)
 	MOVQ rb+56(FP), DX
 	ADDQ DX, 16(SP)
@@ -1176,7 +1208,7 @@ q4k4rowloop:
 // func q6KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
 // For r < rows: y[j*ys+r] = q6KDot4AVX2(w + r*rb, a_j, nb) row j, j < 4
 // (rows, nb >= 1). Row-loop state: 48(SP) next weight row, 56(SP) rows
-// left, 64(SP) &y[r]; 32(SP) the 4 float accumulators.
+// left, 64(SP) &y[r]; X15 the 4 rows' float accumulators.
 TEXT ·q6KRows4AVX2(SB), NOSPLIT, $72-80
 	MOVQ         w+0(FP), AX
 	MOVQ         AX, 48(SP)
@@ -1201,8 +1233,7 @@ q6k4rows:
 	MOVQ    a2+24(FP), R12
 	MOVQ    a3+32(FP), R13
 	MOVQ    nb+40(FP), CX
-	VXORPS  X0, X0, X0
-	VMOVDQU X0, 32(SP)
+	VXORPS  X15, X15, X15
 
 q6k4rowloop:
 	VPMOVSXBW 192(SI), Y8
@@ -1213,11 +1244,14 @@ q6k4rowloop:
 	VPXOR     Y3, Y3, Y3
 	Q6K4_HALF(0, 128, 4, 0)
 	Q6K4_HALF(64, 160, 132, 16)
-	F16SS(208, SI, X15)
-	Q6K4_FLOAT(DI, Y0, X0, 32)
-	Q6K4_FLOAT(R11, Y1, X1, 36)
-	Q6K4_FLOAT(R12, Y2, X2, 40)
-	Q6K4_FLOAT(R13, Y3, X3, 44)
+	HSUM4(Y0, Y1, Y2, Y3, X0, X1)
+	VCVTDQ2PS    X0, X0
+	F16SS(208, SI, X8)
+	VBROADCASTSS X8, X8
+	GATHER4D(X10)
+	VMULPS       X10, X8, X10
+	VMULPS       X0, X10, X10
+	VADDPS       X10, X15, X15
 	ADDQ $210, SI
 	ADDQ $292, DI
 	ADDQ $292, R11
@@ -1228,18 +1262,75 @@ q6k4rowloop:
 	MOVQ   64(SP), BX
 	MOVQ   ys+72(FP), DX
 	SHLQ   $2, DX
-	VMOVSS 32(SP), X0
-	VMOVSS 36(SP), X1
-	VMOVSS 40(SP), X2
-	VMOVSS 44(SP), X3
-	STORE4(X0)
-	STORE4(X1)
-	STORE4(X2)
-	STORE4(X3)
+	STOREL4(X15)
 	ADDQ $4, 64(SP)
 	MOVQ rb+56(FP), DX
 	ADDQ DX, 48(SP)
 	DECQ 56(SP)
 	JNZ  q6k4rows
+	VZEROUPPER
+	RET
+
+// Q8ROW4(P, Y): the exact int32 lane products of the block at P with the
+// sign-extended weight codes in Y0/Y1, into Y (8 lanes; HSUM4 finishes).
+#define Q8ROW4(P, Y) \
+	VPMOVSXBW 2(P), Y \
+	VPMOVSXBW 18(P), Y6 \
+	VPMADDWD  Y, Y0, Y \
+	VPMADDWD  Y6, Y1, Y6 \
+	VPADDD    Y6, Y, Y
+
+// func q8_0Rows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
+// For r < rows: y[j*ys+r] = q8_0DotAVX2(w + r*rb, a_j, nb), j < 4 (rows,
+// nb >= 1): each weight block is sign-extended once for the 4 rows.
+TEXT ·q8_0Rows4AVX2(SB), NOSPLIT, $0-80
+	MOVQ w+0(FP), R8
+	MOVQ rows+48(FP), R9
+	MOVQ y+64(FP), R10
+
+q84rows:
+	MOVQ   R8, SI
+	MOVQ   a0+8(FP), DI
+	MOVQ   a1+16(FP), R11
+	MOVQ   a2+24(FP), R12
+	MOVQ   a3+32(FP), R13
+	MOVQ   nb+40(FP), CX
+	VXORPS X9, X9, X9
+
+q84rowloop:
+	VPMOVSXBW 2(SI), Y0
+	VPMOVSXBW 18(SI), Y1
+	Q8ROW4(DI, Y2)
+	Q8ROW4(R11, Y3)
+	Q8ROW4(R12, Y4)
+	Q8ROW4(R13, Y5)
+	HSUM4(Y2, Y3, Y4, Y5, X2, X6)
+	VCVTDQ2PS    X2, X2
+	F16SS(0, SI, X8)
+	VBROADCASTSS X8, X8
+	MOVWLZX      0(DI), AX
+	VMOVD        AX, X7
+	VPINSRW      $1, 0(R11), X7, X7
+	VPINSRW      $2, 0(R12), X7, X7
+	VPINSRW      $3, 0(R13), X7, X7
+	VCVTPH2PS    X7, X7
+	VMULPS       X7, X8, X7
+	VMULPS       X2, X7, X7
+	VADDPS       X7, X9, X9
+	ADDQ $34, SI
+	ADDQ $34, DI
+	ADDQ $34, R11
+	ADDQ $34, R12
+	ADDQ $34, R13
+	DECQ CX
+	JNZ  q84rowloop
+	MOVQ R10, BX
+	MOVQ ys+72(FP), DX
+	SHLQ $2, DX
+	STOREL4(X9)
+	ADDQ $4, R10
+	ADDQ rb+56(FP), R8
+	DECQ R9
+	JNZ  q84rows
 	VZEROUPPER
 	RET

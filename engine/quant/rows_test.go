@@ -126,8 +126,9 @@ func TestMatMulMatchesGeneric(t *testing.T) {
 
 // TestVecDot4RowsMatchesGeneric holds vecDot4Rows (where this build has
 // it) to the generic vecDot of every (weight row, activation row) pair:
-// row counts 0, 1, 2, odd and longer, packed or padded weight rows, and a
-// y stride wider than rows whose gaps must stay untouched.
+// row counts 0, 1, 2, odd and longer, packed or padded weight rows, real
+// quantized rows or random code bytes with finite scales, and a y stride
+// wider than rows whose gaps must stay untouched.
 func TestVecDot4RowsMatchesGeneric(t *testing.T) {
 	r := rand.New(rand.NewPCG(15, 16))
 	for _, typ := range weightTypes {
@@ -137,15 +138,29 @@ func TestVecDot4RowsMatchesGeneric(t *testing.T) {
 			ab, _ := ActivationBytes(typ, n)
 			for _, pad := range []int{0, 12} {
 				rb := rb0 + pad
-				for _, rows := range []int{0, 1, 2, 7, 65} {
+				for _, c := range []struct {
+					rows   int
+					random bool
+				}{{0, false}, {1, false}, {2, true}, {7, false}, {7, true}, {65, false}} {
+					rows := c.rows
 					w := make([]byte, rows*rb)
 					randomCodes(r, w)
-					for i := range rows {
-						copy(w[i*rb:], quantRow(t, typ, randomRows(r.Uint64(), n)))
-					}
 					a := make([]byte, 4*ab)
-					for j := range 4 {
-						copy(a[j*ab:], convertRow(t, typ, randomRows(r.Uint64(), n)))
+					if c.random && typ.BlockSize() > 1 { // every code byte, -128 included; finite scales
+						randomCodes(r, a)
+						wb, qb := typ.BlockBytes(), ab/(n/typ.BlockSize())
+						for i := range rows {
+							for j := range 4 {
+								saneScales(r, w[i*rb:], a[j*ab:], wb, qb, n/typ.BlockSize())
+							}
+						}
+					} else {
+						for i := range rows {
+							copy(w[i*rb:], quantRow(t, typ, randomRows(r.Uint64(), n)))
+						}
+						for j := range 4 {
+							copy(a[j*ab:], convertRow(t, typ, randomRows(r.Uint64(), n)))
+						}
 					}
 					ys := rows + 3
 					y := make([]float32, 4*ys)

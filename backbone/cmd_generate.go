@@ -93,7 +93,8 @@ func generateMain(args []string, stdout, stderr io.Writer) int {
 //
 //	backbone generate [--model FILE] --prompt TEXT --max-tokens N --temperature 0
 //	                  [--top-k K --top-p P --seed S --threads T] [--json]
-//	                  [--dispatch-listen ADDR --wait-workers N --wait-timeout 2m --min-deadline D]
+//	                  [--dispatch-listen ADDR --wait-workers N --wait-timeout 2m --min-deadline D
+//	                   --provision --provision-rate BYTES]
 //
 // writing text (or the JSON object) to stdout and diagnostics to stderr; it
 // returns the exit code (2: bad usage, 1: failure). With --dispatch-listen
@@ -101,7 +102,8 @@ func generateMain(args []string, stdout, stderr io.Writer) int {
 // the hub's worker links (it prints "generate: dispatch listening on
 // HOST:PORT" to stderr; port 0 picks one), the decode starts once
 // --wait-workers workers are connected, and whatever no worker holds is
-// computed locally.
+// computed locally. With --provision, workers that announce a quota are
+// assigned experts and download them from the model file (swarmFlags).
 func generateMainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -118,8 +120,12 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	dispatchListen := fs.String("dispatch-listen", "", "compute experts over the swarm: listen here (LAN host:port) for the hub's worker links")
 	waitWorkers := fs.Int("wait-workers", 0, "with --dispatch-listen: wait for N workers before decoding")
 	waitTimeout := fs.Duration("wait-timeout", 2*time.Minute, "how long --wait-workers waits")
-	minDeadline := fs.Duration("min-deadline", 0, "with --dispatch-listen: lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
+	sf := addSwarmFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := sf.check(); err != nil {
+		fmt.Fprintln(stderr, "generate:", err)
 		return 2
 	}
 	if fs.NArg() != 0 || *maxTokens < 0 || *waitWorkers < 0 {
@@ -148,7 +154,11 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	var d *dispatch.Dispatcher
 	if *dispatchListen != "" {
 		log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		if d, err = startDispatcher(lm, *dispatchListen, log, minDeadlineTune(*minDeadline)); err != nil {
+		tune, err := sf.tune(lm)
+		if err != nil {
+			return fail(err)
+		}
+		if d, err = startDispatcher(lm, *dispatchListen, log, tune); err != nil {
 			return fail(err)
 		}
 		defer d.Close()
@@ -293,6 +303,58 @@ func minDeadlineTune(d time.Duration) func(*dispatch.Config) {
 		c.MinDeadline = d
 		c.MaxDeadline = max(c.MaxDeadline, d, 5*time.Second)
 	}
+}
+
+// swarmFlags are the dispatcher flags that generate, serve and demo share:
+// the deadline floor and provisioning (issue 6).
+type swarmFlags struct {
+	minDeadline time.Duration
+	provision   bool
+	rate        string // --provision-rate as given
+	rateBytes   int64  // parsed by check: bytes/s, 0 unlimited
+}
+
+// addSwarmFlags registers --min-deadline, --provision and --provision-rate
+// on fs.
+func addSwarmFlags(fs *flag.FlagSet) *swarmFlags {
+	sf := &swarmFlags{}
+	fs.DurationVar(&sf.minDeadline, "min-deadline", 0, "with a swarm: lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
+	fs.BoolVar(&sf.provision, "provision", false, "with a swarm: provision workers started with --quota (and an empty --slice dir): assign them experts and send the experts' bytes from the model file")
+	fs.StringVar(&sf.rate, "provision-rate", "0", "with --provision: bytes/s of expert data sent to one worker, with optional KiB/MiB/GiB suffix (0: unlimited)")
+	return sf
+}
+
+// check validates the parsed flags; the error names the bad flag.
+func (sf *swarmFlags) check() error {
+	n, err := parseBytes(sf.rate)
+	if err != nil {
+		return fmt.Errorf("--provision-rate: %w", err)
+	}
+	sf.rateBytes = n
+	return nil
+}
+
+// tune returns the startDispatcher config change the flags ask for (nil:
+// none): MinDeadline as minDeadlineTune, and with --provision a
+// dispatch.Config.Catalog over lm's model file (slice.NewCatalog; lm.f must
+// stay open while the dispatcher runs) with RateLimit --provision-rate.
+// Errors are those of slice.NewCatalog.
+func (sf *swarmFlags) tune(lm *loadedModel) (func(*dispatch.Config), error) {
+	dl := minDeadlineTune(sf.minDeadline)
+	if !sf.provision {
+		return dl, nil
+	}
+	cat, err := slice.NewCatalog(lm.f)
+	if err != nil {
+		return nil, fmt.Errorf("provisioning catalog: %w", err)
+	}
+	rate := float64(sf.rateBytes)
+	return func(c *dispatch.Config) {
+		if dl != nil {
+			dl(c)
+		}
+		c.Catalog, c.RateLimit = cat, rate
+	}, nil
 }
 
 // decodeOptions are the per-decode settings of decode.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,7 +24,6 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
-	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
 
 func init() {
@@ -41,6 +41,31 @@ type serveOptions struct {
 	waitWorkers                                        int
 	waitTimeout                                        time.Duration
 	maxBatch, maxSeqs, queue, threads, lanes           int
+	// swarm holds --min-deadline and --provision (with --dispatch-listen).
+	swarm *swarmFlags
+	// requests, when > 0, ends serving after that many completed
+	// completion requests (backbone demo --serve-requests, for tests).
+	requests int
+}
+
+// addAPIFlags registers the flags of the HTTP API that serve and demo
+// --serve share on fs, into o.
+func addAPIFlags(fs *flag.FlagSet, o *serveOptions) {
+	fs.StringVar(&o.apiKey, "api-key", os.Getenv("KVASIR_API_KEY"), "require 'Authorization: Bearer KEY' on /v1/ (default $KVASIR_API_KEY; empty: open)")
+	fs.StringVar(&o.chatTemplate, "chat-template", "auto", "chat template: auto (from tokenizer.chat_template), chatml, none")
+	fs.IntVar(&o.maxBatch, "max-batch", serve.DefaultMaxBatchRows, "token rows per forward step (prefill + decode)")
+	fs.IntVar(&o.maxSeqs, "max-seqs", serve.DefaultMaxSeqs, "sequences decoded at once (at most --max-batch)")
+	fs.IntVar(&o.queue, "queue", serve.DefaultQueueSize, "requests that may wait for a slot before 429")
+	fs.IntVar(&o.lanes, "lanes", 1, "model instances decoding in turn, so one computes while another waits on its expert round trips")
+}
+
+// checkAPIFlags reports whether the flags addAPIFlags registered are in
+// range.
+func checkAPIFlags(o *serveOptions) error {
+	if o.maxBatch < 1 || o.maxSeqs < 1 || o.queue < 0 || o.lanes < 1 || o.lanes > 16 {
+		return errors.New("a non-positive --max-batch/--max-seqs, a negative --queue, or --lanes outside 1..16")
+	}
+	return nil
 }
 
 // serveExperts is where a serving model's experts are computed.
@@ -55,24 +80,27 @@ type serveExperts struct {
 	Describe string
 }
 
-// serveExpertsFor chooses where the experts of m are computed: locally by
-// default, or with --dispatch-listen through a dispatch.Dispatcher that
-// accepts the hub's worker links (and falls back to m's local experts for
-// whatever no worker holds or returns in time). It is the one place the
-// swarm is wired; backbone demo may replace it.
-var serveExpertsFor = func(ctx context.Context, m *model.Model, id string, o serveOptions, log *slog.Logger) (*serveExperts, error) {
+// serveExpertsFor chooses where the experts of lm are computed: locally by
+// default, or with --dispatch-listen through the dispatcher of
+// startDispatcher (the one generate and demo use: workers must announce
+// slice.ModelID of the model file, and each holding's hash must equal
+// slice.HashExpert of the backbone's own expert), which accepts the hub's
+// worker links and falls back to lm's local experts for whatever no worker
+// holds or returns in time. It prints "serve: dispatch listening on
+// HOST:PORT (model id ...)" to stderr before waiting for --wait-workers.
+func serveExpertsFor(ctx context.Context, lm *loadedModel, o serveOptions, log *slog.Logger, stderr io.Writer) (*serveExperts, error) {
 	if o.dispatchListen == "" {
 		return &serveExperts{Describe: "experts: local"}, nil
 	}
-	p := m.Params()
-	d, err := dispatch.New(dispatch.Config{Listen: o.dispatchListen, Fallback: m.LocalExperts(), Logger: log,
-		Model: dispatch.Model{ID: id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}})
+	tune, err := o.swarm.tune(lm)
 	if err != nil {
 		return nil, err
 	}
-	if err := d.Start(); err != nil {
+	d, err := startDispatcher(lm, o.dispatchListen, log, tune)
+	if err != nil {
 		return nil, err
 	}
+	fmt.Fprintf(stderr, "serve: dispatch listening on %s (model id %q)\n", d.Addr(), lm.id)
 	if o.waitWorkers > 0 {
 		wctx, cancel := context.WithTimeout(ctx, o.waitTimeout)
 		err := d.WaitWorkers(wctx, o.waitWorkers)
@@ -83,40 +111,42 @@ var serveExpertsFor = func(ctx context.Context, m *model.Model, id string, o ser
 		}
 	}
 	return &serveExperts{Computer: d, Stats: d.Stats, Close: d.Close,
-		Describe: fmt.Sprintf("experts: swarm, dispatch listener %s (model id %q), local fallback", d.Addr(), id)}, nil
+		Describe: fmt.Sprintf("experts: swarm, dispatch listener %s (model id %q), local fallback", d.Addr(), lm.id)}, nil
 }
 
 // serveMain runs backbone serve until ctx ends:
 //
-//	backbone serve [--model FILE] [--http 127.0.0.1:8080] [--dispatch-listen ADDR [--wait-workers N]]
+//	backbone serve [--model FILE] [--http 127.0.0.1:8080] [--dispatch-listen ADDR [--wait-workers N]
+//	               [--min-deadline D] [--provision [--provision-rate BYTES]]]
 //	               [--model-id ID] [--api-key KEY] [--chat-template auto|chatml|none]
 //	               [--max-batch 512] [--max-seqs 512] [--queue 1024] [--threads N] [--lanes 1]
 //
-// ready, if set, is called with the bound HTTP address once it accepts
-// requests. It returns the process exit code: 2 for bad flags, 1 for
-// failures.
+// --model-id is the name of the API (/v1/models, requests' "model");
+// workers always announce the model file's slice.ModelID. ready, if set,
+// is called with the bound HTTP address once it accepts requests. It
+// returns the process exit code: 2 for bad flags, 1 for failures.
 func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(httpAddr string)) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o serveOptions
 	fs.StringVar(&o.modelPath, "model", "", "GGUF model file (default: the embedded tiny model)")
 	fs.StringVar(&o.httpAddr, "http", "127.0.0.1:8080", "HTTP listen address of the API")
-	fs.StringVar(&o.modelID, "model-id", "", "model id served by /v1/models and announced by workers (default: general.name)")
-	fs.StringVar(&o.apiKey, "api-key", os.Getenv("KVASIR_API_KEY"), "require 'Authorization: Bearer KEY' on /v1/ (default $KVASIR_API_KEY; empty: open)")
-	fs.StringVar(&o.chatTemplate, "chat-template", "auto", "chat template: auto (from tokenizer.chat_template), chatml, none")
+	fs.StringVar(&o.modelID, "model-id", "", "model name served by /v1/models and accepted in requests (default: general.name); workers announce the file's slice model id regardless")
 	fs.StringVar(&o.dispatchListen, "dispatch-listen", "", "serve experts over the swarm: listen here for the hub's worker links (LAN address)")
 	fs.IntVar(&o.waitWorkers, "wait-workers", 0, "with --dispatch-listen: wait for N workers before serving")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", 5*time.Minute, "how long --wait-workers waits")
-	fs.IntVar(&o.maxBatch, "max-batch", serve.DefaultMaxBatchRows, "token rows per forward step (prefill + decode)")
-	fs.IntVar(&o.maxSeqs, "max-seqs", serve.DefaultMaxSeqs, "sequences decoded at once (at most --max-batch)")
-	fs.IntVar(&o.queue, "queue", serve.DefaultQueueSize, "requests that may wait for a slot before 429")
 	fs.IntVar(&o.threads, "threads", 0, "goroutines for matrix products (0: all CPUs)")
-	fs.IntVar(&o.lanes, "lanes", 1, "model instances decoding in turn, so one computes while another waits on its expert round trips")
+	addAPIFlags(fs, &o)
+	o.swarm = addSwarmFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() != 0 || o.maxBatch < 1 || o.maxSeqs < 1 || o.queue < 0 || o.waitWorkers < 0 || o.lanes < 1 || o.lanes > 16 {
-		fmt.Fprintln(stderr, "serve: unexpected arguments, a non-positive --max-batch/--max-seqs, a negative --queue/--wait-workers, or --lanes outside 1..16")
+	if err := checkAPIFlags(&o); fs.NArg() != 0 || o.waitWorkers < 0 || err != nil {
+		fmt.Fprintln(stderr, "serve: unexpected arguments, a negative --wait-workers, or", err)
+		return 2
+	}
+	if err := o.swarm.check(); err != nil {
+		fmt.Fprintln(stderr, "serve:", err)
 		return 2
 	}
 	if o.waitWorkers > 0 && o.dispatchListen == "" {
@@ -133,52 +163,73 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	if err != nil {
 		return fail(err)
 	}
-	defer f.Close()
-	m, err := model.Load(f)
+	lm, err := loadGenModelFile(f)
 	if err != nil {
+		f.Close()
 		return fail(err)
 	}
-	m.SetThreads(o.threads)
-	tok, err := tokenizer.FromGGUF(f)
-	if err != nil {
-		return fail(err)
-	}
-	id := o.modelID
-	if id == "" {
-		id, _ = f.String("general.name")
-	}
-	if id == "" && o.modelPath != "" {
-		id = filepath.Base(o.modelPath)
-	}
-	tmpl, _ := f.String("tokenizer.chat_template")
-	chat, chatErr := serve.ChatTemplateFor(tok, tmpl, o.chatTemplate)
-	if chatErr != nil {
-		log.Warn("chat completions disabled", "err", chatErr)
-	}
-
-	ex, err := serveExpertsFor(ctx, m, id, o, log)
+	defer lm.Close()
+	lm.m.SetThreads(o.threads)
+	ex, err := serveExpertsFor(ctx, lm, o, log, stderr)
 	if err != nil {
 		return fail(err)
 	}
 	if ex.Close != nil {
 		defer ex.Close()
 	}
+	if err := serveAPI(ctx, lm, ex, o, log, stderr, ready); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+// serveAPIName is the API's model name: --model-id, else general.name,
+// else the model file's base name, else "kvasir".
+func serveAPIName(lm *loadedModel, o serveOptions) string {
+	id := o.modelID
+	if id == "" {
+		id, _ = lm.f.String("general.name")
+	}
+	if id == "" && o.modelPath != "" {
+		id = filepath.Base(o.modelPath)
+	}
+	return id
+}
+
+// serveAPI serves the OpenAI-compatible API (serve.Server) for lm on
+// o.httpAddr with its experts computed by ex, until ctx ends or, with
+// o.requests > 0, that many completion requests (POST /v1/completions or
+// /v1/chat/completions, any status) have been answered; then it lets
+// in-flight requests finish for up to 10 s and returns. It installs
+// ex.Computer in lm.m, loads o.lanes-1 more instances of lm.f for lanes,
+// logs a "serving" line and calls ready (if set) with the bound address.
+// Errors: a bad chat-template choice is only logged (chat completions then
+// answer 400); listen, serve.New and metric registration errors are
+// returned.
+func serveAPI(ctx context.Context, lm *loadedModel, ex *serveExperts, o serveOptions, log *slog.Logger, stderr io.Writer, ready func(httpAddr string)) error {
+	f, m, tok := lm.f, lm.m, lm.tok
+	id := serveAPIName(lm, o)
+	tmpl, _ := f.String("tokenizer.chat_template")
+	chat, chatErr := serve.ChatTemplateFor(tok, tmpl, o.chatTemplate)
+	if chatErr != nil {
+		log.Warn("chat completions disabled", "err", chatErr)
+	}
 	if ex.Computer != nil {
 		m.SetExperts(ex.Computer)
 	}
 	var lanes []*model.Model
 	for range o.lanes - 1 {
-		lm, err := model.Load(f) // the same weights (views of f), its own buffers
+		l, err := model.Load(f) // the same weights (views of f), its own buffers
 		if err != nil {
-			return fail(err)
+			return err
 		}
-		lm.SetThreads(o.threads)
-		lanes = append(lanes, lm)
+		l.SetThreads(o.threads)
+		lanes = append(lanes, l)
 	}
 	reg := prometheus.NewRegistry()
 	if ex.Stats != nil {
 		if err := reg.Register(serve.NewSwarmCollector(ex.Stats)); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	queue := o.queue
@@ -189,16 +240,21 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 		APIKey: o.apiKey, MaxBatchRows: o.maxBatch, MaxSeqs: o.maxSeqs, QueueSize: queue,
 		Registry: reg, Logger: log})
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	s.Start()
 	defer s.Close()
 
 	ln, err := net.Listen("tcp", o.httpAddr)
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	handler := s.Handler()
+	enough := make(chan struct{})
+	if o.requests > 0 {
+		handler = countCompletions(handler, o.requests, func() { close(enough) })
+	}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	p := m.Params()
@@ -210,8 +266,9 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	}
 	select {
 	case <-ctx.Done():
+	case <-enough:
 	case err := <-served:
-		return fail(err)
+		return err
 	}
 	// Let in-flight requests finish for a while, then end the rest.
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -224,7 +281,27 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 		log.Warn("shutdown", "err", err)
 	}
 	_ = hs.Close()
-	return 0
+	return nil
+}
+
+// countCompletions wraps h: once n requests to POST /v1/completions or
+// /v1/chat/completions have been answered (the handler returned, whatever
+// the status), it calls done, once.
+func countCompletions(h http.Handler, n int, done func()) http.Handler {
+	var mu sync.Mutex
+	count := 0
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		if r.Method != http.MethodPost || (r.URL.Path != "/v1/completions" && r.URL.Path != "/v1/chat/completions") {
+			return
+		}
+		mu.Lock()
+		count++
+		if count == n {
+			done()
+		}
+		mu.Unlock()
+	})
 }
 
 // serveOpenModel opens path, or the embedded tiny model when path is "".

@@ -265,11 +265,15 @@ func TestServeSwarmAllRemote(t *testing.T) {
 	}
 	t.Cleanup(func() { g.Close() })
 
-	wm, _ := tinyLocal(t)
-	local := wm.LocalExperts()
+	lm, err := loadGenModel("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	local := lm.m.LocalExperts()
 	_, key, _ := ed25519.GenerateKey(nil)
 	w, err := worker.New(worker.Config{GatewayURL: "wss://" + g.Addr(), Key: key, RootCAs: pool, Computer: local,
-		Holdings: worker.HoldingsOf(local, nil), ModelID: "kvasir-tiny-qwen3moe", Backend: "cpu", Threads: 1,
+		Holdings: worker.HoldingsOf(local, nil), ModelID: lm.id, Backend: "cpu", Threads: 1,
 		Logger: quiet, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/demo"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/serve"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/slice"
@@ -45,7 +46,11 @@ type demoOptions struct {
 	dir           string
 	verbose, json bool
 	timeout       time.Duration
-	minDeadline   time.Duration
+	// swarm holds --min-deadline, --provision and --provision-rate.
+	swarm *swarmFlags
+	// With --serve: the API's options (--http, --serve-requests, --api-key).
+	serve bool
+	api   serveOptions
 }
 
 // demoResult is the --json output of backbone demo.
@@ -98,6 +103,8 @@ type demoWorker struct {
 // demoMain implements
 //
 //	backbone demo [--prompt P] [--max-tokens 32] [--workers 2] [--json] [--dir DIR] [--verbose]
+//	              [--min-deadline D] [--provision [--provision-rate BYTES]]
+//	              [--serve [--http 127.0.0.1:8080] [--api-key KEY] [--serve-requests N]]
 //
 // On loopback it writes the embedded tiny model to a temporary directory,
 // cuts one slice per worker (layer l goes to worker l mod --workers),
@@ -107,9 +114,12 @@ type demoWorker struct {
 // swarm; stops the workers, waits for the hub's final ledger rows and the
 // gateway's crediting, and prints the text, whether the tokens (and
 // logits) equal the local decode, tok/s of both, bytes and credited KVR per
-// worker. Every child is stopped before it returns, also on ctx's end
-// (Ctrl-C). Exit code: 0, 1 on failure or if the tokens differ, 2 on bad
-// usage.
+// worker. With --provision the workers start with an empty slice folder
+// and a quota instead, and download the experts the dispatcher assigns
+// them before the decode. With --serve there is no decode: the swarm
+// serves the OpenAI-compatible API (serveDemo). Every child is stopped
+// before it returns, also on ctx's end (Ctrl-C). Exit code: 0, 1 on
+// failure or if the tokens differ, 2 on bad usage.
 func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -124,14 +134,31 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&o.verbose, "verbose", false, "copy the children's logs to stderr")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object")
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "give up after this long")
-	fs.DurationVar(&o.minDeadline, "min-deadline", 0, "lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
+	o.swarm = addSwarmFlags(fs)
+	fs.BoolVar(&o.serve, "serve", false, "instead of one decode: serve the OpenAI-compatible API over the swarm until Ctrl-C")
+	o.api = serveOptions{chatTemplate: "auto", maxBatch: serve.DefaultMaxBatchRows, maxSeqs: serve.DefaultMaxSeqs,
+		queue: serve.DefaultQueueSize, lanes: 1}
+	fs.StringVar(&o.api.httpAddr, "http", "127.0.0.1:8080", "with --serve: HTTP listen address of the API (port 0: any free port)")
+	fs.StringVar(&o.api.apiKey, "api-key", os.Getenv("KVASIR_API_KEY"), "with --serve: require 'Authorization: Bearer KEY' on /v1/ (default $KVASIR_API_KEY; empty: open)")
+	fs.IntVar(&o.api.requests, "serve-requests", 0, "with --serve: stop after this many completion requests (0: serve until interrupted)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() != 0 || o.maxTokens < 1 || o.workers < 1 || o.rate == 0 {
-		fmt.Fprintln(stderr, "demo: unexpected arguments, or --max-tokens, --workers or --rate-nkvr-per-byte below 1")
+	if fs.NArg() != 0 || o.maxTokens < 1 || o.workers < 1 || o.rate == 0 || o.api.requests < 0 {
+		fmt.Fprintln(stderr, "demo: unexpected arguments, --max-tokens, --workers or --rate-nkvr-per-byte below 1, or a negative --serve-requests")
 		fs.Usage()
 		return 2
+	}
+	if err := o.swarm.check(); err != nil {
+		fmt.Fprintln(stderr, "demo:", err)
+		return 2
+	}
+	if o.serve {
+		if err := serveDemo(ctx, o, stdout, stderr); err != nil {
+			fmt.Fprintln(stderr, "demo:", err)
+			return 1
+		}
+		return 0
 	}
 	res, err := runDemo(ctx, o, stderr)
 	if err != nil {
@@ -168,10 +195,8 @@ type demoSwarm struct {
 
 // Experts returns the running swarm's expert.Computer: the dispatcher,
 // which sends each MoE layer's rows to the worker processes and computes
-// locally what none delivers. It is the hook for `backbone demo --serve`
-// (to come): start the swarm with startDemoSwarm, install Experts() in the
-// served model(s) with Model.SetExperts (as serveExpertsFor does with its
-// own dispatcher), serve until interrupted, then Close.
+// locally what none delivers. `backbone demo --serve` (serveDemo) serves
+// the API with it.
 func (s *demoSwarm) Experts() expert.Computer { return s.d }
 
 // startDemoSwarm prepares dir (model file, one slice and one key per
@@ -201,13 +226,15 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		return nil, fmt.Errorf("--workers %d: the model has only %d layers", o.workers, p.Layers)
 	}
 	for i := 0; i < o.workers; i++ {
-		var ls []int
-		for l := i; l < p.Layers; l += o.workers {
-			ls = append(ls, l)
-		}
 		name := fmt.Sprintf("worker-%d", i)
-		if _, err := slice.Cut(s.lm.f, ls, nil, filepath.Join(dir, "slice-"+strconv.Itoa(i))); err != nil {
-			return nil, fmt.Errorf("cutting %s's slice: %w", name, err)
+		var ls []int
+		if !o.swarm.provision {
+			for l := i; l < p.Layers; l += o.workers {
+				ls = append(ls, l)
+			}
+			if _, err := slice.Cut(s.lm.f, ls, nil, filepath.Join(dir, "slice-"+strconv.Itoa(i))); err != nil {
+				return nil, fmt.Errorf("cutting %s's slice: %w", name, err)
+			}
 		}
 		key, err := worker.LoadOrCreateKeyFile(filepath.Join(dir, name+".key"))
 		if err != nil {
@@ -218,7 +245,11 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		s.keys = append(s.keys, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
 	}
 	quiet := slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	if s.d, err = startDispatcher(s.lm, "127.0.0.1:0", quiet, minDeadlineTune(o.minDeadline)); err != nil {
+	tune, err := o.swarm.tune(s.lm)
+	if err != nil {
+		return nil, err
+	}
+	if s.d, err = startDispatcher(s.lm, "127.0.0.1:0", quiet, tune); err != nil {
 		return nil, err
 	}
 	// The children are this very binary (under `go run` a temporary one),
@@ -233,7 +264,14 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		return nil, err
 	}
 	for i, name := range s.names {
-		w, err := s.sw.AddWorker(name, filepath.Join(dir, "slice-"+strconv.Itoa(i)), "--threads", strconv.Itoa(o.workerThreads))
+		extra := []string{"--threads", strconv.Itoa(o.workerThreads)}
+		if o.swarm.provision {
+			// An empty slice folder and a quota of the whole model file:
+			// the dispatcher assigns the experts and the worker downloads
+			// them (docs/protocol.md, provisioning).
+			extra = append(extra, "--quota", strconv.Itoa(len(data)))
+		}
+		w, err := s.sw.AddWorker(name, filepath.Join(dir, "slice-"+strconv.Itoa(i)), extra...)
 		if err != nil {
 			return nil, err
 		}
@@ -246,6 +284,12 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		}
 		return nil, fmt.Errorf("waiting for %d workers: %w%s", o.workers, err, tails)
 	}
+	if o.swarm.provision {
+		if err := waitProvisioned(ctx, s.d, p.Layers*p.Experts); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
 	for _, w := range s.d.Stats().Workers {
 		for i, k := range s.keys {
 			if want := p.Experts * len(s.layers[i]); k == w.ID && w.Holdings != want {
@@ -254,6 +298,30 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		}
 	}
 	return s, nil
+}
+
+// waitProvisioned waits until the connected workers of d hold (accepted
+// holdings, summed over workers) at least n experts, polling every 50 ms
+// until ctx ends. Before any routing the dispatcher assigns each expert to
+// one worker (dispatch/provision.go: replicas are only made of routed
+// experts), so n = layers x experts means every expert is held.
+func waitProvisioned(ctx context.Context, d *dispatch.Dispatcher, n int) error {
+	for {
+		held := 0
+		for _, w := range d.Stats().Workers {
+			if w.Connected {
+				held += w.Holdings
+			}
+		}
+		if held >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the workers to download %d experts (%d held): %w", n, held, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Close stops the children and the dispatcher; safe on a partly started
@@ -270,35 +338,55 @@ func (s *demoSwarm) Close() {
 	}
 }
 
-// runDemo runs the whole demo and returns its result.
-func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResult, err error) {
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
-	dir := o.dir
+// demoDir prepares the demo's directory: --dir (new or empty) or a new
+// temporary one, and the children's log (stderr with --verbose, else
+// DIR/swarm.log). cleanup closes the log and removes a temporary
+// directory.
+func demoDir(o demoOptions, stderr io.Writer) (dir string, log io.Writer, cleanup func(), err error) {
+	var undo []func()
+	cleanup = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	dir = o.dir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "kvasir-demo-"); err != nil {
-			return nil, err
+			return "", nil, nil, err
 		}
-		defer os.RemoveAll(dir)
+		undo = append(undo, func() { os.RemoveAll(dir) })
 	} else {
 		// A used directory would add its old ledger rows and credits to
 		// this run's report.
 		if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
-			return nil, fmt.Errorf("--dir %s is not empty", dir)
+			return "", nil, nil, fmt.Errorf("--dir %s is not empty", dir)
 		}
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, err
+			return "", nil, nil, err
 		}
 	}
-	var log io.Writer = stderr
+	log = stderr
 	if !o.verbose {
 		lf, err := os.Create(filepath.Join(dir, "swarm.log"))
 		if err != nil {
-			return nil, err
+			cleanup()
+			return "", nil, nil, err
 		}
-		defer lf.Close()
+		undo = append(undo, func() { lf.Close() })
 		log = lf
 	}
+	return dir, log, cleanup, nil
+}
+
+// runDemo runs the whole demo and returns its result.
+func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResult, err error) {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	dir, log, cleanup, err := demoDir(o, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
 	s, err := startDemoSwarm(ctx, o, dir, log)
 	if err != nil {
 		return nil, err
@@ -366,6 +454,61 @@ func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResul
 	return res, nil
 }
 
+// serveDemo is `backbone demo --serve`: it starts the demo swarm (within
+// --timeout), then serves the OpenAI-compatible API (serveAPI) on --http
+// with every MoE layer computed over the swarm, printing the API's URL and
+// a curl command to stdout, until ctx ends (Ctrl-C) or --serve-requests
+// completion requests were answered. It then prints the expert counts,
+// stops the children and returns.
+func serveDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error {
+	dir, log, cleanup, err := demoDir(o, stderr)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	sctx, cancel := context.WithTimeout(ctx, o.timeout)
+	s, err := startDemoSwarm(sctx, o, dir, log)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	o.api.threads = o.threads
+	ex := &serveExperts{Computer: s.Experts(), Stats: s.d.Stats,
+		Describe: fmt.Sprintf("experts: demo swarm of %d worker processes through TLS gateway and hub", len(s.workers))}
+	apiLog := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	name := serveAPIName(s.lm, o.api)
+	ready := func(addr string) {
+		fmt.Fprintf(stdout, "kvasir demo: loopback swarm (hub, TLS gateway, %d worker processes), model %s\n", len(s.workers), name)
+		fmt.Fprintf(stdout, "API: http://%s/v1 (OpenAI-compatible; metrics at http://%s/metrics)\n", addr, addr)
+		fmt.Fprintf(stdout, "try: %s\n", demoCurl(addr, name, o.api.apiKey != ""))
+		if o.api.requests > 0 {
+			fmt.Fprintf(stdout, "serving %d completion requests, then stopping\n", o.api.requests)
+		} else {
+			fmt.Fprintln(stdout, "serving until Ctrl-C")
+		}
+	}
+	if err := serveAPI(ctx, s.lm, ex, o.api, apiLog, stderr, ready); err != nil {
+		return err
+	}
+	st := s.d.Stats()
+	fmt.Fprintf(stdout, "experts: %d computed by workers, %d locally; stopping the swarm\n", st.ExpertsRemote, st.ExpertsLocal)
+	return nil
+}
+
+// demoCurl is a ready-to-paste curl command streaming a chat completion
+// from the API at addr; with a key it sends $KVASIR_API_KEY.
+func demoCurl(addr, model string, key bool) string {
+	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": 32,
+		"messages": []map[string]string{{"role": "user", "content": "Tell me about the swarm."}}})
+	auth := ""
+	if key {
+		auth = ` -H "Authorization: Bearer $KVASIR_API_KEY"`
+	}
+	return fmt.Sprintf("curl -N http://%s/v1/chat/completions -H 'Content-Type: application/json'%s -d '%s'", addr, auth,
+		strings.ReplaceAll(string(body), "'", `'\''`))
+}
+
 func equalTokens(a, b []int32) bool {
 	if len(a) != len(b) {
 		return false
@@ -403,8 +546,12 @@ func printDemo(w io.Writer, r *demoResult) {
 		for i, l := range x.Layers {
 			ls[i] = strconv.Itoa(l)
 		}
-		fmt.Fprintf(w, "%s (pid %d, layers %s, %s): rows %d, bytes in %d out %d", x.Name, x.Pid,
-			strings.Join(ls, ","), x.Address, x.Rows, x.BytesIn, x.BytesOut)
+		held := "layers " + strings.Join(ls, ",")
+		if len(ls) == 0 {
+			held = "provisioned"
+		}
+		fmt.Fprintf(w, "%s (pid %d, %s, %s): rows %d, bytes in %d out %d", x.Name, x.Pid,
+			held, x.Address, x.Rows, x.BytesIn, x.BytesOut)
 		for _, s := range x.Sessions {
 			fmt.Fprintf(w, ", rtt p50 %.2f ms p99 %.2f ms", s.RTTp50ms, s.RTTp99ms)
 		}

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/demo"
+	"github.com/kvasir-ai/kvasir/engine/tokenizer"
+)
+
+// sseChat streams a greedy chat completion of one user message from the
+// API at addr with a plain Go SSE client (bufio over the response body,
+// "data: " lines, "[DONE]" last) and returns the concatenated delta
+// contents and the last finish_reason.
+func sseChat(t *testing.T, addr, model, content string, n int) (text, finish string) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": n, "temperature": 0,
+		"messages": []map[string]string{{"role": "user", "content": content}}})
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("chat: %d %s: %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	var sb strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			return sb.String(), finish
+		}
+		var c struct {
+			Object  string `json:"object"`
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+				Finish *string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil || c.Object != "chat.completion.chunk" {
+			t.Fatalf("chunk %q: %v", data, err)
+		}
+		for _, ch := range c.Choices {
+			sb.WriteString(ch.Delta.Content)
+			if ch.Finish != nil {
+				finish = *ch.Finish
+			}
+		}
+	}
+	t.Fatalf("stream ended without [DONE] (%v)", sc.Err())
+	return "", ""
+}
+
+// TestDemoServe runs `backbone demo --serve --serve-requests 2` as a
+// process: hub, TLS gateway and two worker processes with the API on top.
+// A Go SSE client streams a greedy chat completion whose text equals a
+// local decode of the ChatML-rendered prompt (tokenized here with
+// special-token parsing, independently of the server's template code);
+// /metrics then counts exactly rows x layers x k expert outputs computed
+// by workers and none locally. The printed curl command (run as printed
+// where curl exists) is the second request, after which the demo stops
+// by itself with status 0 and leaves no child process behind.
+func TestDemoServe(t *testing.T) {
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	mark := "KVASIR_TEST_MARK=" + hex.EncodeToString(rnd[:])
+	log := newTestLog(t)
+	p, err := demo.Start("demo", log, []string{asBackbone, mark}, backboneBin(t), "demo", "--serve",
+		"--http", "127.0.0.1:0", "--serve-requests", "2", "--threads", "1",
+		"--min-deadline", "3s") // a loaded machine must not turn a slow answer into a local computation
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	m, err := p.Await(ctx, regexp.MustCompile(`^API: http://(\S+)/v1 `))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := m[1]
+	try, err := p.Await(ctx, regexp.MustCompile(`^try: (curl .*)$`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runtime.GOOS == "linux" {
+		if n := len(marked(t, mark)); n != 5 {
+			t.Errorf("%d marked processes while serving, want demo + hub + gateway + 2 workers", n)
+		}
+	}
+
+	lm, err := loadGenModel("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	const content, n = "Who computes the experts?", 16
+	local, err := decode(context.Background(), lm, decodeOptions{maxTokens: n, special: true,
+		prompt: "<|im_start|>user\n" + content + "<|im_end|>\n<|im_start|>assistant\n"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	for _, tk := range local.Tokens {
+		if !lm.tok.IsEOG(tk) {
+			want = append(want, lm.tok.Piece(tk)...)
+		}
+	}
+	got, finish := sseChat(t, addr, "kvasir-tiny-qwen3moe", content, n)
+	if got != tokenizer.ToValidUTF8(want) {
+		t.Errorf("streamed %q, local decode %q (tokens %v)", got, tokenizer.ToValidUTF8(want), local.Tokens)
+	}
+	if wantFinish := map[bool]string{true: "stop", false: "length"}[lm.tok.IsEOG(local.Tokens[len(local.Tokens)-1])]; finish != wantFinish {
+		t.Errorf("finish_reason %q, want %q", finish, wantFinish)
+	}
+	t.Logf("streamed %d tokens (finish %s): %q", len(local.Tokens), finish, got)
+	pp := lm.m.Params()
+	rows := len(local.PromptTokens) + len(local.Tokens) - 1
+	met := getMetrics(t, addr)
+	remote := metricValue(met, `kvasir_swarm_expert_outputs_total{where="remote"}`)
+	localN := metricValue(met, `kvasir_swarm_expert_outputs_total{where="local"}`)
+	if w := float64(rows * pp.Layers * pp.ExpertsUsed); remote != w || localN != 0 {
+		t.Errorf("expert outputs remote %v local %v, want %v and 0\n%s", remote, localN, w, grepLines(met, "kvasir_swarm_"))
+	}
+
+	// The second completion request: the printed command, or the same
+	// request from Go where there is no curl.
+	if _, err := exec.LookPath("curl"); err == nil {
+		out, err := exec.CommandContext(ctx, "sh", "-c", try[1]+" --silent --show-error").Output()
+		if err != nil || !bytes.Contains(out, []byte("data: [DONE]")) || !bytes.Contains(out, []byte(`"chat.completion.chunk"`)) {
+			t.Errorf("%s: %v\n%s", try[1], err, out)
+		}
+	} else {
+		sseChat(t, addr, "kvasir-tiny-qwen3moe", "Tell me about the swarm.", 32)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("demo --serve did not stop after --serve-requests 2")
+	}
+	if err := p.Err(); err != nil {
+		t.Errorf("demo --serve: %v", err)
+	}
+	if _, err := p.Await(ctx, regexp.MustCompile(`^experts: [1-9][0-9]* computed by workers, 0 locally`)); err != nil {
+		t.Error(err)
+	}
+	if runtime.GOOS == "linux" {
+		deadline := time.Now().Add(10 * time.Second)
+		for left := marked(t, mark); len(left) > 0; left = marked(t, mark) {
+			if time.Now().After(deadline) {
+				for _, pid := range left {
+					if q, err := os.FindProcess(pid); err == nil {
+						_ = q.Kill()
+					}
+				}
+				t.Fatalf("processes %v outlived demo --serve", left)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// TestDemoServeInterrupt: `backbone demo --serve` without
+// --serve-requests serves until SIGINT (Ctrl-C), then exits with status 0
+// and stops every child (none is left, found by an inherited environment
+// marker).
+func TestDemoServeInterrupt(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("finds children through /proc")
+	}
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	mark := "KVASIR_TEST_MARK=" + hex.EncodeToString(rnd[:])
+	p, err := demo.Start("demo", newTestLog(t), []string{asBackbone, mark}, backboneBin(t), "demo", "--serve",
+		"--http", "127.0.0.1:0", "--threads", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := p.Await(ctx, regexp.MustCompile(`^serving until Ctrl-C`)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(marked(t, mark)); n != 5 {
+		t.Errorf("%d marked processes while serving, want demo + hub + gateway + 2 workers", n)
+	}
+	if err := p.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("demo --serve did not stop on SIGINT")
+	}
+	if err := p.Err(); err != nil {
+		t.Errorf("demo --serve after SIGINT: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for left := marked(t, mark); len(left) > 0; left = marked(t, mark) {
+		if time.Now().After(deadline) {
+			for _, pid := range left {
+				if q, err := os.FindProcess(pid); err == nil {
+					_ = q.Kill()
+				}
+			}
+			t.Fatalf("processes %v outlived demo --serve", left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -263,13 +263,19 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 	if err != nil {
 		return nil, err
 	}
+	var quota int64
+	if o.swarm.provision {
+		if quota, err = demoQuota(s.lm, o.workers); err != nil {
+			return nil, err
+		}
+	}
 	for i, name := range s.names {
 		extra := []string{"--threads", strconv.Itoa(o.workerThreads)}
 		if o.swarm.provision {
-			// An empty slice folder and a quota of the whole model file:
-			// the dispatcher assigns the experts and the worker downloads
-			// them (docs/protocol.md, provisioning).
-			extra = append(extra, "--quota", strconv.Itoa(len(data)))
+			// An empty slice folder and a quota of about its share of
+			// the experts: the dispatcher assigns them and the worker
+			// downloads them (docs/protocol.md, provisioning).
+			extra = append(extra, "--quota", strconv.FormatInt(quota, 10))
 		}
 		w, err := s.sw.AddWorker(name, filepath.Join(dir, "slice-"+strconv.Itoa(i)), extra...)
 		if err != nil {
@@ -300,20 +306,45 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 	return s, nil
 }
 
+// demoQuota is the --quota, bytes, of each of n provisioned demo workers:
+// an n-th of the model's expert bytes (slice.Catalog sizes) plus the
+// largest expert and 64 KiB of slack, so that the experts are shared out
+// between the workers (the dispatcher gives each expert to the worker with
+// the most free quota) and all of them fit.
+func demoQuota(lm *loadedModel, n int) (int64, error) {
+	cat, err := slice.NewCatalog(lm.f)
+	if err != nil {
+		return 0, err
+	}
+	h := cat.Header()
+	var total, largest int64
+	for l := 0; l < h.NLayer; l++ {
+		for e := 0; e < h.NExpert; e++ {
+			total += cat.Size(l, e)
+			largest = max(largest, cat.Size(l, e))
+		}
+	}
+	return (total+int64(n)-1)/int64(n) + largest + 64<<10, nil
+}
+
 // waitProvisioned waits until the connected workers of d hold (accepted
-// holdings, summed over workers) at least n experts, polling every 50 ms
-// until ctx ends. Before any routing the dispatcher assigns each expert to
-// one worker (dispatch/provision.go: replicas are only made of routed
-// experts), so n = layers x experts means every expert is held.
+// holdings, summed over workers) at least n experts and each holds some,
+// polling every 50 ms until ctx ends. Before any routing the dispatcher
+// assigns each expert to one worker (dispatch/provision.go: replicas are
+// only made of routed experts), so n = layers x experts means every expert
+// is held.
 func waitProvisioned(ctx context.Context, d *dispatch.Dispatcher, n int) error {
 	for {
-		held := 0
+		held, idle := 0, 0
 		for _, w := range d.Stats().Workers {
 			if w.Connected {
 				held += w.Holdings
+				if w.Holdings == 0 {
+					idle++
+				}
 			}
 		}
-		if held >= n {
+		if held >= n && idle == 0 {
 			return nil
 		}
 		select {

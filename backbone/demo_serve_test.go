@@ -8,16 +8,20 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/demo"
+	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
 
@@ -230,5 +234,83 @@ func TestDemoServeInterrupt(t *testing.T) {
 			t.Fatalf("processes %v outlived demo --serve", left)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestDemoProvision runs `backbone demo --provision --json`: the workers
+// start with empty slice folders and a quota, download their experts from
+// the backbone, and the decode over them equals the local one bit for bit
+// with every expert output computed remotely. Each worker holds some
+// experts, together all of them, and the backbone sent at least the bytes
+// of every expert file (as `backbone slice` writes them) to the workers.
+func TestDemoProvision(t *testing.T) {
+	const prompt, n = "Experts travel to the workers", 16
+	out := runBackbone(t, 120*time.Second, "demo", "--json", "--provision", "--max-tokens", strconv.Itoa(n),
+		"--prompt", prompt, "--min-deadline", "3s")
+	var r demoResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	lm, err := loadGenModel("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	local, err := decode(context.Background(), lm, decodeOptions{prompt: prompt, maxTokens: n}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.TokensEqual || !r.LogitsEqual || !equal(r.Tokens, local.Tokens) {
+		t.Errorf("tokens %v (equal %v, logits %v), local %v", r.Tokens, r.TokensEqual, r.LogitsEqual, local.Tokens)
+	}
+	p := lm.m.Params()
+	rows := uint64(len(local.PromptTokens) + len(local.Tokens) - 1)
+	if r.ExpertsLocal != 0 || r.ExpertsRemote != rows*uint64(p.Layers*p.ExpertsUsed) {
+		t.Errorf("experts remote %d local %d, want %d and 0", r.ExpertsRemote, r.ExpertsLocal, rows*uint64(p.Layers*p.ExpertsUsed))
+	}
+
+	// The expert files' bytes, from a slice of every layer.
+	data, err := modelgen.Tiny()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	modelPath := filepath.Join(dir, "tiny.gguf")
+	if err := os.WriteFile(modelPath, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runBackbone(t, 60*time.Second, "slice", "--model", modelPath, "--layers", "0,1,2,3", "--out", filepath.Join(dir, "all"))
+	var expertBytes uint64
+	err = filepath.WalkDir(filepath.Join(dir, "all"), func(path string, d fs.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(path, ".bin") {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			expertBytes += uint64(info.Size())
+		}
+		return err
+	})
+	if err != nil || expertBytes == 0 {
+		t.Fatalf("slice files: %d bytes, %v", expertBytes, err)
+	}
+
+	if len(r.Workers) != 2 {
+		t.Fatalf("workers %+v", r.Workers)
+	}
+	held, sent := 0, uint64(0)
+	for _, w := range r.Workers {
+		h := 0
+		for _, s := range w.Sessions {
+			h += s.Holdings
+		}
+		if h == 0 || w.Rows == 0 || len(w.Layers) != 0 {
+			t.Errorf("%s: holdings %d, rows %d, layers %v: want a share of the experts, no fixed layers", w.Name, h, w.Rows, w.Layers)
+		}
+		held += h
+		sent += w.BytesOut
+	}
+	if held != p.Layers*p.Experts || sent < expertBytes {
+		t.Errorf("workers hold %d experts (want %d), were sent %d bytes (expert files: %d)", held, p.Layers*p.Experts, sent, expertBytes)
 	}
 }

@@ -30,14 +30,38 @@ func metricValue(metrics, name string) float64 {
 	return -1
 }
 
+// metricSum sums every series of metric name (any labels) in a /metrics
+// text.
+func metricSum(metrics, name string) float64 {
+	sum := 0.0
+	for _, l := range strings.Split(metrics, "\n") {
+		if rest, ok := strings.CutPrefix(l, name+"{"); ok {
+			if i := strings.LastIndexByte(rest, ' '); i >= 0 {
+				if f, err := strconv.ParseFloat(rest[i+1:], 64); err == nil {
+					sum += f
+				}
+			}
+		}
+	}
+	return sum
+}
+
 // TestServeSwarmWorkerProcess: `backbone serve --dispatch-listen` with no
-// --model-id, hub and TLS gateway, and a `backbone worker --slice DIR`
-// (a slice cut by `backbone slice`), all separate processes. The worker is
-// accepted (it announces the slice model id, which serve must use), a
+// --model-id, hub and TLS gateway, and one `backbone worker` process, all
+// separate processes. The worker serves a slice cut by `backbone slice`
+// ("slice"), or starts with an empty --slice folder and a --quota and
+// downloads every expert from serve --provision ("provision"). The worker
+// is accepted (it announces the slice model id, which serve must use, and
+// holds all layers x experts with hashes equal to the backbone's), a
 // streamed greedy completion over HTTP equals a local decode, and every
 // expert output of it was computed by the worker: exactly rows x layers x
 // k, none locally. SIGINT then stops serve with exit status 0.
 func TestServeSwarmWorkerProcess(t *testing.T) {
+	t.Run("slice", func(t *testing.T) { testServeSwarmWorkerProcess(t, false) })
+	t.Run("provision", func(t *testing.T) { testServeSwarmWorkerProcess(t, true) })
+}
+
+func testServeSwarmWorkerProcess(t *testing.T, provision bool) {
 	log := newTestLog(t)
 	dir := t.TempDir()
 	data, err := modelgen.Tiny()
@@ -49,11 +73,18 @@ func TestServeSwarmWorkerProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	sliceDir := filepath.Join(dir, "slice")
-	runBackbone(t, 60*time.Second, "slice", "--model", modelPath, "--layers", "0,1,2,3", "--out", sliceDir)
+	args := []string{"serve", "--model", modelPath, "--http", "127.0.0.1:0", "--dispatch-listen", "127.0.0.1:0",
+		"--wait-workers", "1", "--wait-timeout", "60s", "--threads", "1",
+		"--min-deadline", "3s"} // on a loaded machine, slow answers stay remote
+	workerArgs := []string{"--threads", "1"}
+	if provision {
+		args = append(args, "--provision", "--provision-rate", "64MiB")
+		workerArgs = append(workerArgs, "--quota", strconv.Itoa(len(data))) // more than all the experts
+	} else {
+		runBackbone(t, 60*time.Second, "slice", "--model", modelPath, "--layers", "0,1,2,3", "--out", sliceDir)
+	}
 
-	srv, err := demo.Start("serve", log, []string{asBackbone}, backboneBin(t), "serve", "--model", modelPath,
-		"--http", "127.0.0.1:0", "--dispatch-listen", "127.0.0.1:0", "--wait-workers", "1", "--wait-timeout", "60s",
-		"--min-deadline", "3s", "--threads", "1") // on a loaded machine, slow answers stay remote
+	srv, err := demo.Start("serve", log, []string{asBackbone}, backboneBin(t), args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +96,7 @@ func TestServeSwarmWorkerProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	sw := startTestSwarm(t, m[1], log)
-	if _, err := sw.AddWorker("worker-0", sliceDir, "--threads", "1"); err != nil {
+	if _, err := sw.AddWorker("worker-0", sliceDir, workerArgs...); err != nil {
 		t.Fatal(err)
 	}
 	h, err := srv.Await(ctx, regexp.MustCompile(`msg=serving http=(\S+)`))
@@ -73,6 +104,21 @@ func TestServeSwarmWorkerProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := h[1]
+	lm, err := loadGenModel(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	p := lm.m.Params()
+	// Every expert held (a provisioned worker downloads them first).
+	for held := 0.0; held != float64(p.Layers*p.Experts); {
+		met := getMetrics(t, addr)
+		held = metricSum(met, "kvasir_swarm_worker_holdings")
+		if ctx.Err() != nil {
+			t.Fatalf("worker holds %v experts, want %d\n%s", held, p.Layers*p.Experts, grepLines(met, "kvasir_swarm_"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 
 	const prompt, n = "Workers announce the slice id", 12
 	got, code := streamCompletion(t, addr, prompt, n)
@@ -82,16 +128,10 @@ func TestServeSwarmWorkerProcess(t *testing.T) {
 	if want := localGreedyText(t, prompt, n); got != want {
 		t.Errorf("swarm %q, local decode %q", got, want)
 	}
-	lm, err := loadGenModel(modelPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
 	local, err := decode(context.Background(), lm, decodeOptions{prompt: prompt, maxTokens: n}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := lm.m.Params()
 	rows := len(local.PromptTokens) + len(local.Tokens) - 1 // rows through each layer
 	met := getMetrics(t, addr)
 	remote := metricValue(met, `kvasir_swarm_expert_outputs_total{where="remote"}`)

@@ -73,6 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 //	kvasir_swarm_worker_bytes_total{worker,session,dir}       message bytes, dir = in | out
 //	kvasir_swarm_worker_rtt_seconds{worker,session,quantile}  recent round trip, quantile 0.5 | 0.99
 //	kvasir_swarm_worker_connected{worker,session}             1 while the session is up
+//	kvasir_swarm_worker_holdings{worker,session}              (layer, expert) pairs accepted (grows as a provisioned worker downloads)
 //
 // worker is the first 16 hex digits of the worker's public key. Sessions
 // that ended stay (the dispatcher keeps up to 256) so their counters do not
@@ -81,7 +82,7 @@ type SwarmCollector struct {
 	stats                                          func() dispatch.Stats
 	calls, outputs, fallbacks                      *prometheus.Desc
 	wRequests, wRoundTrips, wMisses, wLate, wBytes *prometheus.Desc
-	wRTT, wConnected                               *prometheus.Desc
+	wRTT, wConnected, wHoldings                    *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*SwarmCollector)(nil)
@@ -105,13 +106,14 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 		wBytes:      d("worker_bytes_total", "Message bytes exchanged with the worker (in: from it, out: to it).", append(wl, "dir")...),
 		wRTT:        d("worker_rtt_seconds", "Recent round trip to the worker, seconds.", append(wl, "quantile")...),
 		wConnected:  d("worker_connected", "1 while the worker session is connected, 0 after it ended.", wl...),
+		wHoldings:   d("worker_holdings", "(layer, expert) pairs of the worker accepted by the dispatcher (hash checked).", wl...),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
-		c.wLate, c.wBytes, c.wRTT, c.wConnected} {
+		c.wLate, c.wBytes, c.wRTT, c.wConnected, c.wHoldings} {
 		ch <- d
 	}
 }
@@ -155,5 +157,6 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 			conn = 1
 		}
 		emit(c.wConnected, prometheus.GaugeValue, conn, id, w.Session)
+		emit(c.wHoldings, prometheus.GaugeValue, float64(w.Holdings), id, w.Session)
 	}
 }

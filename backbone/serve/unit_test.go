@@ -209,8 +209,8 @@ func TestChatMLNeedsMarkers(t *testing.T) {
 func TestSwarmCollector(t *testing.T) {
 	st := dispatch.Stats{Calls: 7, ExpertsRemote: 100, ExpertsLocal: 12, Fallbacks: 2, Workers: []dispatch.WorkerStats{
 		{ID: "0123456789abcdef0123", Session: "s1", Connected: true, Requests: 5, Results: 4, Timeouts: 1, Late: 1,
-			BytesIn: 1000, BytesOut: 2000, RTTp50ms: 13, RTTp99ms: 20},
-		{ID: "fedcba9876543210", Session: "s0", Connected: false, Requests: 3, Results: 3},
+			BytesIn: 1000, BytesOut: 2000, RTTp50ms: 13, RTTp99ms: 20, Holdings: 24},
+		{ID: "fedcba9876543210", Session: "s0", Connected: false, Requests: 3, Results: 3, Holdings: 8},
 		{ID: "fedcba9876543210", Session: "s0"},       // duplicate label set: skipped
 		{ID: "ffff", Session: "bad\xff", Requests: 9}, // invalid UTF-8 label: skipped
 	}}
@@ -234,6 +234,8 @@ func TestSwarmCollector(t *testing.T) {
 		{"kvasir_swarm_worker_bytes_total", []string{"session", "s1", "dir", "out"}, 2000},
 		{"kvasir_swarm_worker_rtt_seconds", []string{"session", "s1", "quantile", "0.5"}, 0.013},
 		{"kvasir_swarm_worker_connected", nil, 1},
+		{"kvasir_swarm_worker_holdings", []string{"session", "s1"}, 24},
+		{"kvasir_swarm_worker_holdings", nil, 32},
 	} {
 		if got := gatherValue(t, reg, c.name, c.labels...); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)

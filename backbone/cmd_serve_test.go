@@ -211,7 +211,8 @@ func TestServeCommandLocal(t *testing.T) {
 }
 
 func TestServeCommandFlags(t *testing.T) {
-	for _, args := range [][]string{{"extra"}, {"--max-batch", "0"}, {"--wait-workers", "1"}, {"--queue", "-1"}, {"--lanes", "0"}} {
+	for _, args := range [][]string{{"extra"}, {"--max-batch", "0"}, {"--wait-workers", "1"}, {"--queue", "-1"}, {"--lanes", "0"},
+		{"--provision-rate", "fast"}, {"--provision-rate", "-1"}} {
 		var errb bytes.Buffer
 		if c := serveMain(context.Background(), args, &errb, nil); c != 2 {
 			t.Errorf("serve %v: exit %d, want 2 (%s)", args, c, errb.String())

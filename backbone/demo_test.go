@@ -210,7 +210,8 @@ func TestDemoNoOrphans(t *testing.T) {
 // anything starts.
 func TestDemoFlags(t *testing.T) {
 	var out, errb bytes.Buffer
-	for _, args := range [][]string{{"extra"}, {"--max-tokens", "0"}, {"--workers", "0"}, {"--rate-nkvr-per-byte", "0"}, {"--nope"}} {
+	for _, args := range [][]string{{"extra"}, {"--max-tokens", "0"}, {"--workers", "0"}, {"--rate-nkvr-per-byte", "0"}, {"--nope"},
+		{"--serve-requests", "-1"}, {"--provision-rate", "1XiB"}} {
 		if c := demoMain(context.Background(), args, &out, &errb); c != 2 {
 			t.Errorf("demo %v: exit %d, want 2", args, c)
 		}

@@ -326,6 +326,9 @@ func TestGenerateSwarmFlags(t *testing.T) {
 	if c := generateMain([]string{"--wait-workers", "1"}, &out, &errb); c != 2 {
 		t.Errorf("--wait-workers alone: exit %d, want 2", c)
 	}
+	if c := generateMain([]string{"--provision-rate", "many"}, &out, &errb); c != 2 || !strings.Contains(errb.String(), "--provision-rate") {
+		t.Errorf("bad --provision-rate: exit %d, want 2 (%q)", c, errb.String())
+	}
 	cases := []struct {
 		args []string
 		want string

@@ -215,8 +215,10 @@ func q6KRowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
 
 // vecDotRows sets out[r] = vecDot(weight, w[r*rb:(r+1)*rb], a, n) for
 // r < len(out) (genericVecDotRows), validated once for all rows: the
-// AVX2 kernels loop over the rows themselves. Lengths are the caller's
-// (checked) shapes; anything short falls back to the per-row path.
+// AVX2 kernels loop over the rows themselves (the Q6_K one takes the -32
+// offset from the Q8_K bsums: a converted activation is required). Lengths
+// are the caller's (checked) shapes; anything short falls back to the
+// per-row path.
 func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 	rows := len(out)
 	if !useSIMD || rows == 0 || rb <= 0 || len(w) < rows*rb {

@@ -1052,6 +1052,45 @@ q4krowloop:
 	VZEROUPPER
 	RET
 
+// Q6K_QUARTERB is Q6K_QUARTER without the -32 offset: the multi-row
+// kernels start each block's integer accumulator at -32*sum_g sc_g*bsums_g
+// (Q6K_OFFSET; the bsums of the block_q8_K, as ggml's AVX2
+// ggml_vec_dot_q6_K_q8_K does), which is the same exact integer.
+#define Q6K_QUARTERB(Q, aoff, soff) \
+	VPMADDUBSW   aoff(DI), Q, Q \
+	VPBROADCASTW soff(SP), Y10 \
+	VPBROADCASTW (soff+2)(SP), Y11 \
+	VINSERTI128  $1, X11, Y10, Y10 \
+	VPMADDWD     Y10, Q, Q \
+	VPADDD       Q, Y0, Y0
+
+// Q6K_HALFB is Q6K_HALF with Q6K_QUARTERB.
+#define Q6K_HALFB(qloff, hoff, aoff, soff) \
+	VMOVDQU hoff(SI), Y5 \
+	VMOVDQU qloff(SI), Y6 \
+	VMOVDQU (qloff+32)(SI), Y7 \
+	VPAND   Y14, Y6, Y1 \
+	VPSLLW  $4, Y5, Y2 \
+	VPAND   Y12, Y2, Y2 \
+	VPOR    Y2, Y1, Y1 \
+	VPAND   Y14, Y7, Y2 \
+	VPSLLW  $2, Y5, Y3 \
+	VPAND   Y12, Y3, Y3 \
+	VPOR    Y3, Y2, Y2 \
+	VPSRLW  $4, Y6, Y3 \
+	VPAND   Y14, Y3, Y3 \
+	VPAND   Y12, Y5, Y4 \
+	VPOR    Y4, Y3, Y3 \
+	VPSRLW  $4, Y7, Y4 \
+	VPAND   Y14, Y4, Y4 \
+	VPSRLW  $2, Y5, Y8 \
+	VPAND   Y12, Y8, Y8 \
+	VPOR    Y8, Y4, Y4 \
+	Q6K_QUARTERB(Y1, aoff, soff) \
+	Q6K_QUARTERB(Y2, (aoff+32), (soff+4)) \
+	Q6K_QUARTERB(Y3, (aoff+64), (soff+8)) \
+	Q6K_QUARTERB(Y4, (aoff+96), (soff+12))
+
 // func q6KRowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
 // out[r] = q6KDotAVX2(w + r*rb, a, nb) for r < rows (rows, nb >= 1).
 TEXT ·q6KRowsAVX2(SB), NOSPLIT, $32-48
@@ -1080,9 +1119,12 @@ q6krows:
 q6krowloop:
 	VPMOVSXBW 192(SI), Y0
 	VMOVDQU   Y0, 0(SP)
+	VPMADDWD  260(DI), Y0, Y0
+	VPSLLD    $5, Y0, Y1
 	VPXOR     Y0, Y0, Y0
-	Q6K_HALF(0, 128, 4, 0)
-	Q6K_HALF(64, 160, 132, 16)
+	VPSUBD    Y1, Y0, Y0
+	Q6K_HALFB(0, 128, 4, 0)
+	Q6K_HALFB(64, 160, 132, 16)
 	HSUM(Y0, X0, X1)
 	VCVTDQ2PS X0, X0
 	F16SS(208, SI, X2)
@@ -1205,6 +1247,55 @@ q4k4rowloop:
 	VZEROUPPER
 	RET
 
+// Q6K4_ROWB is Q6K4_ROW without the -32 offset (see Q6K_QUARTERB).
+#define Q6K4_ROWB(P, Y, Q, aoff) \
+	VPMADDUBSW aoff(P), Q, Y10 \
+	VPMADDWD   Y8, Y10, Y10 \
+	VPADDD     Y10, Y, Y
+
+#define Q6K4_QUARTERB(Q, aoff, soff) \
+	VPBROADCASTW soff(SP), Y8 \
+	VPBROADCASTW (soff+2)(SP), Y9 \
+	VINSERTI128  $1, X9, Y8, Y8 \
+	Q6K4_ROWB(DI, Y0, Q, aoff) \
+	Q6K4_ROWB(R11, Y1, Q, aoff) \
+	Q6K4_ROWB(R12, Y2, Q, aoff) \
+	Q6K4_ROWB(R13, Y3, Q, aoff)
+
+// Q6K4_HALFB is Q6K4_HALF with Q6K4_QUARTERB.
+#define Q6K4_HALFB(qloff, hoff, aoff, soff) \
+	VMOVDQU hoff(SI), Y8 \
+	VMOVDQU qloff(SI), Y9 \
+	VMOVDQU (qloff+32)(SI), Y10 \
+	VPAND   Y14, Y9, Y4 \
+	VPSLLW  $4, Y8, Y11 \
+	VPAND   Y12, Y11, Y11 \
+	VPOR    Y11, Y4, Y4 \
+	VPAND   Y14, Y10, Y5 \
+	VPSLLW  $2, Y8, Y11 \
+	VPAND   Y12, Y11, Y11 \
+	VPOR    Y11, Y5, Y5 \
+	VPSRLW  $4, Y9, Y6 \
+	VPAND   Y14, Y6, Y6 \
+	VPAND   Y12, Y8, Y11 \
+	VPOR    Y11, Y6, Y6 \
+	VPSRLW  $4, Y10, Y7 \
+	VPAND   Y14, Y7, Y7 \
+	VPSRLW  $2, Y8, Y11 \
+	VPAND   Y12, Y11, Y11 \
+	VPOR    Y11, Y7, Y7 \
+	Q6K4_QUARTERB(Y4, aoff, soff) \
+	Q6K4_QUARTERB(Y5, (aoff+32), (soff+4)) \
+	Q6K4_QUARTERB(Y6, (aoff+64), (soff+8)) \
+	Q6K4_QUARTERB(Y7, (aoff+96), (soff+12))
+
+// Q6K4_OFFSET(P, Y) sets Y = -32*sum_g sc_g*bsums_g for the block_q8_K at
+// P (scales as words in Y8; Y9 = 0).
+#define Q6K4_OFFSET(P, Y) \
+	VPMADDWD 260(P), Y8, Y \
+	VPSLLD   $5, Y, Y \
+	VPSUBD   Y, Y9, Y
+
 // func q6KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
 // For r < rows: y[j*ys+r] = q6KDot4AVX2(w + r*rb, a_j, nb) row j, j < 4
 // (rows, nb >= 1). Row-loop state: 48(SP) next weight row, 56(SP) rows
@@ -1238,12 +1329,13 @@ q6k4rows:
 q6k4rowloop:
 	VPMOVSXBW 192(SI), Y8
 	VMOVDQU   Y8, 0(SP)
-	VPXOR     Y0, Y0, Y0
-	VPXOR     Y1, Y1, Y1
-	VPXOR     Y2, Y2, Y2
-	VPXOR     Y3, Y3, Y3
-	Q6K4_HALF(0, 128, 4, 0)
-	Q6K4_HALF(64, 160, 132, 16)
+	VPXOR     Y9, Y9, Y9
+	Q6K4_OFFSET(DI, Y0)
+	Q6K4_OFFSET(R11, Y1)
+	Q6K4_OFFSET(R12, Y2)
+	Q6K4_OFFSET(R13, Y3)
+	Q6K4_HALFB(0, 128, 4, 0)
+	Q6K4_HALFB(64, 160, 132, 16)
 	HSUM4(Y0, Y1, Y2, Y3, X0, X1)
 	VCVTDQ2PS    X0, X0
 	F16SS(208, SI, X8)

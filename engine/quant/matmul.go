@@ -67,7 +67,11 @@ func MatMul(weight Type, w []byte, rows, cols int, x []float32, m int, y []float
 }
 
 // MatMulConverted is MatMul with x already converted: xc holds m rows of
-// ActivationBytes(weight, cols) bytes each. Same shapes, order and errors.
+// ActivationBytes(weight, cols) bytes each, as ConvertActivation writes
+// them. Same shapes, order and errors. The K-quant kernels read the
+// block_q8_K bsums (Q4_K/Q5_K always, as ggml-cpu's ggml_vec_dot_q4_K_q8_K
+// does; Q6_K here, as its AVX2 ggml_vec_dot_q6_K_q8_K does), so bytes whose
+// bsums do not match their codes may give other values than VecDot.
 func MatMulConverted(weight Type, w []byte, rows, cols int, xc []byte, m int, y []float32, threads int) error {
 	if m < 0 || rows < 0 || cols < 0 {
 		return fmt.Errorf("%w: negative shape m=%d rows=%d cols=%d", ErrSize, m, rows, cols)

@@ -1,6 +1,7 @@
 package quant
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -154,6 +155,9 @@ func TestVecDot4RowsMatchesGeneric(t *testing.T) {
 								saneScales(r, w[i*rb:], a[j*ab:], wb, qb, n/typ.BlockSize())
 							}
 						}
+						if qb == 292 {
+							setQ8KBsums(a, 4*nb)
+						}
 					} else {
 						for i := range rows {
 							copy(w[i*rb:], quantRow(t, typ, randomRows(r.Uint64(), n)))
@@ -191,6 +195,22 @@ func TestVecDot4RowsMatchesGeneric(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// setQ8KBsums rewrites the bsums of nb block_q8_K in a to match their codes
+// (what ConvertActivation produces; the Q4_K/Q5_K kernels and the Q6_K
+// multi-row kernels read them).
+func setQ8KBsums(a []byte, nb int) {
+	for b := range nb {
+		y := a[292*b:]
+		for g := range 16 {
+			var s int16
+			for _, c := range y[4+16*g : 4+16*g+16] {
+				s += int16(int8(c))
+			}
+			binary.LittleEndian.PutUint16(y[4+QK_K+2*g:], uint16(s))
 		}
 	}
 }

@@ -107,7 +107,7 @@ func TestSecretService(t *testing.T) {
 		return
 	}
 	var missing []string
-	for _, tool := range []string{"dbus-run-session", "gnome-keyring-daemon", "secret-tool"} {
+	for _, tool := range []string{"dbus-run-session", "dbus-send", "gnome-keyring-daemon", "secret-tool"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool)
 		}
@@ -116,7 +116,14 @@ func TestSecretService(t *testing.T) {
 		t.Skipf("no Secret Service here (missing %s; apt-get install gnome-keyring dbus-x11 libsecret-tools); go-keyring's mock covers the logic", strings.Join(missing, ", "))
 	}
 	home, run := t.TempDir(), t.TempDir()
+	// Wait until the unlocked daemon owns org.freedesktop.secrets before the
+	// inner test asks for it: otherwise D-Bus activation starts a second,
+	// locked daemon that wants a (GUI) unlock prompt.
 	script := `echo -n pass | gnome-keyring-daemon --foreground --unlock --components=secrets >/dev/null 2>&1 & kpid=$!
+for i in $(seq 100); do
+  dbus-send --session --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus org.freedesktop.DBus.NameHasOwner string:org.freedesktop.secrets 2>/dev/null | grep -q 'boolean true' && break
+  sleep 0.1
+done
 "$0" -test.run='^TestSecretService$' -test.v; rc=$?
 kill $kpid; wait $kpid 2>/dev/null; exit $rc`
 	cmd := exec.Command("dbus-run-session", "--", "sh", "-c", script, os.Args[0])

@@ -16,6 +16,11 @@ func main() {
 	if (len(args) > 0 && args[0] == "wallet") || slices.Contains(args, "--headless") || slices.Contains(args, "-headless") {
 		os.Exit(headless.Main(args, os.Stdout, os.Stderr))
 	}
-	fmt.Fprintln(os.Stderr, "kvasir: built without the GUI (-tags nogui): use --headless or the wallet command")
+	fmt.Fprintln(os.Stderr, `kvasir: built without the GUI (-tags nogui). Usage:
+  kvasir --headless --gateway wss://HOST:443 --slice DIR [--ca FILE] [--quota SIZE]   (kvasir --headless -h: all flags)
+  kvasir wallet [--json]                                                               (the local wallet)`)
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		return
+	}
 	os.Exit(2)
 }

@@ -42,7 +42,11 @@ func genmodelMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "genmodel:", err)
 		return 2
 	}
-	if *layers > 0 {
+	switch {
+	case *layers < 0 || *layers > modelgen.MaxLayers:
+		fmt.Fprintf(stderr, "genmodel: --layers %d: want 1..%d (0: the preset's)\n", *layers, modelgen.MaxLayers)
+		return 2
+	case *layers > 0:
 		s.Layers = *layers
 	}
 	if *typ != "" {

@@ -84,9 +84,14 @@ func ParseType(s string) (quant.Type, bool, error) {
 	return t, false, nil
 }
 
+// MaxLayers bounds Spec.Layers: llama.cpp's LLAMA_MAX_LAYERS (src/llama-hparams.h).
+const MaxLayers = 512
+
 func (s Spec) check() error {
 	bad := func(f string, a ...any) error { return fmt.Errorf("%w: "+f, append([]any{ErrSpec}, a...)...) }
 	switch {
+	case s.Layers > MaxLayers:
+		return bad("%d layers: at most %d (llama.cpp's LLAMA_MAX_LAYERS)", s.Layers, MaxLayers)
 	case s.Layers <= 0 || s.Embd <= 0 || s.Heads <= 0 || s.HeadsKV <= 0 || s.HeadDim <= 0:
 		return bad("layers %d, embd %d, heads %d/%d, head dim %d", s.Layers, s.Embd, s.Heads, s.HeadsKV, s.HeadDim)
 	case s.Heads%s.HeadsKV != 0 || s.HeadDim%2 != 0:

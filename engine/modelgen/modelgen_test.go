@@ -115,6 +115,7 @@ func TestPresetsAndErrors(t *testing.T) {
 	tiny, _ := Preset("tiny")
 	for name, edit := range map[string]func(*Spec){
 		"zero layers":          func(s *Spec) { s.Layers = 0 },
+		"too many layers":      func(s *Spec) { s.Layers = MaxLayers + 1 },
 		"kv heads":             func(s *Spec) { s.HeadsKV = 3 },
 		"top-k above experts":  func(s *Spec) { s.ExpertsUsed = 9 },
 		"unsupported type":     func(s *Spec) { s.Type = quant.Q8_K },

@@ -9,7 +9,8 @@ import (
 // matrix that stays in cache (rows x 256, the fixture model's width: one
 // K-quant block per row), so per-row call overhead shows, as in the
 // fixture decode (tied Q6_K head 50257 x 256, m = 1) and its prefill.
-// Reported in ns per weight row (ns/op / rows).
+// Reported in ns per weight row and activation row, wall and CPU (the
+// CPU figure is steadier on a shared machine).
 func BenchmarkMatVecCached(b *testing.B) {
 	const rows, cols = 4096, 256
 	for _, typ := range []Type{Q4_K, Q6_K, Q8_0, F16} {
@@ -30,12 +31,16 @@ func BenchmarkMatVecCached(b *testing.B) {
 				}
 				y := make([]float32, m*rows)
 				b.SetBytes(int64(len(w)))
+				cpu0 := processCPU()
 				for b.Loop() {
 					if err := MatMulConverted(typ, w, rows, cols, xc, m, y, 1); err != nil {
 						b.Fatal(err)
 					}
 				}
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/rows/float64(m), "ns/row/m")
+				if c := processCPU() - cpu0; cpu0 > 0 {
+					b.ReportMetric(float64(c.Nanoseconds())/float64(b.N)/rows/float64(m), "cpu-ns/row/m")
+				}
 			})
 		}
 	}

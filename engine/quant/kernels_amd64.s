@@ -154,6 +154,47 @@ bf16done:
 	VPSHUFD      $0xb1, X, T \
 	VPADDD       T, X, X
 
+// q6kevenodd gathers the even then the odd bytes of 16 (Q6K_SCALES);
+// q6kscq+32q (q < 8) picks word q of each 128-bit lane into all 8 words of
+// that lane (the scale pair of Q6_K quarter q).
+DATA q6kevenodd<>+0(SB)/8, $0x0e0c0a0806040200
+DATA q6kevenodd<>+8(SB)/8, $0x0f0d0b0907050301
+GLOBL q6kevenodd<>(SB), RODATA|NOPTR, $16
+
+DATA q6kscq<>+0(SB)/8, $0x0100010001000100
+DATA q6kscq<>+8(SB)/8, $0x0100010001000100
+DATA q6kscq<>+16(SB)/8, $0x0100010001000100
+DATA q6kscq<>+24(SB)/8, $0x0100010001000100
+DATA q6kscq<>+32(SB)/8, $0x0302030203020302
+DATA q6kscq<>+40(SB)/8, $0x0302030203020302
+DATA q6kscq<>+48(SB)/8, $0x0302030203020302
+DATA q6kscq<>+56(SB)/8, $0x0302030203020302
+DATA q6kscq<>+64(SB)/8, $0x0504050405040504
+DATA q6kscq<>+72(SB)/8, $0x0504050405040504
+DATA q6kscq<>+80(SB)/8, $0x0504050405040504
+DATA q6kscq<>+88(SB)/8, $0x0504050405040504
+DATA q6kscq<>+96(SB)/8, $0x0706070607060706
+DATA q6kscq<>+104(SB)/8, $0x0706070607060706
+DATA q6kscq<>+112(SB)/8, $0x0706070607060706
+DATA q6kscq<>+120(SB)/8, $0x0706070607060706
+DATA q6kscq<>+128(SB)/8, $0x0908090809080908
+DATA q6kscq<>+136(SB)/8, $0x0908090809080908
+DATA q6kscq<>+144(SB)/8, $0x0908090809080908
+DATA q6kscq<>+152(SB)/8, $0x0908090809080908
+DATA q6kscq<>+160(SB)/8, $0x0b0a0b0a0b0a0b0a
+DATA q6kscq<>+168(SB)/8, $0x0b0a0b0a0b0a0b0a
+DATA q6kscq<>+176(SB)/8, $0x0b0a0b0a0b0a0b0a
+DATA q6kscq<>+184(SB)/8, $0x0b0a0b0a0b0a0b0a
+DATA q6kscq<>+192(SB)/8, $0x0d0c0d0c0d0c0d0c
+DATA q6kscq<>+200(SB)/8, $0x0d0c0d0c0d0c0d0c
+DATA q6kscq<>+208(SB)/8, $0x0d0c0d0c0d0c0d0c
+DATA q6kscq<>+216(SB)/8, $0x0d0c0d0c0d0c0d0c
+DATA q6kscq<>+224(SB)/8, $0x0f0e0f0e0f0e0f0e
+DATA q6kscq<>+232(SB)/8, $0x0f0e0f0e0f0e0f0e
+DATA q6kscq<>+240(SB)/8, $0x0f0e0f0e0f0e0f0e
+DATA q6kscq<>+248(SB)/8, $0x0f0e0f0e0f0e0f0e
+GLOBL q6kscq<>(SB), RODATA|NOPTR, $256
+
 // F16SS(off, R, X): X[0] = float32 of the fp16 at off(R) (VCVTPH2PS is exact,
 // like fp16Table). Clobbers AX.
 #define F16SS(off, R, X) \
@@ -1054,15 +1095,22 @@ q4krowloop:
 
 // Q6K_QUARTERB is Q6K_QUARTER without the -32 offset: the multi-row
 // kernels start each block's integer accumulator at -32*sum_g sc_g*bsums_g
-// (Q6K_OFFSET; the bsums of the block_q8_K, as ggml's AVX2
-// ggml_vec_dot_q6_K_q8_K does), which is the same exact integer.
+// (the bsums of the block_q8_K, as ggml's AVX2 ggml_vec_dot_q6_K_q8_K
+// does), which is the same exact integer. The scale words come from Y13
+// (Q6K_SCALES: even scales in the low lane, odd in the high) by one
+// in-lane shuffle: quarter q = soff/4 takes word q of each lane.
 #define Q6K_QUARTERB(Q, aoff, soff) \
-	VPMADDUBSW   aoff(DI), Q, Q \
-	VPBROADCASTW soff(SP), Y10 \
-	VPBROADCASTW (soff+2)(SP), Y11 \
-	VINSERTI128  $1, X11, Y10, Y10 \
-	VPMADDWD     Y10, Q, Q \
-	VPADDD       Q, Y0, Y0
+	VPMADDUBSW aoff(DI), Q, Q \
+	VPSHUFB    q6kscq<>+(8*soff)(SB), Y13, Y10 \
+	VPMADDWD   Y10, Q, Q \
+	VPADDD     Q, Y0, Y0
+
+// Q6K_SCALES: Y13 = the 16 int8 scales of the block_q6_K at SI as words,
+// sc0, sc2, .., sc14 in the low lane and sc1, .., sc15 in the high one.
+#define Q6K_SCALES \
+	VMOVDQU   192(SI), X13 \
+	VPSHUFB   q6kevenodd<>(SB), X13, X13 \
+	VPMOVSXBW X13, Y13
 
 // Q6K_HALFB is Q6K_HALF with Q6K_QUARTERB.
 #define Q6K_HALFB(qloff, hoff, aoff, soff) \
@@ -1093,7 +1141,7 @@ q4krowloop:
 
 // func q6KRowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
 // out[r] = q6KDotAVX2(w + r*rb, a, nb) for r < rows (rows, nb >= 1).
-TEXT ·q6KRowsAVX2(SB), NOSPLIT, $32-48
+TEXT ·q6KRowsAVX2(SB), NOSPLIT, $0-48
 	MOVQ         w+0(FP), BX
 	MOVQ         a+8(FP), R11
 	MOVQ         nb+16(FP), DX
@@ -1106,9 +1154,6 @@ TEXT ·q6KRowsAVX2(SB), NOSPLIT, $32-48
 	MOVL         $0x30303030, AX
 	VMOVD        AX, X12
 	VPBROADCASTD X12, Y12
-	MOVL         $0x20202020, AX
-	VMOVD        AX, X13
-	VPBROADCASTD X13, Y13
 
 q6krows:
 	MOVQ   BX, SI
@@ -1118,7 +1163,7 @@ q6krows:
 
 q6krowloop:
 	VPMOVSXBW 192(SI), Y0
-	VMOVDQU   Y0, 0(SP)
+	Q6K_SCALES
 	VPMADDWD  260(DI), Y0, Y0
 	VPSLLD    $5, Y0, Y1
 	VPXOR     Y0, Y0, Y0
@@ -1253,10 +1298,10 @@ q4k4rowloop:
 	VPMADDWD   Y8, Y10, Y10 \
 	VPADDD     Y10, Y, Y
 
+// Q6K4_QUARTERB: quarter q = soff/4 for the 4 rows, its scale words
+// picked from Y13 (Q6K_SCALES) into Y8.
 #define Q6K4_QUARTERB(Q, aoff, soff) \
-	VPBROADCASTW soff(SP), Y8 \
-	VPBROADCASTW (soff+2)(SP), Y9 \
-	VINSERTI128  $1, X9, Y8, Y8 \
+	VPSHUFB q6kscq<>+(8*soff)(SB), Y13, Y8 \
 	Q6K4_ROWB(DI, Y0, Q, aoff) \
 	Q6K4_ROWB(R11, Y1, Q, aoff) \
 	Q6K4_ROWB(R12, Y2, Q, aoff) \
@@ -1313,9 +1358,6 @@ TEXT ·q6KRows4AVX2(SB), NOSPLIT, $72-80
 	MOVL         $0x30303030, AX
 	VMOVD        AX, X12
 	VPBROADCASTD X12, Y12
-	MOVL         $0x20202020, AX
-	VMOVD        AX, X13
-	VPBROADCASTD X13, Y13
 
 q6k4rows:
 	MOVQ    48(SP), SI
@@ -1328,7 +1370,7 @@ q6k4rows:
 
 q6k4rowloop:
 	VPMOVSXBW 192(SI), Y8
-	VMOVDQU   Y8, 0(SP)
+	Q6K_SCALES
 	VPXOR     Y9, Y9, Y9
 	Q6K4_OFFSET(DI, Y0)
 	Q6K4_OFFSET(R11, Y1)

@@ -13,6 +13,12 @@
 // kernels_arm64.s) give the same bits as the pure-Go code (build tag noasm
 // or other GOARCHes), which tests check kernel by kernel. Results are
 // therefore also identical across amd64 and arm64.
+//
+// MatMulConverted validates once per call, then hands whole tiles of weight
+// rows to multi-row kernels (matmul.go: vecDotRows for one activation row,
+// vecDot4Rows for four; AVX2 for Q4_K, Q6_K, Q8_0 and F16), each element
+// still the single-row operation order. Packed float steps in those kernels
+// compute lane r exactly as the scalar step for row r would.
 package quant
 
 import (

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/tls"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -104,6 +105,20 @@ func TestBadWorkerClosed(t *testing.T) {
 			r := &wire.Result{Request: d.Request, M: 8, D: m.D + 1, Out: make([]float32, 8*(m.D+1))}
 			_ = c.Write(context.Background(), websocket.MessageBinary, r.Append(nil))
 		}},
+		// A RESULT of the right shape with one NaN (or Inf): refused, metered
+		// rejected, and the pairs recomputed locally.
+		{"nan", websocket.StatusPolicyViolation, func(t *testing.T, c *websocket.Conn) {
+			d := readDispatch(t, c, lim)
+			out := make([]float32, 8*m.D)
+			out[5*m.D+3] = float32(math.NaN())
+			_ = c.Write(context.Background(), websocket.MessageBinary, (&wire.Result{Request: d.Request, M: 8, D: m.D, Out: out}).Append(nil))
+		}},
+		{"inf", websocket.StatusPolicyViolation, func(t *testing.T, c *websocket.Conn) {
+			d := readDispatch(t, c, lim)
+			out := make([]float32, 8*m.D)
+			out[len(out)-1] = float32(math.Inf(-1))
+			_ = c.Write(context.Background(), websocket.MessageBinary, (&wire.Result{Request: d.Request, M: 8, D: m.D, Out: out}).Append(nil))
+		}},
 		{"truncated result", websocket.StatusPolicyViolation, func(t *testing.T, c *websocket.Conn) {
 			d := readDispatch(t, c, lim)
 			b := (&wire.Result{Request: d.Request, M: 8, D: m.D, Out: make([]float32, 8*m.D)}).Append(nil)
@@ -151,8 +166,22 @@ func TestBadWorkerClosed(t *testing.T) {
 			if ss.CreditIn != 0 || (tc.name != "oversized" && ss.Rejected == 0) {
 				t.Fatalf("session %+v", ss)
 			}
-			if st := s.disp.Stats(); st.ExpertsRemote != 0 || st.ExpertsLocal != 8 || len(st.Workers) != 1 || st.Workers[0].Connected {
+			st := s.disp.Stats()
+			if st.ExpertsRemote != 0 || st.ExpertsLocal != 8 || len(st.Workers) != 1 || st.Workers[0].Connected {
 				t.Fatalf("dispatcher %+v", st)
+			}
+			if tc.name == "nan" || tc.name == "inf" {
+				if w := st.Workers[0]; w.NonFinite != 1 || w.Results != 0 || !strings.Contains(w.Reason, "non-finite") {
+					t.Fatalf("worker stats %+v", w)
+				}
+				// The ledger got the RESULT's bytes as rejected, none creditable.
+				var in, rej uint64
+				for _, e := range s.meter.entries() {
+					in, rej = in+e.BytesIn, rej+e.RejectedBytes
+				}
+				if in != 0 || rej < uint64(wire.ResultSize(8, m.D)) {
+					t.Fatalf("ledger: bytes in %d, rejected %d (RESULT is %d bytes)", in, rej, wire.ResultSize(8, m.D))
+				}
 			}
 			t.Logf("closed: %s", ss.Reason)
 		})

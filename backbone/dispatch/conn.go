@@ -50,6 +50,7 @@ type conn struct {
 	reason  string
 
 	reqsSent, rows, pairs, results, timeouts, late atomic.Uint64
+	nonFinite                                      atomic.Uint64 // RESULTs refused for a NaN or Inf value
 	bytesIn, bytesOut                              atomic.Uint64
 	assignedBytes, assigns, chunkReqs, chunkBytes  atomic.Uint64
 	quotaNow                                       atomic.Uint64 // quota, for stats (which may run under d.mu)
@@ -194,6 +195,14 @@ func (c *conn) handle(msg []byte) string {
 			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
 			j.done <- reply{err: fmt.Errorf("result has %d rows, want %d", f.M, len(j.pairs))}
 			return fmt.Sprintf("RESULT for request %d has %d rows, want %d", f.Request, f.M, len(j.pairs))
+		}
+		if i := firstNonFinite(f.Out); i >= 0 {
+			// A hostile or broken worker: never credit it, never let a NaN
+			// or Inf reach the decode (the router would panic on it).
+			c.nonFinite.Add(1)
+			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
+			j.done <- reply{err: fmt.Errorf("result value %d is not finite (%v)", i, f.Out[i])}
+			return fmt.Sprintf("RESULT for request %d has a non-finite value at %d (%v)", f.Request, i, f.Out[i])
 		}
 		c.addRTT(now.Sub(j.sent), j.bytes+len(msg))
 		c.results.Add(1)
@@ -442,6 +451,18 @@ func (c *conn) close(code uint16, reason string) {
 	default:
 		d.plan() // its experts go to the others
 	}
+}
+
+// firstNonFinite returns the index of the first NaN or ±Inf in v, or -1.
+// A float32 is non-finite exactly when its 8 exponent bits are all ones
+// (IEEE 754-2008 §3.4); testing the bits avoids a float comparison per value.
+func firstNonFinite(v []float32) int {
+	for i, x := range v {
+		if math.Float32bits(x)&0x7f800000 == 0x7f800000 {
+			return i
+		}
+	}
+	return -1
 }
 
 func short(id string) string {

@@ -19,6 +19,7 @@ type WorkerStats struct {
 	Pairs          uint64    // (row, slot) outputs accepted
 	Timeouts       uint64    // requests that passed their deadline
 	Late           uint64    // RESULTs that arrived after their deadline (dropped)
+	NonFinite      uint64    // RESULTs refused for a NaN or ±Inf value (the session is then closed)
 	BytesIn        uint64    // worker -> backbone message bytes
 	BytesOut       uint64    // backbone -> worker message bytes
 	RTTp50ms       float64   // median round trip of recent requests, ms
@@ -51,7 +52,7 @@ func (c *conn) stats() WorkerStats {
 	return WorkerStats{ID: c.worker, Session: c.session, Connected: !closed, Paused: c.paused.Load(), Reason: reason,
 		Backend: c.hello.Backend, Threads: int(c.hello.Threads), Holdings: int(c.nholds.Load()), ConnectedSince: c.since,
 		Requests: c.reqsSent.Load(), Results: c.results.Load(), Rows: c.rows.Load(), Pairs: c.pairs.Load(),
-		Timeouts: c.timeouts.Load(), Late: c.late.Load(), BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(),
+		Timeouts: c.timeouts.Load(), Late: c.late.Load(), NonFinite: c.nonFinite.Load(), BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(),
 		RTTp50ms: ms(q[0]), RTTp99ms: ms(q[1]), DeadlineMs: ms(c.deadline(c.d.cfg, 0)),
 		Quota: quota, Assigned: assigned, AssignedBytes: c.assignedBytes.Load(), Assigns: c.assigns.Load(),
 		ChunkReqs: c.chunkReqs.Load(), ChunkBytes: c.chunkBytes.Load()}

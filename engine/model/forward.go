@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -126,7 +127,8 @@ func (ws *workspace) ensure(p Params, n int) {
 // share each layer's expert call. On success every sequence's Len advances
 // by its number of rows; on error Len is unchanged.
 //
-// Errors wrap ErrBatch or ErrContext, or come from the expert Computer or ctx.
+// Errors wrap ErrBatch, ErrContext or ErrNonFinite (a NaN or ±Inf router
+// logit), or come from the expert Computer or ctx.
 func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) error {
 	p := m.p
 	n := len(rows)
@@ -273,7 +275,9 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 		return err
 	}
 	for i := range n {
-		route(ws.router[i*ne:(i+1)*ne], ws.probs, ws.ids[i*k:(i+1)*k], ws.wts[i*k:(i+1)*k])
+		if err := route(ws.router[i*ne:(i+1)*ne], ws.probs, ws.ids[i*k:(i+1)*k], ws.wts[i*k:(i+1)*k]); err != nil {
+			return fmt.Errorf("model: layer %d row %d: %w", il, i, err)
+		}
 	}
 	eo := ws.eo[:n*k*d]
 	var err error
@@ -580,11 +584,30 @@ func softmax(dst, src []float32) {
 // (llama-graph.cpp build_moe_ffn: ggml_clamp(weights_sum, 6.103515625e-5, INF)).
 const minWeightSum = 6.103515625e-5
 
+// ErrNonFinite is returned (wrapped) by Model.Forward when a layer's router
+// logits hold a NaN or ±Inf (NaN weights in the GGUF, or a non-finite hidden
+// state): no expert can be chosen, so the batch fails instead of routing to
+// an arbitrary expert.
+var ErrNonFinite = errors.New("model: non-finite router logits")
+
 // route turns one row's router logits into the top-k experts (by softmax
 // probability, descending; ties: lower id) and their probabilities divided
 // by their float64-accumulated sum (clamped at minWeightSum). probs is
-// scratch of len(logits).
-func route(logits, probs []float32, ids []int32, w []float32) {
+// scratch of len(logits); len(ids) = len(w) <= len(logits).
+//
+// Errors: ErrNonFinite (wrapped) when a logit is NaN or ±Inf (a float32 whose
+// 8 exponent bits are all ones, IEEE 754-2008 §3.4); ids and w are then
+// unspecified. Finite logits give finite probabilities in [0, 1] (softmax
+// subtracts the maximum), so every slot then finds an expert.
+func route(logits, probs []float32, ids []int32, w []float32) error {
+	for e, v := range logits {
+		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+			return fmt.Errorf("%w: expert %d logit %v", ErrNonFinite, e, v)
+		}
+	}
+	if len(ids) > len(logits) || len(w) != len(ids) {
+		return fmt.Errorf("%w: %d slots for %d experts", ErrBatch, len(ids), len(logits))
+	}
 	softmax(probs, logits)
 	for s := range ids {
 		best := -1
@@ -592,6 +615,9 @@ func route(logits, probs []float32, ids []int32, w []float32) {
 			if v >= 0 && (best < 0 || v > probs[best]) {
 				best = e
 			}
+		}
+		if best < 0 { // unreachable for finite logits; never index with -1
+			return fmt.Errorf("%w: no expert left for slot %d", ErrNonFinite, s)
 		}
 		ids[s] = int32(best)
 		w[s] = probs[best]
@@ -605,6 +631,7 @@ func route(logits, probs []float32, ids []int32, w []float32) {
 	for s := range w {
 		w[s] /= ws
 	}
+	return nil
 }
 
 // serial calls fn(0, u) for u in [0, n) in order (team.run's signature).

@@ -447,11 +447,16 @@ func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResul
 	}
 
 	// End the sessions so that the hub writes their final rows, then wait
-	// for the gateway to credit up to the last one.
+	// for the gateway to credit up to the last one. The dispatcher closes
+	// its links first: each link carries the verdicts (LinkAccepted) of its
+	// RESULTs before its end, so the hub has them all when the session
+	// ends; a worker's own close could reach the hub first over the other
+	// socket, and the hub would count the last RESULT as rejected.
 	var sessions []string
 	for _, w := range st.Workers {
 		sessions = append(sessions, w.Session)
 	}
+	s.d.Close()
 	s.sw.StopWorkers(5 * time.Second)
 	settled, err := s.sw.Settle(ctx, sessions)
 	if err != nil {

@@ -10,8 +10,8 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -80,12 +80,19 @@ func localGreedyText(t *testing.T, prompt string, n int) string {
 // the cleanup cancels it and checks it exits 0.
 func startServe(t *testing.T, args ...string) string {
 	t.Helper()
+	addr, _ := startServeLogs(t, args...)
+	return addr
+}
+
+// startServeLogs is startServe that also returns serve's log (stderr).
+func startServeLogs(t *testing.T, args ...string) (string, *syncBuffer) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	code := make(chan int, 1)
-	var logs syncBuffer
+	logs := &syncBuffer{}
 	go func() {
-		code <- serveMain(ctx, append([]string{"--http", "127.0.0.1:0"}, args...), &logs, func(a string) { addr <- a })
+		code <- serveMain(ctx, append([]string{"--http", "127.0.0.1:0"}, args...), logs, func(a string) { addr <- a })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -100,13 +107,14 @@ func startServe(t *testing.T, args ...string) string {
 	})
 	select {
 	case a := <-addr:
-		return a
+		return a, logs
 	case c := <-code:
+		code <- c // for the cleanup
 		t.Fatalf("serve exited %d: %s", c, logs.String())
 	case <-time.After(60 * time.Second):
 		t.Fatalf("serve not ready: %s", logs.String())
 	}
-	return ""
+	return "", logs
 }
 
 type syncBuffer struct {
@@ -230,12 +238,15 @@ func TestServeCommandFlags(t *testing.T) {
 // output was computed by the worker.
 func TestServeSwarmAllRemote(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// serve binds its dispatch listener first (port 0: no port is
+	// reserved and given back, which another process could take), then
+	// hub, gateway and worker come up behind it.
+	addr, logs := startServeLogs(t, "--dispatch-listen", "127.0.0.1:0", "--lanes", "2", "--min-deadline", "3s")
+	m := regexp.MustCompile(`serve: dispatch listening on (\S+) `).FindStringSubmatch(logs.String())
+	if m == nil {
+		t.Fatalf("no dispatch address in serve's log:\n%s", logs.String())
 	}
-	dispatchAddr := ln.Addr().String()
-	ln.Close()
+	dispatchAddr := m[1]
 
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Backbone: dispatchAddr, Secret: secret, Logger: quiet})
@@ -284,8 +295,14 @@ func TestServeSwarmAllRemote(t *testing.T) {
 	go func() { defer close(wdone); _ = w.Run(wctx) }()
 	t.Cleanup(func() { wcancel(); <-wdone })
 
-	// serve waits for the worker before it answers.
-	addr := startServe(t, "--dispatch-listen", dispatchAddr, "--wait-workers", "1", "--wait-timeout", "30s", "--lanes", "2")
+	p := lm.m.Params()
+	deadline := time.Now().Add(30 * time.Second)
+	for metricSum(getMetrics(t, addr), "kvasir_swarm_worker_holdings") != float64(p.Layers*p.Experts) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker did not connect with all %d experts:\n%s", p.Layers*p.Experts, grepLines(getMetrics(t, addr), "kvasir_swarm_"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	const prompt = "The swarm computes"
 	got, code := streamCompletion(t, addr, prompt, 10)
 	if code != 200 {
@@ -294,11 +311,11 @@ func TestServeSwarmAllRemote(t *testing.T) {
 	if want := localGreedyText(t, prompt, 10); got != want {
 		t.Errorf("swarm %q, local decode %q", got, want)
 	}
-	m := getMetrics(t, addr)
-	if !strings.Contains(m, `kvasir_swarm_expert_outputs_total{where="local"} 0`) ||
-		strings.Contains(m, `kvasir_swarm_expert_outputs_total{where="remote"} 0`) ||
-		!strings.Contains(m, "kvasir_swarm_worker_round_trips_total{") {
-		t.Errorf("swarm metrics:\n%s", grepLines(m, "kvasir_swarm_"))
+	met := getMetrics(t, addr)
+	if !strings.Contains(met, `kvasir_swarm_expert_outputs_total{where="local"} 0`) ||
+		strings.Contains(met, `kvasir_swarm_expert_outputs_total{where="remote"} 0`) ||
+		!strings.Contains(met, "kvasir_swarm_worker_round_trips_total{") {
+		t.Errorf("swarm metrics:\n%s", grepLines(met, "kvasir_swarm_"))
 	}
 }
 

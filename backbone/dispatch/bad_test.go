@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/wire"
+	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
 // dialRaw opens a signed WebSocket through the gateway with headers h (nil:
@@ -155,7 +156,11 @@ func TestBadWorkerClosed(t *testing.T) {
 			}
 			select {
 			case el := <-done:
-				if el > maxDL+500*time.Millisecond {
+				slack := 500 * time.Millisecond
+				if tc.name == "oversized" {
+					slack = time.Second // 64 MiB of TLS compete for the CPU of a shared 2-core machine
+				}
+				if el > maxDL+slack {
 					t.Fatalf("call took %v", el)
 				}
 			case <-time.After(10 * time.Second):
@@ -267,4 +272,38 @@ func TestUpgradeRefused(t *testing.T) {
 	if s.hub.Upgrades() != 1 {
 		t.Fatalf("hub accepted %d upgrades, want 1", s.hub.Upgrades())
 	}
+}
+
+// TestOtherModelRefused: a worker whose slice belongs to another model (here
+// with an expert id beyond this model's) hears that its model id does not
+// match, not that a holding is out of range, and treats it as permanent.
+func TestOtherModelRefused(t *testing.T) {
+	m := testModel()
+	s := newStack(t, m, 0, nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	hs := []wire.Holding{{Layer: 0, Expert: uint32(m.NExpert)}, {Layer: uint16(m.NLayer), Expert: 0}}
+	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: s.local,
+		Holdings: hs, ModelID: "other-moe", Logger: quiet,
+		BackoffBase: 5 * time.Millisecond, BackoffMax: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	want := `model id "other-moe" does not match the backbone's "fake-moe"`
+	waitFor(t, func() bool { return strings.Contains(w.Stats().LastError, want) })
+	time.Sleep(200 * time.Millisecond) // a fast retry would dial again within this
+	st := w.Stats()
+	if !strings.Contains(st.Reason, "permanent") || strings.Contains(st.LastError, "out of range") {
+		t.Fatalf("worker: reason %q, last error %q", st.Reason, st.LastError)
+	}
+	if n := s.hub.Upgrades(); n != 1 {
+		t.Fatalf("hub saw %d upgrades, want 1 (no fast retry)", n)
+	}
+	if n := len(s.disp.Stats().Workers); n != 0 {
+		t.Fatalf("dispatcher has %d workers", n)
+	}
+	t.Logf("worker: %s", st.Reason)
 }

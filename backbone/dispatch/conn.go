@@ -89,7 +89,9 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 	select {
 	case <-d.stop:
 		d.mu.Unlock()
-		c.closeLink("backbone shutting down")
+		// Going away (1001), not a refusal: workers treat a policy
+		// violation (1008) before WELCOME as permanent.
+		c.sendCtl(wire.LinkClose, wire.AppendLinkClose(nil, 1001, "backbone shutting down"))
 		return
 	default:
 	}
@@ -125,8 +127,12 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 
 // hello validates the first message and answers WELCOME; it returns a
 // refusal reason or "".
+//
+// The frame is decoded twice: first without the model's shapes, so that a
+// worker serving another model hears that (not that its holdings are out
+// of range), then against them.
 func (d *Dispatcher) hello(c *conn, msg []byte) string {
-	f, err := wire.Decode(msg, &d.lim)
+	f, err := wire.Decode(msg, nil)
 	if err != nil {
 		return "bad HELLO: " + err.Error()
 	}
@@ -140,7 +146,10 @@ func (d *Dispatcher) hello(c *conn, msg []byte) string {
 	// A worker with nothing yet (an empty slice directory) may not know the
 	// model id; ASSIGN tells it.
 	if d.cfg.Model.ID != "" && h.ModelID != d.cfg.Model.ID && (h.ModelID != "" || len(h.Holdings) > 0) {
-		return fmt.Sprintf("model %q, backbone serves %q", h.ModelID, d.cfg.Model.ID)
+		return fmt.Sprintf("model id %q does not match the backbone's %q", h.ModelID, d.cfg.Model.ID)
+	}
+	if _, err := wire.Decode(msg, &d.lim); err != nil {
+		return "bad HELLO: " + err.Error()
 	}
 	c.hello = h
 	c.holds = make(map[uint64]struct{}, len(h.Holdings))

@@ -213,7 +213,8 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	link, err := net.DialTimeout("tcp", h.cfg.Backbone, h.cfg.DialTimeout)
 	if err != nil {
 		h.log.Warn("hub: backbone unreachable", "err", err)
-		http.Error(w, "backbone unavailable", http.StatusServiceUnavailable)
+		// The body is the reason workers show (engine/worker: LastError).
+		http.Error(w, "backbone unreachable", http.StatusServiceUnavailable)
 		return
 	}
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled, InsecureSkipVerify: true})

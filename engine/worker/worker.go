@@ -18,6 +18,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -115,9 +116,17 @@ type Config struct {
 	PingInterval time.Duration // default 20 s
 	BackoffBase  time.Duration // first reconnect delay bound; default 250 ms
 	BackoffMax   time.Duration // delay cap; default 30 s
-	StableAfter  time.Duration // a session this long resets the backoff; default 60 s
+	StableAfter  time.Duration // a session alive this long after WELCOME resets the backoff; default 60 s
 	Logger       *slog.Logger
 }
+
+// ErrRefused is wrapped by the error a session ends with (Stats.LastError)
+// when retrying soon cannot help: the backbone refused the HELLO (a
+// policy-violation close before WELCOME: another model, another protocol
+// version, holdings outside the model), or the gateway's certificate is
+// signed by an authority the worker does not trust. Run then waits
+// BackoffMax before each retry until a session is stable again.
+var ErrRefused = errors.New("refused")
 
 // Worker is one dial-out worker. Create with New, then Run.
 type Worker struct {
@@ -303,20 +312,22 @@ func (w *Worker) setState(s State, reason string) {
 
 // Run dials the gateway, serves sessions and reconnects after each failure
 // with exponential backoff and full jitter (delay uniform in [0, min(BackoffMax,
-// BackoffBase*2^attempt)], attempt reset after a session lasting StableAfter;
-// AWS architecture blog "Exponential Backoff And Jitter", 2015) until ctx is
-// done. It returns nil when ctx is canceled.
+// BackoffBase*2^attempt)]; AWS architecture blog "Exponential Backoff And
+// Jitter", 2015) until ctx is done. The attempt count resets only after a
+// session that got WELCOME and stayed up StableAfter, so a gateway or hub
+// answering at once (503 while the backbone is down) does not make it
+// redial fast. After a permanent refusal (ErrRefused) it waits BackoffMax.
+// It returns nil when ctx is canceled.
 func (w *Worker) Run(ctx context.Context) error {
 	attempt := 0
 	defer w.setState(StateOffline, "stopped")
 	for {
 		w.setState(StateDialing, "connecting")
-		start := time.Now()
-		err := w.session(ctx)
+		welcomed, err := w.session(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if time.Since(start) >= w.cfg.StableAfter {
+		if !welcomed.IsZero() && time.Since(welcomed) >= w.cfg.StableAfter {
 			attempt = 0
 		}
 		bound := w.cfg.BackoffMax
@@ -329,11 +340,16 @@ func (w *Worker) Run(ctx context.Context) error {
 		if err != nil {
 			msg = err.Error()
 		}
+		reason := fmt.Sprintf("reconnecting in %v: %s", delay.Round(time.Millisecond), msg)
+		if errors.Is(err, ErrRefused) {
+			delay, attempt = w.cfg.BackoffMax, 30
+			reason = fmt.Sprintf("permanent: %s; retrying in %v", msg, delay.Round(time.Millisecond))
+		}
 		w.mu.Lock()
 		w.st.LastError = msg
 		w.mu.Unlock()
 		w.log.Warn("worker: disconnected", "err", msg, "retry_in", delay.Round(time.Millisecond))
-		w.setState(StateDialing, fmt.Sprintf("reconnecting in %v: %s", delay.Round(time.Millisecond), msg))
+		w.setState(StateDialing, reason)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -344,18 +360,44 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
-// session runs one connection until it fails or ctx ends.
-func (w *Worker) session(ctx context.Context) error {
+// dialError describes a failed upgrade: the HTTP status and the first line
+// of the body the gateway or hub sent (e.g. 503 "backbone unreachable"),
+// or, for an untrusted gateway certificate, a hint at --ca (ErrRefused).
+func dialError(resp *http.Response, err error) error {
+	var ua x509.UnknownAuthorityError
+	if errors.As(err, &ua) {
+		return fmt.Errorf("%w: dial: %w (pass --ca FILE with the gateway's certificate (or its CA))", ErrRefused, err)
+	}
+	if resp == nil {
+		return fmt.Errorf("dial: %w", err)
+	}
+	var body string
+	if resp.Body != nil {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512)) // coder/websocket keeps up to 1024 bytes
+		body, _, _ = strings.Cut(strings.TrimSpace(strings.ToValidUTF8(string(b), "?")), "\n")
+	}
+	if body != "" {
+		return fmt.Errorf("dial: %s: %s: %w", resp.Status, body, err)
+	}
+	return fmt.Errorf("dial: %s: %w", resp.Status, err)
+}
+
+// session runs one connection until it fails or ctx ends; welcomed is when
+// WELCOME arrived (zero if it did not).
+func (w *Worker) session(ctx context.Context) (welcomed time.Time, err error) {
+	err = w.runSession(ctx, &welcomed)
+	return welcomed, err
+}
+
+// runSession is session's body; it sets *welcomed on WELCOME.
+func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
 	hdr := wire.SignUpgrade(w.cfg.Key, http.MethodGet, w.path, time.Now())
 	dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
 	c, resp, err := websocket.Dial(dctx, w.url, &websocket.DialOptions{HTTPClient: w.client, HTTPHeader: hdr,
 		CompressionMode: websocket.CompressionDisabled})
 	dcancel()
 	if err != nil {
-		if resp != nil {
-			return fmt.Errorf("dial: %s: %w", resp.Status, err)
-		}
-		return fmt.Errorf("dial: %w", err)
+		return dialError(resp, err)
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(wire.MaxMessage)
@@ -389,12 +431,21 @@ func (w *Worker) session(ctx context.Context) error {
 	_, msg, err := c.Read(rctx)
 	rcancel()
 	if err != nil {
+		var ce websocket.CloseError
+		if errors.As(err, &ce) && ce.Code == websocket.StatusPolicyViolation {
+			// The backbone refused the HELLO itself: the same HELLO will be
+			// refused again.
+			return fmt.Errorf("%w by the backbone: %s", ErrRefused, ce.Reason)
+		}
 		return fmt.Errorf("waiting for WELCOME: %w", err)
 	}
 	w.bin.Add(uint64(len(msg)))
 	f, err := wire.Decode(msg, nil)
 	if err != nil {
 		c.Close(websocket.StatusPolicyViolation, "bad WELCOME")
+		if errors.Is(err, wire.ErrVersion) {
+			return fmt.Errorf("%w: WELCOME: %w", ErrRefused, err)
+		}
 		return fmt.Errorf("WELCOME: %w", err)
 	}
 	wel, ok := f.(*wire.Welcome)
@@ -406,8 +457,9 @@ func (w *Worker) session(ctx context.Context) error {
 	}
 	lim := &wire.Limits{D: int(wel.D), K: int(wel.K), NLayer: int(wel.NLayer), NExpert: int(wel.NExpert),
 		Holds: w.holdsExpert}
+	*welcomed = time.Now()
 	w.mu.Lock()
-	w.st.Session, w.st.ConnectedSince = wel.Session, time.Now()
+	w.st.Session, w.st.ConnectedSince = wel.Session, *welcomed
 	w.sentPause = false
 	w.mu.Unlock()
 	w.log.Info("worker: connected", "gateway", w.st.Gateway, "session", wel.Session, "accepted", wel.Accepted)
@@ -457,10 +509,15 @@ func (w *Worker) session(ctx context.Context) error {
 			return sctx.Err()
 		}
 	}
-	// control: pings and pause changes.
+	// control: pings (the first at once, so the RTT is known from the
+	// start) and pause changes.
 	go func() {
 		t := time.NewTicker(w.cfg.PingInterval)
 		defer t.Stop()
+		if err := send((&wire.Ping{Time: time.Now().UnixNano()}).Append(nil)); err != nil {
+			errc <- fmt.Errorf("PING: %w", err)
+			return
+		}
 		for {
 			if err := w.syncPause(send); err != nil {
 				errc <- err

@@ -151,6 +151,8 @@ func TestServe(t *testing.T) {
 				return fmt.Errorf("hello %+v", h)
 			}
 			send := func(f wire.Frame) error { return c.Write(ctx, websocket.MessageBinary, f.Append(nil)) }
+			// The worker pings right after WELCOME; the reads below skip PINGs.
+			read := func() ([]byte, error) { return readSkipPing(ctx, c) }
 			if err := send(&wire.Welcome{Session: "s1", D: d, K: 2, NLayer: 2, NExpert: 4, Accepted: 2}); err != nil {
 				return err
 			}
@@ -158,7 +160,7 @@ func TestServe(t *testing.T) {
 			if err := send(&wire.Dispatch{Request: 7, Layer: 1, N: 1, D: d, K: 2, Hidden: []float32{1, 2, 3}, IDs: []int32{2, -1}}); err != nil {
 				return err
 			}
-			_, msg, _ = c.Read(ctx)
+			msg, _ = read()
 			if f, err := wire.Decode(msg, lim); err != nil || f.(*wire.Error).Code != wire.CodeNotHeld || f.(*wire.Error).Request != 7 {
 				return fmt.Errorf("want ERROR not-held for 7, got %v %v", f, err)
 			}
@@ -168,7 +170,7 @@ func TestServe(t *testing.T) {
 			if err := send(disp); err != nil {
 				return err
 			}
-			_, msg, _ = c.Read(ctx)
+			msg, _ = read()
 			f, err = wire.Decode(msg, lim)
 			if err != nil {
 				return err

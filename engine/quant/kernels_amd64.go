@@ -202,7 +202,50 @@ func dotF32(a, b []float32, n int) float32 {
 }
 
 //go:noescape
-func f16RowsAVX2(w, a *byte, n, rows, rb int, out *float32)
+func f16RowsAVX2(w, a *byte, n, rows, rb int, out *float32, buf *float32)
+
+// f16Rows runs f16RowsAVX2 with a stack buffer for the n converted
+// activations, sized to n (zeroing it costs about what converting does);
+// false when n > 16384.
+func f16Rows(w, a []byte, n, rows, rb int, out []float32) bool {
+	switch {
+	case n <= 256:
+		f16Rows256(w, a, n, rows, rb, out)
+	case n <= 1024:
+		f16Rows1K(w, a, n, rows, rb, out)
+	case n <= 4096:
+		f16Rows4K(w, a, n, rows, rb, out)
+	case n <= 16384:
+		f16Rows16K(w, a, n, rows, rb, out)
+	default:
+		return false
+	}
+	return true
+}
+
+//go:noinline
+func f16Rows256(w, a []byte, n, rows, rb int, out []float32) {
+	var buf [256]float32
+	f16RowsAVX2(&w[0], &a[0], n, rows, rb, &out[0], &buf[0])
+}
+
+//go:noinline
+func f16Rows1K(w, a []byte, n, rows, rb int, out []float32) {
+	var buf [1024]float32
+	f16RowsAVX2(&w[0], &a[0], n, rows, rb, &out[0], &buf[0])
+}
+
+//go:noinline
+func f16Rows4K(w, a []byte, n, rows, rb int, out []float32) {
+	var buf [4096]float32
+	f16RowsAVX2(&w[0], &a[0], n, rows, rb, &out[0], &buf[0])
+}
+
+//go:noinline
+func f16Rows16K(w, a []byte, n, rows, rb int, out []float32) {
+	var buf [16384]float32
+	f16RowsAVX2(&w[0], &a[0], n, rows, rb, &out[0], &buf[0])
+}
 
 //go:noescape
 func q8_0RowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
@@ -242,8 +285,7 @@ func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 			return
 		}
 	case F16:
-		if n >= 32 && n%32 == 0 && rb >= 2*n && len(a) >= 2*n {
-			f16RowsAVX2(&w[0], &a[0], n, rows, rb, &out[0])
+		if n >= 32 && n%32 == 0 && rb >= 2*n && len(a) >= 2*n && f16Rows(w, a, n, rows, rb, out) {
 			return
 		}
 	}

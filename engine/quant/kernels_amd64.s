@@ -951,9 +951,11 @@ df32reduce:
 	VZEROUPPER
 	RET
 
-// F16ROW computes one fp16 row dot (vecDotF16) of n = 32*CX elements at
-// SI, DI into X0[0] (SI, DI advance; CX reaches 0; CX >= 1).
-#define F16ROW(lbl) \
+// F16F32ROW computes one fp16 row dot (vecDotF16) of n = 32*CX elements:
+// fp16 weights at SI, the activations already float32 at DI (the exact
+// values VCVTPH2PS gives); w*a products in dotF16LanesAVX2's lanes and
+// order, then REDUCE32 into X0[0]. SI, DI advance; CX >= 1 reaches 0.
+#define F16F32ROW(lbl) \
 	VXORPS Y0, Y0, Y0 \
 	VXORPS Y1, Y1, Y1 \
 	VXORPS Y2, Y2, Y2 \
@@ -963,30 +965,39 @@ lbl: \
 	VCVTPH2PS 16(SI), Y5 \
 	VCVTPH2PS 32(SI), Y6 \
 	VCVTPH2PS 48(SI), Y7 \
-	VCVTPH2PS 0(DI), Y8 \
-	VCVTPH2PS 16(DI), Y9 \
-	VCVTPH2PS 32(DI), Y10 \
-	VCVTPH2PS 48(DI), Y11 \
-	VMULPS    Y8, Y4, Y4 \
-	VMULPS    Y9, Y5, Y5 \
-	VMULPS    Y10, Y6, Y6 \
-	VMULPS    Y11, Y7, Y7 \
+	VMULPS    0(DI), Y4, Y4 \
+	VMULPS    32(DI), Y5, Y5 \
+	VMULPS    64(DI), Y6, Y6 \
+	VMULPS    96(DI), Y7, Y7 \
 	VADDPS    Y4, Y0, Y0 \
 	VADDPS    Y5, Y1, Y1 \
 	VADDPS    Y6, Y2, Y2 \
 	VADDPS    Y7, Y3, Y3 \
 	ADDQ      $64, SI \
-	ADDQ      $64, DI \
+	ADDQ      $128, DI \
 	DECQ      CX \
 	JNZ       lbl \
 	REDUCE32
 
-// func f16RowsAVX2(w, a *byte, n, rows, rb int, out *float32)
+// func f16RowsAVX2(w, a *byte, n, rows, rb int, out *float32, buf *float32)
 // out[r] = vecDotF16(w[r*rb:], a, n) for r < rows (rows >= 1; n a
-// multiple of 32, n >= 32).
-TEXT ·f16RowsAVX2(SB), NOSPLIT, $0-48
+// multiple of 32, n >= 32). The fp16 activations are first converted once
+// into buf (n float32s), then each row converts only its weights.
+TEXT ·f16RowsAVX2(SB), NOSPLIT, $0-56
+	MOVQ a+8(FP), SI
+	MOVQ buf+48(FP), DI
+	MOVQ n+16(FP), CX
+	SHRQ $3, CX
+
+f16cvt:
+	VCVTPH2PS 0(SI), Y0
+	VMOVUPS   Y0, 0(DI)
+	ADDQ      $16, SI
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       f16cvt
 	MOVQ w+0(FP), BX
-	MOVQ a+8(FP), R11
+	MOVQ buf+48(FP), R11
 	MOVQ n+16(FP), DX
 	SHRQ $5, DX
 	MOVQ rows+24(FP), R8
@@ -997,7 +1008,7 @@ f16rows:
 	MOVQ   BX, SI
 	MOVQ   R11, DI
 	MOVQ   DX, CX
-	F16ROW(f16rowloop)
+	F16F32ROW(f16rowloop)
 	VMOVSS X0, 0(R10)
 	ADDQ   $4, R10
 	ADDQ   R9, BX

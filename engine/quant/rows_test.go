@@ -19,6 +19,9 @@ func TestVecDotRowsMatchesGeneric(t *testing.T) {
 		ns := []int{QK_K, 3 * QK_K}
 		if typ.BlockSize() == 1 {
 			ns = append(ns, 32, 40, 7)
+		}
+		if typ == F16 { // every activation buffer size class of f16Rows, and past it
+			ns = append(ns, 2080, 4128, 16416)
 		} else if typ.BlockSize() == 32 {
 			ns = append(ns, 32, 96)
 		}

@@ -195,6 +195,37 @@ DATA q6kscq<>+240(SB)/8, $0x0f0e0f0e0f0e0f0e
 DATA q6kscq<>+248(SB)/8, $0x0f0e0f0e0f0e0f0e
 GLOBL q6kscq<>(SB), RODATA|NOPTR, $256
 
+// HSUM4(A, B, C, D, XA, XT) leaves in XA the 4 int32 lane sums
+// [sum A, sum B, sum C, sum D] of the 8-lane registers A..D (exact;
+// clobbers A, C and XT). The rows4 kernels then finish the 4 rows with
+// packed float ops: each lane is the scalar operation of the single-row
+// kernel on that row, in the same order, so the bits are the same.
+#define HSUM4(A, B, C, D, XA, XT) \
+	VPHADDD      B, A, A \
+	VPHADDD      D, C, C \
+	VPHADDD      C, A, A \
+	VEXTRACTI128 $1, A, XT \
+	VPADDD       XT, XA, XA
+
+// GATHER4D(X) loads the float32 d of the 4 block_q8_K at DI, R11, R12,
+// R13 into the lanes of X.
+#define GATHER4D(X) \
+	VMOVSS    0(DI), X \
+	VINSERTPS $0x10, 0(R11), X, X \
+	VINSERTPS $0x20, 0(R12), X, X \
+	VINSERTPS $0x30, 0(R13), X, X
+
+// STOREL4(X) stores the 4 float lanes of X at (BX), (BX+DX), (BX+2DX),
+// (BX+3DX) (DX: the byte stride between y rows).
+#define STOREL4(X) \
+	VMOVSS     X, (BX) \
+	ADDQ       DX, BX \
+	VEXTRACTPS $1, X, (BX) \
+	ADDQ       DX, BX \
+	VEXTRACTPS $2, X, (BX) \
+	ADDQ       DX, BX \
+	VEXTRACTPS $3, X, (BX)
+
 // F16SS(off, R, X): X[0] = float32 of the fp16 at off(R) (VCVTPH2PS is exact,
 // like fp16Table). Clobbers AX.
 #define F16SS(off, R, X) \
@@ -1017,8 +1048,33 @@ f16rows:
 	VZEROUPPER
 	RET
 
+// Q8BLK(off, Y): Y = the 8 int32 lane partials of block off/34 (exact
+// 16-bit products, as q8_0DotAVX2). Uses Y4..Y7.
+#define Q8BLK(off, Y) \
+	VPMOVSXBW (off+2)(SI), Y4 \
+	VPMOVSXBW (off+18)(SI), Y5 \
+	VPMOVSXBW (off+2)(DI), Y6 \
+	VPMOVSXBW (off+18)(DI), Y7 \
+	VPMADDWD  Y6, Y4, Y4 \
+	VPMADDWD  Y7, Y5, Y5 \
+	VPADDD    Y5, Y4, Y
+
+// GATHERH4(R, X): the fp16 d of the 4 blocks at R, R+34, R+68, R+102 as
+// float32 lanes of X (exact).
+#define GATHERH4(R, X) \
+	MOVWLZX   0(R), AX \
+	VMOVD     AX, X \
+	VPINSRW   $1, 34(R), X, X \
+	VPINSRW   $2, 68(R), X, X \
+	VPINSRW   $3, 102(R), X, X \
+	VCVTPH2PS X, X
+
 // func q8_0RowsAVX2(w, a *byte, nb, rows, rb int, out *float32)
 // out[r] = q8_0DotAVX2(w + r*rb, a, nb) for r < rows (rows, nb >= 1).
+// Blocks go 4 at a time: their integer sums are reduced together (HSUM4)
+// and the products (d_w*d_a)*float32(isum) computed packed (lane k =
+// block k's scalar operations), then added to sumf one lane at a time in
+// block order, as the single-block loop (used for the nb%4 left) does.
 TEXT ·q8_0RowsAVX2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), BX
 	MOVQ a+8(FP), R11
@@ -1030,8 +1086,38 @@ TEXT ·q8_0RowsAVX2(SB), NOSPLIT, $0-48
 q8rows:
 	MOVQ   BX, SI
 	MOVQ   R11, DI
-	MOVQ   DX, CX
 	VXORPS X9, X9, X9
+	MOVQ   DX, CX
+	SHRQ   $2, CX
+	JZ     q8rowone
+
+q8rowquad:
+	Q8BLK(0, Y0)
+	Q8BLK(34, Y1)
+	Q8BLK(68, Y2)
+	Q8BLK(102, Y3)
+	HSUM4(Y0, Y1, Y2, Y3, X0, X4)
+	VCVTDQ2PS X0, X0
+	GATHERH4(SI, X5)
+	GATHERH4(DI, X6)
+	VMULPS    X6, X5, X5
+	VMULPS    X0, X5, X5
+	VADDSS    X5, X9, X9
+	VMOVSHDUP X5, X7
+	VADDSS    X7, X9, X9
+	VMOVHLPS  X5, X5, X7
+	VADDSS    X7, X9, X9
+	VPSHUFD   $0xff, X5, X7
+	VADDSS    X7, X9, X9
+	ADDQ      $136, SI
+	ADDQ      $136, DI
+	DECQ      CX
+	JNZ       q8rowquad
+
+q8rowone:
+	MOVQ DX, CX
+	ANDQ $3, CX
+	JZ   q8rowend
 
 q8rowloop:
 	VPMOVSXBW 2(SI), Y0
@@ -1052,6 +1138,8 @@ q8rowloop:
 	ADDQ      $34, DI
 	DECQ      CX
 	JNZ       q8rowloop
+
+q8rowend:
 	VMOVSS    X9, 0(R10)
 	ADDQ      $4, R10
 	ADDQ      R9, BX
@@ -1199,37 +1287,6 @@ q6krowloop:
 	JNZ       q6krows
 	VZEROUPPER
 	RET
-
-// HSUM4(A, B, C, D, XA, XT) leaves in XA the 4 int32 lane sums
-// [sum A, sum B, sum C, sum D] of the 8-lane registers A..D (exact;
-// clobbers A, C and XT). The rows4 kernels then finish the 4 rows with
-// packed float ops: each lane is the scalar operation of the single-row
-// kernel on that row, in the same order, so the bits are the same.
-#define HSUM4(A, B, C, D, XA, XT) \
-	VPHADDD      B, A, A \
-	VPHADDD      D, C, C \
-	VPHADDD      C, A, A \
-	VEXTRACTI128 $1, A, XT \
-	VPADDD       XT, XA, XA
-
-// GATHER4D(X) loads the float32 d of the 4 block_q8_K at DI, R11, R12,
-// R13 into the lanes of X.
-#define GATHER4D(X) \
-	VMOVSS    0(DI), X \
-	VINSERTPS $0x10, 0(R11), X, X \
-	VINSERTPS $0x20, 0(R12), X, X \
-	VINSERTPS $0x30, 0(R13), X, X
-
-// STOREL4(X) stores the 4 float lanes of X at (BX), (BX+DX), (BX+2DX),
-// (BX+3DX) (DX: the byte stride between y rows).
-#define STOREL4(X) \
-	VMOVSS     X, (BX) \
-	ADDQ       DX, BX \
-	VEXTRACTPS $1, X, (BX) \
-	ADDQ       DX, BX \
-	VEXTRACTPS $2, X, (BX) \
-	ADDQ       DX, BX \
-	VEXTRACTPS $3, X, (BX)
 
 // func q4KRows4AVX2(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
 // For r < rows: y[j*ys+r] = q4KDot4AVX2(w + r*rb, a_j, nb) row j, j < 4

@@ -23,7 +23,7 @@ func TestVecDotRowsMatchesGeneric(t *testing.T) {
 		if typ == F16 { // every activation buffer size class of f16Rows, and past it
 			ns = append(ns, 2080, 4128, 16416)
 		} else if typ.BlockSize() == 32 {
-			ns = append(ns, 32, 96)
+			ns = append(ns, 32, 96, 160) // 1, 3, 5 blocks: the Q8_0 kernel goes 4 blocks at a time
 		}
 		for _, n := range ns {
 			rb0, _ := typ.RowBytes(n)

@@ -47,7 +47,7 @@ func runGateway(args []string) int {
 	}
 	cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
+		fmt.Fprintf(os.Stderr, "gateway: --tls-cert %s / --tls-key %s: %v\n", *certFile, *keyFile, err)
 		return 1
 	}
 	secret, err := loadSecret(*secretFile)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -49,6 +50,10 @@ func runHub(args []string) int {
 	h, err := hub.New(cfg)
 	if err == nil {
 		err = h.Start()
+	}
+	if errors.Is(err, hub.ErrPublic) {
+		fmt.Fprintf(os.Stderr, "%v; pass --allow-public to listen there anyway\n", err)
+		return 1
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

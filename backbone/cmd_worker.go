@@ -153,32 +153,24 @@ func runWorker(args []string) int {
 		}
 		layers = append(layers, l)
 	}
-	var pool *x509.CertPool
-	if *caFile != "" {
-		pem, err := os.ReadFile(*caFile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "worker:", err)
-			return 1
-		}
-		pool = x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			fmt.Fprintf(os.Stderr, "worker: no certificate in %s\n", *caFile)
-			return 1
-		}
+	pool, err := loadCA(*caFile)
+	if err != nil {
+		workerErr("--ca "+*caFile, err)
+		return 1
 	}
 	key, err := worker.LoadOrCreateKeyFile(*keyFile)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
+		workerErr("--key "+*keyFile, err)
 		return 1
 	}
 	var sl *workerSlice
 	if *modelTiny {
 		sl, err = loadTinySlice(layers, *threads)
-	} else {
-		sl, err = loadWorkerSlice(*slice, layers, *threads)
+	} else if sl, err = loadWorkerSlice(*slice, layers, *threads); err != nil {
+		err = fmt.Errorf("--slice %s: %w", *slice, err)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
+		workerErr("", err)
 		return 1
 	}
 	if sl.Close != nil {
@@ -190,7 +182,7 @@ func runWorker(args []string) int {
 	w, err := worker.New(worker.Config{GatewayURL: *gw, Key: key, RootCAs: pool, Computer: sl.Computer,
 		Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: "cpu-" + runtime.GOARCH, Threads: *threads})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
+		workerErr("", err)
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "worker: %d experts of model %q, key %x, gateway %s\n",
@@ -213,6 +205,34 @@ func runWorker(args []string) int {
 	}()
 	_ = w.Run(ctx)
 	return 0
+}
+
+// loadCA reads the PEM certificates of --ca path (nil pool for ""): the
+// gateway's self-signed certificate or its CA. Errors: the file's, or one
+// saying it holds no PEM certificate.
+func loadCA(path string) (*x509.CertPool, error) {
+	if path == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, errors.New("no PEM certificate in the file")
+	}
+	return pool, nil
+}
+
+// workerErr prints err on stderr with exactly one "worker: " prefix (the
+// engine/worker errors carry their own), after what ("--ca FILE") if set.
+func workerErr(what string, err error) {
+	msg := strings.TrimPrefix(err.Error(), "worker: ")
+	if what != "" {
+		msg = what + ": " + msg
+	}
+	fmt.Fprintln(os.Stderr, "worker: "+msg)
 }
 
 func defaultKeyFile() string {
@@ -252,28 +272,23 @@ func runSliceWorker(gw, dir, quotaFlag, caFile, keyFile string, threads int) int
 		fmt.Fprintln(os.Stderr, "worker: --quota needs --gateway, a --slice directory and a byte count:", err)
 		return 2
 	}
-	var pool *x509.CertPool
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "worker:", err)
-			return 1
-		}
-		pool = x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			fmt.Fprintf(os.Stderr, "worker: no certificate in %s\n", caFile)
-			return 1
-		}
+	pool, err := loadCA(caFile)
+	if err != nil {
+		workerErr("--ca "+caFile, err)
+		return 1
 	}
 	key, err := worker.LoadOrCreateKeyFile(keyFile)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
+		workerErr("--key "+keyFile, err)
 		return 1
 	}
 	w, err := worker.New(worker.Config{GatewayURL: gw, Key: key, RootCAs: pool, SliceDir: dir, Quota: quota,
 		Backend: "cpu-" + runtime.GOARCH, Threads: threads})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
+		if strings.HasPrefix(err.Error(), "worker: slice: ") {
+			err = fmt.Errorf("--slice %s: %s", dir, strings.TrimPrefix(err.Error(), "worker: slice: "))
+		}
+		workerErr("", err)
 		return 1
 	}
 	defer w.Close()

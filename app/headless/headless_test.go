@@ -197,6 +197,11 @@ func TestHeadlessInSwarm(t *testing.T) {
 		if len(f) < 9 || f[1] != "connected" {
 			continue
 		}
+		// The worker pings right after WELCOME: the RTT is known on the
+		// first connected line, not after the 20 s ping interval.
+		if f[3] == "rtt=—" {
+			t.Errorf("connected line without an RTT: %q", l)
+		}
 		i := slices.Index(f, "rows/s")
 		if i < 1 || f[i-1] == "0.0" || f[i+1] == "0.00" {
 			continue

@@ -307,3 +307,20 @@ func TestOtherModelRefused(t *testing.T) {
 	}
 	t.Logf("worker: %s", st.Reason)
 }
+
+// TestBackboneDownReason: with the backbone down, the hub answers 503 with
+// the reason "backbone unreachable", the gateway passes it on, and the
+// worker shows it in LastError.
+func TestBackboneDownReason(t *testing.T) {
+	m := testModel()
+	s := newStack(t, m, 0, nil)
+	if err := s.disp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := s.startWorker(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
+	waitFor(t, func() bool { return w.Stats().LastError != "" })
+	st := w.Stats()
+	if !strings.Contains(st.LastError, "503 Service Unavailable: backbone unreachable") || st.State != worker.StateDialing {
+		t.Fatalf("worker: state %v, last error %q", st.State, st.LastError)
+	}
+}

@@ -32,7 +32,9 @@ const DefaultMaxSkew = 60 * time.Second
 
 // Errors returned (wrapped) by the hub.
 var (
-	ErrPublic     = errors.New("hub: refusing to listen on a public address (use AllowPublic)")
+	// ErrPublic: Config.Listen is public and Config.AllowPublic is false
+	// (the hub command's --allow-public).
+	ErrPublic     = errors.New("hub: refusing to listen on a public address")
 	ErrNoSecret   = errors.New("hub: a shared gateway secret of at least 16 bytes is required")
 	ErrUnverified = errors.New("hub: gateway authentication failed")
 )

@@ -918,11 +918,49 @@ q6k4loop:
 	VPSHUFD      $0xb1, X0, X1 \
 	VADDSS       X1, X0, X0
 
+// f32tailmask: 32 all-ones dwords then 32 zero dwords; the 32 dwords from
+// index 32-t are the load mask of the first t lanes.
+DATA f32tailmask<>+0(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+8(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+16(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+24(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+32(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+40(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+48(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+56(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+64(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+72(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+80(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+88(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+96(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+104(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+112(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+120(SB)/8, $0xffffffffffffffff
+DATA f32tailmask<>+128(SB)/8, $0
+DATA f32tailmask<>+136(SB)/8, $0
+DATA f32tailmask<>+144(SB)/8, $0
+DATA f32tailmask<>+152(SB)/8, $0
+DATA f32tailmask<>+160(SB)/8, $0
+DATA f32tailmask<>+168(SB)/8, $0
+DATA f32tailmask<>+176(SB)/8, $0
+DATA f32tailmask<>+184(SB)/8, $0
+DATA f32tailmask<>+192(SB)/8, $0
+DATA f32tailmask<>+200(SB)/8, $0
+DATA f32tailmask<>+208(SB)/8, $0
+DATA f32tailmask<>+216(SB)/8, $0
+DATA f32tailmask<>+224(SB)/8, $0
+DATA f32tailmask<>+232(SB)/8, $0
+DATA f32tailmask<>+240(SB)/8, $0
+DATA f32tailmask<>+248(SB)/8, $0
+GLOBL f32tailmask<>(SB), RODATA|NOPTR, $256
+
 // func dotF32AVX2(a, b *float32, n int) float32
 // DotF32 for n >= 0 elements: the 32-lane loop of dotF32LanesAVX2 from
-// zero accumulators, the n%32 tail elements i added (scalar, unfused) to
-// lane i%32, then REDUCE32.
-TEXT ·dotF32AVX2(SB), NOSPLIT, $128-28
+// zero accumulators; the n%32 tail elements i go to lane i%32 through
+// masked loads (lanes past the tail add 0*0 = +0, which leaves every
+// accumulator value reachable from +0 unchanged, -0 never being one);
+// then REDUCE32.
+TEXT ·dotF32AVX2(SB), NOSPLIT, $0-28
 	MOVQ   a+0(FP), SI
 	MOVQ   b+8(FP), DI
 	MOVQ   n+16(FP), CX
@@ -954,27 +992,32 @@ df32loop:
 	JNZ     df32loop
 
 df32tail:
-	TESTQ   DX, DX
-	JZ      df32reduce
-	VMOVUPS Y0, 0(SP)
-	VMOVUPS Y1, 32(SP)
-	VMOVUPS Y2, 64(SP)
-	VMOVUPS Y3, 96(SP)
-	XORQ    CX, CX
-
-df32tailloop:
-	VMOVSS (SI)(CX*4), X4
-	VMULSS (DI)(CX*4), X4, X4
-	VMOVSS (SP)(CX*4), X5
-	VADDSS X4, X5, X5
-	VMOVSS X5, (SP)(CX*4)
-	INCQ   CX
-	CMPQ   CX, DX
-	JLT    df32tailloop
-	VMOVUPS 0(SP), Y0
-	VMOVUPS 32(SP), Y1
-	VMOVUPS 64(SP), Y2
-	VMOVUPS 96(SP), Y3
+	TESTQ      DX, DX
+	JZ         df32reduce
+	MOVQ       $32, R8
+	SUBQ       DX, R8
+	LEAQ       f32tailmask<>(SB), AX
+	LEAQ       (AX)(R8*4), AX
+	VMOVUPS    0(AX), Y8
+	VMOVUPS    32(AX), Y9
+	VMOVUPS    64(AX), Y10
+	VMOVUPS    96(AX), Y11
+	VMASKMOVPS 0(SI), Y8, Y4
+	VMASKMOVPS 32(SI), Y9, Y5
+	VMASKMOVPS 64(SI), Y10, Y6
+	VMASKMOVPS 96(SI), Y11, Y7
+	VMASKMOVPS 0(DI), Y8, Y12
+	VMASKMOVPS 32(DI), Y9, Y13
+	VMASKMOVPS 64(DI), Y10, Y14
+	VMASKMOVPS 96(DI), Y11, Y15
+	VMULPS     Y12, Y4, Y4
+	VMULPS     Y13, Y5, Y5
+	VMULPS     Y14, Y6, Y6
+	VMULPS     Y15, Y7, Y7
+	VADDPS     Y4, Y0, Y0
+	VADDPS     Y5, Y1, Y1
+	VADDPS     Y6, Y2, Y2
+	VADDPS     Y7, Y3, Y3
 
 df32reduce:
 	REDUCE32

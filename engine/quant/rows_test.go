@@ -87,6 +87,17 @@ func TestDotF32MatchesGeneric(t *testing.T) {
 		if !sameBits(got, want) {
 			t.Fatalf("DotF32 n=%d: %g (%#x), generic %g (%#x)", n, got, math.Float32bits(got), want, math.Float32bits(want))
 		}
+		if n > 0 { // products of -0 only: the sum is +0 either way
+			z, one := make([]float32, n), make([]float32, n)
+			for i := range z {
+				z[i], one[i] = float32(math.Copysign(0, -1)), 1
+			}
+			got, want := DotF32(z, one), float32(0)
+			withGeneric(func() { want = DotF32(z, one) })
+			if math.Float32bits(got) != math.Float32bits(want) || math.Float32bits(got) != 0 {
+				t.Fatalf("DotF32 n=%d of -0 products: %#x, generic %#x, want +0", n, math.Float32bits(got), math.Float32bits(want))
+			}
+		}
 		if n > 5 {
 			a[n/2] = float32(math.Inf(1))
 			got = DotF32(a, b)

@@ -116,7 +116,7 @@ type Config struct {
 	PingInterval time.Duration // default 20 s
 	BackoffBase  time.Duration // first reconnect delay bound; default 250 ms
 	BackoffMax   time.Duration // delay cap; default 30 s
-	StableAfter  time.Duration // a session alive this long after WELCOME resets the backoff; default 60 s
+	StableAfter  time.Duration // a session alive this long after WELCOME resets the backoff; default 10 s
 	Logger       *slog.Logger
 }
 
@@ -206,7 +206,7 @@ func New(cfg Config) (*Worker, error) {
 	def(&cfg.PingInterval, 20*time.Second)
 	def(&cfg.BackoffBase, 250*time.Millisecond)
 	def(&cfg.BackoffMax, 30*time.Second)
-	def(&cfg.StableAfter, 60*time.Second)
+	def(&cfg.StableAfter, 10*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

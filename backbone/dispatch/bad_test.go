@@ -323,4 +323,5 @@ func TestBackboneDownReason(t *testing.T) {
 	if !strings.Contains(st.LastError, "503 Service Unavailable: backbone unreachable") || st.State != worker.StateDialing {
 		t.Fatalf("worker: state %v, last error %q", st.State, st.LastError)
 	}
+	t.Logf("worker: %s", st.LastError)
 }

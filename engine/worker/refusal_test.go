@@ -188,3 +188,38 @@ func TestFirstPing(t *testing.T) {
 		t.Fatalf("RTT %v, want >= 5 ms (the server's delay)", rtt)
 	}
 }
+
+// TestOtherVersionIsPermanent: a WELCOME of another protocol version is a
+// permanent failure (ErrVersion in LastError, retried after BackoffMax).
+func TestOtherVersionIsPermanent(t *testing.T) {
+	var dials atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		dials.Add(1)
+		c, err := websocket.Accept(rw, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		if _, _, err := c.Read(r.Context()); err != nil { // HELLO
+			return
+		}
+		b := (&wire.Welcome{Session: "s", D: 4, K: 1, NLayer: 1, NExpert: 1}).Append(nil)
+		b[1], b[2] = byte(wire.Version+1), byte((wire.Version+1)>>8) // u16 LE after the magic
+		_ = c.Write(r.Context(), websocket.MessageBinary, b)
+		_, _, _ = c.Read(r.Context())
+	}))
+	defer srv.Close()
+	w := runWorker(t, Config{GatewayURL: "ws" + strings.TrimPrefix(srv.URL, "http"),
+		BackoffBase: 5 * time.Millisecond, BackoffMax: time.Minute})
+	var st Stats
+	for i := 0; i < 200; i++ {
+		if st = w.Stats(); st.LastError != "" {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if !strings.Contains(st.LastError, "unsupported protocol version") || !strings.Contains(w.Stats().Reason, "permanent") || dials.Load() != 1 {
+		t.Fatalf("dials %d, reason %q, last error %q", dials.Load(), w.Stats().Reason, st.LastError)
+	}
+}

@@ -2,7 +2,8 @@
 // the mobile API and the headless `backbone worker` command. It dials the
 // gateway (wss), proves its identity at the upgrade (wire.SignUpgrade), sends
 // HELLO with its holdings, computes every DISPATCH with its expert.Computer
-// and answers RESULT, pings every 20 s, and reconnects with exponential
+// and answers RESULT, pings right after WELCOME and then every 20 s (so the
+// round trip is known at once), and reconnects with exponential
 // backoff and full jitter. It never opens a listening socket.
 //
 // Pausing keeps the connection: the worker sends PAUSE(1) and the backbone
@@ -126,7 +127,12 @@ type Config struct {
 // version, holdings outside the model), or the gateway's certificate is
 // signed by an authority the worker does not trust. Run then waits
 // BackoffMax before each retry until a session is stable again.
-var ErrRefused = errors.New("refused")
+var ErrRefused = errors.New("worker: refused")
+
+// permanent marks err as ErrRefused without changing its message.
+type permanent struct{ error }
+
+func (p permanent) Unwrap() []error { return []error{p.error, ErrRefused} }
 
 // Worker is one dial-out worker. Create with New, then Run.
 type Worker struct {
@@ -366,7 +372,7 @@ func (w *Worker) Run(ctx context.Context) error {
 func dialError(resp *http.Response, err error) error {
 	var ua x509.UnknownAuthorityError
 	if errors.As(err, &ua) {
-		return fmt.Errorf("%w: dial: %w (pass --ca FILE with the gateway's certificate (or its CA))", ErrRefused, err)
+		return permanent{fmt.Errorf("dial: %w (pass --ca FILE with the gateway's certificate (or its CA))", err)}
 	}
 	if resp == nil {
 		return fmt.Errorf("dial: %w", err)
@@ -435,7 +441,7 @@ func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
 		if errors.As(err, &ce) && ce.Code == websocket.StatusPolicyViolation {
 			// The backbone refused the HELLO itself: the same HELLO will be
 			// refused again.
-			return fmt.Errorf("%w by the backbone: %s", ErrRefused, ce.Reason)
+			return permanent{fmt.Errorf("refused by the backbone: %s", ce.Reason)}
 		}
 		return fmt.Errorf("waiting for WELCOME: %w", err)
 	}
@@ -444,7 +450,7 @@ func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
 	if err != nil {
 		c.Close(websocket.StatusPolicyViolation, "bad WELCOME")
 		if errors.Is(err, wire.ErrVersion) {
-			return fmt.Errorf("%w: WELCOME: %w", ErrRefused, err)
+			return permanent{fmt.Errorf("WELCOME: %w", err)}
 		}
 		return fmt.Errorf("WELCOME: %w", err)
 	}

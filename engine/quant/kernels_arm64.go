@@ -88,9 +88,10 @@ func vecDot4Rows(weight Type, w []byte, rb int, a []byte, ab, n int, y []float32
 	return false
 }
 
-// has4 is false: no vecDot4 kernels on arm64 yet.
+// has4 is false: no vecDot4Rows kernels on arm64 yet.
 func has4(weight Type, n int) bool { return false }
 
+// dotF32 is genericDotF32 (DotF32 over n elements) in this build.
 func dotF32(a, b []float32, n int) float32 { return genericDotF32(a, b, n) }
 
 // vecDotRows is the per-row loop on arm64 (the NEON kernels are integer

@@ -39,11 +39,13 @@ func vecDot4Rows(weight Type, w []byte, rb int, a []byte, ab, n int, y []float32
 	return false
 }
 
-// has4 is false: no vecDot4 kernels in this build.
+// has4 is false: no vecDot4Rows kernels in this build.
 func has4(weight Type, n int) bool { return false }
 
+// dotF32 is genericDotF32 (DotF32 over n elements) in this build.
 func dotF32(a, b []float32, n int) float32 { return genericDotF32(a, b, n) }
 
+// vecDotRows is the per-row loop (genericVecDotRows) in this build.
 func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 	genericVecDotRows(weight, w, rb, a, n, out)
 }

@@ -60,11 +60,7 @@ func ledgerMain(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if _, err := os.Stat(*db); err != nil {
-		fmt.Fprintf(stderr, "ledger: %v\n", err)
-		return 1
-	}
-	l, err := ledger.Open(*db)
+	l, err := ledger.OpenReadOnly(*db) // never writes: no schema, no WAL switch, no -wal/-shm
 	if err != nil {
 		fmt.Fprintf(stderr, "ledger: %v\n", err)
 		return 1
@@ -129,11 +125,7 @@ func walletsMain(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if _, err := os.Stat(*db); err != nil {
-		fmt.Fprintf(stderr, "wallets: %v\n", err)
-		return 1
-	}
-	s, err := credit.Open(credit.Config{Path: *db, Source: noSource{}})
+	s, err := credit.OpenReadOnly(*db) // never writes: no seed, no WAL switch, no -wal/-shm
 	if err != nil {
 		fmt.Fprintf(stderr, "wallets: %v\n", err)
 		return 1
@@ -166,13 +158,6 @@ func walletsMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// noSource is the ledger source of a wallets file opened only to read it.
-type noSource struct{}
-
-func (noSource) Read(context.Context, int64, int) ([]ledger.Entry, error) {
-	return nil, errors.New("no ledger source")
 }
 
 // creditFlags are the gateway's crediting flags (--wallets,

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
+	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
 
@@ -97,14 +98,24 @@ type Service struct {
 	beforeCommit func() error
 }
 
-// Open opens or creates the wallets file and its gateway signing key.
-// Errors: ErrSchema, or the SQLite error for a file that is not a database.
+// Open opens or creates the wallets file and its gateway signing key. The
+// file is first checked through a read-only connection (dbfile.Check): a
+// corrupt file, a file of another kind (application_id, tables) or of a
+// newer schema is refused with an error wrapping ErrSchema and the dbfile
+// error (dbfile.ErrCorrupt, ErrForeign, ErrNewerSchema), and left byte for
+// byte as it was. A new or empty file gets the schema, user_version =
+// SchemaVersion and application_id = dbfile.AppIDGatewayWallets; a
+// wallets file written before application ids (id 0, version 1, exactly
+// its four tables) is adopted by setting the id.
 func Open(cfg Config) (*Service, error) {
 	if cfg.RateNKVRPerByte == 0 {
 		cfg.RateNKVRPerByte = walletapi.DefaultRateNKVRPerByte
 	}
 	if cfg.Batch <= 0 {
 		cfg.Batch = DefaultBatch
+	}
+	if _, err := dbfile.Check(cfg.Path, dbfile.GatewayWallets); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
 	}
 	if f, err := os.OpenFile(cfg.Path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
 		f.Close() // an empty file is a valid empty SQLite database
@@ -127,23 +138,57 @@ func Open(cfg Config) (*Service, error) {
 	return s, nil
 }
 
+// OpenReadOnly opens an existing wallets file to read it (PublicKey,
+// Cursor, Wallets, Statements); it never writes to path nor leaves
+// -wal/-shm files that were not there (dbfile.ReadOnlyDSN). Crediting
+// through the result fails. A missing file gives an error wrapping
+// dbfile.ErrNotExist; an empty, corrupt, foreign or newer file one
+// wrapping ErrSchema and the dbfile error.
+func OpenReadOnly(path string) (*Service, error) {
+	if _, err := dbfile.CheckExisting(path, dbfile.GatewayWallets); err != nil {
+		if errors.Is(err, dbfile.ErrNotExist) {
+			return nil, fmt.Errorf("credit: %w", err)
+		}
+		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
+	}
+	dsn, err := dbfile.ReadOnlyDSN(path)
+	if err != nil {
+		return nil, fmt.Errorf("credit: %w", err)
+	}
+	db, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("credit: open %s: %w", path, err)
+	}
+	s := &Service{db: db, rate: walletapi.DefaultRateNKVRPerByte, batch: DefaultBatch, now: time.Now}
+	var seed []byte
+	if err := db.QueryRow(`SELECT v FROM meta WHERE k = 'signing_seed'`).Scan(&seed); err != nil || len(seed) != ed25519.SeedSize {
+		db.Close()
+		return nil, fmt.Errorf("%w: %s: no valid signing seed (%v)", ErrSchema, path, err)
+	}
+	s.key = ed25519.NewKeyFromSeed(seed)
+	return s, nil
+}
+
 func (s *Service) init() error {
-	var v int
-	if err := s.db.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
-		return err
-	}
-	if v > SchemaVersion {
-		return fmt.Errorf("%w: file has version %d, this program knows %d", ErrSchema, v, SchemaVersion)
-	}
 	tx, err := s.db.Begin()
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
+	var v int
+	if err := tx.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
+		return err
+	}
+	if v > SchemaVersion { // another process may have written it since the check
+		return fmt.Errorf("%w: file has version %d, this program knows %d", ErrSchema, v, SchemaVersion)
+	}
 	if _, err := tx.Exec(schema); err != nil {
 		return fmt.Errorf("%w: %v", ErrSchema, err)
 	}
 	if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, SchemaVersion)); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(dbfile.GatewayWallets.SetAppID()); err != nil {
 		return err
 	}
 	var seed []byte

@@ -5,13 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
-	"path/filepath"
 	"strings"
 	"time"
 
 	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
 
+	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
 
@@ -82,19 +81,22 @@ type Reader interface {
 
 // DSN returns the go-sqlite3 data source name for the SQLite file at path
 // with the given extra URI parameters (e.g. "_journal_mode=WAL").
-func DSN(path string, params ...string) (string, error) {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return "", err
-	}
-	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: strings.Join(params, "&")}
-	return u.String(), nil
-}
+func DSN(path string, params ...string) (string, error) { return dbfile.DSN(path, params...) }
 
-// Open opens (creating if needed) the ledger at path. It returns ErrSchema
-// if the file holds a newer schema version or an "entries" table of another
-// shape, and the SQLite error if the file is not a database.
+// Open opens (creating if needed) the ledger at path for appending. The
+// file is first checked through a read-only connection (dbfile.Check): a
+// corrupt file, a file of another kind (application_id, tables) or of a
+// newer schema is refused with an error wrapping ErrSchema and the
+// dbfile error (dbfile.ErrCorrupt, ErrForeign, ErrNewerSchema), and is left
+// byte for byte as it was. A new or empty file gets the schema,
+// user_version = SchemaVersion and application_id = dbfile.AppIDLedger; a
+// ledger written before application ids (id 0, version 1, exactly the
+// entries table) is adopted by setting the id.
 func Open(path string) (*Ledger, error) {
+	info, err := dbfile.Check(path, dbfile.Ledger)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
+	}
 	dsn, err := DSN(path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
@@ -104,31 +106,61 @@ func Open(path string) (*Ledger, error) {
 		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
 	}
 	l := &Ledger{db: db}
-	if err := l.init(); err != nil {
+	if err := l.init(info.State); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
 	}
 	return l, nil
 }
 
-func (l *Ledger) init() error {
-	var v int
-	if err := l.db.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
-		return err
+// OpenReadOnly opens an existing ledger for reading only (Totals, Read,
+// LastID); it never writes to path nor leaves -wal/-shm files that were
+// not there (see dbfile.ReadOnlyDSN). A missing file gives an error
+// wrapping dbfile.ErrNotExist; an empty file, a corrupt one, one of another
+// kind or of a newer schema an error wrapping ErrSchema and the dbfile
+// error. Appends on the result fail.
+func OpenReadOnly(path string) (*Ledger, error) {
+	if _, err := dbfile.CheckExisting(path, dbfile.Ledger); err != nil {
+		if errors.Is(err, dbfile.ErrNotExist) {
+			return nil, fmt.Errorf("ledger: %w", err)
+		}
+		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
 	}
-	if v > SchemaVersion {
-		return fmt.Errorf("%w: file has schema version %d, this program knows %d", ErrSchema, v, SchemaVersion)
+	dsn, err := dbfile.ReadOnlyDSN(path)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
 	}
+	db, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
+	}
+	return &Ledger{db: db}, nil
+}
+
+func (l *Ledger) init(state dbfile.State) error {
 	tx, err := l.db.Begin()
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.Exec(schema); err != nil {
+	var v int
+	if err := tx.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, SchemaVersion)); err != nil {
-		return err
+	// Another process may have created the file since the check.
+	if state != dbfile.Current || v == 0 {
+		if v > SchemaVersion {
+			return fmt.Errorf("%w: file has schema version %d, this program knows %d", ErrSchema, v, SchemaVersion)
+		}
+		if _, err := tx.Exec(schema); err != nil {
+			return fmt.Errorf("%w: %v", ErrSchema, err)
+		}
+		if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, SchemaVersion)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(dbfile.Ledger.SetAppID()); err != nil {
+			return err
+		}
 	}
 	// A pre-existing table named entries with another shape fails here.
 	if _, err := tx.Exec(`SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time FROM entries LIMIT 0`); err != nil {

@@ -7,10 +7,14 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvasir-ai/kvasir/wallet/dbfile"
+	"github.com/kvasir-ai/kvasir/wallet/dbfile/dbfiletest"
 )
 
 func hexKey(b byte) string { return strings.Repeat(string("0123456789abcdef"[b%16]), 64) }
@@ -289,5 +293,126 @@ func BenchmarkAppendAll100(b *testing.B) {
 		if err := l.AppendAll(context.Background(), es); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestBadFilesUntouched: Open (read-write, the hub) and OpenReadOnly (the
+// ledger command) refuse a file that is not a ledger of this version before
+// writing anything: same bytes (header byte 19 stays 1, no switch to WAL),
+// no -wal/-shm left behind. The error says what the file is.
+func TestBadFilesUntouched(t *testing.T) {
+	dir := t.TempDir()
+	mk := func(name string, tables []string, v int, id int32) string {
+		return dbfiletest.Make(t, filepath.Join(dir, name), tables, v, id)
+	}
+	cases := []struct {
+		path string
+		err  error
+		say  string
+	}{
+		{mk("newer", dbfile.Ledger.Tables, 2, dbfile.AppIDLedger), dbfile.ErrNewerSchema, "schema version 2"},
+		{mk("wallets", dbfile.GatewayWallets.Tables, 1, dbfile.AppIDGatewayWallets), dbfile.ErrForeign, "gateway wallets file"},
+		{mk("legacy-wallets", dbfile.GatewayWallets.Tables, 1, 0), dbfile.ErrForeign, "gateway wallets file"},
+		{mk("worker", dbfile.WorkerWallet.Tables, 1, dbfile.AppIDWorkerWallet), dbfile.ErrForeign, "worker wallet"},
+		{mk("other", []string{"t"}, 0, 0), dbfile.ErrForeign, "not a kvasir contribution ledger"},
+	}
+	garbage := filepath.Join(dir, "garbage")
+	if err := os.WriteFile(garbage, bytes.Repeat([]byte{0xa5}, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases = append(cases, struct {
+		path string
+		err  error
+		say  string
+	}{garbage, dbfile.ErrCorrupt, "not an SQLite database"})
+	before := dbfiletest.Snapshot(t, dir)
+	for _, c := range cases {
+		for _, open := range []func(string) (*Ledger, error){Open, OpenReadOnly} {
+			l, err := open(c.path)
+			if err == nil {
+				l.Close()
+			}
+			if !errors.Is(err, ErrSchema) || !errors.Is(err, c.err) || !strings.Contains(err.Error(), c.say) {
+				t.Errorf("%s: %v, want ErrSchema and %v saying %q", filepath.Base(c.path), err, c.err, c.say)
+			}
+		}
+	}
+	dbfiletest.Unchanged(t, dir, before)
+}
+
+// TestOpenReadOnly: reading a ledger leaves the directory byte for byte as
+// it was (closed ledger: immutable read), reads a live writer's WAL, and a
+// missing or empty file is an error.
+func TestOpenReadOnly(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "ledger.db")
+	l, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Append(Entry{SessionID: "s", WorkerID: hexKey(1), BytesIn: 5, BytesOut: 7, RejectedBytes: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// Live writer: the row is only in the -wal file.
+	r, err := OpenReadOnly(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tot, err := r.Totals()
+	if err != nil || len(tot) != 1 || tot[0].Bytes != 12 || tot[0].RejectedBytes != 3 {
+		t.Fatalf("totals with live writer: %+v, %v", tot, err)
+	}
+	if err := r.Append(Entry{SessionID: "s", WorkerID: hexKey(1)}); err == nil {
+		t.Error("append through a read-only ledger succeeded")
+	}
+	r.Close()
+	l.Close()
+	before := dbfiletest.Snapshot(t, dir)
+	if len(before) != 1 {
+		t.Fatalf("after close: %v", before)
+	}
+	r, err = OpenReadOnly(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tot, err := r.Totals(); err != nil || len(tot) != 1 || tot[0].Bytes != 12 {
+		t.Fatalf("totals: %+v, %v", tot, err)
+	}
+	r.Close()
+	dbfiletest.Unchanged(t, dir, before)
+	if _, err := OpenReadOnly(filepath.Join(dir, "missing")); !errors.Is(err, dbfile.ErrNotExist) {
+		t.Errorf("missing: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Error("OpenReadOnly created the missing file")
+	}
+}
+
+// TestAppIDAndLegacyAdoption: a new ledger carries dbfile.AppIDLedger; a
+// ledger written before application ids (id 0, version 1, table entries)
+// is adopted by Open with its rows and gets the id.
+func TestAppIDAndLegacyAdoption(t *testing.T) {
+	l, p := openTemp(t)
+	if err := l.Append(Entry{SessionID: "s", WorkerID: hexKey(2), BytesIn: 1}); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.State != dbfile.Current {
+		t.Fatalf("new ledger: %+v, %v", info, err)
+	}
+	dbfiletest.ToRollback(t, p, -1, 0)
+	if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.State != dbfile.Legacy {
+		t.Fatalf("legacy ledger: %+v, %v", info, err)
+	}
+	l, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := l.LastID(); n != 1 {
+		t.Errorf("adopted ledger last id %d", n)
+	}
+	l.Close()
+	if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.State != dbfile.Current {
+		t.Fatalf("adopted ledger: %+v, %v", info, err)
 	}
 }

@@ -1,0 +1,250 @@
+// Package dbfile identifies kvasir's SQLite files before anything writes to
+// them. Each kind of file (the hub's contribution ledger, the gateway's
+// wallets file, the worker's wallet) carries its own PRAGMA application_id
+// (a 32-bit big-endian integer at byte offset 68 of the SQLite header, see
+// https://www.sqlite.org/fileformat2.html#database_header) and its schema
+// version in PRAGMA user_version (offset 60).
+//
+// Check inspects a file through a read-only connection (immutable=1 when no
+// -wal or -journal file exists, so SQLite creates no -wal/-shm files), so a
+// corrupt file, a file of another kind or one from a newer schema is
+// refused with the file left byte for byte as it was. Only after Check has
+// accepted a file may the caller open it read-write (which, for a WAL
+// file, rewrites header bytes 18-19 and creates -wal/-shm).
+package dbfile
+
+import (
+	"bytes"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
+)
+
+// Application ids (PRAGMA application_id) of kvasir's SQLite files: four
+// ASCII letters read as a big-endian int32, so `xxd -s 68 -l 4 FILE` shows
+// them.
+const (
+	AppIDLedger         int32 = 0x4B564C47 // "KVLG": hub contribution ledger (backbone/ledger)
+	AppIDGatewayWallets int32 = 0x4B564757 // "KVGW": gateway wallets file (backbone/credit)
+	AppIDWorkerWallet   int32 = 0x4B565757 // "KVWW": worker's local wallet (wallet)
+)
+
+// Errors returned by Check; each returned error wraps exactly one.
+var (
+	// ErrNotExist: the file does not exist (CheckExisting only).
+	ErrNotExist = errors.New("dbfile: no such file")
+	// ErrCorrupt: not an SQLite database, unreadable, or fails
+	// PRAGMA quick_check.
+	ErrCorrupt = errors.New("dbfile: file is corrupt or not an SQLite database")
+	// ErrForeign: an SQLite database of another kind (another kvasir file,
+	// or any other program's database).
+	ErrForeign = errors.New("dbfile: file is of another kind")
+	// ErrNewerSchema: a file of the right kind whose user_version is above
+	// the version this program knows.
+	ErrNewerSchema = errors.New("dbfile: file is from a newer schema")
+)
+
+// Kind describes one kind of kvasir SQLite file.
+type Kind struct {
+	Name    string   // for messages: "ledger", "gateway wallets file", "worker wallet"
+	AppID   int32    // PRAGMA application_id written on creation
+	Version int      // newest PRAGMA user_version this program knows (>= 1)
+	Tables  []string // exact set of tables (sqlite_* excluded) of schema Version, sorted
+}
+
+// The three kinds of kvasir file. Tables is the schema-1 table set, used to
+// recognise files written before application ids existed (id 0).
+var (
+	Ledger         = Kind{Name: "kvasir contribution ledger", AppID: AppIDLedger, Version: 1, Tables: []string{"entries"}}
+	GatewayWallets = Kind{Name: "kvasir gateway wallets file", AppID: AppIDGatewayWallets, Version: 1, Tables: []string{"cursor", "meta", "statements", "wallets"}}
+	WorkerWallet   = Kind{Name: "kvasir worker wallet", AppID: AppIDWorkerWallet, Version: 1, Tables: []string{"meta", "payouts", "sessions", "statements"}}
+)
+
+var kinds = []Kind{Ledger, GatewayWallets, WorkerWallet}
+
+// State is what Check found.
+type State int
+
+const (
+	// Missing: no file at the path; the caller may create one.
+	Missing State = iota
+	// Empty: a 0-byte file or an SQLite database with no tables, user_version
+	// 0 and application_id 0; the caller may initialise it.
+	Empty
+	// Legacy: application_id 0 but user_version == Kind.Version and exactly
+	// Kind.Tables, i.e. written by kvasir before application ids; the
+	// caller may adopt it by setting the id (read-write) or read it as is.
+	Legacy
+	// Current: application_id == Kind.AppID and user_version == Kind.Version.
+	Current
+)
+
+// Info is the result of Check.
+type Info struct {
+	State   State
+	AppID   int32 // PRAGMA application_id (0 when Missing/Empty)
+	Version int   // PRAGMA user_version
+}
+
+// Check inspects the file at path for kind k without modifying it (see the
+// package comment). It returns Info with State Missing, Empty, Legacy or
+// Current, or an error wrapping ErrCorrupt, ErrForeign or ErrNewerSchema
+// that names the path and, for a foreign kvasir file, what it is.
+func Check(path string, k Kind) (Info, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Info{State: Missing}, nil
+	}
+	if err != nil {
+		return Info{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	hdr := make([]byte, 100)
+	n, rerr := io.ReadFull(f, hdr)
+	f.Close()
+	if n == 0 && rerr == io.EOF {
+		return Info{State: Empty}, nil
+	}
+	if n < 100 || !bytes.HasPrefix(hdr, []byte("SQLite format 3\x00")) {
+		return Info{}, fmt.Errorf("%w: %s is not an SQLite database (no SQLite header), not a %s", ErrCorrupt, path, k.Name)
+	}
+	dsn, err := ReadOnlyDSN(path)
+	if err != nil {
+		return Info{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	db, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		return Info{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	defer db.Close()
+	var info Info
+	if err := db.QueryRow(`PRAGMA application_id`).Scan(&info.AppID); err != nil {
+		return Info{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	if err := db.QueryRow(`PRAGMA user_version`).Scan(&info.Version); err != nil {
+		return Info{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	var qc string
+	if err := db.QueryRow(`PRAGMA quick_check`).Scan(&qc); err != nil {
+		return Info{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	if qc != "ok" {
+		return Info{}, fmt.Errorf("%w: %s: quick_check: %s", ErrCorrupt, path, qc)
+	}
+	tables, err := tableNames(db)
+	if err != nil {
+		return Info{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	return classify(path, k, info, tables)
+}
+
+// CheckExisting is Check for a reader that must not create the file: a
+// missing or empty file is an error wrapping ErrNotExist or ErrForeign.
+func CheckExisting(path string, k Kind) (Info, error) {
+	info, err := Check(path, k)
+	switch {
+	case err != nil:
+		return info, err
+	case info.State == Missing:
+		return info, fmt.Errorf("%w: %s (want a %s)", ErrNotExist, path, k.Name)
+	case info.State == Empty:
+		return info, fmt.Errorf("%w: %s is empty, not a %s", ErrForeign, path, k.Name)
+	}
+	return info, nil
+}
+
+func classify(path string, k Kind, info Info, tables []string) (Info, error) {
+	if info.AppID == k.AppID {
+		switch {
+		case info.Version > k.Version:
+			return info, fmt.Errorf("%w: %s is a %s of schema version %d; this program reads up to %d, upgrade kvasir",
+				ErrNewerSchema, path, k.Name, info.Version, k.Version)
+		case info.Version == k.Version && slices.Equal(tables, k.Tables):
+			info.State = Current
+			return info, nil
+		}
+		return info, fmt.Errorf("%w: %s has the %s id but schema version %d and tables [%s]",
+			ErrCorrupt, path, k.Name, info.Version, strings.Join(tables, " "))
+	}
+	if info.AppID != 0 {
+		for _, o := range kinds {
+			if o.AppID == info.AppID {
+				return info, fmt.Errorf("%w: %s is a %s, not a %s", ErrForeign, path, o.Name, k.Name)
+			}
+		}
+		return info, fmt.Errorf("%w: %s has application_id 0x%08x (another program's database), not a %s",
+			ErrForeign, path, uint32(info.AppID), k.Name)
+	}
+	switch {
+	case info.Version == 0 && len(tables) == 0:
+		info.State = Empty
+		return info, nil
+	case slices.Equal(tables, k.Tables) && info.Version == k.Version:
+		info.State = Legacy
+		return info, nil
+	case slices.Equal(tables, k.Tables) && info.Version > k.Version:
+		return info, fmt.Errorf("%w: %s is a %s of schema version %d; this program reads up to %d, upgrade kvasir",
+			ErrNewerSchema, path, k.Name, info.Version, k.Version)
+	}
+	for _, o := range kinds {
+		if o.AppID != k.AppID && slices.Equal(tables, o.Tables) && info.Version == o.Version {
+			return info, fmt.Errorf("%w: %s is a %s (written before application ids), not a %s", ErrForeign, path, o.Name, k.Name)
+		}
+	}
+	return info, fmt.Errorf("%w: %s is an SQLite database with tables [%s] and user_version %d, not a %s",
+		ErrForeign, path, strings.Join(tables, " "), info.Version, k.Name)
+}
+
+func tableNames(db *sql.DB) ([]string, error) {
+	rows, err := db.Query(`SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\' ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// DSN returns the go-sqlite3 data source name for the file at path with
+// the given extra URI parameters (e.g. "_journal_mode=WAL").
+func DSN(path string, params ...string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: strings.Join(params, "&")}
+	return u.String(), nil
+}
+
+// ReadOnlyDSN returns a read-only data source name for path that leaves
+// the directory as it was: mode=ro&immutable=1 when neither path-wal nor
+// path-journal exists (no writer has it open and nothing is to be
+// recovered; SQLite then takes no locks and creates no -shm/-wal), else
+// mode=ro, which reads a live writer's WAL consistently (SQLite may then
+// create the -shm index next to the writer's -wal).
+func ReadOnlyDSN(path string) (string, error) {
+	_, werr := os.Stat(path + "-wal")
+	_, jerr := os.Stat(path + "-journal")
+	if errors.Is(werr, os.ErrNotExist) && errors.Is(jerr, os.ErrNotExist) {
+		return DSN(path, "mode=ro", "immutable=1")
+	}
+	return DSN(path, "mode=ro", "_busy_timeout=10000")
+}
+
+// SetAppID is the statement that stamps k's application id, to run in the
+// transaction that creates or adopts a file.
+func (k Kind) SetAppID() string { return fmt.Sprintf(`PRAGMA application_id = %d`, k.AppID) }

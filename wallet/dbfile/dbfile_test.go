@@ -1,0 +1,133 @@
+package dbfile_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/wallet/dbfile"
+	"github.com/kvasir-ai/kvasir/wallet/dbfile/dbfiletest"
+)
+
+// TestAppIDHeaderBytes: the ids are the documented ASCII tags, and SQLite
+// stores them big-endian at header offset 68 (fileformat2.html).
+func TestAppIDHeaderBytes(t *testing.T) {
+	dir := t.TempDir()
+	for tag, k := range map[string]dbfile.Kind{"KVLG": dbfile.Ledger, "KVGW": dbfile.GatewayWallets, "KVWW": dbfile.WorkerWallet} {
+		p := dbfiletest.Make(t, filepath.Join(dir, tag), k.Tables, 1, k.AppID)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(b[68:72]); got != tag {
+			t.Errorf("%s: header bytes 68..71 = %q", k.Name, got)
+		}
+		if got := b[63]; got != 1 { // user_version, big-endian at 60
+			t.Errorf("%s: user_version byte %d", k.Name, got)
+		}
+	}
+}
+
+func TestCheckClassifies(t *testing.T) {
+	dir := t.TempDir()
+	mk := func(name string, tables []string, v int, id int32) string {
+		return dbfiletest.Make(t, filepath.Join(dir, name), tables, v, id)
+	}
+	ledger := mk("ledger", dbfile.Ledger.Tables, 1, dbfile.AppIDLedger)
+	legacyLedger := mk("legacy-ledger", dbfile.Ledger.Tables, 1, 0)
+	wallets := mk("wallets", dbfile.GatewayWallets.Tables, 1, dbfile.AppIDGatewayWallets)
+	legacyWallets := mk("legacy-wallets", dbfile.GatewayWallets.Tables, 1, 0)
+	newer := mk("newer", dbfile.Ledger.Tables, 2, dbfile.AppIDLedger)
+	newerLegacy := mk("newer-legacy", dbfile.Ledger.Tables, 3, 0)
+	other := mk("other", []string{"entries"}, 0, 0)
+	otherApp := mk("other-app", []string{"t"}, 1, 0x12345678)
+	fresh := mk("fresh", nil, 0, 0)
+	wrongTables := mk("wrong-tables", []string{"entries", "extra"}, 1, dbfile.AppIDLedger)
+	empty := filepath.Join(dir, "empty")
+	garbage := filepath.Join(dir, "garbage")
+	truncated := filepath.Join(dir, "truncated")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(garbage, []byte(strings.Repeat("not a database ", 100)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(ledger)
+	if err := os.WriteFile(truncated, b[:len(b)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		path  string
+		state dbfile.State
+		err   error
+		say   string // substring of the error
+	}{
+		{filepath.Join(dir, "missing"), dbfile.Missing, nil, ""},
+		{empty, dbfile.Empty, nil, ""},
+		{fresh, dbfile.Empty, nil, ""},
+		{ledger, dbfile.Current, nil, ""},
+		{legacyLedger, dbfile.Legacy, nil, ""},
+		{wallets, 0, dbfile.ErrForeign, "is a kvasir gateway wallets file, not a kvasir contribution ledger"},
+		{legacyWallets, 0, dbfile.ErrForeign, "is a kvasir gateway wallets file (written before application ids)"},
+		{newer, 0, dbfile.ErrNewerSchema, "schema version 2"},
+		{newerLegacy, 0, dbfile.ErrNewerSchema, "schema version 3"},
+		{other, 0, dbfile.ErrForeign, "tables [entries] and user_version 0"},
+		{otherApp, 0, dbfile.ErrForeign, "application_id 0x12345678"},
+		{wrongTables, 0, dbfile.ErrCorrupt, "tables [entries extra]"},
+		{garbage, 0, dbfile.ErrCorrupt, "no SQLite header"},
+		{truncated, 0, dbfile.ErrCorrupt, ""},
+	}
+	before := dbfiletest.Snapshot(t, dir)
+	for _, c := range cases {
+		info, err := dbfile.Check(c.path, dbfile.Ledger)
+		name := filepath.Base(c.path)
+		switch {
+		case c.err == nil && err != nil:
+			t.Errorf("%s: %v", name, err)
+		case c.err == nil && info.State != c.state:
+			t.Errorf("%s: state %d, want %d", name, info.State, c.state)
+		case c.err != nil && !errors.Is(err, c.err):
+			t.Errorf("%s: %v, want %v", name, err, c.err)
+		case c.err != nil && !strings.Contains(err.Error(), c.say):
+			t.Errorf("%s: %q does not say %q", name, err, c.say)
+		}
+	}
+	dbfiletest.Unchanged(t, dir, before)
+	if _, err := dbfile.CheckExisting(filepath.Join(dir, "missing"), dbfile.Ledger); !errors.Is(err, dbfile.ErrNotExist) {
+		t.Errorf("CheckExisting missing: %v", err)
+	}
+	if _, err := dbfile.CheckExisting(fresh, dbfile.Ledger); !errors.Is(err, dbfile.ErrForeign) {
+		t.Errorf("CheckExisting fresh: %v", err)
+	}
+}
+
+// FuzzCheck: any bytes in the file give a state or an error, never a
+// panic, and the directory is left as it was.
+func FuzzCheck(f *testing.F) {
+	dir := f.TempDir()
+	p := dbfiletest.Make(f, filepath.Join(dir, "seed"), dbfile.Ledger.Tables, 1, dbfile.AppIDLedger)
+	valid, err := os.ReadFile(p)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(valid)
+	f.Add(valid[:100])
+	f.Add(valid[:len(valid)-1])
+	f.Add(append(append([]byte{}, valid...), make([]byte, 4096)...))
+	f.Add([]byte("SQLite format 3\x00"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		dir := t.TempDir()
+		p := filepath.Join(dir, "f")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		before := dbfiletest.Snapshot(t, dir)
+		for _, k := range []dbfile.Kind{dbfile.Ledger, dbfile.GatewayWallets, dbfile.WorkerWallet} {
+			_, _ = dbfile.Check(p, k)
+		}
+		dbfiletest.Unchanged(t, dir, before)
+	})
+}

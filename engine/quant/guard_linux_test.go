@@ -6,9 +6,10 @@ import (
 	"unsafe"
 )
 
-// TestDotF32TailAtPageEnd runs DotF32 on vectors that end right before an
-// inaccessible page: the tail kernel's masked loads must not touch the
-// lanes past the end (a fault would crash the test), for every tail length.
+// TestDotF32TailAtPageEnd runs DotF32 (and DotF32Rows) on vectors that end
+// right before an inaccessible page: the tail kernels' masked loads must
+// not touch the lanes past the end (a fault would crash the test), for
+// every tail length.
 func TestDotF32TailAtPageEnd(t *testing.T) {
 	page := syscall.Getpagesize()
 	mem, err := syscall.Mmap(-1, 0, 2*page, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
@@ -31,6 +32,14 @@ func TestDotF32TailAtPageEnd(t *testing.T) {
 		withGeneric(func() { want = DotF32(b, a) })
 		if !sameBits(got, want) {
 			t.Fatalf("n=%d: %g, generic %g", n, got, want)
+		}
+		out := make([]float32, 3) // DotF32Rows: last row ends at the page end
+		m := all[len(all)-(2*(n+1)+n):]
+		if err := DotF32Rows(b, m, n+1, out); err != nil {
+			t.Fatal(err)
+		}
+		if !sameBits(out[2], DotF32(b, m[2*(n+1):])) {
+			t.Fatalf("DotF32Rows n=%d: last row %g", n, out[2])
 		}
 	}
 }

@@ -193,6 +193,18 @@ func vecDot4Rows(weight Type, w []byte, rb int, a []byte, ab, n int, y []float32
 //go:noescape
 func dotF32AVX2(a, b *float32, n int) float32
 
+//go:noescape
+func dotF32RowsAVX2(x, m *float32, n, rows, stride int, out *float32)
+
+// dotF32Rows is genericDotF32Rows (lengths checked by DotF32Rows).
+func dotF32Rows(x, m []float32, stride int, out []float32) {
+	if useSIMD && len(out) > 0 && len(m) > 0 && len(x) > 0 {
+		dotF32RowsAVX2(&x[0], &m[0], len(x), len(out), stride, &out[0])
+		return
+	}
+	genericDotF32Rows(x, m, stride, out)
+}
+
 // dotF32 is genericDotF32 (DotF32 on n <= len(a), len(b) elements).
 func dotF32(a, b []float32, n int) float32 {
 	if useSIMD && n > 0 && len(a) >= n && len(b) >= n {

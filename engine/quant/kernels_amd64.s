@@ -1025,6 +1025,88 @@ df32reduce:
 	VZEROUPPER
 	RET
 
+// func dotF32RowsAVX2(x, m *float32, n, rows, stride int, out *float32)
+// out[j] = dotF32AVX2(x, m + j*stride, n) for j < rows (rows >= 1, n >=
+// 0, stride in floats): the tail masks are loaded once for all rows.
+TEXT ·dotF32RowsAVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), R11
+	MOVQ m+8(FP), BX
+	MOVQ n+16(FP), R12
+	MOVQ R12, DX
+	ANDQ $31, DX
+	SHRQ $5, R12
+	MOVQ rows+24(FP), R8
+	MOVQ stride+32(FP), R9
+	SHLQ $2, R9
+	MOVQ out+40(FP), R10
+	MOVQ $32, AX
+	SUBQ DX, AX
+	LEAQ f32tailmask<>(SB), CX
+	LEAQ (CX)(AX*4), AX
+	VMOVUPS 0(AX), Y8
+	VMOVUPS 32(AX), Y9
+	VMOVUPS 64(AX), Y10
+	VMOVUPS 96(AX), Y11
+
+dfrrow:
+	MOVQ   R11, SI
+	MOVQ   BX, DI
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	MOVQ   R12, CX
+	TESTQ  CX, CX
+	JZ     dfrtail
+
+dfrloop:
+	VMOVUPS 0(SI), Y4
+	VMOVUPS 32(SI), Y5
+	VMOVUPS 64(SI), Y6
+	VMOVUPS 96(SI), Y7
+	VMULPS  0(DI), Y4, Y4
+	VMULPS  32(DI), Y5, Y5
+	VMULPS  64(DI), Y6, Y6
+	VMULPS  96(DI), Y7, Y7
+	VADDPS  Y4, Y0, Y0
+	VADDPS  Y5, Y1, Y1
+	VADDPS  Y6, Y2, Y2
+	VADDPS  Y7, Y3, Y3
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	DECQ    CX
+	JNZ     dfrloop
+
+dfrtail:
+	TESTQ      DX, DX
+	JZ         dfrreduce
+	VMASKMOVPS 0(SI), Y8, Y4
+	VMASKMOVPS 32(SI), Y9, Y5
+	VMASKMOVPS 64(SI), Y10, Y6
+	VMASKMOVPS 96(SI), Y11, Y7
+	VMASKMOVPS 0(DI), Y8, Y12
+	VMASKMOVPS 32(DI), Y9, Y13
+	VMASKMOVPS 64(DI), Y10, Y14
+	VMASKMOVPS 96(DI), Y11, Y15
+	VMULPS     Y12, Y4, Y4
+	VMULPS     Y13, Y5, Y5
+	VMULPS     Y14, Y6, Y6
+	VMULPS     Y15, Y7, Y7
+	VADDPS     Y4, Y0, Y0
+	VADDPS     Y5, Y1, Y1
+	VADDPS     Y6, Y2, Y2
+	VADDPS     Y7, Y3, Y3
+
+dfrreduce:
+	REDUCE32
+	VMOVSS X0, 0(R10)
+	ADDQ   $4, R10
+	ADDQ   R9, BX
+	DECQ   R8
+	JNZ    dfrrow
+	VZEROUPPER
+	RET
+
 // F16F32ROW computes one fp16 row dot (vecDotF16) of n = 32*CX elements:
 // fp16 weights at SI, the activations already float32 at DI (the exact
 // values VCVTPH2PS gives); w*a products in dotF16LanesAVX2's lanes and

@@ -45,6 +45,9 @@ func has4(weight Type, n int) bool { return false }
 // dotF32 is genericDotF32 (DotF32 over n elements) in this build.
 func dotF32(a, b []float32, n int) float32 { return genericDotF32(a, b, n) }
 
+// dotF32Rows is genericDotF32Rows in this build.
+func dotF32Rows(x, m []float32, stride int, out []float32) { genericDotF32Rows(x, m, stride, out) }
+
 // vecDotRows is the per-row loop (genericVecDotRows) in this build.
 func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 	genericVecDotRows(weight, w, rb, a, n, out)

@@ -2,6 +2,7 @@ package quant
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -226,5 +227,56 @@ func setQ8KBsums(a []byte, nb int) {
 			}
 			binary.LittleEndian.PutUint16(y[4+QK_K+2*g:], uint16(s))
 		}
+	}
+}
+
+// TestDotF32Rows holds DotF32Rows to one DotF32 per row (SIMD and
+// generic) for row lengths around the 32-lane blocks, 1, 2 or 7 rows,
+// packed, padded, overlapping (stride < len(x)) and repeated (stride 0)
+// rows, with m cut to exactly the floats needed; and checks its errors.
+func TestDotF32Rows(t *testing.T) {
+	r := rand.New(rand.NewPCG(17, 18))
+	for _, n := range []int{0, 1, 5, 31, 32, 33, 64, 100, 128, 1000} {
+		for _, rows := range []int{1, 2, 7} {
+			for _, stride := range []int{n, n + 3, n + 33, n / 2, 0} {
+				x := make([]float32, n)
+				for i := range x {
+					x[i] = float32(math.Ldexp(r.NormFloat64(), r.IntN(30)-15))
+				}
+				m := make([]float32, (rows-1)*stride+n)
+				for i := range m {
+					m[i] = float32(math.Ldexp(r.NormFloat64(), r.IntN(30)-15))
+				}
+				out := make([]float32, rows)
+				if err := DotF32Rows(x, m, stride, out); err != nil {
+					t.Fatalf("n=%d rows=%d stride=%d: %v", n, rows, stride, err)
+				}
+				for j := range rows {
+					want := DotF32(x, m[j*stride:j*stride+n])
+					var gen float32
+					withGeneric(func() { gen = DotF32(x, m[j*stride:j*stride+n]) })
+					if !sameBits(out[j], want) || !sameBits(out[j], gen) {
+						t.Fatalf("n=%d rows=%d stride=%d row %d: %g, DotF32 %g, generic %g", n, rows, stride, j, out[j], want, gen)
+					}
+				}
+				if rows > 1 && stride > 0 {
+					if err := DotF32Rows(x, m[:len(m)-1], stride, out); !errors.Is(err, ErrSize) {
+						t.Fatalf("n=%d rows=%d stride=%d: m one short: %v", n, rows, stride, err)
+					}
+				}
+			}
+		}
+	}
+	if err := DotF32Rows(nil, nil, -1, make([]float32, 1)); !errors.Is(err, ErrSize) {
+		t.Errorf("negative stride: %v", err)
+	}
+	if err := DotF32Rows(make([]float32, 4), make([]float32, 3), 0, make([]float32, 1)); !errors.Is(err, ErrSize) {
+		t.Errorf("m shorter than x: %v", err)
+	}
+	if err := DotF32Rows(nil, nil, 5, nil); err != nil {
+		t.Errorf("no rows: %v", err)
+	}
+	if err := DotF32Rows(make([]float32, 2), make([]float32, 4), math.MaxInt, make([]float32, 3)); !errors.Is(err, ErrSize) {
+		t.Errorf("huge stride: %v", err)
 	}
 }

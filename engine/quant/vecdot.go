@@ -117,6 +117,33 @@ func DotF32(a, b []float32) float32 {
 	return dotF32(a, b, min(len(a), len(b)))
 }
 
+// DotF32Rows sets out[j] = DotF32(x, m[j*stride:j*stride+len(x)]) for
+// j < len(out), bit-identical to those calls but in one kernel call (for
+// attention: scores of one query against strided cached keys, or one
+// output element per V row). m is row-major with a row every stride
+// floats (stride >= 0; rows may overlap). Errors: ErrSize when stride < 0
+// or m is shorter than (len(out)-1)*stride + len(x) floats.
+func DotF32Rows(x, m []float32, stride int, out []float32) error {
+	if len(out) == 0 {
+		return nil
+	}
+	if stride < 0 {
+		return fmt.Errorf("%w: negative stride %d", ErrSize, stride)
+	}
+	if len(m) < len(x) || stride > 0 && len(out)-1 > (len(m)-len(x))/stride {
+		return fmt.Errorf("%w: m has %d floats, %d rows of %d at stride %d need more", ErrSize, len(m), len(out), len(x), stride)
+	}
+	dotF32Rows(x, m, stride, out)
+	return nil
+}
+
+// genericDotF32Rows is DotF32Rows after its length checks.
+func genericDotF32Rows(x, m []float32, stride int, out []float32) {
+	for j := range out {
+		out[j] = DotF32(x, m[j*stride:j*stride+len(x)])
+	}
+}
+
 // genericDotF32 is DotF32 over the first n elements (n <= len(a), len(b))
 // with the lanes of dotF32Lanes and a Go tail and reduction.
 func genericDotF32(a, b []float32, n int) float32 {

@@ -60,3 +60,29 @@ func BenchmarkDotF32(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDotF32Rows compares DotF32Rows with a loop of DotF32 calls over
+// 64 strided rows (an attention score pass), in ns per row.
+func BenchmarkDotF32Rows(b *testing.B) {
+	for _, n := range []int{64, 100} {
+		const rows, stride = 64, 256
+		x, m := randomRows(11, n), randomRows(12, (rows-1)*stride+n)
+		out := make([]float32, rows)
+		b.Run(fmt.Sprintf("rows/n=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				if err := DotF32Rows(x, m, stride, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/rows, "ns/row")
+		})
+		b.Run(fmt.Sprintf("loop/n=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				for j := range out {
+					out[j] = DotF32(x, m[j*stride:j*stride+n])
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/rows, "ns/row")
+		})
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 
 	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
 
+	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
 
@@ -108,77 +108,43 @@ type Options struct {
 	Now func() time.Time // clock; nil means time.Now
 }
 
-// Check inspects the wallet file at path without modifying it: the SQLite
-// header, PRAGMA quick_check and the schema version, opening it read-only.
-// It returns nil for a missing or empty file (Open will create it), an
-// error wrapping ErrCorrupt or ErrNewerSchema, or the version found.
-func Check(path string) (version int, err error) {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
+// Check inspects the wallet file at path without modifying it, through
+// dbfile.Check (SQLite header, application_id dbfile.AppIDWorkerWallet,
+// user_version, tables, PRAGMA quick_check, on a read-only connection that
+// leaves no -wal/-shm behind). It returns the state found (dbfile.Missing
+// or Empty: Open will create the wallet; Legacy: a wallet written before
+// application ids, which Open adopts; Current), or an error wrapping
+// ErrNewerSchema, or ErrCorrupt for a file that is corrupt or not a worker
+// wallet (it names what the file is, e.g. a gateway wallets file); the
+// error also wraps the dbfile error.
+func Check(path string) (dbfile.Info, error) {
+	info, err := dbfile.Check(path, dbfile.WorkerWallet)
+	switch {
+	case errors.Is(err, dbfile.ErrNewerSchema):
+		return info, fmt.Errorf("%w: %w", ErrNewerSchema, err)
+	case err != nil:
+		return info, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	if err != nil {
-		return 0, fmt.Errorf("wallet: %w", err)
-	}
-	hdr := make([]byte, 100)
-	n, rerr := io.ReadFull(f, hdr)
-	f.Close()
-	if n == 0 && (rerr == io.EOF) {
-		return 0, nil
-	}
-	if n < 100 || !bytes.HasPrefix(hdr, []byte("SQLite format 3\x00")) {
-		return 0, fmt.Errorf("%w: %s has no SQLite header", ErrCorrupt, path)
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return 0, fmt.Errorf("wallet: %w", err)
-	}
-	// Reading a WAL-mode file, even read-only, makes SQLite create the
-	// -shm index and an empty -wal; remove them again if we made them.
-	_, werr := os.Stat(path + "-wal")
-	_, serr := os.Stat(path + "-shm")
-	if errors.Is(werr, os.ErrNotExist) && errors.Is(serr, os.ErrNotExist) {
-		defer func() {
-			if fi, err := os.Stat(path + "-wal"); err == nil && fi.Size() == 0 {
-				os.Remove(path + "-wal")
-				os.Remove(path + "-shm")
-			}
-		}()
-	}
-	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: "mode=ro"}
-	db, err := sql.Open("sqlite3", u.String())
-	if err != nil {
-		return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
-	}
-	defer db.Close()
-	if err := db.QueryRow(`PRAGMA user_version`).Scan(&version); err != nil {
-		return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
-	}
-	if version > SchemaVersion {
-		return version, fmt.Errorf("%w: %s has schema version %d, this kvasir reads up to %d; upgrade kvasir",
-			ErrNewerSchema, path, version, SchemaVersion)
-	}
-	var res string
-	if err := db.QueryRow(`PRAGMA quick_check`).Scan(&res); err != nil {
-		return version, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
-	}
-	if res != "ok" {
-		return version, fmt.Errorf("%w: %s: quick_check: %s", ErrCorrupt, path, res)
-	}
-	return version, nil
+	return info, nil
 }
 
 // Open opens or creates the wallet at path for identity id. An existing
-// file is first checked read-only (Check), so a corrupt file or one from a
-// newer schema is reported (ErrCorrupt, ErrNewerSchema) and left byte for
-// byte as it was. A file of another identity gives ErrWrongIdentity.
+// file is first checked read-only (Check), so a corrupt file, a file of
+// another kind or one from a newer schema is reported (ErrCorrupt,
+// ErrNewerSchema) and left byte for byte as it was. A new wallet gets
+// user_version SchemaVersion and application_id dbfile.AppIDWorkerWallet;
+// a wallet written before application ids is adopted (the id is set). A
+// file of another identity gives ErrWrongIdentity.
 func Open(path string, id Identity, opt Options) (*Wallet, error) {
-	v, err := Check(path)
+	info, err := Check(path)
 	if err != nil {
 		return nil, err
 	}
-	if v != 0 && v != SchemaVersion { // older versions: none exist yet
-		return nil, fmt.Errorf("%w: %s has unknown schema version %d", ErrCorrupt, path, v)
+	if info.State == dbfile.Legacy || info.State == dbfile.Current {
+		// The owner, too, is checked before anything writes.
+		if err := checkOwner(path, id.WorkerID); err != nil {
+			return nil, err
+		}
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
@@ -201,20 +167,49 @@ func Open(path string, id Identity, opt Options) (*Wallet, error) {
 		return nil, fmt.Errorf("wallet: %w", err)
 	}
 	w := &Wallet{db: db, worker: id.WorkerID, addr: id.Address, now: opt.Now, pending: map[string]*served{}}
-	if err := w.init(v); err != nil {
+	if err := w.init(info.State); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("wallet: open %s: %w", path, err)
 	}
 	return w, nil
 }
 
-func (w *Wallet) init(version int) error {
+// checkOwner reads the wallet's worker key through a read-only connection
+// and returns ErrWrongIdentity unless it is worker, ErrCorrupt if missing.
+func checkOwner(path, worker string) error {
+	dsn, err := dbfile.ReadOnlyDSN(path)
+	if err != nil {
+		return fmt.Errorf("wallet: %w", err)
+	}
+	db, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	defer db.Close()
+	var owner string
+	if err := db.QueryRow(`SELECT v FROM meta WHERE k = 'worker'`).Scan(&owner); err != nil {
+		return fmt.Errorf("%w: %s: no owner: %v", ErrCorrupt, path, err)
+	}
+	if owner != worker {
+		return fmt.Errorf("%w: %s is for worker %s, identity is %s", ErrWrongIdentity, path, owner, worker)
+	}
+	return nil
+}
+
+func (w *Wallet) init(state dbfile.State) error {
 	tx, err := w.db.Begin()
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if version == 0 {
+	var v int
+	if err := tx.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	switch {
+	case v > SchemaVersion: // written by another process since the check
+		return fmt.Errorf("%w: schema version %d, this kvasir reads up to %d", ErrNewerSchema, v, SchemaVersion)
+	case v == 0: // new or empty file (Missing, Empty, or created meanwhile)
 		if _, err := tx.Exec(schema); err != nil {
 			return fmt.Errorf("%w: %v", ErrCorrupt, err)
 		}
@@ -222,6 +217,13 @@ func (w *Wallet) init(version int) error {
 			return err
 		}
 		if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, SchemaVersion)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(dbfile.WorkerWallet.SetAppID()); err != nil {
+			return err
+		}
+	case state == dbfile.Legacy:
+		if _, err := tx.Exec(dbfile.WorkerWallet.SetAppID()); err != nil {
 			return err
 		}
 	}

@@ -458,6 +458,12 @@ func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
 	}
 	msgs := make([]Message, len(req.Messages))
 	for i, m := range req.Messages {
+		switch m.Role {
+		case "system", "developer", "user", "assistant", "tool":
+		default:
+			return Job{}, nil, badRequest(fmt.Sprintf("messages[%d].role", i), "invalid_value",
+				"role %q: want system, developer, user, assistant or tool", m.Role)
+		}
 		text, err := messageText(m.Content)
 		if err != nil {
 			return Job{}, nil, badRequest(fmt.Sprintf("messages[%d].content", i), "invalid_type", "%v", err)

@@ -128,9 +128,25 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		fmt.Fprintln(stderr, "generate:", err)
 		return 2
 	}
-	if fs.NArg() != 0 || *maxTokens < 0 || *waitWorkers < 0 {
-		fmt.Fprintln(stderr, "generate: unexpected arguments or negative --max-tokens/--wait-workers")
-		fs.Usage()
+	var bad string
+	switch {
+	case fs.NArg() != 0:
+		bad = fmt.Sprintf("unexpected arguments %q (quote the prompt: --prompt \"...\")", fs.Args())
+	case *maxTokens < 0:
+		bad = fmt.Sprintf("--max-tokens %d: want >= 0", *maxTokens)
+	case *waitWorkers < 0:
+		bad = fmt.Sprintf("--wait-workers %d: want >= 0", *waitWorkers)
+	case !(*temp >= 0) || math.IsInf(*temp, 0):
+		bad = fmt.Sprintf("--temperature %v: want a finite value >= 0 (0 = greedy)", *temp)
+	case !(*topP > 0 && *topP <= 1):
+		bad = fmt.Sprintf("--top-p %v: want 0 < p <= 1", *topP)
+	case *topK < 0:
+		bad = fmt.Sprintf("--top-k %d: want >= 0 (0 = all)", *topK)
+	case *threads < 0:
+		bad = fmt.Sprintf("--threads %d: want >= 0 (0 = all CPUs)", *threads)
+	}
+	if bad != "" {
+		fmt.Fprintln(stderr, "generate:", bad)
 		return 2
 	}
 	if *waitWorkers > 0 && *dispatchListen == "" {

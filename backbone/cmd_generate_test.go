@@ -100,9 +100,14 @@ func TestGenerateSamplingAndStreaming(t *testing.T) {
 	if !strings.HasPrefix(out.String(), a.Text) || !strings.Contains(out.String(), "tok/s") {
 		t.Errorf("streamed output %q does not start with %q and report tok/s", out.String(), a.Text)
 	}
-	for _, bad := range [][]string{{"--max-tokens", "-1"}, {"--nope"}, {"extra"}} {
+	for _, bad := range [][]string{{"--max-tokens", "-1"}, {"--nope"}, {"extra"}, {"--temperature", "-1"},
+		{"--temperature", "NaN"}, {"--top-p", "0"}, {"--top-p", "2"}, {"--top-k", "-1"}, {"--threads", "-1"}} {
+		errb.Reset()
 		if code := generateMain(bad, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2", bad, code)
+		}
+		if len(bad) == 2 && !strings.Contains(errb.String(), bad[0]) {
+			t.Errorf("%v: message %q does not name the flag", bad, errb.String())
 		}
 	}
 	if code := generateMain([]string{"--model", filepath.Join(t.TempDir(), "missing.gguf")}, &out, &errb); code != 1 {

@@ -1,7 +1,7 @@
 # kvasir — common tasks. README.md gives the two set-up commands; these are shortcuts.
 GO ?= go
 
-.PHONY: run test bench lint app backbone android ios fuzz
+.PHONY: run test bench lint app backbone android ios bind-android bind-ios fuzz
 
 run: ## the main job on the embedded default: a loopback swarm decoding with the tiny model
 	$(GO) run ./backbone demo
@@ -28,6 +28,12 @@ android: ## needs the Android SDK + NDK (ANDROID_NDK_HOME) and the fyne tool
 
 ios: ## needs macOS with Xcode and the fyne tool
 	$(GO) run fyne.io/tools/cmd/fyne@v1.7.4 package -os ios -app-id ai.kvasir.contributor
+
+bind-android: ## the gomobile-bindable API as an .aar for a native Android shell (needs the Android SDK + NDK)
+	$(GO) tool gomobile bind -target=android -o bin/kvasir.aar ./mobile/
+
+bind-ios: ## the same as an .xcframework for iOS (needs macOS with Xcode)
+	$(GO) tool gomobile bind -target=ios -o bin/Kvasir.xcframework ./mobile/
 
 fuzz: ## a short fuzzing pass over every parser
 	bash scripts/fuzz.sh

@@ -145,19 +145,12 @@ func Open(cfg Config) (*Service, error) {
 // dbfile.ErrNotExist; an empty, corrupt, foreign or newer file one
 // wrapping ErrSchema and the dbfile error.
 func OpenReadOnly(path string) (*Service, error) {
-	if _, err := dbfile.CheckExisting(path, dbfile.GatewayWallets); err != nil {
-		if errors.Is(err, dbfile.ErrNotExist) {
-			return nil, fmt.Errorf("credit: %w", err)
+	db, checkErr, err := dbfile.OpenReadOnly(path, dbfile.GatewayWallets)
+	if err != nil {
+		if checkErr && !errors.Is(err, dbfile.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %w", ErrSchema, err)
 		}
-		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
-	}
-	dsn, err := dbfile.ReadOnlyDSN(path)
-	if err != nil {
 		return nil, fmt.Errorf("credit: %w", err)
-	}
-	db, err := sql.Open("sqlite3", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("credit: open %s: %w", path, err)
 	}
 	s := &Service{db: db, rate: walletapi.DefaultRateNKVRPerByte, batch: DefaultBatch, now: time.Now}
 	var seed []byte

@@ -120,19 +120,12 @@ func Open(path string) (*Ledger, error) {
 // kind or of a newer schema an error wrapping ErrSchema and the dbfile
 // error. Appends on the result fail.
 func OpenReadOnly(path string) (*Ledger, error) {
-	if _, err := dbfile.CheckExisting(path, dbfile.Ledger); err != nil {
-		if errors.Is(err, dbfile.ErrNotExist) {
-			return nil, fmt.Errorf("ledger: %w", err)
+	db, checkErr, err := dbfile.OpenReadOnly(path, dbfile.Ledger)
+	if err != nil {
+		if checkErr && !errors.Is(err, dbfile.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %w", ErrSchema, err)
 		}
-		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
-	}
-	dsn, err := dbfile.ReadOnlyDSN(path)
-	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
-	}
-	db, err := sql.Open("sqlite3", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
 	}
 	return &Ledger{db: db}, nil
 }

@@ -248,3 +248,24 @@ func ReadOnlyDSN(path string) (string, error) {
 // SetAppID is the statement that stamps k's application id, to run in the
 // transaction that creates or adopts a file.
 func (k Kind) SetAppID() string { return fmt.Sprintf(`PRAGMA application_id = %d`, k.AppID) }
+
+// OpenReadOnly opens an existing file of kind k for reading only: it runs
+// CheckExisting, then opens the file with ReadOnlyDSN, so it never writes to
+// path nor leaves -wal/-shm files that were not there. A missing or empty
+// file gives an error wrapping ErrNotExist or the check's error (ErrCorrupt,
+// ErrForeign, ErrNewerSchema); checkErr reports whether err came from that
+// check (the file is not a usable k) rather than from opening it.
+func OpenReadOnly(path string, k Kind) (db *sql.DB, checkErr bool, err error) {
+	if _, err := CheckExisting(path, k); err != nil {
+		return nil, true, err
+	}
+	dsn, err := ReadOnlyDSN(path)
+	if err != nil {
+		return nil, false, err
+	}
+	db, err = sql.Open("sqlite3", dsn)
+	if err != nil {
+		return nil, false, fmt.Errorf("open %s: %w", path, err)
+	}
+	return db, false, nil
+}

@@ -44,4 +44,11 @@ bash scripts/crosscheck.sh
 
 echo "== go test"
 export MESA_SHADER_CACHE_DIR="$(mktemp -d)"
-go test -timeout 40m -count=1 ./... 2>&1 | tee /tmp/kvasir-test.log
+go test -timeout 40m -count=1 ./...
+
+echo "== real window under Xvfb (app connected to a loopback swarm, screenshot checked)"
+if command -v xvfb-run >/dev/null && command -v convert >/dev/null; then
+  bash app/xvfb.sh "${KVASIR_SCREENSHOT_OUT:-$(mktemp --suffix=.png)}"
+else
+  echo "SKIP: xvfb-run or ImageMagick missing (install xvfb xauth imagemagick)"
+fi

@@ -465,7 +465,8 @@ func (m *Model) convert(x []float32, w *Weight) ([]byte, error) {
 // over positions t <= pos (causal), softmax as ggml_soft_max_ext (max
 // subtracted, float64 sum, scaled by float32(1/sum)), then each output
 // element sum_t p_t v_t as one quant.DotF32 over positions (ggml_mul_mat of
-// the transposed V cache with the probabilities).
+// the transposed V cache with the probabilities); both dot loops run as one
+// quant.DotF32Rows call each (bit-identical to per-row DotF32).
 // Query head h reads KV head h / (Heads/HeadsKV) (GQA as ggml_mul_mat
 // broadcasts).
 func (m *Model) attention(il int, rows []Row) {
@@ -490,29 +491,19 @@ func (m *Model) attention(il int, rows []Row) {
 		kc, vc := seq.k[il], seq.v[il]
 		q := ws.q[i*qd+h*hd : i*qd+(h+1)*hd]
 		sc := ws.scores[w][:pos+1]
-		mx := float32(math.Inf(-1))
+		// Key t of KV head kvh starts at (t*HeadsKV+kvh)*hd; the slices
+		// passed are exactly the rows' extent, so DotF32Rows cannot fail.
+		kst := p.HeadsKV * hd
+		_ = quant.DotF32Rows(q, kc[kvh*hd:pos*kst+(kvh+1)*hd], kst, sc)
 		for t := range sc {
-			off := (t*p.HeadsKV + kvh) * hd
-			s := quant.DotF32(q, kc[off:off+hd]) * scale
-			sc[t] = s
-			mx = max(mx, s)
+			sc[t] *= scale
 		}
-		var sum float64
-		for t, s := range sc {
-			e := float32(math.Exp(float64(s - mx)))
-			sc[t] = e
-			sum += float64(e)
-		}
-		inv := float32(1 / sum)
-		for t := range sc {
-			sc[t] *= inv
-		}
+		softmax(sc, sc)
 		out := ws.att[i*ad+h*hdv : i*ad+(h+1)*hdv]
+		// Channel kvh*hdv+j of the transposed V cache starts at
+		// (kvh*hdv+j)*capPos.
 		cp := seq.capPos
-		for j := range out {
-			off := (kvh*hdv + j) * cp
-			out[j] = quant.DotF32(sc, vc[off:off+len(sc)])
-		}
+		_ = quant.DotF32Rows(sc, vc[kvh*hdv*cp:(kvh*hdv+len(out)-1)*cp+len(sc)], cp, out)
 	})
 }
 
@@ -562,7 +553,8 @@ func ropeNeox(x, cos, sin []float32) {
 }
 
 // softmax sets dst = softmax(src) as ggml_soft_max (max subtracted, float64
-// sum of the float32 exponentials, multiplied by float32(1/sum)).
+// sum of the float32 exponentials, multiplied by float32(1/sum)). dst may
+// alias src.
 func softmax(dst, src []float32) {
 	mx := float32(math.Inf(-1))
 	for _, v := range src {

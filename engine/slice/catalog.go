@@ -34,20 +34,30 @@ type Sums struct {
 	Chunks [][32]byte
 }
 
+// modelLayers returns f's general.architecture and its block_count (the
+// layer count, 1..MaxLayers). Errors wrap ErrModel.
+func modelLayers(f *gguf.File) (arch string, nl int, err error) {
+	arch = f.Architecture()
+	if arch == "" {
+		return "", 0, fmt.Errorf("%w: no general.architecture", ErrModel)
+	}
+	n, err := f.Uint(arch + ".block_count")
+	if err != nil {
+		return "", 0, fmt.Errorf("%w: %v", ErrModel, err)
+	}
+	if n == 0 || n > MaxLayers {
+		return "", 0, fmt.Errorf("%w: block_count %d (1..%d)", ErrModel, n, MaxLayers)
+	}
+	return arch, int(n), nil
+}
+
 // NewCatalog returns the catalog of every layer and expert of f, which must
 // stay open while the catalog is used. Errors wrap ErrModel or those of
 // expert.FromGGUF.
 func NewCatalog(f *gguf.File) (*Catalog, error) {
-	arch := f.Architecture()
-	if arch == "" {
-		return nil, fmt.Errorf("%w: no general.architecture", ErrModel)
-	}
-	nl, err := f.Uint(arch + ".block_count")
+	arch, nl, err := modelLayers(f)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrModel, err)
-	}
-	if nl == 0 || nl > MaxLayers {
-		return nil, fmt.Errorf("%w: block_count %d (1..%d)", ErrModel, nl, MaxLayers)
+		return nil, err
 	}
 	layers := make([]*expert.Layer, nl)
 	for i := range layers {
@@ -57,7 +67,7 @@ func NewCatalog(f *gguf.File) (*Catalog, error) {
 	}
 	id, sum := ModelID(f)
 	m := &Manifest{Format: FormatName, Version: FormatVersion, ModelID: id, ModelSHA256: hex.EncodeToString(sum[:]),
-		Architecture: clipUTF8(arch, 64), NLayer: int(nl)}
+		Architecture: clipUTF8(arch, 64), NLayer: nl}
 	return newCatalog(m, layers)
 }
 

@@ -236,16 +236,9 @@ func (s *Slice) sortLists() {
 // ErrModel, ErrSelection, gguf.ErrNoTensor, expert.ErrShape or
 // expert.ErrType.
 func FromGGUF(f *gguf.File, layers, experts []int) (*Slice, error) {
-	arch := f.Architecture()
-	if arch == "" {
-		return nil, fmt.Errorf("%w: no general.architecture", ErrModel)
-	}
-	nl, err := f.Uint(arch + ".block_count")
+	arch, nl, err := modelLayers(f)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrModel, err)
-	}
-	if nl == 0 || nl > MaxLayers {
-		return nil, fmt.Errorf("%w: block_count %d (1..%d)", ErrModel, nl, MaxLayers)
+		return nil, err
 	}
 	if layers == nil {
 		layers = make([]int, nl)
@@ -253,12 +246,12 @@ func FromGGUF(f *gguf.File, layers, experts []int) (*Slice, error) {
 			layers[i] = i
 		}
 	}
-	if err := checkSelection("layer", layers, int(nl)); err != nil {
+	if err := checkSelection("layer", layers, nl); err != nil {
 		return nil, err
 	}
 	id, sum := ModelID(f)
 	m := &Manifest{Format: FormatName, Version: FormatVersion, ModelID: id, ModelSHA256: hex.EncodeToString(sum[:]),
-		Architecture: clipUTF8(arch, 64), NLayer: int(nl)}
+		Architecture: clipUTF8(arch, 64), NLayer: nl}
 	s := &Slice{m: m, layers: make([]*expert.Layer, nl)}
 	type job struct{ layer, expert int }
 	var jobs []job

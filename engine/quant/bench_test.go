@@ -112,12 +112,12 @@ func BenchmarkVecDot(b *testing.B) {
 	for _, typ := range weightTypes {
 		b.Run(typ.String(), func(b *testing.B) {
 			rb, _ := typ.RowBytes(n)
-			w, a := make([]byte, rb), make([]byte, 0)
+			w := make([]byte, rb)
 			if err := Quantize(typ, randomRows(5, n), w); err != nil {
 				b.Fatal(err)
 			}
 			ab, _ := ActivationBytes(typ, n)
-			a = make([]byte, ab)
+			a := make([]byte, ab)
 			if err := ConvertActivation(typ, randomRows(6, n), a); err != nil {
 				b.Fatal(err)
 			}

@@ -230,17 +230,8 @@ func (l *loadedModel) Close() error { return l.f.Close() }
 // loadGenModel opens path (mapped), or the embedded tiny model when path
 // is "", and loads model and tokenizer.
 func loadGenModel(path string) (*loadedModel, error) {
-	var f *gguf.File
-	var err error
-	if path == "" {
-		data, err := modelgen.Tiny()
-		if err != nil {
-			return nil, err
-		}
-		if f, err = gguf.Parse(data); err != nil {
-			return nil, err
-		}
-	} else if f, err = gguf.Open(path); err != nil {
+	f, err := openModelFile(path)
+	if err != nil {
 		return nil, err
 	}
 	lm, err := loadGenModelFile(f)
@@ -249,6 +240,20 @@ func loadGenModel(path string) (*loadedModel, error) {
 		return nil, err
 	}
 	return lm, nil
+}
+
+// openModelFile opens the GGUF file at path (mapped), or parses the
+// embedded tiny model (engine/modelgen.Tiny) when path is "". Errors are
+// those of gguf.Open, gguf.Parse or modelgen.Tiny.
+func openModelFile(path string) (*gguf.File, error) {
+	if path != "" {
+		return gguf.Open(path)
+	}
+	data, err := modelgen.Tiny()
+	if err != nil {
+		return nil, err
+	}
+	return gguf.Parse(data)
 }
 
 // loadGenModelFile loads model and tokenizer from the open file f, which

@@ -21,9 +21,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/serve"
 	"github.com/kvasir-ai/kvasir/engine/expert"
-	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
 )
 
 func init() {
@@ -159,13 +157,8 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 		return 1
 	}
 
-	f, err := serveOpenModel(o.modelPath)
+	lm, err := loadGenModel(o.modelPath)
 	if err != nil {
-		return fail(err)
-	}
-	lm, err := loadGenModelFile(f)
-	if err != nil {
-		f.Close()
 		return fail(err)
 	}
 	defer lm.Close()
@@ -302,16 +295,4 @@ func countCompletions(h http.Handler, n int, done func()) http.Handler {
 		}
 		mu.Unlock()
 	})
-}
-
-// serveOpenModel opens path, or the embedded tiny model when path is "".
-func serveOpenModel(path string) (*gguf.File, error) {
-	if path != "" {
-		return gguf.Open(path)
-	}
-	data, err := modelgen.Tiny()
-	if err != nil {
-		return nil, err
-	}
-	return gguf.Parse(data)
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/engine/worker"
@@ -95,11 +94,7 @@ var loadWorkerSlice = func(path string, layers []int, threads int) (*workerSlice
 // --preset tiny` writes), as views into its in-memory GGUF, with their
 // hashes and slice.ModelID.
 func loadTinySlice(layers []int, threads int) (*workerSlice, error) {
-	data, err := modelgen.Tiny()
-	if err != nil {
-		return nil, err
-	}
-	f, err := gguf.Parse(data)
+	f, err := openModelFile("")
 	if err != nil {
 		return nil, err
 	}
@@ -189,20 +184,11 @@ func runWorker(args []string) int {
 		len(sl.Holdings), sl.ModelID, key.Public(), *gw)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	go func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				s := w.Stats()
-				fmt.Fprintf(os.Stderr, "worker: %s %s rows=%d requests=%d in=%d out=%d rtt=%v\n",
-					s.State, s.Reason, s.Rows, s.Requests, s.BytesIn, s.BytesOut, s.RTT.Round(time.Millisecond))
-			}
-		}
-	}()
+	go every(ctx, 10*time.Second, func() {
+		s := w.Stats()
+		fmt.Fprintf(os.Stderr, "worker: %s %s rows=%d requests=%d in=%d out=%d rtt=%v\n",
+			s.State, s.Reason, s.Rows, s.Requests, s.BytesIn, s.BytesOut, s.RTT.Round(time.Millisecond))
+	})
 	_ = w.Run(ctx)
 	return 0
 }
@@ -297,21 +283,26 @@ func runSliceWorker(gw, dir, quotaFlag, caFile, keyFile string, threads int) int
 		dir, st.Experts, st.SliceBytes, st.Quota, st.BadExperts, key.Public(), gw)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	go func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				s := w.Stats()
-				fmt.Fprintf(os.Stderr, "worker: %s %s experts=%d download=%d/%d bytes %d/%d experts slice=%d/%d rows=%d\n",
-					s.State, s.Reason, s.Experts, s.DownloadBytesDone, s.DownloadBytesTotal, s.DownloadExpertsDone,
-					s.DownloadExpertsTotal, s.SliceBytes, s.Quota, s.Rows)
-			}
-		}
-	}()
+	go every(ctx, 10*time.Second, func() {
+		s := w.Stats()
+		fmt.Fprintf(os.Stderr, "worker: %s %s experts=%d download=%d/%d bytes %d/%d experts slice=%d/%d rows=%d\n",
+			s.State, s.Reason, s.Experts, s.DownloadBytesDone, s.DownloadBytesTotal, s.DownloadExpertsDone,
+			s.DownloadExpertsTotal, s.SliceBytes, s.Quota, s.Rows)
+	})
 	_ = w.Run(ctx)
 	return 0
+}
+
+// every calls f each period until ctx ends (the workers' status lines).
+func every(ctx context.Context, period time.Duration, f func()) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f()
+		}
+	}
 }

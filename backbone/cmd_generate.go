@@ -170,23 +170,10 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	var d *dispatch.Dispatcher
 	if *dispatchListen != "" {
 		log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		tune, err := sf.tune(lm)
-		if err != nil {
-			return fail(err)
-		}
-		if d, err = startDispatcher(lm, *dispatchListen, log, tune); err != nil {
+		if d, err = startSwarm(ctx, "generate", lm, *dispatchListen, sf, *waitWorkers, *waitTimeout, log, stderr); err != nil {
 			return fail(err)
 		}
 		defer d.Close()
-		fmt.Fprintf(stderr, "generate: dispatch listening on %s (model id %q)\n", d.Addr(), lm.id)
-		if *waitWorkers > 0 {
-			wctx, cancel := context.WithTimeout(ctx, *waitTimeout)
-			err := d.WaitWorkers(wctx, *waitWorkers)
-			cancel()
-			if err != nil {
-				return fail(fmt.Errorf("waiting for %d workers: %w", *waitWorkers, err))
-			}
-		}
 		lm.m.SetExperts(d)
 	}
 	res, err := decode(ctx, lm, decodeOptions{prompt: *prompt, maxTokens: *maxTokens, special: *special,
@@ -309,6 +296,35 @@ func startDispatcher(lm *loadedModel, listen string, log *slog.Logger, tune func
 	}
 	if err := d.Start(); err != nil {
 		return nil, err
+	}
+	return d, nil
+}
+
+// startSwarm starts the dispatcher of --dispatch-listen for lm
+// (startDispatcher with sf's tune), prints "CMD: dispatch listening on
+// HOST:PORT (model id ...)" to stderr and, for wait > 0, waits up to
+// timeout for that many workers. Errors: those of sf.tune and
+// startDispatcher, or "waiting for N workers" wrapping WaitWorkers'; on
+// error nothing is left running. The caller closes the dispatcher.
+func startSwarm(ctx context.Context, cmd string, lm *loadedModel, listen string, sf *swarmFlags, wait int,
+	timeout time.Duration, log *slog.Logger, stderr io.Writer) (*dispatch.Dispatcher, error) {
+	tune, err := sf.tune(lm)
+	if err != nil {
+		return nil, err
+	}
+	d, err := startDispatcher(lm, listen, log, tune)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stderr, "%s: dispatch listening on %s (model id %q)\n", cmd, d.Addr(), lm.id)
+	if wait > 0 {
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		err := d.WaitWorkers(wctx, wait)
+		cancel()
+		if err != nil {
+			d.Close()
+			return nil, fmt.Errorf("waiting for %d workers: %w", wait, err)
+		}
 	}
 	return d, nil
 }

@@ -90,23 +90,9 @@ func serveExpertsFor(ctx context.Context, lm *loadedModel, o serveOptions, log *
 	if o.dispatchListen == "" {
 		return &serveExperts{Describe: "experts: local"}, nil
 	}
-	tune, err := o.swarm.tune(lm)
+	d, err := startSwarm(ctx, "serve", lm, o.dispatchListen, o.swarm, o.waitWorkers, o.waitTimeout, log, stderr)
 	if err != nil {
 		return nil, err
-	}
-	d, err := startDispatcher(lm, o.dispatchListen, log, tune)
-	if err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(stderr, "serve: dispatch listening on %s (model id %q)\n", d.Addr(), lm.id)
-	if o.waitWorkers > 0 {
-		wctx, cancel := context.WithTimeout(ctx, o.waitTimeout)
-		err := d.WaitWorkers(wctx, o.waitWorkers)
-		cancel()
-		if err != nil {
-			d.Close()
-			return nil, fmt.Errorf("waiting for %d workers: %w", o.waitWorkers, err)
-		}
 	}
 	return &serveExperts{Computer: d, Stats: d.Stats, Close: d.Close,
 		Describe: fmt.Sprintf("experts: swarm, dispatch listener %s (model id %q), local fallback", d.Addr(), lm.id)}, nil

@@ -74,8 +74,8 @@ func badRequest(param, code, format string, a ...any) *apiError {
 // forward pass fails.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/completions", s.count("completions", s.handleCompletions))
-	mux.HandleFunc("/v1/chat/completions", s.count("chat", s.handleChat))
+	mux.HandleFunc("/v1/completions", s.count("completions", s.handleGenerate(s.parseCompletion, false)))
+	mux.HandleFunc("/v1/chat/completions", s.count("chat", s.handleGenerate(s.parseChat, true)))
 	mux.HandleFunc("/v1/models", s.count("models", s.handleModels))
 	mux.HandleFunc("/v1/models/{id...}", s.count("models", s.handleModel))
 	if s.gather != nil {
@@ -387,17 +387,22 @@ func (s *Server) parseCompletion(body []byte) (Job, *genParams, *apiError) {
 	return j, &req.genParams, nil
 }
 
-func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	body, e := readBody(w, r)
-	if e == nil {
-		var j Job
-		var p *genParams
-		if j, p, e = s.parseCompletion(body); e == nil {
-			s.run(w, r, j, p, false)
-			return
+// handleGenerate serves a completion endpoint: it reads the body, turns
+// it into a Job with parse (parseCompletion or parseChat) and runs it (chat:
+// chat.completion objects), or writes the error.
+func (s *Server) handleGenerate(parse func([]byte) (Job, *genParams, *apiError), chat bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, e := readBody(w, r)
+		if e == nil {
+			var j Job
+			var p *genParams
+			if j, p, e = parse(body); e == nil {
+				s.run(w, r, j, p, chat)
+				return
+			}
 		}
+		writeError(w, e)
 	}
-	writeError(w, e)
 }
 
 // chatMessage is one entry of "messages": content is a string, null, or an
@@ -479,19 +484,6 @@ func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
 		return Job{}, nil, e
 	}
 	return j, &req.genParams, nil
-}
-
-func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	body, e := readBody(w, r)
-	if e == nil {
-		var j Job
-		var p *genParams
-		if j, p, e = s.parseChat(body); e == nil {
-			s.run(w, r, j, p, true)
-			return
-		}
-	}
-	writeError(w, e)
 }
 
 // usage is the OpenAI usage object.

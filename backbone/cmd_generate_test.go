@@ -9,10 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
-	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
 
 func runJSON(t *testing.T, args ...string) generateResult {
@@ -35,22 +33,7 @@ func TestGenerateJSON(t *testing.T) {
 	const prompt = "The capital of France is"
 	res := runJSON(t, "--prompt", prompt, "--max-tokens", "6", "--temperature", "0")
 
-	data, err := modelgen.Tiny()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Load(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.FromGGUF(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, tok := tinyLocal(t) // cmd_serve_test.go
 	ids := tok.Tokenize(prompt, true, false)
 	if !equal(res.PromptTokens, ids) {
 		t.Fatalf("prompt_tokens %v, want %v", res.PromptTokens, ids)

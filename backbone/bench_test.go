@@ -181,18 +181,10 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher 
 		shim := newHubShim(b, h.Addr(), secret, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
 		url = "ws://" + newDelayProxy(b, shim, benchOneWay)
 	case "gateway":
-		certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
-		if err != nil {
-			b.Fatal(err)
-		}
-		cert, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pool = x509.NewCertPool()
-		pool.AppendCertsFromPEM(certPEM)
+		var srvTLS *tls.Config
+		srvTLS, pool = loopbackTLS(b)
 		g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: h.Addr(), Secret: secret,
-			TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Logger: quietLogger()})
+			TLSConfig: srvTLS, Logger: quietLogger()})
 		if err == nil {
 			err = g.Start()
 		}

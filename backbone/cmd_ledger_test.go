@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
@@ -135,16 +134,9 @@ func TestGatewayCreditsThroughHub(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srvTLS, pool := loopbackTLS(t)
 	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: h.Addr(), Secret: secret,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Extra: extra})
+		TLSConfig: srvTLS, Extra: extra})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,8 +144,6 @@ func TestGatewayCreditsThroughHub(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 
 	w, err := wallet.Open(filepath.Join(dir, "worker-wallet.db"), id, wallet.Options{})

@@ -5,8 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -257,18 +255,9 @@ func TestServeSwarmAllRemote(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.Close() })
-	certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
+	srvTLS, pool := loopbackTLS(t)
 	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: h.Addr(), Secret: secret,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Logger: quiet})
+		TLSConfig: srvTLS, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

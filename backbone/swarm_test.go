@@ -6,6 +6,8 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/demo"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
@@ -314,6 +317,23 @@ func TestSwarmWorkerKilled(t *testing.T) {
 		}
 	}
 	t.Logf("%d tokens, killed after %d; longest step %v; experts remote %d, local %d", len(swarm.Tokens), killAt, maxGap, st.ExpertsRemote, st.ExpertsLocal)
+}
+
+// loopbackTLS returns a server TLS config with a fresh self-signed
+// certificate for 127.0.0.1 (gateway.SelfSigned) and a pool trusting it.
+func loopbackTLS(tb testing.TB) (*tls.Config, *x509.CertPool) {
+	tb.Helper()
+	certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	return &tls.Config{Certificates: []tls.Certificate{cert}}, pool
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

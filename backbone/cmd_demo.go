@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -438,7 +439,7 @@ func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResul
 	}
 	st := s.d.Stats()
 	res := &demoResult{ModelID: s.lm.id, Prompt: o.prompt, Text: swarm.Text, Tokens: swarm.Tokens,
-		LocalTokens: local.Tokens, TokensEqual: equalTokens(swarm.Tokens, local.Tokens),
+		LocalTokens: local.Tokens, TokensEqual: slices.Equal(swarm.Tokens, local.Tokens),
 		LogitsEqual: swarm.LogitsSHA256 == local.LogitsSHA256, LocalTokS: local.DecodeTokS,
 		SwarmTokS: swarm.DecodeTokS, ExpertsRemote: st.ExpertsRemote, ExpertsLocal: st.ExpertsLocal,
 		RateNKVRPerByte: o.rate}
@@ -543,18 +544,6 @@ func demoCurl(addr, model string, key bool) string {
 	}
 	return fmt.Sprintf("curl -N http://%s/v1/chat/completions -H 'Content-Type: application/json'%s -d '%s'", addr, auth,
 		strings.ReplaceAll(string(body), "'", `'\''`))
-}
-
-func equalTokens(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // printDemo writes the demo's result for a person.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -35,7 +36,7 @@ func TestGenerateJSON(t *testing.T) {
 
 	m, tok := tinyLocal(t) // cmd_serve_test.go
 	ids := tok.Tokenize(prompt, true, false)
-	if !equal(res.PromptTokens, ids) {
+	if !slices.Equal(res.PromptTokens, ids) {
 		t.Fatalf("prompt_tokens %v, want %v", res.PromptTokens, ids)
 	}
 	seq := m.NewSequence()
@@ -53,7 +54,7 @@ func TestGenerateJSON(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !equal(res.Tokens, want) {
+	if !slices.Equal(res.Tokens, want) {
 		t.Errorf("tokens %v, want %v", res.Tokens, want)
 	}
 	// JSON carries each invalid UTF-8 byte of the decoded text as U+FFFD.
@@ -73,7 +74,7 @@ func TestGenerateJSON(t *testing.T) {
 func TestGenerateSamplingAndStreaming(t *testing.T) {
 	args := []string{"--max-tokens", "12", "--temperature", "0.9", "--top-k", "50", "--top-p", "0.95", "--seed", "42", "--threads", "1"}
 	a, b := runJSON(t, args...), runJSON(t, args...)
-	if !equal(a.Tokens, b.Tokens) || len(a.Tokens) == 0 {
+	if !slices.Equal(a.Tokens, b.Tokens) || len(a.Tokens) == 0 {
 		t.Errorf("same seed, different tokens: %v vs %v", a.Tokens, b.Tokens)
 	}
 	var out, errb bytes.Buffer
@@ -125,16 +126,4 @@ func TestGenmodelCommand(t *testing.T) {
 			t.Errorf("%v: exit %d, want 2", bad, code)
 		}
 	}
-}
-
-func equal(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

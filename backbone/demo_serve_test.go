@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -260,7 +261,7 @@ func TestDemoProvision(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.TokensEqual || !r.LogitsEqual || !equal(r.Tokens, local.Tokens) {
+	if !r.TokensEqual || !r.LogitsEqual || !slices.Equal(r.Tokens, local.Tokens) {
 		t.Errorf("tokens %v (equal %v, logits %v), local %v", r.Tokens, r.TokensEqual, r.LogitsEqual, local.Tokens)
 	}
 	p := lm.m.Params()

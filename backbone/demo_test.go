@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -42,7 +43,7 @@ func TestDemoProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.TokensEqual || !r.LogitsEqual || !equal(r.Tokens, local.Tokens) || !equal(r.LocalTokens, local.Tokens) {
+	if !r.TokensEqual || !r.LogitsEqual || !slices.Equal(r.Tokens, local.Tokens) || !slices.Equal(r.LocalTokens, local.Tokens) {
 		t.Errorf("demo tokens %v (equal %v, logits %v), its local %v; local decode here %v",
 			r.Tokens, r.TokensEqual, r.LogitsEqual, r.LocalTokens, local.Tokens)
 	}

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -183,7 +184,7 @@ func TestSwarmGenerateProcesses(t *testing.T) {
 			if err := json.Unmarshal([]byte(line[0]), &swarm); err != nil {
 				t.Fatal(err)
 			}
-			if len(local.Tokens) == 0 || !equal(swarm.Tokens, local.Tokens) {
+			if len(local.Tokens) == 0 || !slices.Equal(swarm.Tokens, local.Tokens) {
 				t.Errorf("swarm tokens %v, local %v", swarm.Tokens, local.Tokens)
 			}
 			if swarm.LogitsSHA256 != local.LogitsSHA256 {
@@ -298,7 +299,7 @@ func TestSwarmWorkerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-killed
-	if !equal(swarm.Tokens, local.Tokens) || swarm.LogitsSHA256 != local.LogitsSHA256 {
+	if !slices.Equal(swarm.Tokens, local.Tokens) || swarm.LogitsSHA256 != local.LogitsSHA256 {
 		t.Errorf("after a SIGKILL: tokens %v (logits %s), local %v (logits %s)", swarm.Tokens, swarm.LogitsSHA256, local.Tokens, local.LogitsSHA256)
 	}
 	if maxGap > maxDeadline+time.Second {

@@ -366,10 +366,13 @@ func (n *Node) Slice() status.SliceInfo {
 	return info
 }
 
-// Close flushes and closes the wallet and releases the slice. Call after
-// Run has returned.
+// Close flushes and closes the wallet, releases the slice and closes the
+// wallet-sync client's idle connections. Call after Run has returned.
 func (n *Node) Close() error {
 	var err error
+	if n.hc != nil {
+		n.hc.CloseIdleConnections()
+	}
 	if n.wal != nil {
 		err = n.wal.Close()
 	}

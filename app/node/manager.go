@@ -16,18 +16,24 @@ var ErrNotRunning = errors.New("node: not running")
 // (Start again), carrying the owner's pause over. It implements
 // status.Source and the app's Backend. Safe for concurrent use.
 type Manager struct {
-	mu     sync.Mutex
-	n      *Node
-	err    error // why the last Start failed
-	cancel context.CancelFunc
-	done   chan struct{}
-	pause  int // 0 running, 1 paused, 2 finishing then paused
+	// startMu serializes Start, so that two overlapping Starts (the app
+	// starts one at launch and one per saved setting) cannot both open a
+	// node and leave the first running and unreachable.
+	startMu sync.Mutex
+	mu      sync.Mutex
+	n       *Node
+	err     error // why the last Start failed
+	cancel  context.CancelFunc
+	done    chan struct{}
+	pause   int // 0 running, 1 paused, 2 finishing then paused
 }
 
 // Start stops the running node (if any), opens one for cfg and runs it in
 // the background. On error the manager holds no node and Stats reports the
 // error as the reason.
 func (m *Manager) Start(cfg Config) error {
+	m.startMu.Lock()
+	defer m.startMu.Unlock()
 	m.Stop()
 	n, err := Open(cfg)
 	m.mu.Lock()

@@ -214,14 +214,7 @@ func Open(cfg Config) (*Node, error) {
 	default:
 		load := cfg.LoadSlice
 		if load == nil {
-			loaderMu.Lock()
-			load = defaultLoader
-			loaderMu.Unlock()
-		}
-		if load == nil {
-			n.problem = "no slice: " + ErrNoSliceLoader.Error()
-			n.info.Problem = n.problem
-			break
+			load = LoadSlice // ErrNoSliceLoader without a registered loader
 		}
 		sl, err := load(cfg.SliceDir, cfg.Threads)
 		if err != nil {

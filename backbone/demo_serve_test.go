@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"io/fs"
@@ -89,9 +87,7 @@ func sseChat(t *testing.T, addr, model, content string, n int) (text, finish str
 // where curl exists) is the second request, after which the demo stops
 // by itself with status 0 and leaves no child process behind.
 func TestDemoServe(t *testing.T) {
-	var rnd [8]byte
-	_, _ = rand.Read(rnd[:])
-	mark := "KVASIR_TEST_MARK=" + hex.EncodeToString(rnd[:])
+	mark := newMark()
 	log := newTestLog(t)
 	p, err := demo.Start("demo", log, []string{asBackbone, mark}, backboneBin(t), "demo", "--serve",
 		"--http", "127.0.0.1:0", "--serve-requests", "2", "--threads", "1",
@@ -173,18 +169,7 @@ func TestDemoServe(t *testing.T) {
 		t.Error(err)
 	}
 	if runtime.GOOS == "linux" {
-		deadline := time.Now().Add(10 * time.Second)
-		for left := marked(t, mark); len(left) > 0; left = marked(t, mark) {
-			if time.Now().After(deadline) {
-				for _, pid := range left {
-					if q, err := os.FindProcess(pid); err == nil {
-						_ = q.Kill()
-					}
-				}
-				t.Fatalf("processes %v outlived demo --serve", left)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		waitUnmarked(t, mark, "demo --serve")
 	}
 }
 
@@ -196,9 +181,7 @@ func TestDemoServeInterrupt(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("finds children through /proc")
 	}
-	var rnd [8]byte
-	_, _ = rand.Read(rnd[:])
-	mark := "KVASIR_TEST_MARK=" + hex.EncodeToString(rnd[:])
+	mark := newMark()
 	p, err := demo.Start("demo", newTestLog(t), []string{asBackbone, mark}, backboneBin(t), "demo", "--serve",
 		"--http", "127.0.0.1:0", "--threads", "1")
 	if err != nil {
@@ -224,18 +207,7 @@ func TestDemoServeInterrupt(t *testing.T) {
 	if err := p.Err(); err != nil {
 		t.Errorf("demo --serve after SIGINT: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for left := marked(t, mark); len(left) > 0; left = marked(t, mark) {
-		if time.Now().After(deadline) {
-			for _, pid := range left {
-				if q, err := os.FindProcess(pid); err == nil {
-					_ = q.Kill()
-				}
-			}
-			t.Fatalf("processes %v outlived demo --serve", left)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitUnmarked(t, mark, "demo --serve")
 }
 
 // TestDemoProvision runs `backbone demo --provision --json`: the workers

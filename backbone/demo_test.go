@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -130,6 +131,32 @@ func alive(pid int) bool {
 	return p.Signal(syscall.Signal(0)) == nil
 }
 
+// newMark returns a fresh environment marker "KVASIR_TEST_MARK=<16 hex
+// digits>" for a child process tree (see marked).
+func newMark() string {
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	return "KVASIR_TEST_MARK=" + hex.EncodeToString(rnd[:])
+}
+
+// waitUnmarked waits up to 10 s until no process holds mark; otherwise it
+// kills those left and fails the test ("processes [...] outlived WHAT").
+func waitUnmarked(t *testing.T, mark, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for left := marked(t, mark); len(left) > 0; left = marked(t, mark) {
+		if time.Now().After(deadline) {
+			for _, pid := range left {
+				if q, err := os.FindProcess(pid); err == nil {
+					_ = q.Kill()
+				}
+			}
+			t.Fatalf("processes %v outlived %s", left, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // marked lists the processes whose environment holds mark (Linux /proc).
 func marked(t *testing.T, mark string) []int {
 	t.Helper()
@@ -160,9 +187,7 @@ func TestDemoNoOrphans(t *testing.T) {
 	}
 	for _, sig := range []os.Signal{os.Interrupt, os.Kill} {
 		t.Run(sig.String(), func(t *testing.T) {
-			var rnd [8]byte
-			_, _ = rand.Read(rnd[:])
-			mark := "KVASIR_TEST_MARK=" + hex.EncodeToString(rnd[:])
+			mark := newMark()
 			log := newTestLog(t)
 			p, err := demo.Start("demo", log, []string{asBackbone, mark}, backboneBin(t),
 				"demo", "--verbose", "--max-tokens", "4000", "--dir", t.TempDir())
@@ -186,22 +211,7 @@ func TestDemoNoOrphans(t *testing.T) {
 			case <-time.After(30 * time.Second):
 				t.Fatal("demo did not exit")
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				left := marked(t, mark)
-				if len(left) == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					for _, pid := range left {
-						if p, err := os.FindProcess(pid); err == nil {
-							_ = p.Kill()
-						}
-					}
-					t.Fatalf("processes %v outlived the demo (%v)", left, sig)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			waitUnmarked(t, mark, fmt.Sprintf("the demo (%v)", sig))
 		})
 	}
 }

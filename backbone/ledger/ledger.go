@@ -183,6 +183,15 @@ func Validate(e Entry) error {
 	return nil
 }
 
+// insertEntry appends one row; its arguments are insertArgs.
+const insertEntry = `INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time) VALUES (?, ?, ?, ?, ?, ?, ?)`
+
+// insertArgs are the insertEntry arguments of a validated e (counts fit
+// int64; time as Unix nanoseconds UTC).
+func insertArgs(e Entry) []any {
+	return []any{e.SessionID, e.WorkerID, int64(e.BytesIn), int64(e.BytesOut), int64(e.RejectedBytes), e.Final, e.Time.UTC().UnixNano()}
+}
+
 // Append records e durably (committed and fsynced when it returns nil). The
 // ledger assigns e.ID; a zero e.Time is replaced by the current time. It
 // implements the hub's Meter. Errors wrap ErrInvalid for a bad entry.
@@ -199,9 +208,7 @@ func (l *Ledger) Add(ctx context.Context, e Entry) (int64, error) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	res, err := l.db.ExecContext(ctx,
-		`INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		e.SessionID, e.WorkerID, int64(e.BytesIn), int64(e.BytesOut), int64(e.RejectedBytes), e.Final, e.Time.UTC().UnixNano())
+	res, err := l.db.ExecContext(ctx, insertEntry, insertArgs(e)...)
 	if err != nil {
 		return 0, fmt.Errorf("ledger: append: %w", err)
 	}
@@ -229,9 +236,7 @@ func (l *Ledger) AppendAll(ctx context.Context, es []Entry) error {
 		if e.Time.IsZero() {
 			e.Time = now
 		}
-		if _, err := tx.ExecContext(ctx,
-			`INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			e.SessionID, e.WorkerID, int64(e.BytesIn), int64(e.BytesOut), int64(e.RejectedBytes), e.Final, e.Time.UTC().UnixNano()); err != nil {
+		if _, err := tx.ExecContext(ctx, insertEntry, insertArgs(e)...); err != nil {
 			return fmt.Errorf("ledger: append: %w", err)
 		}
 	}

@@ -12,9 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -154,15 +152,13 @@ func Open(path string, id Identity, opt Options) (*Wallet, error) {
 	} else if !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("wallet: %w", err)
 	}
-	abs, err := filepath.Abs(path)
+	// synchronous=NORMAL in WAL: a power cut can lose the last second of
+	// the worker's own count, an estimate; statements can be fetched again.
+	dsn, err := dbfile.DSN(path, "_journal_mode=WAL", "_synchronous=NORMAL", "_busy_timeout=5000", "_txlock=immediate")
 	if err != nil {
 		return nil, fmt.Errorf("wallet: %w", err)
 	}
-	// synchronous=NORMAL in WAL: a power cut can lose the last second of
-	// the worker's own count, an estimate; statements can be fetched again.
-	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs),
-		RawQuery: "_journal_mode=WAL&_synchronous=NORMAL&_busy_timeout=5000&_txlock=immediate"}
-	db, err := sql.Open("sqlite3", u.String())
+	db, err := sql.Open("sqlite3", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("wallet: %w", err)
 	}

@@ -122,7 +122,7 @@ func Open(cfg Config) (*Service, error) {
 	} else if !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("credit: create %s: %w", cfg.Path, err)
 	}
-	dsn, err := ledger.DSN(cfg.Path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")
+	dsn, err := dbfile.DSN(cfg.Path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")
 	if err != nil {
 		return nil, fmt.Errorf("credit: %w", err)
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
+	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 )
 
 // The helper processes: the test binary re-executed with KVASIR_CREDIT_HELPER.
@@ -304,7 +305,7 @@ func TestKillAppendingHub(t *testing.T) {
 			t.Errorf("acknowledged row %d = %q, ledger has %q", id, v, got[id])
 		}
 	}
-	dsn, _ := ledger.DSN(lpath)
+	dsn, _ := dbfile.DSN(lpath)
 	db, err := sql.Open("sqlite3", dsn)
 	if err != nil {
 		t.Fatal(err)

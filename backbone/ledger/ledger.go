@@ -79,10 +79,6 @@ type Reader interface {
 	Read(ctx context.Context, afterID int64, limit int) ([]Entry, error)
 }
 
-// DSN returns the go-sqlite3 data source name for the SQLite file at path
-// with the given extra URI parameters (e.g. "_journal_mode=WAL").
-func DSN(path string, params ...string) (string, error) { return dbfile.DSN(path, params...) }
-
 // Open opens (creating if needed) the ledger at path for appending. The
 // file is first checked through a read-only connection (dbfile.Check): a
 // corrupt file, a file of another kind (application_id, tables) or of a
@@ -97,7 +93,7 @@ func Open(path string) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
 	}
-	dsn, err := DSN(path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")
+	dsn, err := dbfile.DSN(path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}

@@ -99,7 +99,7 @@ func TestAppendOnly(t *testing.T) {
 		t.Fatalf("DELETE: %v, want ErrAppendOnly", err)
 	}
 	// The triggers live in the file: another connection is refused too.
-	dsn, _ := DSN(p)
+	dsn, _ := dbfile.DSN(p)
 	db, err := sql.Open("sqlite3", dsn)
 	if err != nil {
 		t.Fatal(err)

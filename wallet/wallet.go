@@ -12,7 +12,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -147,9 +146,7 @@ func Open(path string, id Identity, opt Options) (*Wallet, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	if f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
-		f.Close()
-	} else if !errors.Is(err, os.ErrExist) {
+	if err := dbfile.CreateEmpty(path); err != nil {
 		return nil, fmt.Errorf("wallet: %w", err)
 	}
 	// synchronous=NORMAL in WAL: a power cut can lose the last second of

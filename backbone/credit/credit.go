@@ -18,7 +18,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"time"
 
@@ -117,9 +116,7 @@ func Open(cfg Config) (*Service, error) {
 	if _, err := dbfile.Check(cfg.Path, dbfile.GatewayWallets); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
 	}
-	if f, err := os.OpenFile(cfg.Path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
-		f.Close() // an empty file is a valid empty SQLite database
-	} else if !errors.Is(err, os.ErrExist) {
+	if err := dbfile.CreateEmpty(cfg.Path); err != nil {
 		return nil, fmt.Errorf("credit: create %s: %w", cfg.Path, err)
 	}
 	dsn, err := dbfile.DSN(cfg.Path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")

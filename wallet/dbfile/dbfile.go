@@ -219,6 +219,21 @@ func tableNames(db *sql.DB) ([]string, error) {
 	return out, rows.Err()
 }
 
+// CreateEmpty creates path as an empty file with mode 0600 unless it
+// exists (an empty file is a valid empty SQLite database), so that SQLite
+// does not create it with the process umask. Errors are those of
+// os.OpenFile other than os.ErrExist.
+func CreateEmpty(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		return f.Close()
+	}
+	if errors.Is(err, os.ErrExist) {
+		return nil
+	}
+	return err
+}
+
 // DSN returns the go-sqlite3 data source name for the file at path with
 // the given extra URI parameters (e.g. "_journal_mode=WAL").
 func DSN(path string, params ...string) (string, error) {

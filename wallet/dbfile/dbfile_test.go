@@ -131,3 +131,37 @@ func FuzzCheck(f *testing.F) {
 		dbfiletest.Unchanged(t, dir, before)
 	})
 }
+
+// TestCreateEmpty: a missing path becomes an empty 0600 file that Check
+// reports Empty; an existing file is left byte for byte; a path in a
+// missing directory is an error.
+func TestCreateEmpty(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "new.sqlite")
+	if err := dbfile.CreateEmpty(p); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != 0 || st.Mode().Perm() != 0o600 {
+		t.Errorf("created %v, %d bytes; want mode 0600, 0 bytes", st.Mode().Perm(), st.Size())
+	}
+	if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.State != dbfile.Empty {
+		t.Errorf("Check of the created file: %+v, %v; want Empty", info, err)
+	}
+	old := filepath.Join(dir, "old")
+	if err := os.WriteFile(old, []byte("keep me"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := dbfile.CreateEmpty(old); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(old); string(b) != "keep me" {
+		t.Errorf("existing file now holds %q", b)
+	}
+	if err := dbfile.CreateEmpty(filepath.Join(dir, "missing", "x")); err == nil {
+		t.Error("CreateEmpty in a missing directory: no error")
+	}
+}

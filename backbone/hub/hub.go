@@ -30,6 +30,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/engine/wire"
+	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
 
 // Meter receives the ledger deltas of every session (at least every
@@ -199,7 +200,7 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	if err == nil && !h.nonces.add(nonce, now, now.Add(2*h.cfg.MaxSkew)) {
 		err = fmt.Errorf("%w: replayed gateway nonce", ErrUnverified)
 	}
-	if err == nil && (len(worker) != 64 || !isHex(worker)) {
+	if err == nil && !walletapi.IsKeyHex(worker) { // the ledger's worker id form (ledger.Validate)
 		err = fmt.Errorf("%w: worker id %q", ErrUnverified, worker)
 	}
 	if err != nil {
@@ -509,12 +510,6 @@ func (s *session) snapshot() SessionStats {
 	return SessionStats{ID: s.id, WorkerID: s.worker, Started: s.started, Ended: s.ended, Reason: s.reason,
 		ToWorker: s.toW, FromWorker: s.fromW, CreditOut: s.creditOut, CreditIn: s.creditIn,
 		Rejected: s.rejected, Pending: pend, Messages: s.msgs, DispatchesSent: s.nDisp, ResultsReceived: s.nResult}
-}
-
-// isHex reports whether s is lower-case hex (the ledger's worker id form).
-func isHex(s string) bool {
-	b, err := hex.DecodeString(s)
-	return err == nil && hex.EncodeToString(b) == s
 }
 
 func short(id string) string {

@@ -125,8 +125,12 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := checkAPIFlags(&o); fs.NArg() != 0 || o.waitWorkers < 0 || err != nil {
-		fmt.Fprintln(stderr, "serve: unexpected arguments, a negative --wait-workers, or", err)
+	if err := checkAPIFlags(&o); err != nil {
+		fmt.Fprintln(stderr, "serve:", err)
+		return 2
+	}
+	if fs.NArg() != 0 || o.waitWorkers < 0 {
+		fmt.Fprintf(stderr, "serve: unexpected arguments %q or a negative --wait-workers %d\n", fs.Args(), o.waitWorkers)
 		return 2
 	}
 	if err := o.swarm.check(); err != nil {

@@ -367,7 +367,13 @@ func (c *conn) sendData(msg []byte, timeout time.Duration) error {
 	c.wmu.Lock()
 	c.urgent.Add(-1)
 	defer c.wmu.Unlock()
-	_ = c.link.SetWriteDeadline(time.Now().Add(max(timeout, time.Second)))
+	return c.writeDataLocked(msg, max(timeout, time.Second))
+}
+
+// writeDataLocked writes msg as a LinkData frame within timeout, flushes it
+// and counts its bytes out; the caller holds c.wmu.
+func (c *conn) writeDataLocked(msg []byte, timeout time.Duration) error {
+	_ = c.link.SetWriteDeadline(time.Now().Add(timeout))
 	err := wire.WriteLink(c.bw, wire.LinkData, msg)
 	if err == nil {
 		err = c.bw.Flush()
@@ -390,15 +396,7 @@ func (c *conn) sendLow(msg []byte) error {
 		time.Sleep(50 * time.Microsecond)
 	}
 	defer c.wmu.Unlock()
-	_ = c.link.SetWriteDeadline(time.Now().Add(30 * time.Second))
-	err := wire.WriteLink(c.bw, wire.LinkData, msg)
-	if err == nil {
-		err = c.bw.Flush()
-	}
-	if err == nil {
-		c.bytesOut.Add(uint64(len(msg)))
-	}
-	return err
+	return c.writeDataLocked(msg, 30*time.Second)
 }
 
 // sendCtl writes a link control frame (best effort: a failed write surfaces

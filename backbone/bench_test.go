@@ -112,17 +112,12 @@ func benchQ30(b *testing.B) *loadedModel {
 			return
 		}
 		s.Layers, s.Type = 4, quant.Q4_K
-		w, err := modelgen.Build(s)
+		data, err := modelgen.Bytes(s)
 		if err != nil {
 			q30.err = err
 			return
 		}
-		var buf bytes.Buffer
-		if _, err := w.WriteTo(&buf); err != nil {
-			q30.err = err
-			return
-		}
-		f, err := gguf.Parse(buf.Bytes())
+		f, err := gguf.Parse(data)
 		if err != nil {
 			q30.err = err
 			return

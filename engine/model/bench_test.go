@@ -1,7 +1,6 @@
 package model
 
 import (
-	"bytes"
 	"context"
 	"sync"
 	"testing"
@@ -107,17 +106,12 @@ func BenchmarkQwen3_30B_A3B_4L(b *testing.B) {
 			return
 		}
 		s.Layers, s.Type = 4, quant.Q4_K
-		w, err := modelgen.Build(s)
+		data, err := modelgen.Bytes(s)
 		if err != nil {
 			q30.err = err
 			return
 		}
-		var buf bytes.Buffer
-		if _, err := w.WriteTo(&buf); err != nil {
-			q30.err = err
-			return
-		}
-		f, err := gguf.Parse(buf.Bytes())
+		f, err := gguf.Parse(data)
 		if err != nil {
 			q30.err = err
 			return

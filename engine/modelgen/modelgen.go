@@ -318,19 +318,24 @@ func Tiny() ([]byte, error) {
 			tiny.err = err
 			return
 		}
-		w, err := Build(s)
-		if err != nil {
-			tiny.err = err
-			return
-		}
-		var b bytes.Buffer
-		if _, err := w.WriteTo(&b); err != nil {
-			tiny.err = err
-			return
-		}
-		tiny.data = b.Bytes()
+		tiny.data, tiny.err = Bytes(s)
 	})
 	return tiny.data, tiny.err
+}
+
+// Bytes generates the model described by s (Build) and returns its whole
+// GGUF file in memory, ready for gguf.Parse. Errors wrap ErrSpec or come from
+// the writer.
+func Bytes(s Spec) ([]byte, error) {
+	w, err := Build(s)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	if _, err := w.WriteTo(&b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // Describe returns a one-line human summary of s.

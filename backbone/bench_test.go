@@ -212,6 +212,35 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher 
 // TLS, no check of the worker's signature), then copies bytes both ways:
 // the "direct to the hub" path of a benchmark.
 func newHubShim(tb testing.TB, hubAddr string, secret []byte, worker string) string {
+	return serveLoopback(tb, func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		hc, err := net.Dial("tcp", hubAddr)
+		if err != nil {
+			return
+		}
+		defer hc.Close()
+		hub.SignGateway(req.Header, secret, worker, time.Now())
+		var head bytes.Buffer
+		fmt.Fprintf(&head, "GET %s HTTP/1.1\r\nHost: %s\r\n", req.URL.RequestURI(), req.Host)
+		_ = req.Header.Write(&head)
+		head.WriteString("\r\n")
+		if _, err := hc.Write(head.Bytes()); err != nil {
+			return
+		}
+		go func() { _, _ = io.Copy(hc, br); hc.Close() }()
+		_, _ = io.Copy(c, hc)
+	})
+}
+
+// serveLoopback listens on a free loopback port and runs handle for each
+// accepted connection on its own goroutine until the test ends; cleanup
+// closes the listener and waits for the handlers. It returns host:port.
+func serveLoopback(tb testing.TB, handle func(net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -227,30 +256,7 @@ func newHubShim(tb testing.TB, hubAddr string, secret []byte, worker string) str
 				return
 			}
 			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				br := bufio.NewReader(c)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				hc, err := net.Dial("tcp", hubAddr)
-				if err != nil {
-					return
-				}
-				defer hc.Close()
-				hub.SignGateway(req.Header, secret, worker, time.Now())
-				var head bytes.Buffer
-				fmt.Fprintf(&head, "GET %s HTTP/1.1\r\nHost: %s\r\n", req.URL.RequestURI(), req.Host)
-				_ = req.Header.Write(&head)
-				head.WriteString("\r\n")
-				if _, err := hc.Write(head.Bytes()); err != nil {
-					return
-				}
-				go func() { _, _ = io.Copy(hc, br); hc.Close() }()
-				_, _ = io.Copy(c, hc)
-			}()
+			go func() { defer wg.Done(); handle(c) }()
 		}
 	}()
 	return ln.Addr().String()
@@ -259,31 +265,17 @@ func newHubShim(tb testing.TB, hubAddr string, secret []byte, worker string) str
 // newDelayProxy listens on loopback and relays each connection to target,
 // delivering every chunk read oneWay later in each direction.
 func newDelayProxy(tb testing.TB, target string, oneWay time.Duration) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	tb.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			wg.Add(2)
-			go func() { defer wg.Done(); delayPipe(t, c, oneWay) }()
-			go func() { defer wg.Done(); delayPipe(c, t, oneWay) }()
+	return serveLoopback(tb, func(c net.Conn) {
+		t, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			return
 		}
-	}()
-	return ln.Addr().String()
+		done := make(chan struct{})
+		go func() { defer close(done); delayPipe(t, c, oneWay) }()
+		delayPipe(c, t, oneWay)
+		<-done
+	})
 }
 
 func delayPipe(dst, src net.Conn, delay time.Duration) {

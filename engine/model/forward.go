@@ -2,17 +2,18 @@ package model
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
 
-	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
-// Sequence is one token sequence's state: its F32 KV cache (llama.cpp
-// type_k = type_v = F32) and the number of positions filled. Create one with
+// Sequence is one token sequence's state, per layer: an F32 KV cache for
+// attention layers (llama.cpp type_k = type_v = F32) and a recurrent state
+// for Gated DeltaNet layers (the last SSMConv-1 convolution inputs and one
+// SSMState x SSMState matrix per value head, llama.cpp's llama_memory_recurrent
+// r and s), plus the number of positions filled. Create one with
 // Model.NewSequence; several sequences may be decoded in one Forward call.
 // A Sequence belongs to the Model that created it.
 type Sequence struct {
@@ -24,24 +25,69 @@ type Sequence struct {
 	// v[l]: layer l's values transposed, HeadsKV*HeadDimV x capPos (channel-
 	// major, as llama.cpp stores V without flash attention), so each output
 	// element of softmax(.) V is one contiguous dot product over positions.
+	// nil for recurrent layers.
 	k, v [][]float32
+	// conv[l]: recurrent layer l's last SSMConv-1 inputs to the
+	// convolution, (SSMConv-1) x channels, oldest first. ssm[l]: its delta
+	// rule state, SSMHeads x SSMState x SSMState with ssm[l][(h*S+j)*S+i] =
+	// S_h[i][j] (ggml's transposed layout). nil for attention layers.
+	conv, ssm [][]float32
+	// lost: a Forward failed after changing the recurrent state, so it no
+	// longer matches n; only Truncate(0) makes the sequence usable again.
+	lost bool
 }
 
-// NewSequence returns an empty sequence. Its cache grows on demand (doubling,
-// at most Params.Context positions: 2 x Layers x HeadsKV x HeadDim x 4 bytes
-// per position).
+// NewSequence returns an empty sequence. Its KV cache grows on demand
+// (doubling, at most Params.Context positions: 2 x attention layers x
+// HeadsKV x HeadDim x 4 bytes per position); the recurrent state of a
+// model with Gated DeltaNet layers is allocated at once (per recurrent
+// layer ((SSMConv-1) x (2*SSMGroups+SSMHeads) x SSMState + SSMHeads x
+// SSMState^2) x 4 bytes, whatever the length).
 func (m *Model) NewSequence() *Sequence {
-	return &Sequence{m: m, k: make([][]float32, m.p.Layers), v: make([][]float32, m.p.Layers)}
+	p := m.p
+	s := &Sequence{m: m, k: make([][]float32, p.Layers), v: make([][]float32, p.Layers)}
+	if p.RecurrentCount > 0 {
+		s.conv, s.ssm = make([][]float32, p.Layers), make([][]float32, p.Layers)
+		ch := (2*p.SSMGroups + p.SSMHeads) * p.SSMState
+		for l := range m.Blocks {
+			if m.Blocks[l].Linear != nil {
+				s.conv[l] = make([]float32, (p.SSMConv-1)*ch)
+				s.ssm[l] = make([]float32, p.SSMHeads*p.SSMState*p.SSMState)
+			}
+		}
+	}
+	return s
 }
 
 // Len returns the number of positions filled; the next token goes at Len().
 func (s *Sequence) Len() int { return s.n }
 
+// Recurrent reports whether the sequence has recurrent layers, whose state
+// Truncate can only reset, not rewind.
+func (s *Sequence) Recurrent() bool { return s.conv != nil }
+
 // Truncate drops positions n and later (to rewind or reuse the sequence).
-// It fails with ErrBatch if n is negative or beyond Len.
+// It fails with ErrBatch if n is negative or beyond Len. With recurrent
+// layers (Recurrent) only Truncate(0), which zeroes the recurrent state, and
+// Truncate(Len()) are possible; other lengths fail with ErrRewind (as
+// llama.cpp's llama_memory_recurrent refuses a partial seq_rm).
 func (s *Sequence) Truncate(n int) error {
 	if n < 0 || n > s.n {
 		return fmt.Errorf("%w: truncate to %d of %d positions", ErrBatch, n, s.n)
+	}
+	if s.Recurrent() {
+		switch {
+		case n == 0:
+			for l := range s.conv {
+				clear(s.conv[l])
+				clear(s.ssm[l])
+			}
+			s.lost = false
+		case s.lost:
+			return fmt.Errorf("%w: the recurrent state was lost by a failed Forward; Truncate(0) resets it", ErrRewind)
+		case n != s.n:
+			return fmt.Errorf("%w: truncate to %d of %d positions", ErrRewind, n, s.n)
+		}
 	}
 	s.n = n
 	return nil
@@ -55,6 +101,9 @@ func (s *Sequence) reserve(need int) {
 	c := min(p.Context, max(need, 2*s.capPos, 64))
 	kd, vd := p.HeadsKV*p.HeadDim, p.HeadsKV*p.HeadDimV
 	for l := range s.k {
+		if s.m.Blocks[l].Attn == nil {
+			continue
+		}
 		k := make([]float32, c*kd)
 		copy(k, s.k[l][:s.n*kd])
 		s.k[l] = k
@@ -82,10 +131,17 @@ type Row struct {
 type workspace struct {
 	rows                     int
 	x, xn, q, k, v, att, tmp []float32
+	qg, gate                 []float32 // gated attention: attn_q's output, the gate half
 	cos, sin                 []float32 // rows x RopeDim/2
 	router, probs, wts, eo   []float32
 	ids                      []int32
 	sel                      []float32
+	shGate, shUp, shOut      []float32   // shared expert
+	mixed, z, beta, gdt, cv  []float32   // Gated DeltaNet: attn_qkv, attn_gate, beta, g, conv output
+	o, win                   []float32   // Gated DeltaNet: delta-rule output; conv window of one sequence
+	delta                    [][]float32 // per worker: the delta rule's S floats
+	groups                   []seqGroup  // the batch's rows by sequence
+	touched                  bool        // a recurrent layer ran in this Forward
 	conv                     [3][]byte
 	convType                 [3]quant.Type
 	convN                    int
@@ -96,7 +152,9 @@ type workspace struct {
 	err                      error       // first error of a parallel region
 }
 
-func (ws *workspace) ensure(p Params, n int) {
+// ensure sizes the buffers for batches of n rows; shared is the largest
+// shared-expert FFN length, gated whether any attention layer is gated.
+func (ws *workspace) ensure(p Params, shared int, gated bool, n int) {
 	if n <= ws.rows {
 		return
 	}
@@ -118,6 +176,25 @@ func (ws *workspace) ensure(p Params, n int) {
 	ws.ids = make([]int32, n*p.ExpertsUsed)
 	ws.eo = make([]float32, n*p.ExpertsUsed*p.Embd)
 	ws.sel = make([]float32, n*p.Embd)
+	if gated {
+		ws.qg = make([]float32, 2*n*qd)
+		ws.gate = make([]float32, n*qd)
+	}
+	if shared > 0 {
+		ws.shGate = make([]float32, n*shared)
+		ws.shUp = make([]float32, n*shared)
+		ws.shOut = make([]float32, n*p.Embd)
+	}
+	if p.RecurrentCount > 0 {
+		ch, vd := (2*p.SSMGroups+p.SSMHeads)*p.SSMState, p.SSMInner
+		ws.mixed = make([]float32, n*ch)
+		ws.cv = make([]float32, n*ch)
+		ws.win = make([]float32, (n+p.SSMConv)*ch)
+		ws.z = make([]float32, n*vd)
+		ws.o = make([]float32, n*vd)
+		ws.beta = make([]float32, n*p.SSMHeads)
+		ws.gdt = make([]float32, n*p.SSMHeads)
+	}
 }
 
 // Forward runs rows through the model: each row's token is embedded at its
@@ -125,11 +202,13 @@ func (ws *workspace) ensure(p Params, n int) {
 // rows with Logits set (in row order) logits receives Vocab float32 logits,
 // so len(logits) = (rows with Logits) x Vocab. Rows of different sequences
 // share each layer's expert call. On success every sequence's Len advances
-// by its number of rows; on error Len is unchanged.
+// by its number of rows; on error Len is unchanged, and a sequence with
+// recurrent layers whose state had already changed is marked lost (its
+// next Forward fails with ErrRewind until Truncate(0)).
 //
-// Errors wrap ErrBatch, ErrContext or ErrNonFinite (a NaN or ±Inf router
-// logit), or come from the expert Computer or ctx.
-func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) error {
+// Errors wrap ErrBatch, ErrContext, ErrRewind or ErrNonFinite (a NaN or
+// ±Inf router logit), or come from the expert Computer or ctx.
+func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err error) {
 	p := m.p
 	n := len(rows)
 	if n == 0 {
@@ -142,6 +221,9 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) error
 		r := &rows[i]
 		if r.Seq == nil || r.Seq.m != m {
 			return fmt.Errorf("%w: row %d: sequence of another model", ErrBatch, i)
+		}
+		if r.Seq.lost {
+			return fmt.Errorf("row %d: %w: the sequence's state was lost by a failed Forward; Truncate(0) resets it", i, ErrRewind)
 		}
 		r.Seq.pending = r.Seq.n
 	}
@@ -170,10 +252,23 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) error
 		maxPos = max(maxPos, rows[i].Pos)
 	}
 	ws := &m.ws
-	ws.ensure(p, n)
+	ws.ensure(p, m.sharedFF, m.gated, n)
 	for len(ws.scores) < m.threads {
 		ws.scores = append(ws.scores, nil)
+		ws.delta = append(ws.delta, make([]float32, p.SSMState))
 	}
+	ws.groups = ws.groups[:0]
+	if p.RecurrentCount > 0 {
+		ws.groupRows(rows)
+	}
+	ws.touched = false
+	defer func() {
+		if ws.touched && err != nil {
+			for i := range rows {
+				rows[i].Seq.lost = true
+			}
+		}
+	}()
 	for w := range ws.scores {
 		if len(ws.scores[w]) < maxPos+1 {
 			ws.scores[w] = make([]float32, max(maxPos+1, 2*len(ws.scores[w])))
@@ -225,43 +320,48 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) error
 	return nil
 }
 
-// layer runs block il on the rows held in ws.x (llama.cpp
-// src/models/qwen3moe.cpp).
+// groupRows sets ws.groups to the batch's rows by sequence, sequences in
+// order of first appearance, rows in batch (= position) order.
+func (ws *workspace) groupRows(rows []Row) {
+	for i := range rows {
+		seq := rows[i].Seq
+		g := -1
+		for j := range ws.groups {
+			if ws.groups[j].seq == seq {
+				g = j
+				break
+			}
+		}
+		if g < 0 { // a new group, reusing an earlier call's rows slice
+			g = len(ws.groups)
+			if g < cap(ws.groups) {
+				ws.groups = ws.groups[:g+1]
+				ws.groups[g].seq, ws.groups[g].rows = seq, ws.groups[g].rows[:0]
+			} else {
+				ws.groups = append(ws.groups, seqGroup{seq: seq})
+			}
+		}
+		ws.groups[g].rows = append(ws.groups[g].rows, int32(i))
+	}
+}
+
+// layer runs block il on the rows held in ws.x: the mixer (attention or
+// Gated DeltaNet) on the attn_norm'd rows, its residual, then the MoE block
+// on the FFNNorm'd rows and its residual (src/models/<arch>.cpp).
 func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 	p, ws, b := m.p, &m.ws, &m.Blocks[il]
 	n, d := len(rows), p.Embd
-	qd, kd, vd := p.Heads*p.HeadDim, p.HeadsKV*p.HeadDim, p.HeadsKV*p.HeadDimV
-	hd, half := p.HeadDim, p.RopeDim/2
-
 	for i := range n {
 		rmsNorm(ws.xn[i*d:(i+1)*d], ws.x[i*d:(i+1)*d], b.AttnNorm, p.NormEps)
 	}
-	if err := m.projectAll(ws.xn[:n*d], n, proj{w: &b.AttnQ, y: ws.q[:n*qd]},
-		proj{w: &b.AttnK, y: ws.k[:n*kd]}, proj{w: &b.AttnV, y: ws.v[:n*vd]}); err != nil {
-		return err
+	var err error
+	if b.Attn != nil {
+		err = m.attnLayer(il, b.Attn, rows)
+	} else {
+		ws.touched = true // recurrent states change from here on
+		err = m.deltaNetLayer(il, b.Linear, rows)
 	}
-	for i := range rows {
-		c, s := ws.cos[i*half:(i+1)*half], ws.sin[i*half:(i+1)*half]
-		for h := range p.Heads {
-			x := ws.q[i*qd+h*hd : i*qd+(h+1)*hd]
-			rmsNorm(x, x, b.AttnQNorm, p.NormEps)
-			ropeNeox(x, c, s)
-		}
-		seq, pos := rows[i].Seq, rows[i].Pos
-		kc := seq.k[il][pos*kd : (pos+1)*kd]
-		for h := range p.HeadsKV {
-			x := ws.k[i*kd+h*hd : i*kd+(h+1)*hd]
-			rmsNorm(kc[h*hd:(h+1)*hd], x, b.AttnKNorm, p.NormEps)
-			ropeNeox(kc[h*hd:(h+1)*hd], c, s)
-		}
-		vt, cp := seq.v[il], seq.capPos
-		for ch, x := range ws.v[i*vd : (i+1)*vd] {
-			vt[ch*cp+pos] = x
-		}
-	}
-	m.attention(il, rows)
-
-	if err := m.project(ws.att[:n*p.Heads*p.HeadDimV], n, &b.AttnOutput, ws.tmp[:n*d]); err != nil {
+	if err != nil {
 		return err
 	}
 	for i, v := range ws.tmp[:n*d] {
@@ -270,47 +370,7 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 	for i := range n {
 		rmsNorm(ws.xn[i*d:(i+1)*d], ws.x[i*d:(i+1)*d], b.FFNNorm, p.NormEps)
 	}
-	ne, k := p.Experts, p.ExpertsUsed
-	if err := m.project(ws.xn[:n*d], n, &b.FFNGateInp, ws.router[:n*ne]); err != nil {
-		return err
-	}
-	for i := range n {
-		if err := route(ws.router[i*ne:(i+1)*ne], ws.probs, ws.ids[i*k:(i+1)*k], ws.wts[i*k:(i+1)*k]); err != nil {
-			return fmt.Errorf("model: layer %d row %d: %w", il, i, err)
-		}
-	}
-	eo := ws.eo[:n*k*d]
-	var err error
-	if m.experts == expert.Computer(m.local) {
-		// The model's own experts run on its helper goroutines.
-		run := expert.Runner(serial)
-		if m.team.helpers > 0 {
-			run = m.team.run
-		}
-		err = m.local.ComputeExpertsWith(ctx, run, m.team.helpers+1, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo)
-	} else {
-		err = m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo)
-	}
-	if err != nil {
-		return fmt.Errorf("model: layer %d experts: %w", il, err)
-	}
-	// experts = ggml_mul(experts, weights); moe_out = sum over slots in slot
-	// order with ggml_add; cur = moe_out + ffn_inp (llama-graph.cpp
-	// build_moe_ffn). float32() on each product keeps the rounding of
-	// separate multiplies and adds on every architecture (no FMA fusion).
-	for i := range n {
-		x := ws.x[i*d : (i+1)*d]
-		w := ws.wts[i*k : (i+1)*k]
-		o := eo[i*k*d : (i+1)*k*d]
-		for j := range x {
-			acc := float32(w[0] * o[j])
-			for s := 1; s < k; s++ {
-				acc += float32(w[s] * o[s*d+j])
-			}
-			x[j] += acc
-		}
-	}
-	return nil
+	return m.moe(ctx, il, &b.MoE, rows)
 }
 
 // proj is one matrix product of a parallel region: y [n x w.Rows] = x .
@@ -460,53 +520,6 @@ func (m *Model) convert(x []float32, w *Weight) ([]byte, error) {
 	return ws.conv[slot], nil
 }
 
-// attention computes ws.att (rows x Heads*HeadDimV) from ws.q and the
-// sequences' caches for layer il: per head, scores q.k_t * 1/sqrt(HeadDim)
-// over positions t <= pos (causal), softmax as ggml_soft_max_ext (max
-// subtracted, float64 sum, scaled by float32(1/sum)), then each output
-// element sum_t p_t v_t as one quant.DotF32 over positions (ggml_mul_mat of
-// the transposed V cache with the probabilities); both dot loops run as one
-// quant.DotF32Rows call each (bit-identical to per-row DotF32).
-// Query head h reads KV head h / (Heads/HeadsKV) (GQA as ggml_mul_mat
-// broadcasts).
-func (m *Model) attention(il int, rows []Row) {
-	p, ws := m.p, &m.ws
-	hd, hdv := p.HeadDim, p.HeadDimV
-	qd, ad := p.Heads*hd, p.Heads*hdv
-	group := p.Heads / p.HeadsKV
-	scale := 1 / float32(math.Sqrt(float64(hd)))
-	units := len(rows) * p.Heads
-	work := 0
-	for i := range rows {
-		work += (rows[i].Pos + 1) * p.Heads * (hd + hdv)
-	}
-	run := m.team.run
-	if work < 1<<15 {
-		run = serial
-	}
-	run(units, func(w, u int) {
-		i, h := u/p.Heads, u%p.Heads
-		kvh := h / group
-		seq, pos := rows[i].Seq, rows[i].Pos
-		kc, vc := seq.k[il], seq.v[il]
-		q := ws.q[i*qd+h*hd : i*qd+(h+1)*hd]
-		sc := ws.scores[w][:pos+1]
-		// Key t of KV head kvh starts at (t*HeadsKV+kvh)*hd; the slices
-		// passed are exactly the rows' extent, so DotF32Rows cannot fail.
-		kst := p.HeadsKV * hd
-		_ = quant.DotF32Rows(q, kc[kvh*hd:pos*kst+(kvh+1)*hd], kst, sc)
-		for t := range sc {
-			sc[t] *= scale
-		}
-		softmax(sc, sc)
-		out := ws.att[i*ad+h*hdv : i*ad+(h+1)*hdv]
-		// Channel kvh*hdv+j of the transposed V cache starts at
-		// (kvh*hdv+j)*capPos.
-		cp := seq.capPos
-		_ = quant.DotF32Rows(sc, vc[kvh*hdv*cp:(kvh*hdv+len(out)-1)*cp+len(sc)], cp, out)
-	})
-}
-
 // rmsNorm sets dst = src / sqrt(mean(src^2) + eps) * w as
 // ggml_compute_forward_rms_norm_f32 (float64 sum of float32 squares, float32
 // scale) followed by ggml_mul with the norm weight. dst may alias src.
@@ -521,34 +534,6 @@ func rmsNorm(dst, src, w []float32, eps float32) {
 	dst = dst[:len(src)]
 	for i, v := range src {
 		dst[i] = float32(v*scale) * w[i]
-	}
-}
-
-// ropeTable fills the cos/sin of position pos for the RopeDim/2 rotated
-// pairs as ggml_rope_cache_init does (ggml-cpu/ops.cpp): theta starts at
-// pos and is multiplied in float32 by base^(-2/RopeDim) per pair; with no
-// YaRN, theta is scaled by RopeScale (freq_scale) and mscale is 1.
-func ropeTable(p Params, pos int, cos, sin []float32) {
-	thetaScale := float32(math.Pow(float64(p.RopeBase), float64(float32(-2)/float32(p.RopeDim))))
-	theta := float32(pos)
-	for i := range cos {
-		t := p.RopeScale * theta
-		cos[i] = float32(math.Cos(float64(t)))
-		sin[i] = float32(math.Sin(float64(t)))
-		theta *= thetaScale
-	}
-}
-
-// ropeNeox rotates x's first 2*len(cos) dims in NEOX style (rotate-half:
-// pair (i, i+half)), as ggml's rope with GGML_ROPE_TYPE_NEOX.
-func ropeNeox(x, cos, sin []float32) {
-	half := len(cos)
-	lo, hi := x[:half], x[half:2*half]
-	for i := range half {
-		x0, x1 := lo[i], hi[i]
-		c, s := cos[i], sin[i]
-		lo[i] = float32(x0*c) - float32(x1*s)
-		hi[i] = float32(x0*s) + float32(x1*c)
 	}
 }
 
@@ -570,60 +555,6 @@ func softmax(dst, src []float32) {
 	for i := range src {
 		dst[i] *= inv
 	}
-}
-
-// minWeightSum is the clamp on the sum of the selected router probabilities
-// (llama-graph.cpp build_moe_ffn: ggml_clamp(weights_sum, 6.103515625e-5, INF)).
-const minWeightSum = 6.103515625e-5
-
-// ErrNonFinite is returned (wrapped) by Model.Forward when a layer's router
-// logits hold a NaN or ±Inf (NaN weights in the GGUF, or a non-finite hidden
-// state): no expert can be chosen, so the batch fails instead of routing to
-// an arbitrary expert.
-var ErrNonFinite = errors.New("model: non-finite router logits")
-
-// route turns one row's router logits into the top-k experts (by softmax
-// probability, descending; ties: lower id) and their probabilities divided
-// by their float64-accumulated sum (clamped at minWeightSum). probs is
-// scratch of len(logits); len(ids) = len(w) <= len(logits).
-//
-// Errors: ErrNonFinite (wrapped) when a logit is NaN or ±Inf (a float32 whose
-// 8 exponent bits are all ones, IEEE 754-2008 §3.4); ids and w are then
-// unspecified. Finite logits give finite probabilities in [0, 1] (softmax
-// subtracts the maximum), so every slot then finds an expert.
-func route(logits, probs []float32, ids []int32, w []float32) error {
-	for e, v := range logits {
-		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
-			return fmt.Errorf("%w: expert %d logit %v", ErrNonFinite, e, v)
-		}
-	}
-	if len(ids) > len(logits) || len(w) != len(ids) {
-		return fmt.Errorf("%w: %d slots for %d experts", ErrBatch, len(ids), len(logits))
-	}
-	softmax(probs, logits)
-	for s := range ids {
-		best := -1
-		for e, v := range probs {
-			if v >= 0 && (best < 0 || v > probs[best]) {
-				best = e
-			}
-		}
-		if best < 0 { // unreachable for finite logits; never index with -1
-			return fmt.Errorf("%w: no expert left for slot %d", ErrNonFinite, s)
-		}
-		ids[s] = int32(best)
-		w[s] = probs[best]
-		probs[best] = -1 // taken
-	}
-	var sum float64
-	for _, v := range w {
-		sum += float64(v)
-	}
-	ws := max(float32(sum), minWeightSum)
-	for s := range w {
-		w[s] /= ws
-	}
-	return nil
 }
 
 // serial calls fn(0, u) for u in [0, n) in order (team.run's signature).

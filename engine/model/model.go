@@ -1,11 +1,19 @@
-// Package model runs the qwen3moe forward pass on the CPU as llama.cpp's CPU
-// backend computes it (src/models/qwen3moe.cpp and src/llama-graph.cpp
-// build_attn / build_moe_ffn, ggml/src/ggml-cpu/ops.cpp, at llama.cpp commit
-// 3f545beccee69d9975f466ec7e45fd9aacd8ba90): token embedding; per layer
-// RMSNorm -> attention (GQA, per-head RMSNorm of q and k, NEOX RoPE, causal
-// softmax) with an F32 KV cache -> RMSNorm -> router (softmax, top-k,
-// renormalised weights) -> SwiGLU experts through an expert.Computer ->
-// weighted sum in the router's slot order; final RMSNorm and output head.
+// Package model runs MoE transformer forward passes on the CPU as llama.cpp's
+// CPU backend computes them (src/models/<arch>.cpp, src/llama-graph.cpp
+// build_attn / build_moe_ffn, src/models/delta-net-base.cpp,
+// ggml/src/ggml-cpu/ops.cpp, at llama.cpp commit
+// 3f545beccee69d9975f466ec7e45fd9aacd8ba90).
+//
+// An architecture is one file (qwen3moe.go, qwen35moe.go) that registers
+// how to read its hyperparameters and name its tensors; the blocks it fills
+// in are shared: token embedding; per layer RMSNorm -> a token mixer
+// (Attention: GQA softmax attention with an F32 KV cache, per-head q/k
+// RMSNorm, NEOX or IMROPE rotary embedding, optionally gated; or
+// GatedDeltaNet: causal depthwise convolution and the gated delta rule
+// over a recurrent state) -> residual -> RMSNorm -> MoE (softmax router,
+// top-k, renormalised weights, SwiGLU experts through an expert.Computer,
+// weighted sum in the router's slot order, optional sigmoid-gated shared
+// expert) -> residual; final RMSNorm and output head.
 //
 // Every weight matrix product goes through quant.MatMul, which converts the
 // activation to the weight type's vec_dot_type exactly as ggml-cpu does
@@ -33,24 +41,23 @@ type Weight struct {
 // Bytes returns the size of the weight in bytes.
 func (w *Weight) Bytes() int { return len(w.Data) }
 
-// Block is one transformer layer, fields named after its GGUF tensors
-// (blk.N.<name>.weight). Norm weights are dequantized to float32.
+// Block is one layer, fields named after its GGUF tensors
+// (blk.N.<name>.weight). Exactly one of Attn and Linear is set: a softmax
+// attention layer with a KV cache, or a Gated DeltaNet layer with a
+// recurrent state. Norm weights are dequantized to float32.
 type Block struct {
-	AttnNorm   []float32 // attn_norm [Embd]
-	AttnQ      Weight    // attn_q      Heads*HeadDim x Embd
-	AttnK      Weight    // attn_k      HeadsKV*HeadDim x Embd
-	AttnV      Weight    // attn_v      HeadsKV*HeadDimV x Embd
-	AttnOutput Weight    // attn_output Embd x Heads*HeadDimV
-	AttnQNorm  []float32 // attn_q_norm [HeadDim]
-	AttnKNorm  []float32 // attn_k_norm [HeadDim]
-	FFNNorm    []float32 // ffn_norm [Embd]
-	FFNGateInp Weight    // ffn_gate_inp (router) Experts x Embd, F32 in llama.cpp's quantisations
-	// Experts holds ffn_gate_exps, ffn_up_exps and ffn_down_exps.
-	Experts *expert.Layer
+	AttnNorm []float32      // attn_norm [Embd]
+	Attn     *Attention     // attention (qwen3moe; qwen35moe full-attention layers)
+	Linear   *GatedDeltaNet // linear attention (qwen35moe recurrent layers)
+	// FFNNorm is ffn_norm (qwen3moe) or post_attention_norm (qwen35moe)
+	// [Embd]: the norm before the MoE block.
+	FFNNorm []float32
+	MoE     MoE
 }
 
-// Model is a loaded qwen3moe model. Its weights are views into the gguf.File
-// it was loaded from, which must stay open while the Model is used.
+// Model is a loaded model of one of the registered architectures
+// (Architectures). Its weights are views into the gguf.File it was loaded
+// from, which must stay open while the Model is used.
 //
 // Forward may not be called concurrently on one Model (it reuses internal
 // buffers); all other methods are read-only.
@@ -61,121 +68,92 @@ type Model struct {
 	Output     Weight    // output Vocab x Embd; token_embd when the file has no output.weight
 	Blocks     []Block   // blk.0 .. blk.(Layers-1)
 
-	local   *expert.Local
-	experts expert.Computer
-	threads int
-	ws      workspace
-	team    team // Forward's helper goroutines
+	local    *expert.Local
+	experts  expert.Computer
+	sharedFF int  // largest shared-expert FFN length (0: none)
+	gated    bool // some attention layer is Gated
+	threads  int
+	ws       workspace
+	team     team // Forward's helper goroutines
 }
 
 // Params returns the model's hyperparameters.
 func (m *Model) Params() Params { return m.p }
 
-// Load builds a Model over f. The architecture must be qwen3moe; every tensor
-// must be present with a supported type and the shape the hyperparameters
-// imply. Errors wrap ErrArchitecture, ErrMetadata or ErrTensor.
+// Load builds a Model over f. The file's general.architecture chooses the
+// architecture (Architectures); every tensor must be present with a
+// supported type and the shape the hyperparameters imply. Errors wrap
+// ErrArchitecture, ErrMetadata or ErrTensor and name the key or tensor.
 func Load(f *gguf.File) (*Model, error) {
-	p, err := readParams(f)
+	p, a, l, err := readParams(f)
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{p: p, threads: runtime.GOMAXPROCS(0)}
-	qd, kvd, vd := p.Heads*p.HeadDim, p.HeadsKV*p.HeadDim, p.HeadsKV*p.HeadDimV
-	if m.TokenEmbd, err = matrix(f, "token_embd.weight", p.Vocab, p.Embd); err != nil {
-		return nil, err
-	}
-	if m.OutputNorm, err = vector(f, "output_norm.weight", p.Embd); err != nil {
-		return nil, err
-	}
-	if _, e := f.TensorInfo("output.weight"); e == nil {
-		if m.Output, err = matrix(f, "output.weight", p.Vocab, p.Embd); err != nil {
-			return nil, err
-		}
+	m := &Model{threads: runtime.GOMAXPROCS(0)}
+	m.TokenEmbd = l.matrix("token_embd.weight", p.Vocab, p.Embd)
+	m.OutputNorm = l.vector("output_norm.weight", p.Embd)
+	if l.has("output.weight") {
+		m.Output = l.matrix("output.weight", p.Vocab, p.Embd)
 	} else {
 		m.Output = m.TokenEmbd
+	}
+	if l.err != nil {
+		return nil, l.err
 	}
 	m.Blocks = make([]Block, p.Layers)
 	layers := make([]*expert.Layer, p.Layers)
 	for i := range m.Blocks {
 		b := &m.Blocks[i]
-		n := func(s string) string { return fmt.Sprintf("blk.%d.%s.weight", i, s) }
-		for _, v := range []struct {
-			dst  *[]float32
-			name string
-			n    int
-		}{{&b.AttnNorm, "attn_norm", p.Embd}, {&b.AttnQNorm, "attn_q_norm", p.HeadDim},
-			{&b.AttnKNorm, "attn_k_norm", p.HeadDim}, {&b.FFNNorm, "ffn_norm", p.Embd}} {
-			if *v.dst, err = vector(f, n(v.name), v.n); err != nil {
-				return nil, err
-			}
+		a.block(l, &p, i, b)
+		if l.err != nil {
+			return nil, l.err
 		}
-		for _, w := range []struct {
-			dst        *Weight
-			name       string
-			rows, cols int
-		}{{&b.AttnQ, "attn_q", qd, p.Embd}, {&b.AttnK, "attn_k", kvd, p.Embd}, {&b.AttnV, "attn_v", vd, p.Embd},
-			{&b.AttnOutput, "attn_output", p.Embd, p.Heads * p.HeadDimV}, {&b.FFNGateInp, "ffn_gate_inp", p.Experts, p.Embd}} {
-			if *w.dst, err = matrix(f, n(w.name), w.rows, w.cols); err != nil {
-				return nil, err
-			}
+		if b.MoE.Experts, err = loadExperts(f, &p, i); err != nil {
+			return nil, err
 		}
-		for _, s := range []struct {
-			name       string
-			cols, rows int
-		}{{"ffn_gate_exps", p.Embd, p.ExpertFF}, {"ffn_up_exps", p.Embd, p.ExpertFF}, {"ffn_down_exps", p.ExpertFF, p.Embd}} {
-			if _, err = tensor(f, n(s.name), uint64(s.cols), uint64(s.rows), uint64(p.Experts)); err != nil {
-				return nil, err
-			}
-		}
-		if b.Experts, err = expert.FromGGUF(f, i); err != nil {
-			return nil, fmt.Errorf("%w: blk.%d experts: %v", ErrTensor, i, err)
-		}
-		layers[i] = b.Experts
+		layers[i] = b.MoE.Experts
 	}
 	if m.local, err = expert.NewLocal(layers, 0); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrTensor, err)
 	}
+	m.p = p
 	m.experts = m.local
+	for i := range m.Blocks {
+		if a := m.Blocks[i].Attn; a != nil && a.Gated {
+			m.gated = true
+		}
+		if s := m.Blocks[i].MoE.Shared; s != nil {
+			m.sharedFF = max(m.sharedFF, s.Gate.Rows)
+		}
+	}
 	return m, nil
 }
 
-// tensor looks up name and checks its type is supported and its ggml ne.
-func tensor(f *gguf.File, name string, dims ...uint64) (gguf.Tensor, error) {
-	t, err := f.Tensor(name)
+// loadExperts checks layer il's routed expert tensors against p (either
+// layout llama.cpp accepts: ffn_gate_exps + ffn_up_exps, ne [Embd,
+// ExpertFF, Experts] each, or ffn_gate_up_exps, ne [Embd, 2*ExpertFF,
+// Experts]; ffn_down_exps ne [ExpertFF, Embd, Experts]) and returns them
+// as views (expert.FromGGUF).
+func loadExperts(f *gguf.File, p *Params, il int) (*expert.Layer, error) {
+	d, ff, ne := uint64(p.Embd), uint64(p.ExpertFF), uint64(p.Experts)
+	type want struct {
+		name string
+		ne   []uint64
+	}
+	checks := []want{{"ffn_gate_exps", []uint64{d, ff, ne}}, {"ffn_up_exps", []uint64{d, ff, ne}}}
+	if _, err := f.TensorInfo(blk(il, "ffn_gate_up_exps.weight")); err == nil {
+		checks = []want{{"ffn_gate_up_exps", []uint64{d, 2 * ff, ne}}}
+	}
+	for _, c := range append(checks, want{"ffn_down_exps", []uint64{ff, d, ne}}) {
+		if _, err := tensor(f, blk(il, c.name+".weight"), c.ne...); err != nil {
+			return nil, err
+		}
+	}
+	e, err := expert.FromGGUF(f, il)
 	if err != nil {
-		return t, fmt.Errorf("%w: %v", ErrTensor, err)
+		return nil, fmt.Errorf("%w: blk.%d experts: %v", ErrTensor, il, err)
 	}
-	if !t.Type.Supported() {
-		return t, fmt.Errorf("%w: %s has unsupported type %v", ErrTensor, name, t.Type)
-	}
-	ok := len(t.Dims) == len(dims)
-	for i := 0; ok && i < len(dims); i++ {
-		ok = t.Dims[i] == dims[i]
-	}
-	if !ok {
-		return t, fmt.Errorf("%w: %s has ne %v, want %v", ErrTensor, name, t.Dims, dims)
-	}
-	return t, nil
-}
-
-func matrix(f *gguf.File, name string, rows, cols int) (Weight, error) {
-	t, err := tensor(f, name, uint64(cols), uint64(rows))
-	if err != nil {
-		return Weight{}, err
-	}
-	return Weight{Name: name, Type: t.Type, Rows: rows, Cols: cols, Data: t.Data}, nil
-}
-
-func vector(f *gguf.File, name string, n int) ([]float32, error) {
-	t, err := tensor(f, name, uint64(n))
-	if err != nil {
-		return nil, err
-	}
-	v := make([]float32, n)
-	if err := quant.Dequantize(t.Type, t.Data, v); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrTensor, name, err)
-	}
-	return v, nil
+	return e, nil
 }
 
 // SetExperts routes every layer's expert computation through c (for example
@@ -202,20 +180,39 @@ func (m *Model) SetThreads(n int) {
 	m.threads = n
 }
 
-// BytesPerToken returns the bytes of weights one decoded token reads: every
-// attention and router matrix, ExpertsUsed experts per layer, the output
-// head and one embedding row. Memory bandwidth / BytesPerToken bounds decode
-// tokens/s.
+// BytesPerToken returns the bytes of weights one decoded token reads:
+// every attention, linear-attention, router and shared-expert matrix,
+// ExpertsUsed routed experts per layer, the output head and one embedding
+// row. Memory bandwidth / BytesPerToken bounds decode tokens/s.
 func (m *Model) BytesPerToken() int64 {
 	var n int64
 	for i := range m.Blocks {
 		b := &m.Blocks[i]
-		n += int64(b.AttnQ.Bytes() + b.AttnK.Bytes() + b.AttnV.Bytes() + b.AttnOutput.Bytes() + b.FFNGateInp.Bytes())
-		n += int64(m.p.ExpertsUsed * b.Experts.ExpertBytes())
+		for _, w := range b.weights() {
+			n += int64(w.Bytes())
+		}
+		n += int64(m.p.ExpertsUsed * b.MoE.Experts.ExpertBytes())
 	}
 	n += int64(m.Output.Bytes())
 	if rb, err := m.TokenEmbd.Type.RowBytes(m.p.Embd); err == nil {
 		n += int64(rb)
 	}
 	return n
+}
+
+// weights returns the block's matrices that every token reads (all but the
+// routed experts).
+func (b *Block) weights() []*Weight {
+	var ws []*Weight
+	if a := b.Attn; a != nil {
+		ws = append(ws, &a.Q, &a.K, &a.V, &a.Output)
+	}
+	if g := b.Linear; g != nil {
+		ws = append(ws, &g.QKV, &g.Gate, &g.Beta, &g.Alpha, &g.Out)
+	}
+	ws = append(ws, &b.MoE.GateInp)
+	if b.MoE.Shared != nil {
+		ws = append(ws, &b.MoE.Shared.Gate, &b.MoE.Shared.Up, &b.MoE.Shared.Down)
+	}
+	return ws
 }

@@ -251,9 +251,9 @@ func TestGeneratedTypes(t *testing.T) {
 				t.Errorf("logit std %.2f: too close to uniform", std)
 			}
 			if s.Mix {
-				if m.TokenEmbd.Type != quant.Q6_K || m.Blocks[1].AttnV.Type != quant.Q6_K || m.Blocks[0].AttnV.Type != quant.Q4_K ||
-					m.Blocks[1].Experts.Down.Type != quant.Q6_K || m.Blocks[0].Experts.Gate.Type != quant.Q4_K {
-					t.Errorf("Q4_K_M mix types: embd %v, v0 %v, v1 %v", m.TokenEmbd.Type, m.Blocks[0].AttnV.Type, m.Blocks[1].AttnV.Type)
+				if m.TokenEmbd.Type != quant.Q6_K || m.Blocks[1].Attn.V.Type != quant.Q6_K || m.Blocks[0].Attn.V.Type != quant.Q4_K ||
+					m.Blocks[1].MoE.Experts.Down.Type != quant.Q6_K || m.Blocks[0].MoE.Experts.Gate.Type != quant.Q4_K {
+					t.Errorf("Q4_K_M mix types: embd %v, v0 %v, v1 %v", m.TokenEmbd.Type, m.Blocks[0].Attn.V.Type, m.Blocks[1].Attn.V.Type)
 				}
 			}
 		})

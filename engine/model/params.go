@@ -3,16 +3,19 @@ package model
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 )
 
-// Architecture is the only GGUF general.architecture this package loads.
+// Architecture is the first architecture this package loaded; Load accepts
+// every name Architectures returns.
 const Architecture = "qwen3moe"
 
 // Sentinel errors; returned errors wrap one of them.
 var (
-	// ErrArchitecture: the file's general.architecture is not qwen3moe.
+	// ErrArchitecture: the file's general.architecture is not one
+	// Architectures lists.
 	ErrArchitecture = errors.New("model: unsupported architecture")
 	// ErrMetadata: a hyperparameter key is missing, of the wrong type or
 	// out of range.
@@ -25,12 +28,19 @@ var (
 	ErrBatch = errors.New("model: invalid batch")
 	// ErrContext: a position at or beyond the context length.
 	ErrContext = errors.New("model: context length exceeded")
+	// ErrRewind: a Sequence with recurrent layers cannot go back to an
+	// earlier non-zero length (its state holds no history), or its state was
+	// lost by a failed Forward; Truncate(0) resets it.
+	ErrRewind = errors.New("model: recurrent state cannot be rewound")
 )
 
-// Params are the hyperparameters of a qwen3moe model, read once from GGUF
-// metadata with llama.cpp's defaults (src/llama-model.cpp, load_hparams, and
-// src/llama-hparams.h at commit 3f545bec). Sizes are element counts.
+// Params are a model's hyperparameters, read once from GGUF metadata under
+// the file's "<architecture>." key prefix with llama.cpp's defaults
+// (src/llama-model.cpp load_hparams, src/models/<arch>.cpp
+// load_arch_hparams and src/llama-hparams.h at commit 3f545bec). Sizes are
+// element counts. Fields an architecture does not use are zero.
 type Params struct {
+	Arch        string  // general.architecture ("qwen3moe", "qwen35moe")
 	Layers      int     // block_count
 	Embd        int     // embedding_length (d_model)
 	Heads       int     // attention.head_count
@@ -46,91 +56,79 @@ type Params struct {
 	RopeBase    float32 // rope.freq_base (default 10000)
 	RopeScale   float32 // 1 / rope.scaling.factor for linear scaling (default 1)
 	NormEps     float32 // attention.layer_norm_rms_epsilon (required, as in llama.cpp)
+
+	// qwen35moe (Gated DeltaNet + gated attention + shared expert).
+	RopeSections   [4]int // rope.dimension_sections (IMROPE; text uses one position for all)
+	SharedFF       int    // expert_shared_feed_forward_length (0: no shared expert)
+	AttnInterval   int    // full_attention_interval: layer il is recurrent unless (il+1)%AttnInterval == 0
+	RecurrentCount int    // layers that are Gated DeltaNet (linear attention)
+	SSMConv        int    // ssm.conv_kernel: causal depthwise convolution width
+	SSMState       int    // ssm.state_size: head_k_dim = head_v_dim
+	SSMGroups      int    // ssm.group_count: key/query heads
+	SSMHeads       int    // ssm.time_step_rank: value heads
+	SSMInner       int    // ssm.inner_size: SSMHeads * SSMState
 }
 
-func readParams(f *gguf.File) (Params, error) {
-	if a := f.Architecture(); a != Architecture {
-		return Params{}, fmt.Errorf("%w: %q (want %q)", ErrArchitecture, a, Architecture)
+// readParams reads the hyperparameters common to every registered
+// architecture, then the architecture's own.
+func readParams(f *gguf.File) (Params, *arch, *loader, error) {
+	name := f.Architecture()
+	a := archs[name]
+	if a == nil {
+		return Params{}, nil, nil, fmt.Errorf("%w: %q (this engine loads %s)", ErrArchitecture, name, strings.Join(Architectures(), ", "))
 	}
-	var p Params
-	key := func(k string) string { return Architecture + "." + k }
-	var err error
-	geti := func(k string, dst *int, def int, required bool) {
-		if err != nil {
-			return
-		}
-		v, e := f.Uint(key(k))
-		switch {
-		case e == nil:
-			if v > 1<<30 {
-				err = fmt.Errorf("%w: %s = %d", ErrMetadata, key(k), v)
-				return
-			}
-			*dst = int(v)
-		case errors.Is(e, gguf.ErrMissingKey) && !required:
-			*dst = def
-		default:
-			err = fmt.Errorf("%w: %v", ErrMetadata, e)
-		}
+	p := Params{Arch: name}
+	l := &loader{f: f, prefix: name + "."}
+	l.uint("block_count", &p.Layers, 0, true)
+	l.uint("embedding_length", &p.Embd, 0, true)
+	l.uint("context_length", &p.Context, 0, true)
+	l.uint("attention.head_count", &p.Heads, 0, true)
+	l.uint("attention.head_count_kv", &p.HeadsKV, p.Heads, false)
+	if l.err == nil && p.Heads <= 0 {
+		return p, a, l, fmt.Errorf("%w: %s = %d", ErrMetadata, l.key("attention.head_count"), p.Heads)
 	}
-	getf := func(k string, dst *float32, def float32, required bool) {
-		if err != nil {
-			return
-		}
-		v, e := f.Float(key(k))
-		switch {
-		case e == nil:
-			*dst = float32(v)
-		case errors.Is(e, gguf.ErrMissingKey) && !required:
-			*dst = def
-		default:
-			err = fmt.Errorf("%w: %v", ErrMetadata, e)
-		}
+	if l.err == nil {
+		l.uint("attention.key_length", &p.HeadDim, p.Embd/p.Heads, false)
 	}
-	geti("block_count", &p.Layers, 0, true)
-	geti("embedding_length", &p.Embd, 0, true)
-	geti("context_length", &p.Context, 0, true)
-	geti("attention.head_count", &p.Heads, 0, true)
-	geti("attention.head_count_kv", &p.HeadsKV, p.Heads, false)
-	if err == nil && p.Heads <= 0 {
-		return p, fmt.Errorf("%w: head_count %d", ErrMetadata, p.Heads)
-	}
-	if err == nil {
-		geti("attention.key_length", &p.HeadDim, p.Embd/p.Heads, false)
-	}
-	geti("attention.value_length", &p.HeadDimV, p.HeadDim, false)
-	geti("rope.dimension_count", &p.RopeDim, p.HeadDim, false)
-	geti("expert_count", &p.Experts, 0, true)
-	geti("expert_used_count", &p.ExpertsUsed, 0, true)
-	geti("expert_feed_forward_length", &p.ExpertFF, 0, false)
-	getf("rope.freq_base", &p.RopeBase, 10000, false)
-	getf("attention.layer_norm_rms_epsilon", &p.NormEps, 0, true)
+	l.uint("attention.value_length", &p.HeadDimV, p.HeadDim, false)
+	l.uint("rope.dimension_count", &p.RopeDim, p.HeadDim, false)
+	l.uint("expert_count", &p.Experts, 0, true)
+	l.uint("expert_used_count", &p.ExpertsUsed, 0, true)
+	l.uint("expert_feed_forward_length", &p.ExpertFF, 0, false)
+	l.float("rope.freq_base", &p.RopeBase, 10000, false)
+	l.float("attention.layer_norm_rms_epsilon", &p.NormEps, 0, true)
 	var factor float32
-	getf("rope.scaling.factor", &factor, 0, false)
-	if err != nil {
-		return p, err
+	l.float("rope.scaling.factor", &factor, 0, false)
+	if l.err != nil {
+		return p, a, l, l.err
 	}
 	p.RopeScale = 1
-	if st, e := f.String(key("rope.scaling.type")); e == nil && st != "none" && st != "linear" {
-		return p, fmt.Errorf("%w: rope scaling %q is not supported", ErrMetadata, st)
+	if st, e := f.String(l.key("rope.scaling.type")); e == nil && st != "none" && st != "linear" {
+		return p, a, l, fmt.Errorf("%w: rope scaling %q is not supported", ErrMetadata, st)
 	}
 	if factor != 0 {
 		p.RopeScale = 1 / factor
 	}
 	if p.ExpertFF == 0 {
-		if ti, e := f.TensorInfo("blk.0.ffn_gate_exps.weight"); e == nil && len(ti.Dims) == 3 {
-			p.ExpertFF = int(ti.Dims[1])
+		if ti, e := f.TensorInfo("blk.0.ffn_down_exps.weight"); e == nil && len(ti.Dims) == 3 && ti.Dims[0] < 1<<30 {
+			p.ExpertFF = int(ti.Dims[0])
 		}
 	}
-	// Each layer has 12 tensors: bound the layer count by the file before
-	// anything is allocated per layer.
-	if p.Layers > len(f.Tensors)/12 {
-		return p, fmt.Errorf("%w: block_count %d but the file holds %d tensors", ErrMetadata, p.Layers, len(f.Tensors))
+	// Bound the layer count by the file before anything is allocated per
+	// layer.
+	if p.Layers > len(f.Tensors)/a.tensorsPerLayer {
+		return p, a, l, fmt.Errorf("%w: block_count %d but the file holds %d tensors", ErrMetadata, p.Layers, len(f.Tensors))
 	}
 	if ti, e := f.TensorInfo("token_embd.weight"); e == nil && len(ti.Dims) == 2 && ti.Dims[1] < 1<<31 {
 		p.Vocab = int(ti.Dims[1])
 	}
-	return p, p.check()
+	if a.params != nil {
+		a.params(l, &p)
+		if l.err != nil {
+			return p, a, l, l.err
+		}
+	}
+	return p, a, l, p.check()
 }
 
 func (p Params) check() error {

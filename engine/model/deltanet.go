@@ -1,0 +1,172 @@
+package model
+
+import (
+	"math"
+
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/quant"
+)
+
+// GatedDeltaNet is a linear-attention layer with a recurrent state (Gated
+// DeltaNet, Yang, Kautz & Hatamizadeh, "Gated Delta Networks", ICLR 2025;
+// llama.cpp src/models/qwen35moe.cpp build_layer_attn_linear and
+// src/models/delta-net-base.cpp, ggml-cpu ops.cpp ssm_conv, l2_norm and
+// gated_delta_net at commit 3f545bec), fields named after its GGUF tensors.
+// With K = SSMGroups key heads, H = SSMHeads value heads, S = SSMState:
+//
+//	mixed = attn_qkv x                       (2*K*S + H*S: q | k | v)
+//	z = attn_gate x                          (H*S)
+//	beta = sigmoid(ssm_beta x)               (H)
+//	g = softplus(ssm_alpha x + ssm_dt.bias) * ssm_a   (H, negative: ssm_a = -exp(A_log))
+//	c = silu(causal depthwise conv of mixed over the last SSMConv positions, ssm_conv1d)
+//	q, k = l2norm per head of c's q and k parts (eps = NormEps); v = c's v part
+//	per value head h (key head h mod K), state S_h (S x S, zero at start):
+//	    S_h = exp(g_h) S_h;  S_h += k (beta_h (v_h - S_h^T k))^T;  o_h = S_h^T q / sqrt(S)
+//	out = ssm_out concat_h( rmsnorm(o_h) * ssm_norm * silu(z_h) )
+//
+// llama.cpp's CPU backend runs prompt batches and single tokens through the
+// same per-token recurrence (ggml_compute_forward_gated_delta_net), and so
+// does this engine: a prompt's rows give the same bits in one batch or one
+// at a time.
+type GatedDeltaNet struct {
+	QKV    Weight    // attn_qkv   (2*K*S + H*S) x Embd
+	Gate   Weight    // attn_gate  H*S x Embd (z)
+	Conv1D []float32 // ssm_conv1d (2*K*S + H*S) x SSMConv, channel-major (ne [SSMConv, channels])
+	DTBias []float32 // ssm_dt.bias [H]
+	A      []float32 // ssm_a [H] (-exp(A_log))
+	Beta   Weight    // ssm_beta  H x Embd
+	Alpha  Weight    // ssm_alpha H x Embd
+	Norm   []float32 // ssm_norm [S]
+	Out    Weight    // ssm_out   Embd x H*S
+}
+
+// seqGroup is one sequence's rows of a Forward batch, in position order.
+type seqGroup struct {
+	seq  *Sequence
+	rows []int32
+}
+
+// deltaNetLayer runs layer il's Gated DeltaNet on ws.xn into ws.tmp (n x
+// Embd), advancing the rows' recurrent states.
+func (m *Model) deltaNetLayer(il int, g *GatedDeltaNet, rows []Row) error {
+	p, ws := m.p, &m.ws
+	n, d := len(rows), p.Embd
+	H, K, S := p.SSMHeads, p.SSMGroups, p.SSMState
+	conv, vd := 2*K*S+H*S, H*S
+	if err := m.projectAll(ws.xn[:n*d], n, proj{w: &g.QKV, y: ws.mixed[:n*conv]}, proj{w: &g.Gate, y: ws.z[:n*vd]},
+		proj{w: &g.Beta, y: ws.beta[:n*H]}, proj{w: &g.Alpha, y: ws.gdt[:n*H]}); err != nil {
+		return err
+	}
+	for i := range n * H {
+		ws.beta[i] = sigmoid(ws.beta[i])
+		h := i % H
+		ws.gdt[i] = softplus(ws.gdt[i]+g.DTBias[h]) * g.A[h]
+	}
+	// Convolution, SiLU and the q/k L2 norms, per sequence in time order.
+	kc := p.SSMConv
+	for _, gr := range ws.groups {
+		state := gr.seq.conv[il] // (kc-1) x conv, oldest first
+		win := ws.win[:(kc-1+len(gr.rows))*conv]
+		copy(win, state)
+		for t, r := range gr.rows {
+			copy(win[(kc-1+t)*conv:(kc+t)*conv], ws.mixed[int(r)*conv:(int(r)+1)*conv])
+		}
+		for t, r := range gr.rows {
+			out := ws.cv[int(r)*conv : (int(r)+1)*conv]
+			w0 := win[t*conv:]
+			for c := range out {
+				// ggml_compute_forward_ssm_conv_f32: a float32 sum in tap order.
+				w := g.Conv1D[c*kc : (c+1)*kc]
+				var sum float32
+				for j, wj := range w {
+					sum += float32(w0[j*conv+c] * wj)
+				}
+				out[c] = sum
+			}
+			silu(out)
+			for h := range 2 * K { // q heads then k heads
+				l2Norm(out[h*S:(h+1)*S], p.NormEps)
+			}
+		}
+		copy(state, win[len(gr.rows)*conv:])
+	}
+	// The delta rule, one unit per (sequence, value head).
+	scale := 1 / float32(math.Sqrt(float64(S)))
+	units := len(ws.groups) * H
+	run := m.team.run
+	if n*H*S*S < 1<<15 {
+		run = serial
+	}
+	run(units, func(w, u int) {
+		gr := &ws.groups[u/H]
+		h := u % H
+		kh := h % K
+		st := gr.seq.ssm[il][h*S*S : (h+1)*S*S] // st[j*S+i] = S_h[i][j]
+		delta := ws.delta[w][:S]
+		for _, r := range gr.rows {
+			row := ws.cv[int(r)*conv : (int(r)+1)*conv]
+			q, k, v := row[kh*S:(kh+1)*S], row[(K+kh)*S:(K+kh+1)*S], row[2*K*S+h*S:2*K*S+(h+1)*S]
+			beta, decay := ws.beta[int(r)*H+h], float32(math.Exp(float64(ws.gdt[int(r)*H+h])))
+			for i := range st {
+				st[i] *= decay
+			}
+			for j := range S {
+				delta[j] = (v[j] - quant.DotF32(st[j*S:(j+1)*S], k)) * beta
+			}
+			for j, dj := range delta {
+				mj := st[j*S : (j+1)*S]
+				for i, ki := range k {
+					mj[i] += float32(ki * dj)
+				}
+			}
+			o := ws.o[int(r)*vd+h*S : int(r)*vd+(h+1)*S]
+			for j := range S {
+				o[j] = quant.DotF32(st[j*S:(j+1)*S], q) * scale
+			}
+		}
+	})
+	// Gated RMSNorm per value head, then ssm_out.
+	for i := range n {
+		for h := range H {
+			o := ws.o[i*vd+h*S : i*vd+(h+1)*S]
+			rmsNorm(o, o, g.Norm, p.NormEps)
+			expert.SwiGLU(o, ws.z[i*vd+h*S:i*vd+(h+1)*S], o)
+		}
+	}
+	return m.project(ws.o[:n*vd], n, &g.Out, ws.tmp[:n*d])
+}
+
+// l2Norm scales x to unit L2 norm as ggml_compute_forward_l2_norm_f32:
+// float64 sum of the float32 squares, scale = 1/max(sqrtf(sum), eps) in
+// float32.
+func l2Norm(x []float32, eps float32) {
+	var sum float64
+	for _, v := range x {
+		sum += float64(v * v)
+	}
+	scale := 1 / max(float32(math.Sqrt(float64(float32(sum)))), eps)
+	for i := range x {
+		x[i] *= scale
+	}
+}
+
+// silu sets x[i] = x[i] / (1 + e^-x[i]) in float32 (ggml_silu_f32,
+// ggml-cpu/vec.h), e^-x evaluated in float64 and rounded as in
+// expert.SwiGLU.
+func silu(x []float32) {
+	for i, v := range x {
+		x[i] = v / (1 + float32(math.Exp(float64(-v))))
+	}
+}
+
+// sigmoid is 1/(1+e^-x) in float32 (ggml op_sigmoid, ggml-cpu/unary-ops.cpp).
+func sigmoid(x float32) float32 { return 1 / (1 + float32(math.Exp(float64(-x)))) }
+
+// softplus is log(1+e^x), x itself above 20 (ggml op_softplus,
+// ggml-cpu/unary-ops.cpp).
+func softplus(x float32) float32 {
+	if x > 20 {
+		return x
+	}
+	return float32(math.Log(float64(1 + float32(math.Exp(float64(x))))))
+}

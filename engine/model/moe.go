@@ -1,0 +1,182 @@
+package model
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/quant"
+)
+
+// MoE is a layer's mixture-of-experts block (llama.cpp src/llama-graph.cpp
+// build_moe_ffn with LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX and normalised
+// weights):
+//
+//	p = softmax(ffn_gate_inp x);  top-k experts e_s by p (ties: lower id);  w_s = p_{e_s} / sum_s p_{e_s}
+//	out = sum_s w_s expert_{e_s}(x)     (in the router's slot order)
+//	      + sigmoid(ffn_gate_inp_shexp . x) * shexp(x)   when Shared is set
+//
+// The routed experts are computed by the Model's expert.Computer (locally or
+// by the swarm); the shared expert always on the backbone, while the routed
+// experts are away when the Computer is remote.
+type MoE struct {
+	GateInp Weight        // ffn_gate_inp (router) Experts x Embd, F32 in llama.cpp's quantisations
+	Experts *expert.Layer // ffn_gate_exps + ffn_up_exps (or ffn_gate_up_exps) and ffn_down_exps
+	Shared  *SharedExpert // nil when the architecture has none
+}
+
+// SharedExpert is the always-on SwiGLU expert of a qwen35moe layer
+// (build_layer_ffn in src/models/qwen35moe.cpp: build_ffn with LLM_FFN_SILU,
+// LLM_FFN_PAR, gated by ggml_sigmoid of a 1-row F32 projection):
+//
+//	shexp(x) = sigmoid(GateInp . x) * Down( silu(Gate x) * (Up x) )
+type SharedExpert struct {
+	GateInp []float32 // ffn_gate_inp_shexp [Embd]
+	Gate    Weight    // ffn_gate_shexp SharedFF x Embd
+	Up      Weight    // ffn_up_shexp   SharedFF x Embd
+	Down    Weight    // ffn_down_shexp Embd x SharedFF
+}
+
+// moe runs layer il's MoE block on ws.xn and adds its output to ws.x (the
+// residual).
+func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
+	p, ws := m.p, &m.ws
+	n, d := len(rows), p.Embd
+	ne, k := p.Experts, p.ExpertsUsed
+	if err := m.project(ws.xn[:n*d], n, &b.GateInp, ws.router[:n*ne]); err != nil {
+		return err
+	}
+	for i := range n {
+		if err := route(ws.router[i*ne:(i+1)*ne], ws.probs, ws.ids[i*k:(i+1)*k], ws.wts[i*k:(i+1)*k]); err != nil {
+			return fmt.Errorf("model: layer %d row %d: %w", il, i, err)
+		}
+	}
+	eo := ws.eo[:n*k*d]
+	var err error
+	switch {
+	case m.experts == expert.Computer(m.local):
+		// The model's own experts run on its helper goroutines.
+		run := expert.Runner(serial)
+		if m.team.helpers > 0 {
+			run = m.team.run
+		}
+		err = m.local.ComputeExpertsWith(ctx, run, m.team.helpers+1, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo)
+		if err == nil && b.Shared != nil {
+			err = m.shared(b.Shared, n)
+		}
+	case b.Shared != nil:
+		// Remote experts: compute the shared expert while they are away.
+		done := make(chan error, 1)
+		go func() { done <- m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo) }()
+		serr := m.shared(b.Shared, n)
+		err = errors.Join(<-done, serr)
+	default:
+		err = m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo)
+	}
+	if err != nil {
+		return fmt.Errorf("model: layer %d experts: %w", il, err)
+	}
+	// experts = ggml_mul(experts, weights); moe_out = sum over slots in slot
+	// order with ggml_add; (qwen35moe: cur = moe_out + ffn_shexp;) cur =
+	// cur + ffn_inp (llama-graph.cpp build_moe_ffn). float32() on each
+	// product keeps the rounding of separate multiplies and adds on every
+	// architecture (no FMA fusion).
+	for i := range n {
+		x := ws.x[i*d : (i+1)*d]
+		w := ws.wts[i*k : (i+1)*k]
+		o := eo[i*k*d : (i+1)*k*d]
+		var sh []float32
+		if b.Shared != nil {
+			sh = ws.shOut[i*d : (i+1)*d]
+		}
+		for j := range x {
+			acc := float32(w[0] * o[j])
+			for s := 1; s < k; s++ {
+				acc += float32(w[s] * o[s*d+j])
+			}
+			if sh != nil {
+				acc += sh[j]
+			}
+			x[j] += acc
+		}
+	}
+	return nil
+}
+
+// shared computes the shared expert of the n rows of ws.xn into ws.shOut
+// (n x Embd), gate included.
+func (m *Model) shared(s *SharedExpert, n int) error {
+	p, ws := m.p, &m.ws
+	d, ff := p.Embd, s.Gate.Rows
+	x := ws.xn[:n*d]
+	if err := m.projectAll(x, n, proj{w: &s.Gate, y: ws.shGate[:n*ff]}, proj{w: &s.Up, y: ws.shUp[:n*ff]}); err != nil {
+		return err
+	}
+	expert.SwiGLU(ws.shGate[:n*ff], ws.shGate[:n*ff], ws.shUp[:n*ff])
+	if err := m.project(ws.shGate[:n*ff], n, &s.Down, ws.shOut[:n*d]); err != nil {
+		return err
+	}
+	for i := range n {
+		g := sigmoid(quant.DotF32(s.GateInp, x[i*d:(i+1)*d]))
+		for j, v := range ws.shOut[i*d : (i+1)*d] {
+			ws.shOut[i*d+j] = v * g
+		}
+	}
+	return nil
+}
+
+// minWeightSum is the clamp on the sum of the selected router probabilities
+// (llama-graph.cpp build_moe_ffn: ggml_clamp(weights_sum, 6.103515625e-5, INF)).
+const minWeightSum = 6.103515625e-5
+
+// ErrNonFinite is returned (wrapped) by Model.Forward when a layer's router
+// logits hold a NaN or ±Inf (NaN weights in the GGUF, or a non-finite hidden
+// state): no expert can be chosen, so the batch fails instead of routing to
+// an arbitrary expert.
+var ErrNonFinite = errors.New("model: non-finite router logits")
+
+// route turns one row's router logits into the top-k experts (by softmax
+// probability, descending; ties: lower id) and their probabilities divided
+// by their float64-accumulated sum (clamped at minWeightSum). probs is
+// scratch of len(logits); len(ids) = len(w) <= len(logits).
+//
+// Errors: ErrNonFinite (wrapped) when a logit is NaN or ±Inf (a float32 whose
+// 8 exponent bits are all ones, IEEE 754-2008 §3.4); ids and w are then
+// unspecified. Finite logits give finite probabilities in [0, 1] (softmax
+// subtracts the maximum), so every slot then finds an expert.
+func route(logits, probs []float32, ids []int32, w []float32) error {
+	for e, v := range logits {
+		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+			return fmt.Errorf("%w: expert %d logit %v", ErrNonFinite, e, v)
+		}
+	}
+	if len(ids) > len(logits) || len(w) != len(ids) {
+		return fmt.Errorf("%w: %d slots for %d experts", ErrBatch, len(ids), len(logits))
+	}
+	softmax(probs, logits)
+	for s := range ids {
+		best := -1
+		for e, v := range probs {
+			if v >= 0 && (best < 0 || v > probs[best]) {
+				best = e
+			}
+		}
+		if best < 0 { // unreachable for finite logits; never index with -1
+			return fmt.Errorf("%w: no expert left for slot %d", ErrNonFinite, s)
+		}
+		ids[s] = int32(best)
+		w[s] = probs[best]
+		probs[best] = -1 // taken
+	}
+	var sum float64
+	for _, v := range w {
+		sum += float64(v)
+	}
+	ws := max(float32(sum), minWeightSum)
+	for s := range w {
+		w[s] /= ws
+	}
+	return nil
+}

@@ -1,0 +1,169 @@
+package model
+
+import "fmt"
+
+// qwen35moe: Qwen3.5 / Qwen3.6 MoE (Qwen3.5-35B-A3B, -122B-A10B,
+// -397B-A17B), llama.cpp src/models/qwen35moe.cpp and
+// src/models/delta-net-base.cpp at commit 3f545bec (spelled out in
+// fixtures/qwen35moe/README.md). Layer il is a Gated DeltaNet (linear
+// attention with a recurrent state) unless (il+1) % full_attention_interval
+// == 0 (or as attention.recurrent_layers says), in which case it is gated
+// softmax attention (q and a per-head output gate from one attn_q, q/k
+// RMSNorm, IMROPE); every layer ends in a routed MoE plus a sigmoid-gated
+// shared expert:
+//
+//	h  = x + mixer(rmsnorm(x) * attn_norm)
+//	x' = h + moe(n) + sigmoid(ffn_gate_inp_shexp . n) * shexp(n),  n = rmsnorm(h) * post_attention_norm
+//
+// Multi-token-prediction blocks (nextn_predict_layers > 0) are not run by
+// llama.cpp's main graph either; they are refused here so that block_count
+// means what it says.
+func init() {
+	register(&arch{
+		name: "qwen35moe",
+		// attention layer: attn_norm, post_attention_norm, attn_q/k/v/output,
+		// attn_q_norm/k_norm, ffn_gate_inp, ffn_gate_up_exps, ffn_down_exps,
+		// ffn_gate_inp_shexp, ffn_gate/up/down_shexp; recurrent layers have
+		// more.
+		tensorsPerLayer: 15,
+		params:          qwen35moeParams,
+		block:           qwen35moeBlock,
+	})
+}
+
+// qwen35moeParams reads load_arch_hparams's keys.
+func qwen35moeParams(l *loader, p *Params) {
+	l.uint("expert_shared_feed_forward_length", &p.SharedFF, 0, false)
+	l.uint("ssm.conv_kernel", &p.SSMConv, 0, true)
+	l.uint("ssm.inner_size", &p.SSMInner, 0, true)
+	l.uint("ssm.state_size", &p.SSMState, 0, true)
+	l.uint("ssm.time_step_rank", &p.SSMHeads, 0, true)
+	l.uint("ssm.group_count", &p.SSMGroups, 0, true)
+	l.uint("full_attention_interval", &p.AttnInterval, 4, false)
+	var nextn int
+	l.uint("nextn_predict_layers", &nextn, 0, false)
+	if sec, ok := l.ints("rope.dimension_sections", true); ok {
+		if len(sec) > 4 || len(sec) == 0 {
+			l.fail(fmt.Errorf("%w: %s has %d entries, want up to 4", ErrMetadata, l.key("rope.dimension_sections"), len(sec)))
+		}
+		for i, v := range sec {
+			if v < 0 || v > 1<<20 {
+				l.fail(fmt.Errorf("%w: %s[%d] = %d", ErrMetadata, l.key("rope.dimension_sections"), i, v))
+				break
+			}
+			if i < 4 {
+				p.RopeSections[i] = int(v)
+			}
+		}
+	}
+	if l.err != nil {
+		return
+	}
+	bad := func(format string, a ...any) {
+		l.fail(fmt.Errorf("%w: "+format, append([]any{ErrMetadata}, a...)...))
+	}
+	switch {
+	case nextn != 0:
+		bad("%s = %d: multi-token-prediction blocks are not supported", l.key("nextn_predict_layers"), nextn)
+	case p.SSMConv < 1 || p.SSMConv > 64:
+		bad("ssm.conv_kernel %d (1..64)", p.SSMConv)
+	case p.SSMState <= 0 || p.SSMGroups <= 0 || p.SSMHeads <= 0 || p.SSMHeads%p.SSMGroups != 0:
+		bad("ssm.state_size %d, ssm.group_count %d, ssm.time_step_rank %d (value heads must be a multiple of key heads)",
+			p.SSMState, p.SSMGroups, p.SSMHeads)
+	case p.SSMInner != p.SSMHeads*p.SSMState:
+		bad("ssm.inner_size %d, want ssm.time_step_rank x ssm.state_size = %d", p.SSMInner, p.SSMHeads*p.SSMState)
+	case p.HeadDim != p.HeadDimV:
+		bad("key_length %d != value_length %d", p.HeadDim, p.HeadDimV)
+	case p.AttnInterval <= 0:
+		bad("full_attention_interval %d", p.AttnInterval)
+	}
+	if l.err != nil {
+		return
+	}
+	// Which layers are recurrent: attention.recurrent_layers (one flag per
+	// layer) overrides the interval.
+	if v, ok := l.f.Value(l.key("attention.recurrent_layers")); ok {
+		k := l.key("attention.recurrent_layers")
+		elems, ok := v.Values()
+		if !ok || len(elems) != p.Layers {
+			bad("%s is %s of %d entries, want an array of %d bools (one per layer)", k, v.TypeName(), v.Len(), p.Layers)
+			return
+		}
+		l.recurrent = make([]bool, p.Layers)
+		for il, e := range elems {
+			if f, ok := e.Bool(); ok {
+				l.recurrent[il] = f
+			} else if i, ok := e.Int(); ok {
+				l.recurrent[il] = i != 0
+			} else {
+				bad("%s[%d] is %s, want a bool", k, il, e.TypeName())
+				return
+			}
+			if l.recurrent[il] {
+				p.RecurrentCount++
+			}
+		}
+		p.AttnInterval = 0
+		return
+	}
+	for il := range p.Layers {
+		if (il+1)%p.AttnInterval != 0 {
+			p.RecurrentCount++
+		}
+	}
+}
+
+// isRecurrent reports whether layer il of p is a Gated DeltaNet layer
+// (hparams.is_recr).
+func (l *loader) isRecurrent(p *Params, il int) bool {
+	if l.recurrent != nil {
+		return l.recurrent[il]
+	}
+	return (il+1)%p.AttnInterval != 0
+}
+
+// qwen35moeBlock loads layer il (load_arch_tensors in qwen35moe.cpp).
+func qwen35moeBlock(l *loader, p *Params, il int, b *Block) {
+	n := func(s string) string { return blk(il, s+".weight") }
+	d := p.Embd
+	b.AttnNorm = l.vector(n("attn_norm"), d)
+	if l.isRecurrent(p, il) {
+		keyDim, valDim := p.SSMState*p.SSMGroups, p.SSMInner
+		conv := 2*keyDim + valDim
+		b.Linear = &GatedDeltaNet{
+			QKV:    l.matrix(n("attn_qkv"), conv, d),
+			Gate:   l.matrix(n("attn_gate"), valDim, d),
+			Conv1D: l.vector(n("ssm_conv1d"), conv*p.SSMConv, uint64(p.SSMConv), uint64(conv)),
+			DTBias: l.vector(blk(il, "ssm_dt.bias"), p.SSMHeads),
+			A:      l.vector(blk(il, "ssm_a"), p.SSMHeads),
+			Beta:   l.matrix(n("ssm_beta"), p.SSMHeads, d),
+			Alpha:  l.matrix(n("ssm_alpha"), p.SSMHeads, d),
+			Norm:   l.vector(n("ssm_norm"), p.SSMState),
+			Out:    l.matrix(n("ssm_out"), d, valDim),
+		}
+	} else {
+		b.Attn = &Attention{
+			Q:      l.matrix(n("attn_q"), 2*p.Heads*p.HeadDim, d),
+			K:      l.matrix(n("attn_k"), p.HeadsKV*p.HeadDim, d),
+			V:      l.matrix(n("attn_v"), p.HeadsKV*p.HeadDimV, d),
+			Output: l.matrix(n("attn_output"), d, p.Heads*p.HeadDimV),
+			QNorm:  l.vector(n("attn_q_norm"), p.HeadDim),
+			KNorm:  l.vector(n("attn_k_norm"), p.HeadDim),
+			Gated:  true,
+		}
+	}
+	b.FFNNorm = l.vector(n("post_attention_norm"), d)
+	b.MoE.GateInp = l.matrix(n("ffn_gate_inp"), p.Experts, d)
+	if p.SharedFF > 0 || l.has(n("ffn_up_shexp")) {
+		if p.SharedFF == 0 { // llama.cpp: n_ff_shexp defaults to n_ff (feed_forward_length)
+			l.uint("feed_forward_length", &p.SharedFF, 0, true)
+		}
+		ff := p.SharedFF
+		b.MoE.Shared = &SharedExpert{
+			GateInp: l.vector(n("ffn_gate_inp_shexp"), d),
+			Gate:    l.matrix(n("ffn_gate_shexp"), ff, d),
+			Up:      l.matrix(n("ffn_up_shexp"), ff, d),
+			Down:    l.matrix(n("ffn_down_shexp"), d, ff),
+		}
+	}
+}

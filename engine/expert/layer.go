@@ -23,7 +23,9 @@ var (
 // Proj is one projection (gate, up or down) of the experts of a layer.
 // Expert[e] is expert e's Rows x Cols matrix of type Type, row-major, row r at
 // byte offset r*Type.RowBytes(Cols) (the ggml layout of one ne[2] slice of
-// ffn_{gate,up,down}_exps); nil when expert e is not held.
+// ffn_{gate,up,down}_exps, or for gate and up of a fused file the first or
+// second DFF rows of one ne[2] slice of ffn_gate_up_exps; see FromGGUF); nil
+// when expert e is not held.
 type Proj struct {
 	Type       quant.Type
 	Rows, Cols int
@@ -60,32 +62,65 @@ func StackedLayer(nExpert, dModel, dFF int, gateT quant.Type, gate []byte, upT q
 		return nil, fmt.Errorf("%w: n_expert %d, d_model %d, d_ff %d", ErrShape, nExpert, dModel, dFF)
 	}
 	l := &Layer{NExpert: nExpert, DModel: dModel, DFF: dFF}
-	split := func(name string, p *Proj, t quant.Type, rows, cols int, data []byte) error {
-		*p = Proj{Type: t, Rows: rows, Cols: cols}
-		rb, err := p.rowBytes()
-		if err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrShape, name, err)
-		}
-		per := rb * rows
-		if len(data) != per*nExpert {
-			return fmt.Errorf("%w: %s holds %d bytes, want %d x %d", ErrShape, name, len(data), nExpert, per)
-		}
-		p.Expert = make([][]byte, nExpert)
-		for e := range nExpert {
-			p.Expert[e] = data[e*per : (e+1)*per : (e+1)*per]
-		}
-		return nil
-	}
-	if err := split("gate", &l.Gate, gateT, dFF, dModel, gate); err != nil {
+	if err := splitStacked("gate", &l.Gate, gateT, dFF, dModel, nExpert, gate, 1, 0); err != nil {
 		return nil, err
 	}
-	if err := split("up", &l.Up, upT, dFF, dModel, up); err != nil {
+	if err := splitStacked("up", &l.Up, upT, dFF, dModel, nExpert, up, 1, 0); err != nil {
 		return nil, err
 	}
-	if err := split("down", &l.Down, downT, dModel, dFF, down); err != nil {
+	if err := splitStacked("down", &l.Down, downT, dModel, dFF, nExpert, down, 1, 0); err != nil {
 		return nil, err
 	}
 	return l, nil
+}
+
+// StackedGateUpLayer is StackedLayer for the fused layout: gateUp is
+// ffn_gate_up_exps, ne = [dModel, 2*dFF, nExpert] of type gateUpT, in which
+// expert e's 2*dFF x dModel matrix holds its gate rows 0..dFF-1 followed by its
+// up rows dFF..2*dFF-1 (llama.cpp build_moe_ffn in src/llama-graph.cpp views
+// the fused product's first n_ff outputs as gate and the next n_ff as up).
+// down is ffn_down_exps, ne = [dFF, dModel, nExpert]. Gate and Up get type
+// gateUpT and zero-copy views of those row ranges, so each expert's gate and up
+// bytes are exactly those of the equivalent separate ffn_gate_exps and
+// ffn_up_exps. Errors wrap ErrShape or ErrType.
+func StackedGateUpLayer(nExpert, dModel, dFF int, gateUpT quant.Type, gateUp []byte, downT quant.Type, down []byte) (*Layer, error) {
+	if nExpert <= 0 || dModel <= 0 || dFF <= 0 {
+		return nil, fmt.Errorf("%w: n_expert %d, d_model %d, d_ff %d", ErrShape, nExpert, dModel, dFF)
+	}
+	l := &Layer{NExpert: nExpert, DModel: dModel, DFF: dFF}
+	if err := splitStacked("gate_up (gate rows)", &l.Gate, gateUpT, dFF, dModel, nExpert, gateUp, 2, 0); err != nil {
+		return nil, err
+	}
+	if err := splitStacked("gate_up (up rows)", &l.Up, gateUpT, dFF, dModel, nExpert, gateUp, 2, 1); err != nil {
+		return nil, err
+	}
+	if err := splitStacked("down", &l.Down, downT, dModel, dFF, nExpert, down, 1, 0); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// splitStacked sets *p to views of data, which holds nExpert matrices of
+// parts*rows rows x cols elements of type t: expert e's matrix is rows
+// [part*rows, (part+1)*rows) of the e-th matrix, capacity-limited to its own
+// bytes. Errors wrap ErrShape.
+func splitStacked(name string, p *Proj, t quant.Type, rows, cols, nExpert int, data []byte, parts, part int) error {
+	*p = Proj{Type: t, Rows: rows, Cols: cols}
+	rb, err := p.rowBytes()
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrShape, name, err)
+	}
+	per := rb * rows
+	stride := per * parts
+	if per/rows != rb || stride/parts != per || len(data)/nExpert != stride || len(data)%nExpert != 0 {
+		return fmt.Errorf("%w: %s holds %d bytes, want %d x %d", ErrShape, name, len(data), nExpert, stride)
+	}
+	p.Expert = make([][]byte, nExpert)
+	for e := range nExpert {
+		lo := e*stride + part*per
+		p.Expert[e] = data[lo : lo+per : lo+per]
+	}
+	return nil
 }
 
 // Validate checks the layer's dimensions, types and the length of every held
@@ -139,27 +174,80 @@ func (l *Layer) ExpertBytes() int {
 	return (g+u)*l.DFF + d*l.DModel
 }
 
-// FromGGUF returns layer blk's experts as views into f (tensors
-// blk.N.ffn_{gate,up,down}_exps.weight), with shapes taken from the tensors:
-// gate and up ne = [DModel, DFF, NExpert], down ne = [DFF, DModel, NExpert].
-// f must stay open while the Layer is used. Errors wrap gguf.ErrNoTensor,
-// ErrShape or ErrType.
+// FromGGUF returns layer blk's experts as zero-copy views into f, with shapes
+// taken from the tensors. It accepts both layouts llama.cpp loads for a MoE
+// layer (llama_model_base::create_tensor_gate_up_exps in src/llama-model.cpp,
+// used by qwen35moe among others):
+//
+//  1. separate blk.N.ffn_gate_exps.weight and blk.N.ffn_up_exps.weight, each
+//     ne = [DModel, DFF, NExpert] (qwen3moe, and qwen35moe files written so);
+//  2. fused blk.N.ffn_gate_up_exps.weight, ne = [DModel, 2*DFF, NExpert]: in
+//     each expert's matrix the first DFF rows are gate, the next DFF rows up
+//     (llama.cpp build_moe_ffn in src/llama-graph.cpp splits the fused
+//     product with views at 0 and n_ff); see StackedGateUpLayer.
+//
+// and in both blk.N.ffn_down_exps.weight, ne = [DFF, DModel, NExpert]. Either
+// way each expert's Gate, Up and Down bytes are the same, so the same weights
+// give bit-identical results and identical slice files and hashes.
+//
+// f must stay open while the Layer is used. Errors wrap gguf.ErrNoTensor
+// (ffn_down_exps missing, neither layout present, or only one of
+// ffn_gate_exps and ffn_up_exps), ErrShape (both layouts present, a tensor
+// not 3-dimensional, shapes that disagree, e.g. a fused row count other than
+// twice ffn_down_exps' ne[0]) or ErrType, or are f's other tensor errors.
 func FromGGUF(f *gguf.File, blk int) (*Layer, error) {
-	var ts [3]gguf.Tensor
-	for i, n := range []string{"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"} {
+	get := func(n string) (gguf.Tensor, error) {
 		t, err := f.Tensor(fmt.Sprintf("blk.%d.%s.weight", blk, n))
 		if err != nil {
+			return t, err
+		}
+		if len(t.Dims) != 3 || t.Dims[0] > 1<<30 || t.Dims[1] > 1<<31 || t.Dims[2] > 1<<20 {
+			return t, fmt.Errorf("%w: %s has ne %v, want 3 dimensions", ErrShape, t.Name, t.Dims)
+		}
+		return t, nil
+	}
+	// present returns whether the tensor exists, passing through any other
+	// error.
+	present := func(err error) (bool, error) {
+		if errors.Is(err, gguf.ErrNoTensor) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	down, err := get("ffn_down_exps")
+	if err != nil {
+		return nil, err
+	}
+	gateUp, errGU := get("ffn_gate_up_exps")
+	gate, errG := get("ffn_gate_exps")
+	up, errU := get("ffn_up_exps")
+	var has [3]bool
+	for i, e := range []error{errGU, errG, errU} {
+		if has[i], err = present(e); err != nil {
 			return nil, err
 		}
-		if len(t.Dims) != 3 || t.Dims[0] > 1<<30 || t.Dims[1] > 1<<30 || t.Dims[2] > 1<<20 {
-			return nil, fmt.Errorf("%w: %s has ne %v, want 3 dimensions", ErrShape, t.Name, t.Dims)
+	}
+	dff, d, ne := down.Dims[0], down.Dims[1], down.Dims[2]
+	switch {
+	case has[0] && (has[1] || has[2]):
+		return nil, fmt.Errorf("%w: blk.%d has both the fused ffn_gate_up_exps and separate ffn_gate_exps/ffn_up_exps", ErrShape, blk)
+	case has[0]:
+		if gateUp.Dims[0] != d || gateUp.Dims[1] != 2*dff || gateUp.Dims[2] != ne {
+			return nil, fmt.Errorf("%w: blk.%d ffn_gate_up_exps ne %v, want [%d %d %d] (ffn_down_exps ne %v)",
+				ErrShape, blk, gateUp.Dims, d, 2*dff, ne, down.Dims)
 		}
-		ts[i] = t
+		return StackedGateUpLayer(int(ne), int(d), int(dff), gateUp.Type, gateUp.Data, down.Type, down.Data)
+	case !has[1] && !has[2]:
+		return nil, fmt.Errorf("%w: blk.%d has neither ffn_gate_up_exps nor ffn_gate_exps and ffn_up_exps", gguf.ErrNoTensor, blk)
+	case !has[1]:
+		return nil, fmt.Errorf("blk.%d has ffn_up_exps without ffn_gate_exps: %w", blk, errG)
+	case !has[2]:
+		return nil, fmt.Errorf("blk.%d has ffn_gate_exps without ffn_up_exps: %w", blk, errU)
 	}
-	d, dff, ne := ts[0].Dims[0], ts[0].Dims[1], ts[0].Dims[2]
-	if ts[1].Dims[0] != d || ts[1].Dims[1] != dff || ts[1].Dims[2] != ne ||
-		ts[2].Dims[0] != dff || ts[2].Dims[1] != d || ts[2].Dims[2] != ne {
-		return nil, fmt.Errorf("%w: blk.%d expert tensors ne %v, %v, %v disagree", ErrShape, blk, ts[0].Dims, ts[1].Dims, ts[2].Dims)
+	for _, t := range []gguf.Tensor{gate, up} {
+		if t.Dims[0] != d || t.Dims[1] != dff || t.Dims[2] != ne {
+			return nil, fmt.Errorf("%w: blk.%d expert tensors ne %v, %v, %v disagree", ErrShape, blk, gate.Dims, up.Dims, down.Dims)
+		}
 	}
-	return StackedLayer(int(ne), int(d), int(dff), ts[0].Type, ts[0].Data, ts[1].Type, ts[1].Data, ts[2].Type, ts[2].Data)
+	return StackedLayer(int(ne), int(d), int(dff), gate.Type, gate.Data, up.Type, up.Data, down.Type, down.Data)
 }

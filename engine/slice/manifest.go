@@ -22,7 +22,7 @@ type Manifest struct {
 	Version      int    `json:"version"`      // FormatVersion
 	ModelID      string `json:"model_id"`     // ModelID's id, 1..wire.MaxModelID bytes of UTF-8
 	ModelSHA256  string `json:"model_sha256"` // ModelID's sum, 64 lower-case hex digits
-	Architecture string `json:"architecture"` // general.architecture, e.g. "qwen3moe"
+	Architecture string `json:"architecture"` // general.architecture, e.g. "qwen3moe" or "qwen35moe"
 	NLayer       int    `json:"n_layer"`      // layers of the model (block_count), 1..MaxLayers
 	NExpert      int    `json:"n_expert"`     // experts per layer, 1..MaxExperts
 	DModel       int    `json:"d_model"`      // hidden size, elements, 1..MaxDim
@@ -35,8 +35,8 @@ type Manifest struct {
 // experts held.
 type LayerEntry struct {
 	Layer    int    `json:"layer"`     // 0..n_layer-1
-	GateType string `json:"gate_type"` // ggml type name of ffn_gate_exps (quant.Type.String, e.g. "Q4_K")
-	UpType   string `json:"up_type"`   // ggml type name of ffn_up_exps
+	GateType string `json:"gate_type"` // ggml type name of ffn_gate_exps or ffn_gate_up_exps (quant.Type.String, e.g. "Q4_K")
+	UpType   string `json:"up_type"`   // ggml type name of ffn_up_exps or ffn_gate_up_exps
 	DownType string `json:"down_type"` // ggml type name of ffn_down_exps
 	// ExpertBytes is the size in bytes of each expert file of this layer:
 	// d_ff*RowBytes(gate, d_model) + d_ff*RowBytes(up, d_model) +

@@ -232,7 +232,9 @@ func (s *Slice) sortLists() {
 // 0..block_count-1) restricted to the given expert ids (nil: all) as views
 // into f, with their hashes (HashExpert, on GOMAXPROCS goroutines) and the
 // manifest Cut would write for them. f must stay open while the Slice is
-// used. Selections must be in range and without repeats. Errors wrap
+// used. Either gate/up layout of f (separate or fused, see
+// expert.FromGGUF) gives the same expert bytes, hashes and manifest layers.
+// Selections must be in range and without repeats. Errors wrap
 // ErrModel, ErrSelection, gguf.ErrNoTensor, expert.ErrShape or
 // expert.ErrType.
 func FromGGUF(f *gguf.File, layers, experts []int) (*Slice, error) {

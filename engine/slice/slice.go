@@ -9,7 +9,10 @@
 //
 // An expert file holds expert e's three matrices back to back, each exactly
 // as stored in the GGUF (native ggml type, row-major, row r at byte offset
-// r*RowBytes(cols), one ne[2] slice of blk.N.ffn_{gate,up,down}_exps.weight):
+// r*RowBytes(cols), one ne[2] slice of blk.N.ffn_{gate,up,down}_exps.weight;
+// in a file with llama.cpp's fused blk.N.ffn_gate_up_exps.weight, gate is the
+// first d_ff rows of its ne[2] slice e and up the next d_ff, see
+// expert.FromGGUF, so both layouts of the same weights give the same bytes):
 //
 //	gate  d_ff x d_model  of gate_type  ((d_ff    * RowBytes(gate_type, d_model)) bytes)
 //	up    d_ff x d_model  of up_type    ((d_ff    * RowBytes(up_type,   d_model)) bytes)
@@ -23,6 +26,10 @@
 // The file name of (layer l, expert e) is fmt.Sprintf("L%03d/E%04d.bin", l, e)
 // (ExpertFile); the manifest must use exactly that name, so a manifest can
 // never point outside its directory.
+//
+// Any architecture whose layers 0..block_count-1 all carry these expert
+// tensors can be sliced (qwen3moe, qwen35moe): the architecture comes from
+// general.architecture and the layer count from "<architecture>.block_count".
 //
 // The manifest (see Manifest for every field) carries the format version,
 // the model id (ModelID), the shapes every expert file must have (n_layer,
@@ -73,8 +80,10 @@ var (
 	ErrSize = errors.New("slice: expert file has the wrong size")
 	// ErrCorrupt: an expert file's SHA-256 differs from the manifest's.
 	ErrCorrupt = errors.New("slice: expert file hash mismatch")
-	// ErrModel: the GGUF model cannot be sliced (no expert tensors, layers
-	// that disagree in shape, missing block_count).
+	// ErrModel: the GGUF model cannot be sliced (no general.architecture,
+	// missing or out-of-range <architecture>.block_count, layers that
+	// disagree in shape). A layer without usable expert tensors gives
+	// expert.FromGGUF's error (gguf.ErrNoTensor, expert.ErrShape) instead.
 	ErrModel = errors.New("slice: unsuitable model")
 	// ErrSelection: a layer or expert selection is out of range, repeated
 	// or unparsable.

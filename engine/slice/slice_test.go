@@ -340,8 +340,9 @@ func TestCutWholeModelBytes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			nl, _ := f.Uint("qwen3moe.block_count")
-			ne, _ := f.Uint("qwen3moe.expert_count")
+			arch := f.Architecture()
+			nl, _ := f.Uint(arch + ".block_count")
+			ne, _ := f.Uint(arch + ".expert_count")
 			if s.Bytes() != want || man.Bytes() != want || len(s.Holdings()) != int(nl*ne) {
 				t.Fatalf("slice %d bytes, manifest %d, holdings %d; GGUF expert tensors %d bytes, %d experts",
 					s.Bytes(), man.Bytes(), len(s.Holdings()), want, nl*ne)

@@ -72,8 +72,8 @@ func (t *Tokenizer) Decode(ids []int32) string { return t.Detokenize(ids, false,
 // unparseSpecial, control tokens render as their text. For the "gpt-2"
 // pre-tokenizer, llama.cpp's clean-up of tokenization spaces is applied
 // (" ?" " !" " ." " ," lose the space, " ' " becomes "'", " 's" " 'm" " 're"
-// " 've" lose the space); "qwen2" leaves the text alone. Ids outside the
-// vocabulary render as nothing.
+// " 've" lose the space); "qwen2" and "qwen35" leave the text alone. Ids
+// outside the vocabulary render as nothing.
 func (t *Tokenizer) Detokenize(ids []int32, removeSpecial, unparseSpecial bool) string {
 	if removeSpecial && t.addBOS && len(ids) > 0 && ids[0] == t.bos {
 		ids = ids[1:]

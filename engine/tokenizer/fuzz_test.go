@@ -13,7 +13,8 @@ var (
 	fuzzToks []*Tokenizer
 )
 
-// fuzzTokenizers: a trained vocabulary under both pre-tokenizers.
+// fuzzTokenizers: a trained vocabulary under each pre-tokenizer of
+// SupportedPre (gpt-2, qwen2, qwen35).
 func fuzzTokenizers(t testing.TB) []*Tokenizer {
 	fuzzOnce.Do(func() {
 		for _, pre := range SupportedPre {
@@ -30,18 +31,23 @@ func fuzzTokenizers(t testing.TB) []*Tokenizer {
 }
 
 // FuzzEncode: Encode never panics, yields ids in range, and decodes back
-// to the input as llama.cpp reads it (invalid bytes as U+FFFD).
+// to the input as llama.cpp reads it (invalid bytes as U+FFFD), under every
+// pre-tokenizer; the qwen35 words also pass checkQwen35Split (equal to
+// qwen2's without marks, marks never split from a preceding letter run).
 func FuzzEncode(f *testing.F) {
 	for _, s := range []string{
 		"", "a", "Hello, world!", "  leading\tand\nnew\r\nlines  ", "it's I'M we'll",
 		"naïve café — 東京 🙂 123456789", "<|im_start|>user\nhi<|im_end|>", "<|endoftext|",
 		"\xff\xfe", "a\xe6\x9d", "\xc0\xaf", "\xed\xa0\x80", "\xf7\xbf\xbf\xbf", "\xf0\x9f\x98",
 		strings.Repeat("ab ", 200), strings.Repeat(" ", 100) + "x", strings.Repeat("9", 50),
+		"e\u0301t\u00e9", "नमस्ते हिंदी", "สวัสดี ที่", "שָׁלוֹם", "\u1112\u1161\u11ab\u302e",
+		"Cafe\u0301's !!\u0301 '\u0301s", "\u0301\n\u20dd", "#\ufe0f\u20e3", "a \u0301b\xcc",
 	} {
 		f.Add(s, false)
 		f.Add(s, true)
 	}
 	f.Fuzz(func(t *testing.T, s string, special bool) {
+		checkQwen35Split(t, s)
 		for _, tok := range fuzzTokenizers(t) {
 			ids := tok.Encode(s, special)
 			for _, id := range ids {
@@ -105,6 +111,8 @@ func FuzzNew(f *testing.F) {
 	f.Add("a\nb\nab\nĠ", "a b", "gpt-2", int32(-1))
 	f.Add("a\nb", "a  b\n b", "qwen2", int32(0))
 	f.Add("a\na", "", "qwen2", int32(5))
+	f.Add("e\n\u0301\ne\u0301", "e \u0301", "qwen35", int32(2))
+	f.Add("a", "", "qwen3.5", int32(-1))
 	f.Add("x\n\n<|endoftext|>", "x x", "llama3", int32(2))
 	f.Fuzz(func(t *testing.T, tokens, merges, pre string, bos int32) {
 		c := Config{Tokens: strings.Split(tokens, "\n"), Pre: pre, BOS: bos, EOS: -1}

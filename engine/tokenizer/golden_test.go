@@ -36,12 +36,12 @@ func loadGolden(t *testing.T) []goldenCase {
 	return cs
 }
 
-// TestGoldenPreTokenize: the hand-written matchers split 600 random strings
-// of tricky characters (apostrophes, Unicode letters/digits/whitespace,
-// emoji, combining marks, CR/LF runs) exactly as the regexes do. Needs no
-// fixtures.
+// TestGoldenPreTokenize: the hand-written matchers split 1500 random
+// strings of tricky characters (apostrophes, Unicode letters/digits/
+// whitespace, emoji, combining marks, CR/LF runs) exactly as the regexes do,
+// under gpt-2, qwen2 and qwen35. Needs no fixtures.
 func TestGoldenPreTokenize(t *testing.T) {
-	kinds := map[string]preKind{PreGPT2: preGPT2, PreQwen2: preQwen2}
+	kinds := map[string]preKind{PreGPT2: preGPT2, PreQwen2: preQwen2, PreQwen35: preQwen35}
 	special := "<|endoftext|>"
 	for i, c := range loadGolden(t) {
 		k, ok := kinds[c.Pre]
@@ -64,9 +64,10 @@ func TestGoldenPreTokenize(t *testing.T) {
 }
 
 // TestGoldenEncode: token ids of the same strings over the fixture GPT-2
-// vocabulary, both pre-tokenizers, with and without special parsing.
+// vocabulary, all three pre-tokenizers, with and without special parsing.
 func TestGoldenEncode(t *testing.T) {
-	toks := map[string]*Tokenizer{PreGPT2: fixtureTokenizer(t, PreGPT2), PreQwen2: fixtureTokenizer(t, PreQwen2)}
+	toks := map[string]*Tokenizer{PreGPT2: fixtureTokenizer(t, PreGPT2), PreQwen2: fixtureTokenizer(t, PreQwen2),
+		PreQwen35: fixtureTokenizer(t, PreQwen35)}
 	for i, c := range loadGolden(t) {
 		got := toks[c.Pre].Encode(c.Text, c.ParseSpecial)
 		if !slices.Equal(got, c.IDs) && !(len(got) == 0 && len(c.IDs) == 0) {

@@ -93,14 +93,18 @@ func normalizeUTF8(s string) string {
 	return string(out)
 }
 
-// Character classes of the pre-tokenizer regexes: \p{L}, \p{N}, \s, or none
-// of them ("other", matched by [^\s\p{L}\p{N}]). Whitespace is Unicode
-// White_Space, as in llama.cpp's unicode_set_whitespace.
+// Character classes of the pre-tokenizer regexes: \p{L}, \p{N}, \s, \p{M}
+// (combining marks: Mn, Mc, Me; llama.cpp's is_accent_mark), or none of them
+// ("other", matched by [^\s\p{L}\p{N}], or by [^\s\p{L}\p{M}\p{N}] in
+// qwen35). Whitespace is Unicode White_Space, as in llama.cpp's
+// unicode_set_whitespace. Only qwen35 tells marks apart: split files them
+// under clsOther for the other pre-tokenizers (see preKind.classOf).
 const (
 	clsOther  uint8 = 0
 	clsLetter uint8 = 1
 	clsNumber uint8 = 2
 	clsSpace  uint8 = 3
+	clsMark   uint8 = 4
 )
 
 var asciiClass [128]uint8
@@ -130,8 +134,20 @@ func classOf(r rune) uint8 {
 		return clsNumber
 	case unicode.IsSpace(r):
 		return clsSpace
+	case unicode.IsMark(r):
+		return clsMark
 	}
 	return clsOther
+}
+
+// classOf is the class of r as pre-tokenizer p sees it: \p{M} is a class of
+// its own only in the qwen35 regex.
+func (p preKind) classOf(r rune) uint8 {
+	k := classOf(r)
+	if k == clsMark && p != preQwen35 {
+		return clsOther
+	}
+	return k
 }
 
 // preKind selects the pre-tokenizer regex.
@@ -146,6 +162,12 @@ const (
 	// (LLAMA_VOCAB_PRE_TYPE_QWEN2; the same matcher as llama.cpp's
 	// unicode_regex_split_custom_llama3 with single digits).
 	preQwen2
+	// preQwen35: (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|
+	// [^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+	// (LLAMA_VOCAB_PRE_TYPE_QWEN35, llama.cpp unicode_regex_split_custom_qwen35):
+	// qwen2 with combining marks in the letter runs and out of the
+	// punctuation runs. Matched by the qwen2 code with marks as clsMark.
+	preQwen35
 )
 
 // wordBuf holds the decoded code points of a fragment, reused across calls.
@@ -170,7 +192,7 @@ func (p preKind) split(text string, wb *wordBuf, emit func(word string)) {
 			r = utf8.RuneError // unreachable after normalizeUTF8
 		}
 		wb.cps = append(wb.cps, r)
-		wb.cls = append(wb.cls, classOf(r))
+		wb.cls = append(wb.cls, p.classOf(r))
 		wb.off = append(wb.off, i)
 		i += size
 	}
@@ -179,13 +201,14 @@ func (p preKind) split(text string, wb *wordBuf, emit func(word string)) {
 	n := len(cps)
 	word := func(a, b int) { emit(text[off[a]:off[b]]) }
 	isRN := func(r rune) bool { return r == '\r' || r == '\n' }
+	isLM := func(k uint8) bool { return k == clsLetter || k == clsMark }
 
 	for pos := 0; pos < n; {
 		c := cps[pos]
-		// Contractions: 's 't 'm 'd 're 've 'll (qwen2: either case).
+		// Contractions: 's 't 'm 'd 're 've 'll (qwen2, qwen35: either case).
 		if c == '\'' && pos+1 < n {
 			nx := cps[pos+1]
-			if p == preQwen2 {
+			if p != preGPT2 {
 				nx = asciiLower(nx)
 			}
 			if nx == 's' || nx == 't' || nx == 'm' || nx == 'd' {
@@ -195,7 +218,7 @@ func (p preKind) split(text string, wb *wordBuf, emit func(word string)) {
 			}
 			if pos+2 < n {
 				nn := cps[pos+2]
-				if p == preQwen2 {
+				if p != preGPT2 {
 					nn = asciiLower(nn)
 				}
 				if (nx == 'r' && nn == 'e') || (nx == 'v' && nn == 'e') || (nx == 'l' && nn == 'l') {
@@ -223,11 +246,13 @@ func (p preKind) split(text string, wb *wordBuf, emit func(word string)) {
 				continue
 			}
 		} else {
-			// '[^\r\n\p{L}\p{N}]?\p{L}+'
+			// qwen2 '[^\r\n\p{L}\p{N}]?\p{L}+', qwen35
+			// '[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+' (clsMark occurs only in
+			// qwen35; a mark may also be the optional first character).
 			if !isRN(c) && cls[pos] != clsNumber &&
-				(cls[pos] == clsLetter || (pos+1 < n && cls[pos+1] == clsLetter)) {
+				(isLM(cls[pos]) || (pos+1 < n && isLM(cls[pos+1]))) {
 				end := pos + 1
-				for end < n && cls[end] == clsLetter {
+				for end < n && isLM(cls[end]) {
 					end++
 				}
 				word(pos, end)
@@ -240,7 +265,8 @@ func (p preKind) split(text string, wb *wordBuf, emit func(word string)) {
 				pos++
 				continue
 			}
-			// ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+			// qwen2 ' ?[^\s\p{L}\p{N}]+[\r\n]*', qwen35
+			// ' ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*': a run of clsOther.
 			q := pos
 			if c == ' ' {
 				q = pos + 1
@@ -258,7 +284,8 @@ func (p preKind) split(text string, wb *wordBuf, emit func(word string)) {
 				continue
 			}
 		}
-		// Whitespace: the run starting here, and (qwen2) its last \r or \n.
+		// Whitespace: the run starting here, and (qwen2, qwen35) its last \r
+		// or \n.
 		ws, lastRN := 0, -1
 		for pos+ws < n && cls[pos+ws] == clsSpace {
 			if isRN(cps[pos+ws]) {
@@ -267,7 +294,7 @@ func (p preKind) split(text string, wb *wordBuf, emit func(word string)) {
 			ws++
 		}
 		switch {
-		case p == preQwen2 && lastRN >= 0: // '\s*[\r\n]+'
+		case p != preGPT2 && lastRN >= 0: // '\s*[\r\n]+'
 			word(pos, lastRN+1)
 			pos = lastRN + 1
 		case ws > 1 && pos+ws < n: // '\s+(?!\S)': leave one space for the next word

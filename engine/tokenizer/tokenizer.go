@@ -5,7 +5,8 @@
 //  1. special tokens (control, user-defined, unknown) are split out of the
 //     text first (llama_vocab::impl::tokenizer_st_partition);
 //  2. each remaining fragment is cut into words by the pre-tokenizer regex
-//     named by tokenizer.ggml.pre ("gpt-2" or "qwen2", see pretokenize.go);
+//     named by tokenizer.ggml.pre ("gpt-2", "qwen2" or "qwen35", see
+//     pretokenize.go);
 //  3. each word's bytes are mapped to the GPT-2 byte alphabet and merged by
 //     rank with the vocabulary's merge list (llm_tokenizer_bpe_session).
 //
@@ -55,15 +56,27 @@ const (
 	TypeByte        int32 = 6
 )
 
-// Pre-tokenizer names accepted in Config.Pre (tokenizer.ggml.pre).
+// Pre-tokenizer names accepted in Config.Pre (tokenizer.ggml.pre), as
+// llama.cpp's llama_vocab::impl::load (src/llama-vocab.cpp) maps them to
+// LLAMA_VOCAB_PRE_TYPE_*; the regexes are in pretokenize.go.
 const (
-	PreGPT2  = "gpt-2"
+	// PreGPT2 selects LLAMA_VOCAB_PRE_TYPE_GPT2 (clean_spaces on).
+	PreGPT2 = "gpt-2"
+	// PreQwen2 selects LLAMA_VOCAB_PRE_TYPE_QWEN2 (clean_spaces off).
 	PreQwen2 = "qwen2"
+	// PreQwen35 selects LLAMA_VOCAB_PRE_TYPE_QWEN35 (Qwen3.5; clean_spaces
+	// off): the qwen2 regex with combining marks \p{M} added to the letter
+	// runs, "[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+", and taken out of the
+	// punctuation runs, " ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*" (llama.cpp
+	// src/llama-vocab.cpp; unicode_regex_split_custom_qwen35 in
+	// src/unicode.cpp).
+	PreQwen35 = "qwen35"
 )
 
 // SupportedPre lists the accepted Config.Pre values, in the order error
-// messages give them.
-var SupportedPre = []string{PreGPT2, PreQwen2}
+// messages give them (llama.cpp src/llama-vocab.cpp names them in
+// tokenizer.ggml.pre).
+var SupportedPre = []string{PreGPT2, PreQwen2, PreQwen35}
 
 // MaxVocab bounds the vocabulary size (token ids are int32).
 const MaxVocab = math.MaxInt32
@@ -84,7 +97,7 @@ type Config struct {
 	// Merges lists "LEFT RIGHT" pairs, highest priority (rank 0) first. LEFT
 	// and RIGHT must be tokens; the first occurrence of a pair sets its rank.
 	Merges []string
-	// Pre names the pre-tokenizer: PreGPT2 or PreQwen2.
+	// Pre names the pre-tokenizer: PreGPT2, PreQwen2 or PreQwen35.
 	Pre string
 	// BOS and EOS are token ids, or -1 for none.
 	BOS, EOS int32
@@ -163,6 +176,8 @@ func New(c Config) (*Tokenizer, error) {
 		t.pre, t.cleanSpaces = preGPT2, true
 	case PreQwen2:
 		t.pre, t.cleanSpaces = preQwen2, false
+	case PreQwen35:
+		t.pre, t.cleanSpaces = preQwen35, false
 	default:
 		return nil, fmt.Errorf("%w: %q (supported: %s)", ErrPreTokenizer, c.Pre, strings.Join(SupportedPre, ", "))
 	}

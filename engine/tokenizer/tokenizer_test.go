@@ -44,7 +44,7 @@ func TestNewErrors(t *testing.T) {
 		msg  string
 	}{
 		{"empty", Config{Pre: PreGPT2}, ErrConfig, "no tokens"},
-		{"pre", mod(func(c *Config) { c.Pre = "llama3" }), ErrPreTokenizer, "supported: gpt-2, qwen2"},
+		{"pre", mod(func(c *Config) { c.Pre = "llama3" }), ErrPreTokenizer, `"llama3" (supported: gpt-2, qwen2, qwen35)`},
 		{"types", mod(func(c *Config) { c.Types = []int32{1, 1} }), ErrConfig, "token types"},
 		{"bos", mod(func(c *Config) { c.BOS = 256 }), ErrConfig, "BOS/EOS"},
 		{"eos", mod(func(c *Config) { c.EOS = -2 }), ErrConfig, "BOS/EOS"},

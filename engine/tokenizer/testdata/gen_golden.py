@@ -3,8 +3,10 @@
 strings, from an implementation independent of the Go package:
 
 - pre-tokenization: the Hugging Face regexes run by the Python `regex` module
-  (gpt-2: the GPT-2 pattern; qwen2: llama.cpp's spelling of the Qwen2 pattern,
-  whose contractions are ASCII [sS]-style rather than (?i:...));
+  (gpt-2: the GPT-2 pattern; qwen2, qwen35: llama.cpp's spelling of the Qwen2
+  and Qwen3.5 patterns, whose contractions are ASCII [sS]-style rather than
+  (?i:...); qwen35 differs from qwen2 only by \p{M} in the letter and
+  punctuation classes, src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_QWEN35);
 - BPE: OpenAI GPT-2 encoder.py's merge loop (lowest rank first, all
   occurrences per pass) over the merges of the fixture GGUF, read by a small
   GGUF metadata parser below;
@@ -20,6 +22,7 @@ PATS = {
     "gpt-2": regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""),
     "qwen2": regex.compile(r"""(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
 }
+QWEN35 = regex.compile(r"""(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 def read_kv(path):
     b = open(path, "rb").read()
@@ -83,6 +86,24 @@ ALPHA = (list("abcstdmlrveSTDMLRVExyz") * 3 + list("éñüßЖд東京αǅʰا")
          list("''',.!?-_()#\"<|>—…$+@") + ["🙂", "👍", "🏽", "❤", "\u0301", "\u200d", "\ufe0f"] +
          ["<|endoftext|>", "'s", "'RE", "'ll", "  ", "\n\n", " \n "])
 
+# Combining marks (Mn, Mc, Me) and letters of scripts that use them, for the
+# qwen35 cases appended after the original ones (long-stable code points, so
+# the Unicode versions of Python, Go and llama.cpp agree on them).
+MARKS = (["\u0301", "\u0302", "\u0323", "\u094d", "\u0947", "\u093f", "\u0902", "\u0e31", "\u0e48",
+          "\u05b8", "\u05c1", "\u302e", "\u20dd", "\u20e3", "\ufe0f"] * 3 +
+         list("नमसतहदสวดทשלוםe") + ["\u1112\u1161\u11ab"])
+
+def case(pre, pat, text, ps, tid, ranks, b2u):
+    parts = text.split("<|endoftext|>") if ps else [text]
+    words, ids = [], []
+    for k, part in enumerate(parts):
+        if k > 0:
+            ids.append(tid["<|endoftext|>"])
+        for w in pat.findall(part):
+            words.append(w)
+            ids.extend(tid[t] for t in bpe("".join(b2u[x] for x in w.encode("utf-8")), ranks))
+    return {"pre": pre, "parse_special": ps, "text": text, "words": words, "ids": ids}
+
 def main():
     kv = read_kv(sys.argv[1])
     toks = kv["tokenizer.ggml.tokens"]
@@ -107,6 +128,18 @@ def main():
                     words.append(w)
                     ids.extend(tid[t] for t in bpe("".join(b2u[x] for x in w.encode("utf-8")), ranks))
             out.append({"pre": pre, "parse_special": ps, "text": text, "words": words, "ids": ids})
+    # qwen35: the same 300 texts, then 200 with combining marks under all
+    # three patterns.
+    random.seed(7)
+    for n in range(300):
+        text = "".join(random.choice(ALPHA) for _ in range(random.randint(1, 24)))
+        out.append(case("qwen35", QWEN35, text, n % 2 == 0, tid, ranks, b2u))
+    random.seed(35)
+    pats = dict(PATS, qwen35=QWEN35)
+    for n in range(200):
+        text = "".join(random.choice(ALPHA + MARKS) for _ in range(random.randint(1, 24)))
+        for pre, pat in pats.items():
+            out.append(case(pre, pat, text, n % 2 == 0, tid, ranks, b2u))
     sys.stdout.write("[\n" + ",\n".join(json.dumps(o, ensure_ascii=True) for o in out) + "\n]\n")
 
 main()

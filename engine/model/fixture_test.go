@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kvasir-ai/kvasir/engine/gguf"
@@ -32,7 +33,7 @@ type refRow struct {
 	IsGen        bool        `json:"is_generation_step"`
 	Top          [][]float64 `json:"top"`
 	Gap          float64     `json:"gap_top1_top2"`
-	RouterMargin float64     `json:"router_min_margin"`
+	RouterMargin *float64    `json:"router_min_margin"` // null where the fixture has no numpy reference (qwen35moe)
 }
 
 func skipNoFixtures(t testing.TB) {
@@ -41,9 +42,18 @@ func skipNoFixtures(t testing.TB) {
 	}
 }
 
+// fixtureDir returns the folder of fixture name: qwen35moe files live in
+// their own subfolder (with its own refs/).
+func fixtureDir(name string) string {
+	if strings.Contains(name, "qwen35moe") {
+		return filepath.Join(fixtures, "qwen35moe")
+	}
+	return fixtures
+}
+
 func loadFixture(t testing.TB, name string) (*gguf.File, *Model) {
 	t.Helper()
-	f, err := gguf.Open(filepath.Join(fixtures, name+".gguf"))
+	f, err := gguf.Open(filepath.Join(fixtureDir(name), name+".gguf"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,17 +85,32 @@ func loadFixture(t testing.TB, name string) (*gguf.File, *Model) {
 // float64 reference's did (minArgmax; ACTIVATIONS.md: 64, 63, 63).
 var (
 	logitBound = map[string]float64{"tiny-qwen3moe-F16": 0.058, "tiny-qwen3moe-Q8_0": 2.4, "tiny-qwen3moe-Q4_K_M": 5.2}
-	minArgmax  = map[string]int{"tiny-qwen3moe-F16": 64, "tiny-qwen3moe-Q8_0": 63, "tiny-qwen3moe-Q4_K_M": 63}
+	minArgmax  = map[string]int{"tiny-qwen3moe-F16": 64, "tiny-qwen3moe-Q8_0": 63, "tiny-qwen3moe-Q4_K_M": 63,
+		"tiny-qwen35moe-F16": 64, "tiny-qwen35moe-Q4_K_M": 63}
+	// promptBound is logitBound per prompt for the qwen35moe fixtures,
+	// which have no float64 reference (router_min_margin is null): this
+	// engine's measured max |diff| over all rows of that prompt plus ~10%
+	// (F16 0.028 / 0.043 / 0.943 / 0.031; Q4_K_M 1.5e-5 / 2.9e-4 / 0.529 /
+	// 3.69, logged as "over all rows"). Rows without an activation-rounding
+	// flip agree to ~0.03 (F16, whose activations round to fp16) and
+	// ~2e-5 (Q4_K_M); a flip (F16 prompt 2 row 20; Q4_K_M prompt 2 from
+	// row 0, prompt 3 from row 8) moves that row and later ones by up to a
+	// few logits, as ACTIVATIONS.md measured for qwen3moe. So Q4_K_M
+	// prompt 0, whose smallest llama.cpp gap is 0.0067, must give all 16
+	// of llama.cpp's greedy tokens.
+	promptBound = map[string][]float64{"tiny-qwen35moe-F16": {0.035, 0.05, 1.04, 0.035},
+		"tiny-qwen35moe-Q4_K_M": {1e-3, 1e-3, 0.6, 4.1}}
 )
 
 const routerBound = 1e-3
 
 func TestFixtures(t *testing.T) {
 	skipNoFixtures(t)
-	for _, name := range []string{"tiny-qwen3moe-F16", "tiny-qwen3moe-Q8_0", "tiny-qwen3moe-Q4_K_M"} {
+	for _, name := range []string{"tiny-qwen3moe-F16", "tiny-qwen3moe-Q8_0", "tiny-qwen3moe-Q4_K_M",
+		"tiny-qwen35moe-F16", "tiny-qwen35moe-Q4_K_M"} {
 		t.Run(name, func(t *testing.T) {
 			var ref refFile
-			b, err := os.ReadFile(filepath.Join(fixtures, "refs", name+".ref.json"))
+			b, err := os.ReadFile(filepath.Join(fixtureDir(name), "refs", name+".ref.json"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,6 +163,9 @@ func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int3
 	}
 	fragile := false
 	bound := logitBound[name]
+	if pb, ok := promptBound[name]; ok {
+		bound = pb[pi]
+	}
 	var cleanMax, allMax float64
 	minCos := 1.0
 	matched, argmax := 0, 0
@@ -159,7 +187,7 @@ func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int3
 		if !fragile {
 			cleanMax = max(cleanMax, diff)
 		}
-		if r.RouterMargin < routerBound {
+		if r.RouterMargin != nil && *r.RouterMargin < routerBound {
 			fragile = true
 		}
 		if r.IsGen {
@@ -171,7 +199,7 @@ func checkPrompt(t *testing.T, m *Model, name string, pi int, prompt, gen []int3
 			if got == gen[s] && matched == s {
 				matched++
 			} else if got != gen[s] && !fragile && r.Gap > bound && matched == s {
-				t.Errorf("%s prompt %d step %d: greedy %d, llama.cpp %d (gap %.3g, router margin %.3g)", name, pi, s, got, gen[s], r.Gap, r.RouterMargin)
+				t.Errorf("%s prompt %d step %d: greedy %d, llama.cpp %d (gap %.3g, router margin %v)", name, pi, s, got, gen[s], r.Gap, r.RouterMargin)
 			}
 			if r.Gap <= bound {
 				fragile = true

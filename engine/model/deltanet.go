@@ -102,26 +102,25 @@ func (m *Model) deltaNetLayer(il int, g *GatedDeltaNet, rows []Row) error {
 		h := u % H
 		kh := h % K
 		st := gr.seq.ssm[il][h*S*S : (h+1)*S*S] // st[j*S+i] = S_h[i][j]
-		delta := ws.delta[w][:S]
 		for _, r := range gr.rows {
 			row := ws.cv[int(r)*conv : (int(r)+1)*conv]
 			q, k, v := row[kh*S:(kh+1)*S], row[(K+kh)*S:(K+kh+1)*S], row[2*K*S+h*S:2*K*S+(h+1)*S]
 			beta, decay := ws.beta[int(r)*H+h], float32(math.Exp(float64(ws.gdt[int(r)*H+h])))
-			for i := range st {
-				st[i] *= decay
-			}
+			// ggml runs four passes over the state (scale, S^T k, the
+			// rank-1 update, S^T q); each touches row j of st only with
+			// row j's own values, so one pass per row, while it is in L1,
+			// computes the same bits.
+			o := ws.o[int(r)*vd+h*S : int(r)*vd+(h+1)*S]
 			for j := range S {
-				delta[j] = (v[j] - quant.DotF32(st[j*S:(j+1)*S], k)) * beta
-			}
-			for j, dj := range delta {
 				mj := st[j*S : (j+1)*S]
+				for i := range mj {
+					mj[i] *= decay
+				}
+				dj := (v[j] - quant.DotF32(mj, k)) * beta
 				for i, ki := range k {
 					mj[i] += float32(ki * dj)
 				}
-			}
-			o := ws.o[int(r)*vd+h*S : int(r)*vd+(h+1)*S]
-			for j := range S {
-				o[j] = quant.DotF32(st[j*S:(j+1)*S], q) * scale
+				o[j] = quant.DotF32(mj, q) * scale
 			}
 		}
 	})

@@ -136,12 +136,11 @@ type workspace struct {
 	router, probs, wts, eo   []float32
 	ids                      []int32
 	sel                      []float32
-	shGate, shUp, shOut      []float32   // shared expert
-	mixed, z, beta, gdt, cv  []float32   // Gated DeltaNet: attn_qkv, attn_gate, beta, g, conv output
-	o, win                   []float32   // Gated DeltaNet: delta-rule output; conv window of one sequence
-	delta                    [][]float32 // per worker: the delta rule's S floats
-	groups                   []seqGroup  // the batch's rows by sequence
-	touched                  bool        // a recurrent layer ran in this Forward
+	shGate, shUp, shOut      []float32  // shared expert
+	mixed, z, beta, gdt, cv  []float32  // Gated DeltaNet: attn_qkv, attn_gate, beta, g, conv output
+	o, win                   []float32  // Gated DeltaNet: delta-rule output; conv window of one sequence
+	groups                   []seqGroup // the batch's rows by sequence
+	touched                  bool       // a recurrent layer ran in this Forward
 	conv                     [3][]byte
 	convType                 [3]quant.Type
 	convN                    int
@@ -255,7 +254,6 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 	ws.ensure(p, m.sharedFF, m.gated, n)
 	for len(ws.scores) < m.threads {
 		ws.scores = append(ws.scores, nil)
-		ws.delta = append(ws.delta, make([]float32, p.SSMState))
 	}
 	ws.groups = ws.groups[:0]
 	if p.RecurrentCount > 0 {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/demo"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/backbone/serve"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
@@ -185,7 +186,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // demoSwarm is a running demo swarm: the tiny model with a dispatcher in
 // this process, and hub, gateway and worker processes.
 type demoSwarm struct {
-	lm      *loadedModel
+	lm      *run.Model
 	d       *dispatch.Dispatcher
 	sw      *demo.Swarm
 	names   []string // worker names
@@ -218,11 +219,11 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 	if err := os.WriteFile(modelPath, data, 0o644); err != nil {
 		return nil, err
 	}
-	if s.lm, err = loadGenModel(modelPath); err != nil {
+	if s.lm, err = run.Load(modelPath); err != nil {
 		return nil, err
 	}
-	s.lm.m.SetThreads(o.threads)
-	p := s.lm.m.Params()
+	s.lm.Engine().SetThreads(o.threads)
+	p := s.lm.Engine().Params()
 	if o.workers > p.Layers {
 		return nil, fmt.Errorf("--workers %d: the model has only %d layers", o.workers, p.Layers)
 	}
@@ -233,7 +234,7 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 			for l := i; l < p.Layers; l += o.workers {
 				ls = append(ls, l)
 			}
-			if _, err := slice.Cut(s.lm.f, ls, nil, filepath.Join(dir, "slice-"+strconv.Itoa(i))); err != nil {
+			if _, err := slice.Cut(s.lm.File(), ls, nil, filepath.Join(dir, "slice-"+strconv.Itoa(i))); err != nil {
 				return nil, fmt.Errorf("cutting %s's slice: %w", name, err)
 			}
 		}
@@ -246,11 +247,8 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		s.keys = append(s.keys, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
 	}
 	quiet := slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	tune, err := o.swarm.tune(s.lm)
-	if err != nil {
-		return nil, err
-	}
-	if s.d, err = startDispatcher(s.lm, "127.0.0.1:0", quiet, tune); err != nil {
+	// No wait here: the workers need the dispatcher's address first.
+	if s.d, err = run.StartSwarm(ctx, s.lm, o.swarm.config("127.0.0.1:0", quiet)); err != nil {
 		return nil, err
 	}
 	// The children are this very binary (under `go run` a temporary one),
@@ -312,8 +310,8 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 // largest expert and 64 KiB of slack, so that the experts are shared out
 // between the workers (the dispatcher gives each expert to the worker with
 // the most free quota) and all of them fit.
-func demoQuota(lm *loadedModel, n int) (int64, error) {
-	cat, err := slice.NewCatalog(lm.f)
+func demoQuota(lm *run.Model, n int) (int64, error) {
+	cat, err := slice.NewCatalog(lm.File())
 	if err != nil {
 		return 0, err
 	}
@@ -425,20 +423,21 @@ func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResul
 	}
 	defer s.Close()
 
-	opts := decodeOptions{prompt: o.prompt, maxTokens: o.maxTokens}
-	s.lm.m.SetExperts(nil)
-	local, err := decode(ctx, s.lm, opts, io.Discard)
+	opts := run.DecodeOptions{Prompt: o.prompt, MaxTokens: o.maxTokens}
+	eng := s.lm.Engine()
+	eng.SetExperts(nil)
+	local, err := run.Decode(ctx, s.lm, opts, io.Discard)
 	if err != nil {
 		return nil, fmt.Errorf("local decode: %w", err)
 	}
-	s.lm.m.SetExperts(s.Experts())
-	swarm, err := decode(ctx, s.lm, opts, io.Discard)
-	s.lm.m.SetExperts(nil)
+	eng.SetExperts(s.Experts())
+	swarm, err := run.Decode(ctx, s.lm, opts, io.Discard)
+	eng.SetExperts(nil)
 	if err != nil {
 		return nil, fmt.Errorf("swarm decode: %w", err)
 	}
 	st := s.d.Stats()
-	res := &demoResult{ModelID: s.lm.id, Prompt: o.prompt, Text: swarm.Text, Tokens: swarm.Tokens,
+	res := &demoResult{ModelID: s.lm.ID(), Prompt: o.prompt, Text: swarm.Text, Tokens: swarm.Tokens,
 		LocalTokens: local.Tokens, TokensEqual: slices.Equal(swarm.Tokens, local.Tokens),
 		LogitsEqual: swarm.LogitsSHA256 == local.LogitsSHA256, LocalTokS: local.DecodeTokS,
 		SwarmTokS: swarm.DecodeTokS, ExpertsRemote: st.ExpertsRemote, ExpertsLocal: st.ExpertsLocal,

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/backbone/serve"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/model"
@@ -80,22 +81,27 @@ type serveExperts struct {
 
 // serveExpertsFor chooses where the experts of lm are computed: locally by
 // default, or with --dispatch-listen through the dispatcher of
-// startDispatcher (the one generate and demo use: workers must announce
+// run.StartSwarm (the one generate and demo use: workers must announce
 // slice.ModelID of the model file, and each holding's hash must equal
 // slice.HashExpert of the backbone's own expert), which accepts the hub's
 // worker links and falls back to lm's local experts for whatever no worker
 // holds or returns in time. It prints "serve: dispatch listening on
-// HOST:PORT (model id ...)" to stderr before waiting for --wait-workers.
-func serveExpertsFor(ctx context.Context, lm *loadedModel, o serveOptions, log *slog.Logger, stderr io.Writer) (*serveExperts, error) {
+// HOST:PORT (model id ...)" to stderr before waiting up to --wait-timeout
+// for --wait-workers.
+func serveExpertsFor(ctx context.Context, lm *run.Model, o serveOptions, log *slog.Logger, stderr io.Writer) (*serveExperts, error) {
 	if o.dispatchListen == "" {
 		return &serveExperts{Describe: "experts: local"}, nil
 	}
-	d, err := startSwarm(ctx, "serve", lm, o.dispatchListen, o.swarm, o.waitWorkers, o.waitTimeout, log, stderr)
+	sc := o.swarm.config(o.dispatchListen, log)
+	sc.Workers, sc.Listening = o.waitWorkers, announceListening(stderr, "serve", lm)
+	wctx, cancel := context.WithTimeout(ctx, o.waitTimeout)
+	d, err := run.StartSwarm(wctx, lm, sc)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
 	return &serveExperts{Computer: d, Stats: d.Stats, Close: d.Close,
-		Describe: fmt.Sprintf("experts: swarm, dispatch listener %s (model id %q), local fallback", d.Addr(), lm.id)}, nil
+		Describe: fmt.Sprintf("experts: swarm, dispatch listener %s (model id %q), local fallback", d.Addr(), lm.ID())}, nil
 }
 
 // serveMain runs backbone serve until ctx ends:
@@ -147,12 +153,12 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 		return 1
 	}
 
-	lm, err := loadGenModel(o.modelPath)
+	lm, err := run.Load(o.modelPath)
 	if err != nil {
 		return fail(err)
 	}
 	defer lm.Close()
-	lm.m.SetThreads(o.threads)
+	lm.Engine().SetThreads(o.threads)
 	ex, err := serveExpertsFor(ctx, lm, o, log, stderr)
 	if err != nil {
 		return fail(err)
@@ -168,10 +174,10 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 
 // serveAPIName is the API's model name: --model-id, else general.name,
 // else the model file's base name, else "kvasir".
-func serveAPIName(lm *loadedModel, o serveOptions) string {
+func serveAPIName(lm *run.Model, o serveOptions) string {
 	id := o.modelID
 	if id == "" {
-		id, _ = lm.f.String("general.name")
+		id, _ = lm.File().String("general.name")
 	}
 	if id == "" && o.modelPath != "" {
 		id = filepath.Base(o.modelPath)
@@ -184,13 +190,14 @@ func serveAPIName(lm *loadedModel, o serveOptions) string {
 // o.requests > 0, that many completion requests (POST /v1/completions or
 // /v1/chat/completions, any status) have been answered; then it lets
 // in-flight requests finish for up to 10 s and returns. It installs
-// ex.Computer in lm.m, loads o.lanes-1 more instances of lm.f for lanes,
-// logs a "serving" line and calls ready (if set) with the bound address.
+// ex.Computer in lm's engine, loads o.lanes-1 more engine instances of
+// lm's file for lanes, logs a "serving" line and calls ready (if set) with
+// the bound address.
 // Errors: a bad chat-template choice is only logged (chat completions then
 // answer 400); listen, serve.New and metric registration errors are
 // returned.
-func serveAPI(ctx context.Context, lm *loadedModel, ex *serveExperts, o serveOptions, log *slog.Logger, stderr io.Writer, ready func(httpAddr string)) error {
-	f, m, tok := lm.f, lm.m, lm.tok
+func serveAPI(ctx context.Context, lm *run.Model, ex *serveExperts, o serveOptions, log *slog.Logger, stderr io.Writer, ready func(httpAddr string)) error {
+	f, m, tok := lm.File(), lm.Engine(), lm.Tokenizer()
 	id := serveAPIName(lm, o)
 	tmpl, _ := f.String("tokenizer.chat_template")
 	chat, chatErr := serve.ChatTemplateFor(tok, tmpl, o.chatTemplate)

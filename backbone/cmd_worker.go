@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/slice"
@@ -94,7 +95,7 @@ var loadWorkerSlice = func(path string, layers []int, threads int) (*workerSlice
 // --preset tiny` writes), as views into its in-memory GGUF, with their
 // hashes and slice.ModelID.
 func loadTinySlice(layers []int, threads int) (*workerSlice, error) {
-	f, err := openModelFile("")
+	f, err := run.OpenFile("")
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,95 @@
+// Package run is the backbone's model at work, shared by the commands that
+// decode (backbone generate, serve and demo): loading a GGUF model with its
+// tokenizer and swarm identity (Load), starting the swarm's dispatcher for
+// it and waiting for workers (StartSwarm), and decoding one prompt on one
+// sequence (Decode). The commands in backbone/cmd_*.go parse flags and wire
+// these together; the HTTP API's continuous batching is backbone/serve.
+//
+// Of the engine's model it uses model.Load, Model.NewSequence, Forward,
+// Params().Vocab, Context, Layers, Embd, Experts and ExpertsUsed, and
+// LocalExperts; sequences are only ever created, never truncated, so it
+// works the same for architectures whose sequences cannot be rewound.
+package run
+
+import (
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/slice"
+	"github.com/kvasir-ai/kvasir/engine/tokenizer"
+)
+
+// Model is a model ready to decode: the open GGUF file, the engine's model
+// over it, its tokenizer and the model id workers announce.
+type Model struct {
+	f   *gguf.File
+	m   *model.Model
+	tok *tokenizer.Tokenizer
+	id  string
+}
+
+// Load opens the GGUF file at path (mapped), or the embedded tiny model
+// when path is "" (OpenFile), and loads model and tokenizer (FromFile).
+// Close releases the file.
+func Load(path string) (*Model, error) {
+	f, err := OpenFile(path)
+	if err != nil {
+		return nil, err
+	}
+	m, err := FromFile(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// OpenFile opens the GGUF file at path (mapped), or parses the embedded
+// tiny model (engine/modelgen.Tiny, the bytes `backbone genmodel --preset
+// tiny` writes) when path is "". Errors are those of gguf.Open, gguf.Parse
+// or modelgen.Tiny.
+func OpenFile(path string) (*gguf.File, error) {
+	if path != "" {
+		return gguf.Open(path)
+	}
+	data, err := modelgen.Tiny()
+	if err != nil {
+		return nil, err
+	}
+	return gguf.Parse(data)
+}
+
+// FromFile loads model and tokenizer from the open file f, which the
+// result's Close closes; on error the caller still owns f. Errors are
+// those of model.Load and tokenizer.FromGGUF.
+func FromFile(f *gguf.File) (*Model, error) {
+	m, err := model.Load(f)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.FromGGUF(f)
+	if err != nil {
+		return nil, err
+	}
+	id, _ := slice.ModelID(f)
+	return &Model{f: f, m: m, tok: tok, id: id}, nil
+}
+
+// File is the model's GGUF file: its metadata, and the tensors slices,
+// provisioning catalogs and more engine instances are made from. It stays
+// open until Close.
+func (m *Model) File() *gguf.File { return m.f }
+
+// Engine is the engine's model: its experts (SetExperts), threads
+// (SetThreads) and forward pass.
+func (m *Model) Engine() *model.Model { return m.m }
+
+// Tokenizer is the model's tokenizer (from the GGUF file).
+func (m *Model) Tokenizer() *tokenizer.Tokenizer { return m.tok }
+
+// ID is the model id workers announce in HELLO (engine/slice.ModelID of
+// the file); "" if the file has none.
+func (m *Model) ID() string { return m.id }
+
+// Close closes the model's file; the engine model must not be used after.
+func (m *Model) Close() error { return m.f.Close() }

@@ -1,0 +1,202 @@
+package run
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/slice"
+	"github.com/kvasir-ai/kvasir/engine/tokenizer"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func loadTiny(t *testing.T) *Model {
+	t.Helper()
+	m, err := Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	m.Engine().SetThreads(1)
+	return m
+}
+
+func TestLoad(t *testing.T) {
+	m := loadTiny(t)
+	if m.File() == nil || m.Engine() == nil || m.Tokenizer() == nil {
+		t.Fatal("a part of the model is missing")
+	}
+	if want, _ := slice.ModelID(m.File()); m.ID() == "" || m.ID() != want {
+		t.Errorf("ID %q, want slice.ModelID %q", m.ID(), want)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.gguf")); err == nil {
+		t.Error("a missing file loaded")
+	}
+}
+
+// TestDecodeGreedy: Decode's tokens are the engine's greedy continuation
+// (prefill, then each argmax fed back), the streamed text is Text, OnToken
+// sees every token in order, and the logits hash is deterministic.
+func TestDecodeGreedy(t *testing.T) {
+	m := loadTiny(t)
+	const prompt, n = "The swarm decodes", 8
+	var streamed bytes.Buffer
+	var seen []int32
+	res, err := Decode(context.Background(), m, DecodeOptions{Prompt: prompt, MaxTokens: n,
+		OnToken: func(i int, tok int32) {
+			if i != len(seen) {
+				t.Errorf("OnToken index %d after %d tokens", i, len(seen))
+			}
+			seen = append(seen, tok)
+		}}, &streamed)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	eng, tok := m.Engine(), m.Tokenizer()
+	ids := tok.Tokenize(prompt, true, false)
+	if !slices.Equal(res.PromptTokens, ids) {
+		t.Fatalf("prompt tokens %v, want %v", res.PromptTokens, ids)
+	}
+	seq := eng.NewSequence()
+	logits := make([]float32, eng.Params().Vocab)
+	rows := make([]model.Row, len(ids))
+	for i, id := range ids {
+		rows[i] = model.Row{Seq: seq, Token: id, Pos: i, Logits: i == len(ids)-1}
+	}
+	if err := eng.Forward(context.Background(), rows, logits); err != nil {
+		t.Fatal(err)
+	}
+	var want []int32
+	for {
+		next := model.Greedy(logits)
+		want = append(want, next)
+		if len(want) == n || tok.IsEOG(next) {
+			break
+		}
+		if err := eng.Forward(context.Background(), []model.Row{{Seq: seq, Token: next, Pos: seq.Len(), Logits: true}}, logits); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(res.Tokens, want) || !slices.Equal(seen, want) {
+		t.Errorf("tokens %v (OnToken %v), want %v", res.Tokens, seen, want)
+	}
+	if res.Text != tok.Decode(want) || streamed.String() != tokenizer.ToValidUTF8([]byte(res.Text)) {
+		t.Errorf("text %q, streamed %q, want %q", res.Text, streamed.String(), tok.Decode(want))
+	}
+	if res.PrefillTokS <= 0 || (len(want) > 1 && (res.DecodeTokS <= 0 || res.MaxStepMs <= 0)) {
+		t.Errorf("rates %+v", res)
+	}
+	again, err := Decode(context.Background(), m, DecodeOptions{Prompt: prompt, MaxTokens: n}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.LogitsSHA256 != res.LogitsSHA256 || len(res.LogitsSHA256) != 64 {
+		t.Errorf("logits hash %s, then %s", res.LogitsSHA256, again.LogitsSHA256)
+	}
+}
+
+// TestDecodeNoTokens: MaxTokens 0 runs no forward pass (the hash is that
+// of no logits); a cancelled ctx fails the forward pass.
+func TestDecodeNoTokens(t *testing.T) {
+	m := loadTiny(t)
+	res, err := Decode(context.Background(), m, DecodeOptions{Prompt: "x"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const emptySHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+	if len(res.Tokens) != 0 || res.Tokens == nil || res.LogitsSHA256 != emptySHA || len(res.PromptTokens) == 0 {
+		t.Errorf("%+v", res)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Decode(ctx, m, DecodeOptions{Prompt: "x", MaxTokens: 2}, nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled decode: %v", err)
+	}
+}
+
+// TestDispatcherConfig: the shapes and id of the model, expert hashes equal
+// to slice.HashExpert of the local experts, the deadline floor, the
+// provisioning catalog and rate, and Tune last.
+func TestDispatcherConfig(t *testing.T) {
+	m := loadTiny(t)
+	p := m.Engine().Params()
+	cfg, err := dispatcherConfig(m, SwarmConfig{Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (dispatch.Model{ID: m.ID(), D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}); cfg.Model != want {
+		t.Errorf("model %+v, want %+v", cfg.Model, want)
+	}
+	if cfg.MinDeadline != 0 || cfg.MaxDeadline != 0 || cfg.Catalog != nil || cfg.Fallback == nil {
+		t.Errorf("defaults changed: %+v", cfg)
+	}
+	local := m.Engine().LocalExperts()
+	for range 2 { // the second time from the cache
+		h, ok := cfg.ExpertHash(1, 3)
+		if want, wok := slice.HashExpert(local.Layer(1), 3); !ok || !wok || h != want {
+			t.Errorf("hash of (1, 3): %x %v, want %x", h, ok, want)
+		}
+	}
+	if _, ok := cfg.ExpertHash(p.Layers, 0); ok {
+		t.Error("a hash for a layer the model lacks")
+	}
+
+	for _, c := range []struct{ min, wantMax time.Duration }{{time.Second, 5 * time.Second}, {9 * time.Second, 9 * time.Second}} {
+		cfg, err := dispatcherConfig(m, SwarmConfig{MinDeadline: c.min})
+		if err != nil || cfg.MinDeadline != c.min || cfg.MaxDeadline != c.wantMax {
+			t.Errorf("--min-deadline %v: min %v max %v (%v), want max %v", c.min, cfg.MinDeadline, cfg.MaxDeadline, err, c.wantMax)
+		}
+	}
+	cfg, err = dispatcherConfig(m, SwarmConfig{Provision: true, ProvisionRate: 1 << 20, MinDeadline: time.Second,
+		Tune: func(c *dispatch.Config) { c.MaxDeadline = 2 * time.Second }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Catalog == nil || cfg.RateLimit != 1<<20 || cfg.MaxDeadline != 2*time.Second {
+		t.Errorf("provision: catalog %v rate %v max deadline %v", cfg.Catalog != nil, cfg.RateLimit, cfg.MaxDeadline)
+	}
+}
+
+// TestStartSwarm: Listening gets the bound address before the wait; a
+// wait that ends with its ctx closes the dispatcher (its port is free
+// again) and says how many workers it waited for.
+func TestStartSwarm(t *testing.T) {
+	m := loadTiny(t)
+	var heard string
+	d, err := StartSwarm(context.Background(), m, SwarmConfig{Listen: "127.0.0.1:0", Logger: quiet, Listening: func(a string) { heard = a }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if heard == "" || heard != d.Addr() {
+		t.Errorf("Listening heard %q, dispatcher at %q", heard, d.Addr())
+	}
+	d.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	heard = ""
+	_, err = StartSwarm(ctx, m, SwarmConfig{Listen: "127.0.0.1:0", Workers: 2, Logger: quiet, Listening: func(a string) { heard = a }})
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "waiting for 2 workers") {
+		t.Fatalf("err %v", err)
+	}
+	ln, err := net.Listen("tcp", heard)
+	if err != nil {
+		t.Fatalf("the dispatcher of a failed wait still listens: %v", err)
+	}
+	ln.Close()
+	if _, err := StartSwarm(context.Background(), m, SwarmConfig{Listen: "256.0.0.1:0", Logger: quiet}); err == nil {
+		t.Error("listening on a bad address succeeded")
+	}
+}

@@ -597,6 +597,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 	if chat {
 		chunkObject = "chat.completion.chunk"
 	}
+	// As OpenAI's: with include_usage every chunk carries "usage": null
+	// but the last one before [DONE], whose choices are empty and whose
+	// usage is the request's; without it no chunk has the key.
+	includeUsage := p.StreamOptions != nil && p.StreamOptions.IncludeUsage
 	chunk := func(text string, finish any, first bool) map[string]any {
 		choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
 		if chat {
@@ -611,8 +615,12 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 		} else {
 			choice["text"] = text
 		}
-		return map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.ModelID,
+		c := map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.ModelID,
 			"choices": []any{choice}}
+		if includeUsage {
+			c["usage"] = nil
+		}
+		return c
 	}
 	if chat && !send(chunk("", nil, true)) {
 		return
@@ -638,7 +646,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 		if !send(chunk("", d.Finish, false)) {
 			return
 		}
-		if p.StreamOptions != nil && p.StreamOptions.IncludeUsage {
+		if includeUsage {
 			u := usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}
 			if !send(map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.ModelID,
 				"choices": []any{}, "usage": u}) {

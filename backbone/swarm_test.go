@@ -120,17 +120,24 @@ var jsonLine = regexp.MustCompile(`^\{.*\}$`)
 // experts, every expert output was computed by a worker, and each worker
 // served exactly the rows its layers saw.
 func TestSwarmGenerateProcesses(t *testing.T) {
-	fixture := filepath.Join("..", "..", "shared", "fixtures", "tiny-qwen3moe-Q4_K_M.gguf")
+	fixtures := filepath.Join("..", "..", "shared", "fixtures")
+	fixture := func(name string) func(t *testing.T) string {
+		return func(t *testing.T) string {
+			p := filepath.Join(fixtures, name)
+			if _, err := os.Stat(p); err != nil {
+				t.Skipf("fixture model absent (%v); see ../shared/fixtures/README.md", err)
+			}
+			return p
+		}
+	}
 	cases := []struct {
 		name, prompt string
 		model        func(t *testing.T) string
 	}{
-		{"fixture-Q4_K_M", "The quick brown fox", func(t *testing.T) string {
-			if _, err := os.Stat(fixture); err != nil {
-				t.Skipf("fixture model absent (%v); see ../shared/fixtures/README.md", err)
-			}
-			return fixture
-		}},
+		{"fixture-Q4_K_M", "The quick brown fox", fixture("tiny-qwen3moe-Q4_K_M.gguf")},
+		// qwen35moe: Gated DeltaNet and gated attention on the backbone,
+		// the shared expert computed while the routed experts are away.
+		{"fixture-qwen35moe-Q4_K_M", "The capital of France is", fixture("qwen35moe/tiny-qwen35moe-Q4_K_M.gguf")},
 		{"generated-Q4_K_M", "Workers anywhere", func(t *testing.T) string {
 			p := filepath.Join(t.TempDir(), "gen.gguf")
 			runBackbone(t, 60*time.Second, "genmodel", "--preset", "tiny", "--type", "Q4_K_M", "--seed", "7", "--out", p)

@@ -11,6 +11,13 @@
 // messages that are not valid frames are rejected at once. Other control
 // frames (HELLO, PING, PONG, PAUSE, ERROR, WELCOME) are overhead: counted in
 // the session totals, neither credited nor rejected.
+//
+// Settling (docs/accounting.md, "Verification and forfeit"): creditable
+// bytes reach the ledger only once settled: at least SettleDelay old and
+// followed by at least SettleResults RESULTs of the session, or when the
+// session ends. Until then a LinkForfeit from the backbone (a result failed
+// verification) turns them, and every later creditable byte of the
+// session, into rejected bytes.
 package hub
 
 import (
@@ -25,6 +32,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -55,7 +63,30 @@ type Config struct {
 	FlushEvery  time.Duration // ledger flush period; default 1 s
 	DialTimeout time.Duration // backbone dial timeout; default 5 s
 	Logger      *slog.Logger  // default slog.Default()
+
+	// SettleDelay and SettleResults hold creditable bytes back from the
+	// ledger until they are settled: at least SettleDelay old and followed
+	// by at least SettleResults RESULT messages of the same session (or the
+	// session ended without a forfeit). Until then a LinkForfeit rejects
+	// them. Zero values hold nothing back (bytes settle at the next flush);
+	// the hub command uses DefaultSettleDelay and DefaultSettleResults.
+	// SettleDelay must exceed the backbone's longest verdict delay (its
+	// request deadline plus one local recomputation, dispatch.Config
+	// MaxDeadline: 5 s by default).
+	SettleDelay   time.Duration
+	SettleResults int
+	// DrainTimeout bounds how long the hub keeps reading the backbone link
+	// for verdicts after the worker's side of a session ended; default 10 s.
+	DrainTimeout time.Duration
 }
+
+// Settling defaults of the hub command (docs/accounting.md derives them:
+// with the dispatcher's default check rate of 1 in 20, a window of at least
+// 64 results makes an expected lie cost more than it can earn).
+const (
+	DefaultSettleDelay   = 30 * time.Second
+	DefaultSettleResults = 64
+)
 
 // SessionStats is a snapshot of one session's counts; bytes are whole
 // WebSocket message bytes.
@@ -66,9 +97,12 @@ type SessionStats struct {
 	Reason          string // why it ended ("" while open)
 	ToWorker        uint64 // all bytes backbone -> worker
 	FromWorker      uint64 // all bytes worker -> backbone
-	CreditOut       uint64 // DISPATCH bytes (creditable)
-	CreditIn        uint64 // accepted RESULT bytes (creditable)
-	Rejected        uint64 // worker bytes refused, late, malformed or never accepted
+	CreditOut       uint64 // DISPATCH bytes (creditable; settled or not, never forfeited ones)
+	CreditIn        uint64 // accepted RESULT bytes (creditable; settled or not, never forfeited ones)
+	Unsettled       uint64 // creditable bytes (of CreditOut + CreditIn) not yet settled into the ledger
+	Rejected        uint64 // bytes never credited: worker bytes refused, late, malformed or never accepted, and forfeited bytes
+	Forfeited       uint64 // creditable bytes (included in Rejected) forfeited by a LinkForfeit
+	ForfeitReason   string // the backbone's reason ("" without a forfeit)
 	Pending         uint64 // RESULT bytes awaiting the backbone's verdict
 	Messages        uint64 // messages bridged, both ways
 	DispatchesSent  uint64 // DISPATCH messages to the worker
@@ -116,6 +150,7 @@ func New(cfg Config) (*Hub, error) {
 	def(&cfg.ResultHold, 60*time.Second)
 	def(&cfg.FlushEvery, time.Second)
 	def(&cfg.DialTimeout, 5*time.Second)
+	def(&cfg.DrainTimeout, 10*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -227,7 +262,8 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	var idb [8]byte
 	_, _ = rand.Read(idb[:])
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &session{id: hex.EncodeToString(idb[:]), worker: worker, started: now, cancel: cancel, pending: map[uint64]pendingResult{}}
+	s := &session{id: hex.EncodeToString(idb[:]), worker: worker, started: now, cancel: cancel, pending: map[uint64]pendingResult{},
+		merge: h.cfg.FlushEvery}
 	h.mu.Lock()
 	h.sessions[s.id] = s
 	h.mu.Unlock()
@@ -250,7 +286,10 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 }
 
 // bridge copies messages between the worker WebSocket c and the backbone
-// link until either side ends; it returns the reason.
+// link until either side ends; it returns the reason. When the worker's side
+// ends first, the link is half-closed and read for up to DrainTimeout more,
+// so that the verdicts the backbone still owes (LinkAccepted, LinkRejected,
+// LinkForfeit) are metered before the session's final ledger entry.
 func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link net.Conn) string {
 	defer link.Close()
 	bw := bufio.NewWriterSize(link, 64<<10)
@@ -259,7 +298,10 @@ func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link ne
 		c.Close(websocket.StatusInternalError, "backbone link failed")
 		return "backbone link failed"
 	}
-	reasons := make(chan string, 2)
+	workerEnd := make(chan string, 1) // the worker -> backbone direction ended, and why
+	linkEnd := make(chan string, 1)   // the backbone -> worker direction ended, and why
+	var workerGone atomic.Bool        // no more writes to c
+	var writeErr atomic.Value         // string: why a write to the worker failed
 	// worker -> backbone
 	go func() {
 		var buf bytes.Buffer // reused: grows once to the largest message
@@ -270,21 +312,21 @@ func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link ne
 			if err != nil {
 				var ce websocket.CloseError
 				switch {
+				case writeErr.Load() != nil:
+					workerEnd <- writeErr.Load().(string)
 				case errors.As(err, &ce):
-					reasons <- fmt.Sprintf("worker closed: %d %s", ce.Code, ce.Reason)
+					workerEnd <- fmt.Sprintf("worker closed: %d %s", ce.Code, ce.Reason)
 				case ctx.Err() != nil:
-					reasons <- "hub closing"
+					workerEnd <- "hub closing"
 				default:
-					reasons <- "worker read: " + err.Error()
+					workerEnd <- "worker read: " + err.Error()
 				}
-				link.Close()
 				return
 			}
 			if typ != websocket.MessageBinary {
 				s.fromWorker(nil, len(msg))
 				c.Close(websocket.StatusUnsupportedData, "binary frames only")
-				reasons <- "worker sent a text message"
-				link.Close()
+				workerEnd <- "worker sent a text message"
 				return
 			}
 			s.fromWorker(msg, len(msg))
@@ -296,7 +338,7 @@ func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link ne
 			wmu.Unlock()
 			if err != nil {
 				c.Close(websocket.StatusGoingAway, "backbone link lost")
-				reasons <- "backbone write: " + err.Error()
+				workerEnd <- "backbone write: " + err.Error()
 				return
 			}
 		}
@@ -307,42 +349,66 @@ func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link ne
 		for {
 			kind, p, err := wire.ReadLink(br)
 			if err != nil {
-				c.Close(websocket.StatusGoingAway, "backbone link closed")
-				reasons <- "backbone link: " + err.Error()
+				if !workerGone.Load() {
+					c.Close(websocket.StatusGoingAway, "backbone link closed")
+				}
+				linkEnd <- "backbone link: " + err.Error()
 				return
 			}
 			switch kind {
 			case wire.LinkData:
+				if workerGone.Load() {
+					continue // the worker is gone: nothing to meter or deliver
+				}
 				s.toWorker(p)
 				if err := c.Write(ctx, websocket.MessageBinary, p); err != nil {
-					link.Close()
-					reasons <- "worker write: " + err.Error()
-					return
+					writeErr.CompareAndSwap(nil, "worker write: "+err.Error())
+					workerGone.Store(true)
+					c.CloseNow() // ends the worker reader, which half-closes the link
 				}
 			case wire.LinkAccepted, wire.LinkRejected:
 				req, err := wire.LinkRequest(p)
 				if err == nil {
 					s.verdict(req, kind == wire.LinkAccepted)
 				}
+			case wire.LinkForfeit:
+				n := s.forfeit(string(p))
+				h.log.Warn("hub: session forfeited", "session", s.id, "worker", short(s.worker), "bytes", n, "reason", string(p))
 			case wire.LinkClose:
 				code, reason, _ := wire.LinkCloseReason(p)
 				c.Close(websocket.StatusCode(code), reason)
-				link.Close()
-				reasons <- "backbone closed session: " + reason
+				linkEnd <- "backbone closed session: " + reason
 				return
 			default:
 				c.Close(websocket.StatusInternalError, "bad backbone link")
-				link.Close()
-				reasons <- fmt.Sprintf("backbone link kind %d", kind)
+				linkEnd <- fmt.Sprintf("backbone link kind %d", kind)
 				return
 			}
 		}
 	}()
-	first := <-reasons
+	var reason string
+	select {
+	case reason = <-workerEnd:
+		workerGone.Store(true)
+		// Drain: FIN tells the backbone the worker is gone; it sends the
+		// verdicts it still owes and closes the link.
+		if hc, ok := link.(interface{ CloseWrite() error }); ok {
+			_ = hc.CloseWrite()
+		}
+		drain := h.cfg.DrainTimeout
+		if ctx.Err() != nil {
+			drain = min(drain, time.Second)
+		}
+		_ = link.SetReadDeadline(time.Now().Add(drain))
+		<-linkEnd
+	case reason = <-linkEnd:
+		workerGone.Store(true)
+		c.CloseNow()
+		link.Close()
+		<-workerEnd
+	}
 	c.CloseNow()
-	link.Close()
-	<-reasons
-	return first
+	return reason
 }
 
 func (h *Hub) flushLoop() {
@@ -378,9 +444,10 @@ func (h *Hub) flush(s *session, final bool) {
 	if s.finalWritten {
 		return
 	}
+	s.settleLocked(time.Now(), h.cfg.SettleDelay, h.cfg.SettleResults, final)
 	e := ledger.Entry{SessionID: s.id, WorkerID: s.worker,
-		BytesIn:       s.creditIn - s.flushed.creditIn,
-		BytesOut:      s.creditOut - s.flushed.creditOut,
+		BytesIn:       s.settled.in - s.flushed.creditIn,
+		BytesOut:      s.settled.out - s.flushed.creditOut,
 		RejectedBytes: s.rejected - s.flushed.rejected,
 		Final:         final, Time: time.Now().UTC()}
 	if !final && e.BytesIn == 0 && e.BytesOut == 0 && e.RejectedBytes == 0 {
@@ -390,7 +457,7 @@ func (h *Hub) flush(s *session, final bool) {
 		h.log.Error("hub: ledger append failed", "session", s.id, "err", err)
 		return
 	}
-	s.flushed.creditIn, s.flushed.creditOut, s.flushed.rejected = s.creditIn, s.creditOut, s.rejected
+	s.flushed.creditIn, s.flushed.creditOut, s.flushed.rejected = s.settled.in, s.settled.out, s.rejected
 	s.finalWritten = final
 }
 
@@ -399,11 +466,21 @@ type pendingResult struct {
 	at    time.Time
 }
 
+// bucket is creditable bytes metered at about the same time, not yet
+// settled: at is when the last of them was metered and seq the session's
+// RESULT count then.
+type bucket struct {
+	at      time.Time
+	seq     uint64
+	out, in uint64
+}
+
 // session holds one bridged connection's counts.
 type session struct {
 	id, worker string
 	started    time.Time
 	cancel     context.CancelFunc
+	merge      time.Duration // bytes metered within this of a bucket's time join it
 
 	mu                               sync.Mutex
 	ended                            bool
@@ -411,8 +488,71 @@ type session struct {
 	toW, fromW, msgs, nDisp, nResult uint64
 	creditOut, creditIn, rejected    uint64
 	pending                          map[uint64]pendingResult
+	unsettled                        []bucket // oldest first
+	settled                          struct{ out, in uint64 }
+	forfeited                        bool
+	forfeitReason                    string
+	forfeitBytes                     uint64
 	flushed                          struct{ creditOut, creditIn, rejected uint64 }
 	finalWritten                     bool
+}
+
+// creditLocked meters creditable bytes (out: DISPATCH, in: accepted
+// RESULT) as unsettled, or as rejected once the session is forfeited;
+// s.mu is held.
+func (s *session) creditLocked(out, in uint64) {
+	if s.forfeited {
+		s.rejected += out + in
+		s.forfeitBytes += out + in
+		return
+	}
+	s.creditOut += out
+	s.creditIn += in
+	now := time.Now()
+	if n := len(s.unsettled); n > 0 && now.Sub(s.unsettled[n-1].at) < s.merge {
+		b := &s.unsettled[n-1]
+		b.at, b.seq = now, s.nResult
+		b.out += out
+		b.in += in
+		return
+	}
+	s.unsettled = append(s.unsettled, bucket{at: now, seq: s.nResult, out: out, in: in})
+}
+
+// settleLocked moves the unsettled buckets that are at least delay old and
+// followed by at least results RESULTs (all of them when all is set and
+// the session is not forfeited) into the settled totals; s.mu is held.
+func (s *session) settleLocked(now time.Time, delay time.Duration, results int, all bool) {
+	i := 0
+	for ; i < len(s.unsettled); i++ {
+		b := s.unsettled[i]
+		if !all && (now.Sub(b.at) < delay || s.nResult-b.seq < uint64(max(results, 0))) {
+			break
+		}
+		s.settled.out += b.out
+		s.settled.in += b.in
+	}
+	s.unsettled = s.unsettled[i:]
+}
+
+// forfeit rejects every unsettled creditable byte of the session, and every
+// later one; it returns the bytes it rejected now.
+func (s *session) forfeit(reason string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n uint64
+	for _, b := range s.unsettled {
+		s.creditOut -= b.out
+		s.creditIn -= b.in
+		n += b.out + b.in
+	}
+	s.unsettled = nil
+	s.rejected += n
+	s.forfeitBytes += n
+	if !s.forfeited {
+		s.forfeited, s.forfeitReason = true, reason
+	}
+	return n
 }
 
 func (s *session) fromWorker(msg []byte, n int) {
@@ -458,7 +598,7 @@ func (s *session) toWorker(msg []byte) {
 	s.toW += uint64(len(msg))
 	s.msgs++
 	if t, _ := wire.Peek(msg); t == wire.TypeDispatch {
-		s.creditOut += uint64(len(msg))
+		s.creditLocked(uint64(len(msg)), 0)
 		s.nDisp++
 	}
 }
@@ -472,7 +612,7 @@ func (s *session) verdict(req uint64, accepted bool) {
 	}
 	delete(s.pending, req)
 	if accepted {
-		s.creditIn += p.bytes
+		s.creditLocked(0, p.bytes)
 	} else {
 		s.rejected += p.bytes
 	}
@@ -503,13 +643,17 @@ func (s *session) end(reason string) {
 func (s *session) snapshot() SessionStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var pend uint64
+	var pend, unsettled uint64
 	for _, p := range s.pending {
 		pend += p.bytes
 	}
+	for _, b := range s.unsettled {
+		unsettled += b.out + b.in
+	}
 	return SessionStats{ID: s.id, WorkerID: s.worker, Started: s.started, Ended: s.ended, Reason: s.reason,
-		ToWorker: s.toW, FromWorker: s.fromW, CreditOut: s.creditOut, CreditIn: s.creditIn,
-		Rejected: s.rejected, Pending: pend, Messages: s.msgs, DispatchesSent: s.nDisp, ResultsReceived: s.nResult}
+		ToWorker: s.toW, FromWorker: s.fromW, CreditOut: s.creditOut, CreditIn: s.creditIn, Unsettled: unsettled,
+		Rejected: s.rejected, Forfeited: s.forfeitBytes, ForfeitReason: s.forfeitReason, Pending: pend,
+		Messages: s.msgs, DispatchesSent: s.nDisp, ResultsReceived: s.nResult}
 }
 
 func short(id string) string {

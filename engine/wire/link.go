@@ -18,19 +18,45 @@ import (
 //
 // The worker's WebSocket messages travel as LinkData frames unchanged in both
 // directions. Control kinds travel on the link only and never reach the worker.
+//
+// End of a session (version 2): when the worker's side ends first, the hub
+// half-closes the link (TCP FIN, it sends nothing more) and keeps reading
+// it: the backbone sends the verdicts of the RESULTs it is still verifying
+// (LinkAccepted, LinkRejected, LinkForfeit) and then closes the link. The
+// hub reads for at most its drain timeout.
 const (
-	LinkVersion uint16 = 1
+	// LinkVersion is the link protocol version in the preamble.
+	//
+	// Changelog:
+	//
+	//	1 (2026-11): DATA, ACCEPTED, REJECTED, CLOSE.
+	//	2 (2026-12): FORFEIT (issue 11: a result failed verification, the
+	//	             session's bytes not yet settled are never credited);
+	//	             the hub half-closes and drains the link at the end of a
+	//	             session. A version 1 hub is refused with a LinkClose
+	//	             naming both versions (ErrLinkVersion).
+	LinkVersion uint16 = 2
 
 	LinkData     byte = 1 // payload: one WebSocket message (a wire frame), either direction
 	LinkAccepted byte = 2 // backbone -> hub; payload: req u64 — the RESULT for req was accepted (creditable)
 	LinkRejected byte = 3 // backbone -> hub; payload: req u64 — the RESULT for req was refused or late (never credited)
 	LinkClose    byte = 4 // backbone -> hub; payload: code u16 (WebSocket close code) | reason (UTF-8, <= 123 bytes)
+	// LinkForfeit (backbone -> hub; payload: reason, UTF-8, <= 123 bytes):
+	// the worker was caught returning a wrong result. Every creditable byte
+	// of the session that the hub has not yet settled into the ledger, and
+	// every later one, becomes rejected (docs/accounting.md, "Verification
+	// and forfeit").
+	LinkForfeit byte = 5
 )
 
 const linkMagic = "KVLK"
 
 // ErrLink wraps every malformed-link error.
 var ErrLink = errors.New("wire: bad link frame")
+
+// ErrLinkVersion (wrapping ErrLink) is ReadLinkPreamble's error for a
+// preamble of another link version; its message names both versions.
+var ErrLinkVersion = fmt.Errorf("%w: unsupported link version", ErrLink)
 
 // WriteLinkPreamble writes the hub's link preamble naming the session and the
 // authenticated worker id (hex public key).
@@ -47,14 +73,19 @@ func WriteLinkPreamble(w io.Writer, session, worker string) error {
 }
 
 // ReadLinkPreamble reads the preamble written by WriteLinkPreamble and returns
-// the session id and the worker id. Errors wrap ErrLink or are I/O errors.
+// the session id and the worker id. Errors wrap ErrLink (ErrLinkVersion for
+// a preamble of another version: answer it with LinkClose and the error's
+// message, which both versions understand) or are I/O errors.
 func ReadLinkPreamble(r io.Reader) (session, worker string, err error) {
 	var h [6]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return "", "", err
 	}
-	if string(h[:4]) != linkMagic || le.Uint16(h[4:]) != LinkVersion {
-		return "", "", fmt.Errorf("%w: preamble magic/version", ErrLink)
+	if string(h[:4]) != linkMagic {
+		return "", "", fmt.Errorf("%w: preamble magic %q", ErrLink, h[:4])
+	}
+	if v := le.Uint16(h[4:]); v != LinkVersion {
+		return "", "", fmt.Errorf("%w %d, the backbone speaks %d: upgrade the hub", ErrLinkVersion, v, LinkVersion)
 	}
 	rd := func(max int) (string, error) {
 		var l [2]byte
@@ -142,6 +173,10 @@ func LinkCloseReason(payload []byte) (code uint16, reason string, err error) {
 	}
 	return le.Uint16(payload), clip(string(payload[2:]), 123), nil
 }
+
+// AppendLinkForfeit appends a LinkForfeit payload: the reason, cut to 123
+// bytes on a UTF-8 boundary.
+func AppendLinkForfeit(b []byte, reason string) []byte { return append(b, clip(reason, 123)...) }
 
 // AppendLinkClose appends a LinkClose payload; the reason is cut to 123 bytes
 // (the WebSocket close reason limit, RFC 6455 section 5.5).

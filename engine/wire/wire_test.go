@@ -8,8 +8,10 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 func testLimits() *Limits {
@@ -218,5 +220,24 @@ func TestLink(t *testing.T) {
 	huge := bufio.NewReader(bytes.NewReader([]byte{0xFF, 0xFF, 0xFF, 0xFF, 1}))
 	if _, _, err := ReadLink(huge); !errors.Is(err, ErrLink) {
 		t.Fatalf("huge length: %v", err)
+	}
+}
+
+// TestLinkVersion2: FORFEIT round-trips, and a version 1 preamble is refused
+// with ErrLinkVersion naming both versions.
+func TestLinkVersion2(t *testing.T) {
+	var buf bytes.Buffer
+	_ = WriteLink(&buf, LinkForfeit, AppendLinkForfeit(nil, strings.Repeat("é", 100)))
+	k, p, err := ReadLink(bufio.NewReader(&buf))
+	if err != nil || k != LinkForfeit || len(p) > 123 || !utf8.Valid(p) {
+		t.Fatalf("forfeit %d %d bytes %v", k, len(p), err)
+	}
+	old := append([]byte("KVLK"), 1, 0, 0, 0, 0, 0)
+	_, _, err = ReadLinkPreamble(bytes.NewReader(old))
+	if !errors.Is(err, ErrLinkVersion) || !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), "link version 1, the backbone speaks 2") {
+		t.Fatalf("version 1 preamble: %v", err)
+	}
+	if _, _, err := ReadLinkPreamble(bytes.NewReader(append([]byte("XXXX"), 2, 0, 0, 0, 0, 0))); !errors.Is(err, ErrLink) || errors.Is(err, ErrLinkVersion) {
+		t.Fatalf("bad magic: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"bufio"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
@@ -24,6 +26,13 @@ type conn struct {
 	nholds          atomic.Int64        // len(holds)
 	since           time.Time
 	paused          atomic.Bool
+	tol             float64 // verification tolerance: 0 (exact bits) for CPU backends
+
+	// Verification: checks passed (probation ends at Config.Probation),
+	// checks and mismatches, and the checked RESULTs received whose
+	// verdict is not sent yet (a closing session waits for them).
+	passed, checks, mismatches atomic.Uint64
+	verifying                  atomic.Int64
 
 	// Provisioning, guarded by d.mu: the quota from HELLO/HOLDINGS (bytes),
 	// the assignment (order: priority order; target: the same as a set) and
@@ -46,8 +55,10 @@ type conn struct {
 	expired map[uint64]time.Time // requests given up on; their RESULTs are late, not unknown
 	rtts    [128]sample          // ring of recent requests' round trips and sizes
 	nrtt    int
-	closed  bool
+	closed  bool // retired: no new requests
 	reason  string
+	// linkClosed: LinkClose sent and the link closed
+	linkClosed bool
 
 	reqsSent, rows, pairs, results, timeouts, late atomic.Uint64
 	nonFinite                                      atomic.Uint64 // RESULTs refused for a NaN or Inf value
@@ -68,6 +79,12 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 	session, worker, err := wire.ReadLinkPreamble(br)
 	if err != nil {
 		d.log.Warn("dispatch: bad link preamble", "remote", link.RemoteAddr().String(), "err", err)
+		if errors.Is(err, wire.ErrLinkVersion) {
+			// Every link version has LinkClose: the hub closes the
+			// worker's WebSocket with this reason and logs it.
+			_ = link.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = wire.WriteLink(link, wire.LinkClose, wire.AppendLinkClose(nil, 1008, err.Error()))
+		}
 		return
 	}
 	c := &conn{d: d, session: session, worker: worker, link: link, since: time.Now(),
@@ -109,6 +126,10 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 		_ = link.SetReadDeadline(time.Now().Add(d.cfg.IdleTimeout))
 		kind, p, err := wire.ReadLink(br)
 		if err != nil {
+			// The hub half-closes the link when the worker is gone: the
+			// verdicts of the results being verified still reach it.
+			c.retire("link closed: " + err.Error())
+			c.awaitVerdicts(10 * time.Second)
 			c.close(wire.CodeShutdown, "link closed: "+err.Error())
 			return
 		}
@@ -142,6 +163,16 @@ func (d *Dispatcher) hello(c *conn, msg []byte) string {
 	}
 	if hex.EncodeToString(h.Key) != c.worker {
 		return "HELLO key differs from the authenticated worker key"
+	}
+	if b, banned := d.bans.Banned(c.worker, time.Now()); banned {
+		d.refusedBanned.Add(1)
+		return fmt.Sprintf("worker key banned until %s (%s)", b.Until.UTC().Format(time.RFC3339), clipStr(b.Reason, 40))
+	}
+	if !isCPUBackend(h.Backend) {
+		if d.cfg.Tolerance < 0 {
+			return fmt.Sprintf("backend %q is not a CPU backend (\"cpu\", \"cpu-*\"): this backbone accepts only exact workers", clipStr(h.Backend, 32))
+		}
+		c.tol = d.cfg.Tolerance
 	}
 	// A worker with nothing yet (an empty slice directory) may not know the
 	// model id; ASSIGN tells it.
@@ -189,20 +220,26 @@ func (c *conn) handle(msg []byte) string {
 		c.mu.Lock()
 		j := c.pending[f.Request]
 		_, late := c.expired[f.Request]
+		closed := c.closed
 		if j != nil {
 			delete(c.pending, f.Request)
 		}
 		c.mu.Unlock()
 		switch {
-		case j == nil && late:
+		case j == nil && (late || closed):
 			c.late.Add(1)
 			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
 			return ""
 		case j == nil:
-			return fmt.Sprintf("RESULT for unknown request %d", f.Request)
+			// Request ids are never reused and each is answered once: a
+			// RESULT for one that is neither pending nor given up on
+			// (never sent here, or answered already) is made-up work.
+			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
+			c.punish(fmt.Sprintf("RESULT for request %d, never sent to this session", f.Request), "a result for work not asked for")
+			return ""
 		case f.M != len(j.pairs):
 			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
-			j.done <- reply{err: fmt.Errorf("result has %d rows, want %d", f.M, len(j.pairs))}
+			j.deliver(reply{err: fmt.Errorf("result has %d rows, want %d", f.M, len(j.pairs))})
 			return fmt.Sprintf("RESULT for request %d has %d rows, want %d", f.Request, f.M, len(j.pairs))
 		}
 		if i := firstNonFinite(f.Out); i >= 0 {
@@ -210,19 +247,23 @@ func (c *conn) handle(msg []byte) string {
 			// or Inf reach the decode (the router would panic on it).
 			c.nonFinite.Add(1)
 			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
-			j.done <- reply{err: fmt.Errorf("result value %d is not finite (%v)", i, f.Out[i])}
+			j.deliver(reply{err: fmt.Errorf("result value %d is not finite (%v)", i, f.Out[i])})
 			return fmt.Sprintf("RESULT for request %d has a non-finite value at %d (%v)", f.Request, i, f.Out[i])
 		}
 		c.addRTT(now.Sub(j.sent), j.bytes+len(msg))
 		c.results.Add(1)
 		c.rows.Add(uint64(j.nrows))
 		c.pairs.Add(uint64(f.M))
-		c.sendCtl(wire.LinkAccepted, wire.AppendLinkRequest(nil, f.Request))
-		j.done <- reply{out: f.Out}
+		if j.check {
+			c.verifying.Add(1) // the verdict comes after the comparison (call.resolve)
+		} else {
+			c.sendCtl(wire.LinkAccepted, wire.AppendLinkRequest(nil, f.Request))
+		}
+		j.deliver(reply{out: f.Out})
 	case *wire.Error:
 		if f.Request != 0 {
 			if j := c.take(f.Request, false); j != nil {
-				j.done <- reply{err: f}
+				j.deliver(reply{err: f})
 			}
 		}
 	case *wire.Ping:
@@ -273,17 +314,30 @@ func (c *conn) take(req uint64, expire bool) *job {
 	}
 	delete(c.pending, req)
 	if expire {
-		now := time.Now()
-		c.expired[req] = now
-		if len(c.expired) > 4096 {
-			for r, t := range c.expired {
-				if now.Sub(t) > time.Minute {
-					delete(c.expired, r)
-				}
-			}
+		c.expired[req] = time.Now()
+	}
+	c.pruneLocked()
+	return j
+}
+
+// expiredKeep is how long a request given up on (or answered) is
+// remembered: a RESULT for it within that time is late, not unknown
+// (unknown ones are punished). Far above any deadline and the hub's
+// idle timeouts.
+const expiredKeep = 10 * time.Minute
+
+// pruneLocked forgets expired requests older than expiredKeep once there
+// are many; c.mu is held.
+func (c *conn) pruneLocked() {
+	if len(c.expired) <= 4096 {
+		return
+	}
+	now := time.Now()
+	for r, t := range c.expired {
+		if now.Sub(t) > expiredKeep {
+			delete(c.expired, r)
 		}
 	}
-	return j
 }
 
 // sample is one answered request: its round trip and its DISPATCH + RESULT
@@ -419,21 +473,26 @@ func (c *conn) closeLink(reason string) {
 	c.link.Close()
 }
 
-// close ends the session: fails its pending requests (their pairs are then
-// recomputed locally), unregisters it and closes the link with reason.
-func (c *conn) close(code uint16, reason string) {
+// retire ends the session's work: it fails its pending requests (their
+// pairs then go to a replica or are recomputed locally) and unregisters
+// it. It returns false if the session was already closed.
+func (c *conn) retire(reason string) bool {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return
+		return false
 	}
 	c.closed, c.reason = true, reason
 	close(c.done)
 	pend := c.pending
 	c.pending = map[uint64]*job{}
+	now := time.Now()
+	for req := range pend {
+		c.expired[req] = now // a RESULT still on its way is late, not unknown
+	}
 	c.mu.Unlock()
 	for _, j := range pend {
-		j.done <- reply{err: fmt.Errorf("session closed: %s", reason)}
+		j.deliver(reply{err: fmt.Errorf("session closed: %s", reason)})
 	}
 	d := c.d
 	d.mu.Lock()
@@ -446,11 +505,46 @@ func (c *conn) close(code uint16, reason string) {
 		}
 	}
 	d.mu.Unlock()
+	return true
+}
+
+// awaitVerdicts waits (at most max) until no checked RESULT of the session
+// awaits its verdict.
+func (c *conn) awaitVerdicts(max time.Duration) {
+	deadline := time.Now().Add(max)
+	for c.verifying.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// isClosed reports whether the session has ended.
+func (c *conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// close ends the session (retire, unless done) and closes the link with
+// reason: "going away" (1001) for CodeShutdown, else policy violation
+// (1008).
+func (c *conn) close(code uint16, reason string) {
+	first := c.retire(reason)
+	c.mu.Lock()
+	linkClosed := c.linkClosed
+	c.linkClosed = true
+	c.mu.Unlock()
+	if linkClosed {
+		return
+	}
 	if code == wire.CodeShutdown {
 		c.sendCtl(wire.LinkClose, wire.AppendLinkClose(nil, 1001, reason)) // going away
 		c.link.Close()
 	} else {
 		c.closeLink(reason)
+	}
+	d := c.d
+	if !first {
+		reason = c.reasonNow()
 	}
 	d.log.Info("dispatch: worker left", "session", c.session, "worker", short(c.worker), "reason", reason)
 	select {
@@ -458,6 +552,12 @@ func (c *conn) close(code uint16, reason string) {
 	default:
 		d.plan() // its experts go to the others
 	}
+}
+
+func (c *conn) reasonNow() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reason
 }
 
 // firstNonFinite returns the index of the first NaN or ±Inf in v, or -1.
@@ -470,6 +570,17 @@ func firstNonFinite(v []float32) int {
 		}
 	}
 	return -1
+}
+
+// clipStr cuts s to at most n bytes on a UTF-8 boundary.
+func clipStr(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func short(id string) string {

@@ -2,15 +2,25 @@
 // links (one per worker session, engine/wire link framing), keeps track of the
 // connected workers and the (layer, expert) pairs they hold, and implements
 // expert.Computer by sending each worker one DISPATCH per call with all the
-// rows routed to its experts, computing locally (Config.Fallback) whatever no
-// worker holds or a worker failed to return in time.
+// rows routed to its experts (split so that no frame exceeds
+// wire.MaxMessage), computing locally (Config.Fallback) whatever no worker
+// holds or no worker delivered in time.
 //
 // The result never depends on who computed what: every (row, slot) output is
-// written to its own place in out, and a pair a worker did not deliver in time,
-// delivered in the wrong shape, or refused is recomputed by Fallback. A call
-// never waits longer than the per-request deadline (adaptive from the worker's
-// recent round trips, bounded by [MinDeadline, MaxDeadline]) plus the local
-// recomputation.
+// written to its own place in out. A pair a worker did not deliver in time,
+// delivered in the wrong shape, or refused goes first to another connected
+// worker holding the expert (a replica), within the time the step has left,
+// and is otherwise recomputed by Fallback. A call never waits longer than
+// the per-request deadline (adaptive from the worker's recent round trips,
+// bounded by [MinDeadline, MaxDeadline]) plus one local recomputation.
+//
+// Trust (verify.go, docs/accounting.md): the first Probation results of a
+// session, and then a random CheckRate of them chosen when the request is
+// sent, are recomputed locally and compared bit for bit (CPU workers) or
+// within Tolerance (other declared backends). A mismatch is never used: the
+// pairs take the local outputs, the hub is told to forfeit the session's
+// unsettled bytes (wire.LinkForfeit), the session is closed and the worker
+// key banned for BanFor (Bans, durable in BanFile).
 package dispatch
 
 import (
@@ -76,7 +86,39 @@ type Config struct {
 	// ReplanEvery reruns the assignment as routing statistics evolve;
 	// default 30 s.
 	ReplanEvery time.Duration
+
+	// Probation is how many checked results a session must pass before
+	// its results are only sampled; 0 means DefaultProbation, negative
+	// none.
+	Probation int
+	// CheckRate is the probability, drawn for each request when it is sent
+	// (so the worker cannot tell), that a result after probation is
+	// checked; 0 means DefaultCheckRate, negative 0 (none), at most 1.
+	CheckRate float64
+	// Tolerance is the bound for workers whose HELLO backend is not a CPU
+	// backend ("cpu" or "cpu-*", held to exact bits): a checked output row
+	// y passes when ||y - ref||_2 <= Tolerance * ||ref||_2. 0 means
+	// DefaultTolerance; negative refuses such workers at HELLO.
+	Tolerance float64
+	// BanFile keeps the bans across restarts (OpenBans); "" keeps them in
+	// memory only. Bans, when set, is used instead.
+	BanFile string
+	Bans    *Bans
+	// BanFor is how long a worker key caught returning a wrong result (or
+	// a result for a request it was never sent) is refused; default
+	// DefaultBanFor.
+	BanFor time.Duration
 }
+
+// Verification defaults (docs/accounting.md, "Verification and forfeit",
+// derives them: with the hub's default settle window of 64 results, a lie
+// costs a worker more in expectation than it can save).
+const (
+	DefaultProbation = 32
+	DefaultCheckRate = 0.05
+	DefaultTolerance = 1.0 / 128
+	DefaultBanFor    = 24 * time.Hour
+)
 
 // Errors returned (wrapped) by ComputeExperts.
 var (
@@ -100,8 +142,14 @@ type Dispatcher struct {
 	index   map[uint64][]*conn
 	changed chan struct{} // closed and replaced when the worker set changes
 
+	bans *Bans
+
 	calls, reqs          atomic.Uint64
 	remote, local, fails atomic.Uint64
+	// Verification and failover (Stats).
+	checks, checkPairs, mismatches, caught, refusedBanned atomic.Uint64
+	checkNanos                                            atomic.Int64
+	failovers, replicaPairs, splits                       atomic.Uint64
 
 	usage []atomic.Uint64 // (row, slot) pairs routed per (layer, expert): layer*NExpert + expert
 	rows  []atomic.Uint64 // rows routed per layer
@@ -142,6 +190,33 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 2
 	}
+	switch {
+	case cfg.Probation == 0:
+		cfg.Probation = DefaultProbation
+	case cfg.Probation < 0:
+		cfg.Probation = 0
+	}
+	switch {
+	case cfg.CheckRate == 0:
+		cfg.CheckRate = DefaultCheckRate
+	case cfg.CheckRate < 0:
+		cfg.CheckRate = 0
+	}
+	cfg.CheckRate = min(cfg.CheckRate, 1)
+	if cfg.Tolerance == 0 {
+		cfg.Tolerance = DefaultTolerance
+	}
+	def(&cfg.BanFor, DefaultBanFor)
+	if maxFramePairs(m.D) < 1 || maxFrameRows(m.D, m.K) < 1 {
+		return nil, fmt.Errorf("%w: d %d, k %d: one row does not fit a %d-byte frame", ErrShape, m.D, m.K, wire.MaxMessage)
+	}
+	bans := cfg.Bans
+	if bans == nil {
+		var err error
+		if bans, err = OpenBans(cfg.BanFile); err != nil {
+			return nil, err
+		}
+	}
 	if cat := cfg.Catalog; cat != nil {
 		h := cat.Header()
 		if h.NLayer != m.NLayer || h.NExpert != m.NExpert || h.DModel != m.D {
@@ -154,7 +229,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	d := &Dispatcher{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}),
+	d := &Dispatcher{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), bans: bans,
 		workers: map[string]*conn{}, index: map[uint64][]*conn{}, changed: make(chan struct{}),
 		usage: make([]atomic.Uint64, m.NLayer*m.NExpert), rows: make([]atomic.Uint64, m.NLayer)}
 	d.lim = wire.Limits{D: m.D, K: m.K, NLayer: m.NLayer, NExpert: m.NExpert,
@@ -280,214 +355,4 @@ func (d *Dispatcher) rebuildLocked() {
 	d.index = idx
 	close(d.changed)
 	d.changed = make(chan struct{})
-}
-
-// pair is one (row, slot) of a call.
-type pair struct{ r, s int32 }
-
-// job is the part of one call sent to one worker.
-type job struct {
-	c     *conn
-	req   uint64
-	nrows int         // distinct rows in the DISPATCH
-	bytes int         // DISPATCH message bytes
-	pairs []pair      // in row-major (row, slot) order = RESULT order
-	done  chan reply  // receives exactly one reply once the request leaves pending
-	sent  time.Time   // when the DISPATCH was written
-	timer *time.Timer // per-request deadline
-}
-
-// reply is a worker's answer to a job, or why there is none.
-type reply struct {
-	out []float32 // len(pairs) x D on success
-	err error
-}
-
-// ComputeExperts implements expert.Computer (see its contract): out[r][s] is
-// the output of expert ids[r*k+s] of layer on row r. k must equal the model's
-// K. Each pair goes to a connected, unpaused worker holding that expert (the
-// replica rotates per call), or to Fallback when none does; a worker's
-// failure or lateness sends its pairs to Fallback. Errors: ErrShape (wrapped)
-// for bad arguments, ctx.Err(), or Fallback's error.
-func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
-	D := d.cfg.Model.D
-	if n < 0 || k != d.cfg.Model.K || layer < 0 || layer >= d.cfg.Model.NLayer ||
-		len(hidden) != n*D || len(ids) != n*k || len(out) != n*k*D {
-		return fmt.Errorf("%w: layer %d n %d k %d, len(hidden) %d len(ids) %d len(out) %d (d %d)",
-			ErrShape, layer, n, k, len(hidden), len(ids), len(out), D)
-	}
-	if n == 0 {
-		return nil
-	}
-	for _, e := range ids {
-		if e < 0 || int(e) >= d.cfg.Model.NExpert {
-			return fmt.Errorf("%w: expert id %d", ErrShape, e)
-		}
-	}
-	d.rows[layer].Add(uint64(n))
-	for _, e := range ids {
-		d.usage[layer*d.cfg.Model.NExpert+int(e)].Add(1)
-	}
-	seq := d.calls.Add(1)
-	d.mu.Lock()
-	idx := d.index
-	d.mu.Unlock()
-
-	var local []pair
-	jobs := map[*conn]*job{}
-	var order []*job
-	for r := 0; r < n; r++ {
-		for s := 0; s < k; s++ {
-			e := int(ids[r*k+s])
-			hs := idx[key(layer, e)]
-			if len(hs) == 0 {
-				local = append(local, pair{int32(r), int32(s)})
-				continue
-			}
-			c := hs[(uint64(e)+seq)%uint64(len(hs))]
-			j := jobs[c]
-			if j == nil {
-				j = &job{c: c, done: make(chan reply, 1)}
-				jobs[c] = j
-				order = append(order, j)
-			}
-			j.pairs = append(j.pairs, pair{int32(r), int32(s)})
-		}
-	}
-	for _, j := range order {
-		if err := d.send(j, layer, hidden, ids, k); err != nil {
-			local = append(local, j.pairs...)
-			j.pairs = nil
-		}
-	}
-	// Compute locally while the workers compute.
-	nLocal := len(local)
-	if err := d.computeLocal(ctx, layer, hidden, ids, local, k, out); err != nil {
-		d.abandon(order)
-		return err
-	}
-	var retry []pair
-	for _, j := range order {
-		if j.pairs == nil {
-			continue
-		}
-		rep, err := d.wait(ctx, j)
-		if err != nil {
-			d.abandon(order)
-			return err
-		}
-		if rep.err != nil {
-			d.fails.Add(1)
-			d.log.Debug("dispatch: recomputing locally", "worker", short(j.c.worker), "req", j.req, "err", rep.err)
-			retry = append(retry, j.pairs...)
-			continue
-		}
-		for i, p := range j.pairs {
-			copy(out[(int(p.r)*k+int(p.s))*D:][:D], rep.out[i*D:(i+1)*D])
-		}
-		d.remote.Add(uint64(len(j.pairs)))
-	}
-	if err := d.computeLocal(ctx, layer, hidden, ids, retry, k, out); err != nil {
-		return err
-	}
-	d.local.Add(uint64(nLocal + len(retry)))
-	return nil
-}
-
-// send writes j's DISPATCH and registers it as pending.
-func (d *Dispatcher) send(j *job, layer int, hidden []float32, ids []int32, k int) error {
-	D := d.cfg.Model.D
-	rows := make([]int32, 0, len(j.pairs))
-	for _, p := range j.pairs {
-		if len(rows) == 0 || rows[len(rows)-1] != p.r {
-			rows = append(rows, p.r)
-		}
-	}
-	j.req = d.reqs.Add(1)
-	msg := make([]byte, 0, wire.DispatchSize(len(rows), D, k))
-	msg = (&wire.Dispatch{Request: j.req, Layer: uint16(layer), N: len(rows), D: D, K: k}).Append(msg)
-	for _, r := range rows {
-		msg = wire.AppendFloats(msg, hidden[int(r)*D:(int(r)+1)*D])
-	}
-	pi := 0
-	for _, r := range rows {
-		for s := 0; s < k; s++ {
-			id := int32(-1)
-			if pi < len(j.pairs) && j.pairs[pi].r == r && int(j.pairs[pi].s) == s {
-				id = ids[int(r)*k+s]
-				pi++
-			}
-			msg = append(msg, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
-		}
-	}
-	j.bytes = len(msg)
-	deadline := j.c.deadline(d.cfg, len(msg)+wire.ResultSize(len(j.pairs), D))
-	j.nrows = len(rows)
-	j.sent = time.Now()
-	j.timer = time.NewTimer(deadline)
-	if !j.c.addPending(j) {
-		j.timer.Stop()
-		return ErrClosed
-	}
-	if err := j.c.sendData(msg, deadline); err != nil {
-		j.timer.Stop()
-		j.c.take(j.req, false)
-		j.c.close(wire.CodeShutdown, "link write failed: "+err.Error())
-		return err
-	}
-	j.c.reqsSent.Add(1)
-	return nil
-}
-
-// wait returns j's reply, or a timeout reply once its deadline passes.
-// Only ctx's end is an error.
-func (d *Dispatcher) wait(ctx context.Context, j *job) (reply, error) {
-	defer j.timer.Stop()
-	select {
-	case rep := <-j.done:
-		return rep, nil
-	case <-j.timer.C:
-		if j.c.take(j.req, true) != nil {
-			j.c.timeouts.Add(1)
-			return reply{err: fmt.Errorf("request %d: deadline exceeded", j.req)}, nil
-		}
-		return <-j.done, nil // the reader took it first; its reply is on the way
-	case <-ctx.Done():
-		return reply{}, ctx.Err()
-	}
-}
-
-// abandon expires every still-pending job of a failed call.
-func (d *Dispatcher) abandon(order []*job) {
-	for _, j := range order {
-		if j.pairs != nil && j.timer != nil {
-			j.timer.Stop()
-			j.c.take(j.req, true)
-		}
-	}
-}
-
-// computeLocal computes pairs with Fallback as one batch of m = len(pairs)
-// rows and k = 1 (row i is hidden row pairs[i].r, its expert ids[r*k+s]) and
-// scatters them into out. Batch invariance (expert.Computer's contract) makes
-// each output bit-identical to computing the full call.
-func (d *Dispatcher) computeLocal(ctx context.Context, layer int, hidden []float32, ids []int32, pairs []pair, k int, out []float32) error {
-	m, D := len(pairs), d.cfg.Model.D
-	if m == 0 {
-		return nil
-	}
-	xs := make([]float32, m*D)
-	es := make([]int32, m)
-	for i, p := range pairs {
-		copy(xs[i*D:(i+1)*D], hidden[int(p.r)*D:])
-		es[i] = ids[int(p.r)*k+int(p.s)]
-	}
-	tmp := make([]float32, m*D)
-	if err := d.cfg.Fallback.ComputeExperts(ctx, layer, xs, es, m, 1, tmp); err != nil {
-		return fmt.Errorf("dispatch: local fallback: %w", err)
-	}
-	for i, p := range pairs {
-		copy(out[(int(p.r)*k+int(p.s))*D:][:D], tmp[i*D:(i+1)*D])
-	}
-	return nil
 }

@@ -193,7 +193,9 @@ func testModel() dispatch.Model {
 func newStack(tb testing.TB, m dispatch.Model, oneWay time.Duration, mod func(*dispatch.Config)) *stack {
 	tb.Helper()
 	s := &stack{model: m, meter: &memMeter{}, local: &fakeExperts{d: m.D, nExpert: m.NExpert}}
-	cfg := dispatch.Config{Listen: "127.0.0.1:0", Model: m, Fallback: s.local, Logger: quiet}
+	// Verification off unless a test turns it on (verify_test.go): the
+	// tests below count local computations.
+	cfg := dispatch.Config{Listen: "127.0.0.1:0", Model: m, Fallback: s.local, Logger: quiet, Probation: -1, CheckRate: -1}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -31,6 +31,10 @@ type WorkerStats struct {
 	Assigns        uint64    // ASSIGN frames sent
 	ChunkReqs      uint64    // CHUNK_REQs served (queued)
 	ChunkBytes     uint64    // expert bytes sent in CHUNK frames
+	Checks         uint64    // its results verified against a local recomputation
+	Mismatches     uint64    // checked results that differed (the session is then closed and the key banned)
+	Probation      bool      // fewer than Config.Probation checks passed: every result is checked
+	Tolerance      float64   // relative bound per output row its checks use; 0: exact bits (a CPU backend)
 }
 
 // Stats is a snapshot of the dispatcher.
@@ -38,8 +42,21 @@ type Stats struct {
 	Calls         uint64 // ComputeExperts calls
 	ExpertsRemote uint64 // (row, slot) expert outputs computed by workers and used
 	ExpertsLocal  uint64 // (row, slot) outputs computed by Fallback (unheld, failed or late)
-	Fallbacks     uint64 // worker requests whose pairs were recomputed locally
+	Fallbacks     uint64 // worker requests that failed (error, deadline, refused, session closed): their pairs went to a replica or local
 	Workers       []WorkerStats
+
+	// Verification (verify.go).
+	Checks        uint64        // worker results verified against a local recomputation
+	CheckPairs    uint64        // (row, slot) outputs in them
+	Mismatches    uint64        // checked results that differed: replaced by the local outputs
+	Caught        uint64        // sessions closed and keys banned for a mismatch or a RESULT never asked for
+	RefusedBanned uint64        // HELLOs refused because the key is banned
+	Banned        int           // keys banned now
+	CheckTime     time.Duration // local compute time spent on references (wall time of Fallback, pro rata of pairs in shared batches)
+	// Failover and frame splitting.
+	Failovers    uint64 // replica requests sent for the pairs of a failed request
+	ReplicaPairs uint64 // (row, slot) outputs delivered by such replica requests (included in ExpertsRemote)
+	Splits       uint64 // extra requests made to keep every DISPATCH and RESULT within wire.MaxMessage
 }
 
 func (c *conn) stats() WorkerStats {
@@ -55,7 +72,9 @@ func (c *conn) stats() WorkerStats {
 		Timeouts: c.timeouts.Load(), Late: c.late.Load(), NonFinite: c.nonFinite.Load(), BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(),
 		RTTp50ms: ms(q[0]), RTTp99ms: ms(q[1]), DeadlineMs: ms(c.deadline(c.d.cfg, 0)),
 		Quota: quota, Assigned: assigned, AssignedBytes: c.assignedBytes.Load(), Assigns: c.assigns.Load(),
-		ChunkReqs: c.chunkReqs.Load(), ChunkBytes: c.chunkBytes.Load()}
+		ChunkReqs: c.chunkReqs.Load(), ChunkBytes: c.chunkBytes.Load(),
+		Checks: c.checks.Load(), Mismatches: c.mismatches.Load(), Probation: c.passed.Load() < uint64(c.d.cfg.Probation),
+		Tolerance: c.tol}
 }
 
 // Stats returns counters and per-worker statistics: connected sessions
@@ -68,7 +87,10 @@ func (d *Dispatcher) Stats() Stats {
 	}
 	gone := append([]WorkerStats(nil), d.gone...)
 	d.mu.Unlock()
-	st := Stats{Calls: d.calls.Load(), ExpertsRemote: d.remote.Load(), ExpertsLocal: d.local.Load(), Fallbacks: d.fails.Load()}
+	st := Stats{Calls: d.calls.Load(), ExpertsRemote: d.remote.Load(), ExpertsLocal: d.local.Load(), Fallbacks: d.fails.Load(),
+		Checks: d.checks.Load(), CheckPairs: d.checkPairs.Load(), Mismatches: d.mismatches.Load(), Caught: d.caught.Load(),
+		RefusedBanned: d.refusedBanned.Load(), Banned: len(d.bans.List(time.Now())), CheckTime: time.Duration(d.checkNanos.Load()),
+		Failovers: d.failovers.Load(), ReplicaPairs: d.replicaPairs.Load(), Splits: d.splits.Load()}
 	for _, c := range live {
 		st.Workers = append(st.Workers, c.stats())
 	}

@@ -5,29 +5,31 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 )
 
 func init() {
-	register("genmodel", "write a qwen3moe GGUF with deterministic random weights", func(args []string) int {
+	register("genmodel", "write a qwen3moe or qwen35moe GGUF with deterministic random weights", func(args []string) int {
 		return genmodelMain(args, os.Stdout, os.Stderr)
 	})
 }
 
 // genmodelMain implements
 //
-//	backbone genmodel --preset tiny|qwen3-30b-a3b --layers N --type T --seed S --out FILE
+//	backbone genmodel --preset P --layers N --type T --seed S [--fused-gate-up] --out FILE
 //
-// and returns the exit code (2: bad usage, 1: failure).
+// (P one of modelgen.Presets) and returns the exit code (2: bad usage, 1: failure).
 func genmodelMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("genmodel", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	preset := fs.String("preset", "tiny", "model shape: tiny | qwen3-30b-a3b")
+	preset := fs.String("preset", "tiny", "model shape: "+strings.Join(modelgen.Presets, " | "))
 	layers := fs.Int("layers", 0, "number of layers (0: the preset's)")
 	typ := fs.String("type", "", "weight type: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, or Q4_K_M (mix); empty: the preset's")
 	seed := fs.Uint64("seed", 1, "random seed")
+	fused := fs.Bool("fused-gate-up", false, "write each layer's routed experts' gate and up as one ffn_gate_up_exps tensor (same weights)")
 	out := fs.String("out", "", "output GGUF file (required)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -56,6 +58,7 @@ func genmodelMain(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	s.Seed = *seed
+	s.FusedGateUp = *fused
 	start := time.Now()
 	w, err := modelgen.Build(s)
 	if err != nil {

@@ -1,18 +1,22 @@
-// Package modelgen writes qwen3moe GGUF models with deterministic random
-// weights: the embedded tiny default model and benchmark models with real
-// Qwen3-30B-A3B layer shapes. The files carry the metadata keys llama.cpp
-// reads for qwen3moe (the same keys as the fixtures, see
-// fixtures/README.md) and a small byte-level BPE vocabulary from
-// tokenizer.DefaultConfig.
+// Package modelgen writes GGUF models of llama.cpp's qwen3moe and qwen35moe
+// (Qwen3.5 MoE: Gated DeltaNet and gated full attention) architectures with
+// deterministic random weights: the embedded tiny default model and
+// benchmark models with real Qwen3-30B-A3B, Qwen3.5-35B-A3B and
+// Qwen3.5-122B-A10B layer shapes. The files carry the metadata keys
+// llama.cpp reads for the architecture (the same keys as the fixtures, see
+// fixtures/README.md and fixtures/qwen35moe/README.md) and a small
+// byte-level BPE vocabulary from tokenizer.DefaultConfig.
+//
+// The bytes depend only on the Spec: not on GOARCH, GOAMD64, the number of
+// CPUs or the Go version's math/rand/v2 (see stream), as long as the quant
+// package's quantizers are themselves free of fused multiply-adds.
 package modelgen
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
-	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
@@ -25,9 +29,23 @@ import (
 // ErrSpec reports an invalid Spec or unknown preset.
 var ErrSpec = errors.New("modelgen: invalid spec")
 
-// Spec describes a model to generate. Sizes are element counts.
+// Architectures Build writes (general.architecture).
+const (
+	// ArchQwen3MoE is llama.cpp's qwen3moe: every layer has GQA attention
+	// with q/k norms and a routed MoE FFN. The default (empty Spec.Arch).
+	ArchQwen3MoE = "qwen3moe"
+	// ArchQwen35MoE is llama.cpp's qwen35moe (Qwen3.5 MoE): Gated DeltaNet
+	// ("recurrent") layers with one gated full-attention layer every
+	// Spec.FullAttnInterval layers, and a routed MoE FFN plus a gated shared
+	// expert in every layer.
+	ArchQwen35MoE = "qwen35moe"
+)
+
+// Spec describes a model to generate. Sizes are element counts. The fields
+// marked qwen35moe are ignored for qwen3moe.
 type Spec struct {
 	Name        string  // general.name
+	Arch        string  // general.architecture: ArchQwen3MoE (also when empty) or ArchQwen35MoE
 	Layers      int     // block_count
 	Embd        int     // embedding_length (d_model)
 	Heads       int     // attention.head_count
@@ -40,23 +58,86 @@ type Spec struct {
 	RopeBase    float32 // rope.freq_base
 	NormEps     float32 // attention.layer_norm_rms_epsilon
 	Vocab       int     // tokenizer vocabulary size passed to tokenizer.DefaultConfig
-	// Type is the type of every weight matrix (norms and the router stay
-	// F32). Mix selects a llama.cpp Q4_K_M-like mix instead: Q4_K, with
-	// Q6_K for token_embd and, in the second half of the layers, attn_v and
-	// ffn_down_exps (as in the fixture model C).
+
+	// FullAttnInterval (qwen35moe: full_attention_interval): layer il has
+	// full attention when (il+1) % FullAttnInterval == 0, Gated DeltaNet
+	// otherwise (llama.cpp's is_recr).
+	FullAttnInterval int
+	SSMConv          int    // qwen35moe ssm.conv_kernel: taps of the causal depthwise conv
+	SSMState         int    // qwen35moe ssm.state_size: head_k_dim = head_v_dim of the DeltaNet heads
+	SSMGroups        int    // qwen35moe ssm.group_count: DeltaNet K (and Q) heads
+	SSMDtRank        int    // qwen35moe ssm.time_step_rank: DeltaNet V heads (a multiple of SSMGroups)
+	SSMInner         int    // qwen35moe ssm.inner_size: SSMState * SSMDtRank
+	RopeDim          int    // qwen35moe rope.dimension_count: rotated dims per head (0: HeadDim)
+	RopeSections     [4]int // qwen35moe rope.dimension_sections (IMROPE sections, in rotated pairs)
+	SharedFF         int    // qwen35moe expert_shared_feed_forward_length
+
+	// UntiedOutput writes an output.weight LM head of its own; by default
+	// the head is tied to token_embd (no output.weight, as in the fixtures).
+	UntiedOutput bool
+	// FusedGateUp writes each layer's routed experts' gate and up matrices
+	// as one ffn_gate_up_exps tensor, ne [Embd, 2*ExpertFF, Experts] (per
+	// expert its ExpertFF gate rows, then its ExpertFF up rows), instead of
+	// ffn_gate_exps and ffn_up_exps. The weights are the same bytes as in
+	// the separate layout.
+	FusedGateUp bool
+
+	// Type is the type of every weight matrix (norms, the routers and the
+	// DeltaNet's conv, dt and A stay F32). Mix selects a llama.cpp
+	// Q4_K_M-like mix instead: Type (Q4_K) with Q6_K for token_embd and the
+	// output head and, in some layers, attn_v and ffn_down_exps (qwen3moe:
+	// the second half of the layers, as in the fixture model C; qwen35moe:
+	// attn_v/attn_qkv, ffn_down_exps and ffn_down_shexp where llama-quantize's
+	// use_more_bits holds, as in fixtures/qwen35moe). Mixed matrices whose
+	// rows are not a multiple of 256 fall back as llama-quantize does:
+	// Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, then F16.
 	Type quant.Type
 	Mix  bool
 	Seed uint64
 }
 
 // Presets names the specs Preset knows.
-var Presets = []string{"tiny", "qwen3-30b-a3b"}
+var Presets = []string{"tiny", "qwen3-30b-a3b", "tiny-qwen35moe", "qwen3.5-35b-a3b", "qwen3.5-122b-a10b"}
 
-// Preset returns a named spec: "tiny" (d 256, 4 layers, 4 q / 2 kv heads of
-// 64, 8 experts top-2 of FFN 256, vocabulary 512, Q8_0: generates in well
-// under a second) or "qwen3-30b-a3b" (Qwen3-30B-A3B layer shapes: d 2048,
-// 32 q / 4 kv heads of 128, 128 experts top-8 of FFN 768, 48 layers, context
-// 40960, Q4_K; vocabulary 1024 instead of 151936). Errors wrap ErrSpec.
+// Preset returns a named spec. Errors wrap ErrSpec.
+//
+//   - "tiny": qwen3moe, d 256, 4 layers, 4 q / 2 kv heads of 64, 8 experts
+//     top-2 of FFN 256, vocabulary 512, Q8_0: generates in well under a
+//     second. Tiny returns its bytes.
+//   - "qwen3-30b-a3b": Qwen3-30B-A3B layer shapes: d 2048, 32 q / 4 kv heads
+//     of 128, 128 experts top-8 of FFN 768, 48 layers, context 40960, Q4_K;
+//     vocabulary 1024 instead of 151936.
+//   - "tiny-qwen35moe": qwen35moe with the hyperparameters of
+//     fixtures/qwen35moe/tiny-qwen35moe-F16.gguf except the vocabulary (512)
+//     and the type (Q8_0): d 256, 4 layers (0-2 Gated DeltaNet, 3 full
+//     attention), 4 q / 2 kv heads of 64 with 16 rotated dims in sections
+//     [3,3,2,0], DeltaNet conv 4, state 64, 2 K / 4 V heads, 16 experts top-4
+//     of FFN 128 and a shared expert of FFN 256. Every matrix row is a
+//     multiple of 32 elements (Q8_0, Q4_0, ... and F16 work; K-quants need
+//     the Q4_K_M mix's fallbacks). TinyQwen35MoE returns its bytes.
+//   - "qwen3.5-35b-a3b": Qwen/Qwen3.5-35B-A3B's text model
+//     (https://huggingface.co/Qwen/Qwen3.5-35B-A3B/blob/main/config.json,
+//     text_config): 40 layers, full_attention_interval 4, d 2048, 16 q / 2
+//     kv heads of 256, partial_rotary_factor 0.25 (64 rotated dims),
+//     mrope_section [11,11,10], rope_theta 1e7, linear_conv_kernel_dim 4,
+//     16 key / 32 value heads of 128, 256 experts top-8 of FFN 512, shared
+//     expert FFN 512, context 262144, untied LM head; Q4_K, vocabulary 1024
+//     instead of 248320.
+//   - "qwen3.5-122b-a10b": Qwen/Qwen3.5-122B-A10B's text model
+//     (https://huggingface.co/Qwen/Qwen3.5-122B-A10B/blob/main/config.json):
+//     48 layers, interval 4, d 3072, 32 q / 2 kv heads of 256 (64 rotated
+//     dims, sections [11,11,10], theta 1e7), conv 4, 16 key / 64 value heads
+//     of 128, 256 experts top-8 of FFN 1024 (5.3 MB per expert in Q4_K),
+//     shared expert FFN 1024, context 262144, untied LM head; Q4_K,
+//     vocabulary 1024. Layer counts 40 and 48 are also llama.cpp's
+//     LLM_TYPE_35B_A3B and LLM_TYPE_122B_A10B (qwen35moe load_arch_hparams).
+//
+// The two Qwen3.5 shapes were taken from the configs as mirrored in public
+// repositories (slime's scripts/models/qwen3.5-35B-A3B.sh and
+// qwen3.5-122B-A10B.sh, and model tables quoting the config.json values),
+// not from the Hugging Face pages themselves. A full 35B-A3B file is about
+// 18 GB and a 122B-A10B one about 65 GB: use Spec.Layers (genmodel
+// --layers) for smaller ones.
 func Preset(name string) (Spec, error) {
 	switch name {
 	case "tiny":
@@ -67,6 +148,27 @@ func Preset(name string) (Spec, error) {
 		return Spec{Name: "kvasir-qwen3-30b-a3b-shape", Layers: 48, Embd: 2048, Heads: 32, HeadsKV: 4, HeadDim: 128,
 			Experts: 128, ExpertsUsed: 8, ExpertFF: 768, Context: 40960, RopeBase: 1e6, NormEps: 1e-6,
 			Vocab: 1024, Type: quant.Q4_K, Seed: 1}, nil
+	case "tiny-qwen35moe":
+		return Spec{Name: "kvasir-tiny-qwen35moe", Arch: ArchQwen35MoE, Layers: 4, Embd: 256,
+			Heads: 4, HeadsKV: 2, HeadDim: 64, Experts: 16, ExpertsUsed: 4, ExpertFF: 128, Context: 4096,
+			RopeBase: 1e7, NormEps: 1e-6, Vocab: 512,
+			FullAttnInterval: 4, SSMConv: 4, SSMState: 64, SSMGroups: 2, SSMDtRank: 4, SSMInner: 256,
+			RopeDim: 16, RopeSections: [4]int{3, 3, 2, 0}, SharedFF: 256,
+			Type: quant.Q8_0, Seed: 1}, nil
+	case "qwen3.5-35b-a3b":
+		return Spec{Name: "kvasir-qwen3.5-35b-a3b-shape", Arch: ArchQwen35MoE, Layers: 40, Embd: 2048,
+			Heads: 16, HeadsKV: 2, HeadDim: 256, Experts: 256, ExpertsUsed: 8, ExpertFF: 512, Context: 262144,
+			RopeBase: 1e7, NormEps: 1e-6, Vocab: 1024,
+			FullAttnInterval: 4, SSMConv: 4, SSMState: 128, SSMGroups: 16, SSMDtRank: 32, SSMInner: 4096,
+			RopeDim: 64, RopeSections: [4]int{11, 11, 10, 0}, SharedFF: 512, UntiedOutput: true,
+			Type: quant.Q4_K, Seed: 1}, nil
+	case "qwen3.5-122b-a10b":
+		return Spec{Name: "kvasir-qwen3.5-122b-a10b-shape", Arch: ArchQwen35MoE, Layers: 48, Embd: 3072,
+			Heads: 32, HeadsKV: 2, HeadDim: 256, Experts: 256, ExpertsUsed: 8, ExpertFF: 1024, Context: 262144,
+			RopeBase: 1e7, NormEps: 1e-6, Vocab: 1024,
+			FullAttnInterval: 4, SSMConv: 4, SSMState: 128, SSMGroups: 16, SSMDtRank: 64, SSMInner: 8192,
+			RopeDim: 64, RopeSections: [4]int{11, 11, 10, 0}, SharedFF: 1024, UntiedOutput: true,
+			Type: quant.Q4_K, Seed: 1}, nil
 	}
 	return Spec{}, fmt.Errorf("%w: unknown preset %q (have %s)", ErrSpec, name, strings.Join(Presets, ", "))
 }
@@ -87,9 +189,35 @@ func ParseType(s string) (quant.Type, bool, error) {
 // MaxLayers bounds Spec.Layers: llama.cpp's LLAMA_MAX_LAYERS (src/llama-hparams.h).
 const MaxLayers = 512
 
+// arch returns the architecture, ArchQwen3MoE when Arch is empty.
+func (s Spec) arch() string {
+	if s.Arch == "" {
+		return ArchQwen3MoE
+	}
+	return s.Arch
+}
+
+// ropeDim returns rope.dimension_count: RopeDim, or HeadDim when 0.
+func (s Spec) ropeDim() int {
+	if s.RopeDim == 0 {
+		return s.HeadDim
+	}
+	return s.RopeDim
+}
+
+// Recurrent reports whether layer il is a Gated DeltaNet ("recurrent",
+// llama.cpp's is_recr) layer: for qwen35moe when (il+1) %
+// FullAttnInterval != 0; never for qwen3moe.
+func (s Spec) Recurrent(il int) bool {
+	return s.arch() == ArchQwen35MoE && s.FullAttnInterval > 0 && (il+1)%s.FullAttnInterval != 0
+}
+
 func (s Spec) check() error {
 	bad := func(f string, a ...any) error { return fmt.Errorf("%w: "+f, append([]any{ErrSpec}, a...)...) }
+	arch := s.arch()
 	switch {
+	case arch != ArchQwen3MoE && arch != ArchQwen35MoE:
+		return bad("architecture %q: want %s or %s", s.Arch, ArchQwen3MoE, ArchQwen35MoE)
 	case s.Layers > MaxLayers:
 		return bad("%d layers: at most %d (llama.cpp's LLAMA_MAX_LAYERS)", s.Layers, MaxLayers)
 	case s.Layers <= 0 || s.Embd <= 0 || s.Heads <= 0 || s.HeadsKV <= 0 || s.HeadDim <= 0:
@@ -103,35 +231,225 @@ func (s Spec) check() error {
 	case !s.Type.Supported():
 		return bad("type %v cannot be computed with", s.Type)
 	}
-	for _, cols := range []int{s.Embd, s.ExpertFF, s.Heads * s.HeadDim} {
-		for _, t := range []quant.Type{s.Type, quant.Q6_K} {
-			if t == quant.Q6_K && !s.Mix {
-				continue
+	if arch == ArchQwen35MoE {
+		rd := s.ropeDim()
+		switch {
+		case s.FullAttnInterval <= 0:
+			return bad("full_attention_interval %d: want at least 1", s.FullAttnInterval)
+		case s.SSMConv <= 0 || s.SSMState <= 0 || s.SSMGroups <= 0 || s.SSMDtRank <= 0:
+			return bad("ssm conv_kernel %d, state_size %d, group_count %d, time_step_rank %d: want all positive",
+				s.SSMConv, s.SSMState, s.SSMGroups, s.SSMDtRank)
+		case s.SSMDtRank%s.SSMGroups != 0:
+			return bad("ssm time_step_rank (V heads) %d is not a multiple of group_count (K heads) %d", s.SSMDtRank, s.SSMGroups)
+		case s.SSMInner != s.SSMState*s.SSMDtRank:
+			return bad("ssm inner_size %d: want state_size %d * time_step_rank %d = %d", s.SSMInner, s.SSMState, s.SSMDtRank,
+				s.SSMState*s.SSMDtRank)
+		case rd <= 0 || rd%2 != 0 || rd > s.HeadDim:
+			return bad("rope dimension_count %d: want an even count of at most the head dim %d", rd, s.HeadDim)
+		case s.SharedFF <= 0:
+			return bad("shared expert ffn %d: want positive", s.SharedFF)
+		}
+		sum := 0
+		for _, v := range s.RopeSections {
+			if v < 0 {
+				return bad("rope dimension_sections %v: negative section", s.RopeSections)
 			}
-			if _, err := t.RowBytes(cols); err != nil {
-				return bad("row length %d: %v", cols, err)
-			}
+			sum += v
+		}
+		if sum == 0 {
+			return bad("rope dimension_sections %v: all zero", s.RopeSections)
+		}
+	}
+	ts, _ := s.plan(1)
+	for _, t := range ts {
+		if _, err := t.typ.RowBytes(t.cols); err != nil {
+			return bad("%s: rows of %d elements cannot be stored as %s (block size %d); choose another type",
+				t.name, t.cols, t.typ, t.typ.BlockSize())
 		}
 	}
 	return nil
 }
 
-// tensorSpec is one tensor to generate: rows x cols (x n stacked), drawn
-// from N(mean, std^2) and stored as typ.
+// mixType returns the type of a weight matrix with rows of cols elements:
+// Type, or for the mix Type (Q6_K when more bits are asked) with
+// llama-quantize's fallbacks when cols is not a multiple of the block size
+// (llama_tensor_get_type, convert_incompatible_tensor).
+func (s Spec) mixType(cols int, more bool) quant.Type {
+	if !s.Mix {
+		return s.Type
+	}
+	t := s.Type
+	if more {
+		t = quant.Q6_K
+	}
+	if cols%t.BlockSize() == 0 {
+		return t
+	}
+	switch t {
+	case quant.Q4_K:
+		t = quant.Q5_0
+	case quant.Q5_K:
+		t = quant.Q5_1
+	case quant.Q6_K:
+		t = quant.Q8_0
+	}
+	if cols%t.BlockSize() != 0 {
+		t = quant.F16
+	}
+	return t
+}
+
+// useMoreBits is llama-quantize's use_more_bits (src/llama-quant.cpp): the
+// layers of n that the Q4_K_M mix gives Q6_K attn_v and ffn_down.
+func useMoreBits(i, n int) bool {
+	return i < n/8 || i >= 7*n/8 || (i-n/8)%3 == 2
+}
+
+// tensorSpec is one tensor to draw: rows x cols (rows counts every stacked
+// row), each element from N(mean, std^2), or uniform in [lo, hi) when
+// uniform is set, stored as typ. Its random stream is named after name.
 type tensorSpec struct {
 	name       string
 	typ        quant.Type
 	dims       []uint64
-	rows, cols int // rows counts every stacked row
+	rows, cols int
 	mean, std  float32
+	uniform    bool
+	lo, hi     float32
 	data       []byte
 }
 
+// outTensor is one tensor of the file: a drawn tensorSpec, or the fused
+// ffn_gate_up_exps made of two (gate, up) with experts stacked matrices.
+type outTensor struct {
+	name    string
+	typ     quant.Type
+	dims    []uint64
+	parts   []*tensorSpec
+	experts int
+}
+
+// plan lists the tensors of s (with a vocabulary of vocab tokens) in file
+// order: the drawn ones and the file's ones. It assumes the sizes checked
+// by check, except the row lengths, which check validates on its result.
+func (s Spec) plan(vocab int) ([]*tensorSpec, []outTensor) {
+	var ts []*tensorSpec
+	var out []outTensor
+	draw := func(name string, t quant.Type, mean, std float32, dims ...int) *tensorSpec {
+		ud := make([]uint64, len(dims))
+		rows := 1
+		for i, v := range dims {
+			ud[i] = uint64(v)
+			if i > 0 {
+				rows *= v
+			}
+		}
+		x := &tensorSpec{name: name, typ: t, dims: ud, rows: rows, cols: dims[0], mean: mean, std: std}
+		ts = append(ts, x)
+		return x
+	}
+	add := func(name string, t quant.Type, mean, std float32, dims ...int) *tensorSpec {
+		x := draw(name, t, mean, std, dims...)
+		out = append(out, outTensor{name: name, typ: t, dims: x.dims, parts: []*tensorSpec{x}})
+		return x
+	}
+	isd := func(n int) float32 { return float32(1 / math.Sqrt(float64(n))) }
+	d := s.Embd
+	// gateUp adds the routed experts' gate and up matrices, fused or not.
+	// Both are drawn under their separate names, so the bytes agree.
+	gateUp := func(l int, t quant.Type) {
+		gn, un := fmt.Sprintf("blk.%d.ffn_gate_exps.weight", l), fmt.Sprintf("blk.%d.ffn_up_exps.weight", l)
+		if !s.FusedGateUp {
+			add(gn, t, 0, isd(d), d, s.ExpertFF, s.Experts)
+			add(un, t, 0, isd(d), d, s.ExpertFF, s.Experts)
+			return
+		}
+		g := draw(gn, t, 0, isd(d), d, s.ExpertFF, s.Experts)
+		u := draw(un, t, 0, isd(d), d, s.ExpertFF, s.Experts)
+		out = append(out, outTensor{name: fmt.Sprintf("blk.%d.ffn_gate_up_exps.weight", l), typ: t,
+			dims: []uint64{uint64(d), uint64(2 * s.ExpertFF), uint64(s.Experts)}, parts: []*tensorSpec{g, u},
+			experts: s.Experts})
+	}
+	// Scales: the tied output head gives logits of std ~ 0.6*sqrt(d) ~ 10 for
+	// d = 256 (the fixtures' logit std is ~9.7), so greedy steps are decided
+	// by clear margins; the router's logits have std ~1.5 so expert choices
+	// are far from uniform. attn_output, ssm_out and ffn_down_exps are 4x
+	// the variance-preserving scale and the q/k norm weights ~2.5 (sharper
+	// attention) so that the blocks, not the token's own embedding, decide
+	// the next token: greedy text then varies instead of repeating one token.
+	add("token_embd.weight", s.mixType(d, true), 0, 0.6, d, vocab)
+	add("output_norm.weight", quant.F32, 1, 0.1, d)
+	if s.UntiedOutput {
+		add("output.weight", s.mixType(d, true), 0, 0.6, d, vocab)
+	}
+	if s.arch() == ArchQwen3MoE {
+		qd, kd := s.Heads*s.HeadDim, s.HeadsKV*s.HeadDim
+		for l := range s.Layers {
+			b := func(n string) string { return fmt.Sprintf("blk.%d.%s.weight", l, n) }
+			late := l >= s.Layers/2
+			add(b("attn_norm"), quant.F32, 1, 0.1, d)
+			add(b("attn_q"), s.mixType(d, false), 0, isd(d), d, qd)
+			add(b("attn_k"), s.mixType(d, false), 0, isd(d), d, kd)
+			add(b("attn_v"), s.mixType(d, late), 0, isd(d), d, kd)
+			add(b("attn_output"), s.mixType(qd, false), 0, 4*isd(qd), qd, d)
+			add(b("attn_q_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
+			add(b("attn_k_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
+			add(b("ffn_norm"), quant.F32, 1, 0.1, d)
+			add(b("ffn_gate_inp"), quant.F32, 0, 1.5*isd(d), d, s.Experts)
+			gateUp(l, s.mixType(d, false))
+			add(b("ffn_down_exps"), s.mixType(s.ExpertFF, late), 0, 4*isd(s.ExpertFF), s.ExpertFF, d, s.Experts)
+		}
+		return ts, out
+	}
+	// qwen35moe, in the order of fixtures/qwen35moe (gguf-py's writer):
+	// shapes of llama.cpp's llama_model_qwen35moe::load_arch_tensors.
+	qd, kd := s.Heads*s.HeadDim, s.HeadsKV*s.HeadDim
+	keyDim, valDim := s.SSMState*s.SSMGroups, s.SSMState*s.SSMDtRank
+	convDim := 2*keyDim + valDim
+	for l := range s.Layers {
+		b := func(n string) string { return fmt.Sprintf("blk.%d.%s.weight", l, n) }
+		more := useMoreBits(l, s.Layers)
+		add(b("attn_norm"), quant.F32, 1, 0.1, d)
+		if s.Recurrent(l) {
+			add(b("attn_qkv"), s.mixType(d, more), 0, isd(d), d, convDim)
+			add(b("attn_gate"), s.mixType(d, false), 0, isd(d), d, valDim)
+			add(b("ssm_conv1d"), quant.F32, 0, 0.3, s.SSMConv, convDim)
+			add(fmt.Sprintf("blk.%d.ssm_dt.bias", l), quant.F32, 0, 0.1, s.SSMDtRank)
+			// ssm_a holds A = -exp(A_log) (negative): uniform in
+			// [-e, -1/e), i.e. A_log uniform-ish in (-1, 1].
+			a := add(fmt.Sprintf("blk.%d.ssm_a", l), quant.F32, 0, 0, s.SSMDtRank)
+			a.uniform, a.lo, a.hi = true, -math.E, -1/math.E
+			add(b("ssm_beta"), s.mixType(d, false), 0, isd(d), d, s.SSMDtRank)
+			add(b("ssm_alpha"), s.mixType(d, false), 0, isd(d), d, s.SSMDtRank)
+			add(b("ssm_norm"), quant.F32, 1, 0.1, s.SSMState)
+			add(b("ssm_out"), s.mixType(valDim, false), 0, 4*isd(valDim), valDim, d)
+		} else {
+			// attn_q: per head HeadDim query rows then HeadDim gate rows.
+			add(b("attn_q"), s.mixType(d, false), 0, isd(d), d, 2*qd)
+			add(b("attn_k"), s.mixType(d, false), 0, isd(d), d, kd)
+			add(b("attn_v"), s.mixType(d, more), 0, isd(d), d, kd)
+			add(b("attn_output"), s.mixType(qd, false), 0, 4*isd(qd), qd, d)
+			add(b("attn_q_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
+			add(b("attn_k_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
+		}
+		add(b("post_attention_norm"), quant.F32, 1, 0.1, d)
+		add(b("ffn_gate_inp"), quant.F32, 0, 1.5*isd(d), d, s.Experts)
+		gateUp(l, s.mixType(d, false))
+		add(b("ffn_down_exps"), s.mixType(s.ExpertFF, more), 0, 4*isd(s.ExpertFF), s.ExpertFF, d, s.Experts)
+		add(b("ffn_gate_inp_shexp"), quant.F32, 0, isd(d), d)
+		add(b("ffn_gate_shexp"), s.mixType(d, false), 0, isd(d), d, s.SharedFF)
+		add(b("ffn_up_shexp"), s.mixType(d, false), 0, isd(d), d, s.SharedFF)
+		add(b("ffn_down_shexp"), s.mixType(s.SharedFF, more), 0, 2*isd(s.SharedFF), s.SharedFF, d)
+	}
+	return ts, out
+}
+
 // Build generates the model described by s into a GGUF writer. Generation
-// is deterministic in s (each tensor has its own PCG stream derived from
-// the seed and its name) and runs on all CPUs. Tensors of more than 2^22
-// elements are assembled from a pool of 256 independently drawn quantized
-// rows (picked at random per row), so a 30B-shaped layer takes seconds; all
+// is deterministic in s (each tensor has its own random stream derived from
+// the seed and its name, and the values are the same on every
+// architecture) and runs on all CPUs. Tensors of more than 2^22 elements
+// are assembled from a pool of 256 independently drawn quantized rows
+// (picked at random per row), so a 30B-shaped layer takes seconds; all
 // smaller tensors are drawn element by element. Errors wrap ErrSpec.
 func Build(s Spec) (*gguf.Writer, error) {
 	if err := s.check(); err != nil {
@@ -142,51 +460,7 @@ func Build(s Spec) (*gguf.Writer, error) {
 	if vocab == 0 {
 		return nil, fmt.Errorf("%w: empty tokenizer vocabulary", ErrSpec)
 	}
-	d, qd, kd := s.Embd, s.Heads*s.HeadDim, s.HeadsKV*s.HeadDim
-	typ := func(big bool) quant.Type {
-		if s.Mix && big {
-			return quant.Q6_K
-		}
-		return s.Type
-	}
-	isd := func(n int) float32 { return float32(1 / math.Sqrt(float64(n))) }
-	var ts []*tensorSpec
-	add := func(name string, t quant.Type, mean, std float32, dims ...int) {
-		ud := make([]uint64, len(dims))
-		rows := 1
-		for i, v := range dims {
-			ud[i] = uint64(v)
-			if i > 0 {
-				rows *= v
-			}
-		}
-		ts = append(ts, &tensorSpec{name: name, typ: t, dims: ud, rows: rows, cols: dims[0], mean: mean, std: std})
-	}
-	// Scales: the tied output head gives logits of std ~ 0.6*sqrt(d) ~ 10 for
-	// d = 256 (the fixtures' logit std is ~9.7), so greedy steps are decided
-	// by clear margins; the router's logits have std ~1.5 so expert choices
-	// are far from uniform. attn_output and ffn_down_exps are 4x the
-	// variance-preserving scale and the q/k norm weights ~2.5 (sharper
-	// attention) so that the blocks, not the token's own embedding, decide
-	// the next token: greedy text then varies instead of repeating one token.
-	add("token_embd.weight", typ(true), 0, 0.6, d, vocab)
-	add("output_norm.weight", quant.F32, 1, 0.1, d)
-	for l := range s.Layers {
-		b := func(n string) string { return fmt.Sprintf("blk.%d.%s.weight", l, n) }
-		late := l >= s.Layers/2
-		add(b("attn_norm"), quant.F32, 1, 0.1, d)
-		add(b("attn_q"), typ(false), 0, isd(d), d, qd)
-		add(b("attn_k"), typ(false), 0, isd(d), d, kd)
-		add(b("attn_v"), typ(late), 0, isd(d), d, kd)
-		add(b("attn_output"), typ(false), 0, 4*isd(qd), qd, d)
-		add(b("attn_q_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
-		add(b("attn_k_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
-		add(b("ffn_norm"), quant.F32, 1, 0.1, d)
-		add(b("ffn_gate_inp"), quant.F32, 0, 1.5*isd(d), d, s.Experts)
-		add(b("ffn_gate_exps"), typ(false), 0, isd(d), d, s.ExpertFF, s.Experts)
-		add(b("ffn_up_exps"), typ(false), 0, isd(d), d, s.ExpertFF, s.Experts)
-		add(b("ffn_down_exps"), typ(late), 0, 4*isd(s.ExpertFF), s.ExpertFF, d, s.Experts)
-	}
+	ts, outs := s.plan(vocab)
 
 	var wg sync.WaitGroup
 	errs := make([]error, len(ts))
@@ -206,23 +480,40 @@ func Build(s Spec) (*gguf.Writer, error) {
 	}
 
 	w := gguf.NewWriter()
-	a := "qwen3moe."
-	w.SetString("general.architecture", "qwen3moe")
+	a := s.arch() + "."
+	w.SetString("general.architecture", s.arch())
 	w.SetString("general.name", s.Name)
 	w.SetUint32("general.file_type", fileType(s))
 	w.SetUint32("general.quantization_version", 2)
 	w.SetUint32(a+"context_length", uint32(s.Context))
-	w.SetUint32(a+"embedding_length", uint32(d))
+	w.SetUint32(a+"embedding_length", uint32(s.Embd))
 	w.SetUint32(a+"block_count", uint32(s.Layers))
 	w.SetUint32(a+"attention.head_count", uint32(s.Heads))
 	w.SetUint32(a+"attention.head_count_kv", uint32(s.HeadsKV))
 	w.SetUint32(a+"attention.key_length", uint32(s.HeadDim))
 	w.SetUint32(a+"attention.value_length", uint32(s.HeadDim))
+	if s.arch() == ArchQwen35MoE {
+		w.SetUint32(a+"rope.dimension_count", uint32(s.ropeDim()))
+		sec := make([]int32, len(s.RopeSections))
+		for i, v := range s.RopeSections {
+			sec[i] = int32(v)
+		}
+		w.SetInt32s(a+"rope.dimension_sections", sec)
+	}
 	w.SetFloat32(a+"rope.freq_base", s.RopeBase)
 	w.SetFloat32(a+"attention.layer_norm_rms_epsilon", s.NormEps)
 	w.SetUint32(a+"expert_count", uint32(s.Experts))
 	w.SetUint32(a+"expert_used_count", uint32(s.ExpertsUsed))
 	w.SetUint32(a+"expert_feed_forward_length", uint32(s.ExpertFF))
+	if s.arch() == ArchQwen35MoE {
+		w.SetUint32(a+"expert_shared_feed_forward_length", uint32(s.SharedFF))
+		w.SetUint32(a+"full_attention_interval", uint32(s.FullAttnInterval))
+		w.SetUint32(a+"ssm.conv_kernel", uint32(s.SSMConv))
+		w.SetUint32(a+"ssm.state_size", uint32(s.SSMState))
+		w.SetUint32(a+"ssm.group_count", uint32(s.SSMGroups))
+		w.SetUint32(a+"ssm.time_step_rank", uint32(s.SSMDtRank))
+		w.SetUint32(a+"ssm.inner_size", uint32(s.SSMInner))
+	}
 	w.SetString("tokenizer.ggml.model", "gpt2")
 	w.SetString("tokenizer.ggml.pre", tc.Pre)
 	w.SetStrings("tokenizer.ggml.tokens", tc.Tokens)
@@ -243,12 +534,30 @@ func Build(s Spec) (*gguf.Writer, error) {
 	}
 	w.SetBool("tokenizer.ggml.add_bos_token", tc.AddBOS)
 	w.SetBool("tokenizer.ggml.add_eos_token", tc.AddEOS)
-	for _, t := range ts {
-		if err := w.AddTensor(t.name, t.typ, t.dims, t.data); err != nil {
+	for _, o := range outs {
+		if err := w.AddTensor(o.name, o.typ, o.dims, o.assemble()); err != nil {
 			return nil, err
 		}
 	}
 	return w, nil
+}
+
+// assemble returns the tensor's bytes: its one part's, or the fused
+// gate_up's, built per expert from the gate's then the up's rows (the
+// parts' own buffers are released).
+func (o outTensor) assemble() []byte {
+	if len(o.parts) == 1 {
+		return o.parts[0].data
+	}
+	g, u := o.parts[0], o.parts[1]
+	gb, ub := len(g.data)/o.experts, len(u.data)/o.experts
+	data := make([]byte, 0, len(g.data)+len(u.data))
+	for e := range o.experts {
+		data = append(data, g.data[e*gb:(e+1)*gb]...)
+		data = append(data, u.data[e*ub:(e+1)*ub]...)
+	}
+	g.data, u.data = nil, nil
+	return data
 }
 
 // fileType returns general.file_type (enum llama_ftype in include/llama.h).
@@ -267,10 +576,18 @@ const poolRows = 256
 // bigTensor is the element count above which a tensor is pooled.
 const bigTensor = 1 << 22
 
+// value returns the next element of t from r. The float32 conversions
+// round each product on its own, so that no compiler fuses a
+// multiply-add (the values are the same bits on every GOARCH).
+func (t *tensorSpec) value(r stream) float32 {
+	if t.uniform {
+		return t.lo + float32((t.hi-t.lo)*r.uniform())
+	}
+	return float32(t.std*float32(r.normal())) + t.mean
+}
+
 func (t *tensorSpec) generate(seed uint64) error {
-	h := fnv.New64a()
-	h.Write([]byte(t.name))
-	rng := rand.New(rand.NewPCG(seed, h.Sum64()))
+	r := newStream(seed, t.name)
 	rb, err := t.typ.RowBytes(t.cols)
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrSpec, t.name, err)
@@ -278,7 +595,7 @@ func (t *tensorSpec) generate(seed uint64) error {
 	draw := func(n int) ([]byte, error) {
 		x := make([]float32, n*t.cols)
 		for i := range x {
-			x[i] = t.mean + t.std*float32(rng.NormFloat64())
+			x[i] = t.value(r)
 		}
 		out := make([]byte, n*rb)
 		if err := quant.Quantize(t.typ, x, out); err != nil {
@@ -295,33 +612,43 @@ func (t *tensorSpec) generate(seed uint64) error {
 		return err
 	}
 	t.data = make([]byte, t.rows*rb)
-	for r := range t.rows {
-		p := rng.IntN(poolRows)
-		copy(t.data[r*rb:(r+1)*rb], pool[p*rb:(p+1)*rb])
+	for row := range t.rows {
+		p := r.intN(poolRows)
+		copy(t.data[row*rb:(row+1)*rb], pool[p*rb:(p+1)*rb])
 	}
 	return nil
 }
 
-var tiny struct {
+// cachedModel holds a preset's bytes generated once.
+type cachedModel struct {
 	once sync.Once
 	data []byte
 	err  error
 }
 
-// Tiny returns the bytes of the GGUF file of Preset("tiny"), generated on
-// first use and cached in memory (callers must not modify them). Parse them
-// with gguf.Parse to run commands without a model file.
-func Tiny() ([]byte, error) {
-	tiny.once.Do(func() {
-		s, err := Preset("tiny")
+func (c *cachedModel) get(preset string) ([]byte, error) {
+	c.once.Do(func() {
+		s, err := Preset(preset)
 		if err != nil {
-			tiny.err = err
+			c.err = err
 			return
 		}
-		tiny.data, tiny.err = Bytes(s)
+		c.data, c.err = Bytes(s)
 	})
-	return tiny.data, tiny.err
+	return c.data, c.err
 }
+
+var tiny, tinyQwen35 cachedModel
+
+// Tiny returns the bytes of the GGUF file of Preset("tiny") (qwen3moe),
+// generated on first use and cached in memory (callers must not modify
+// them). Parse them with gguf.Parse to run commands without a model file.
+func Tiny() ([]byte, error) { return tiny.get("tiny") }
+
+// TinyQwen35MoE returns the bytes of the GGUF file of
+// Preset("tiny-qwen35moe"), generated on first use and cached in memory
+// like Tiny (callers must not modify them).
+func TinyQwen35MoE() ([]byte, error) { return tinyQwen35.get("tiny-qwen35moe") }
 
 // Bytes generates the model described by s (Build) and returns its whole
 // GGUF file in memory, ready for gguf.Parse. Errors wrap ErrSpec or come from
@@ -344,8 +671,23 @@ func Describe(s Spec) string {
 	if s.Mix {
 		t = "Q4_K_M mix"
 	}
-	names := []string{fmt.Sprintf("%d layers", s.Layers), fmt.Sprintf("d %d", s.Embd),
-		fmt.Sprintf("heads %d/%d x %d", s.Heads, s.HeadsKV, s.HeadDim),
-		fmt.Sprintf("experts %d top-%d ffn %d", s.Experts, s.ExpertsUsed, s.ExpertFF), t}
+	var names []string
+	if s.arch() == ArchQwen35MoE {
+		names = []string{ArchQwen35MoE,
+			fmt.Sprintf("%d layers (full attention every %d)", s.Layers, s.FullAttnInterval), fmt.Sprintf("d %d", s.Embd),
+			fmt.Sprintf("heads %d/%d x %d rope %d", s.Heads, s.HeadsKV, s.HeadDim, s.ropeDim()),
+			fmt.Sprintf("deltanet conv %d heads %d/%d x %d", s.SSMConv, s.SSMGroups, s.SSMDtRank, s.SSMState),
+			fmt.Sprintf("experts %d top-%d ffn %d + shared %d", s.Experts, s.ExpertsUsed, s.ExpertFF, s.SharedFF), t}
+	} else {
+		names = []string{fmt.Sprintf("%d layers", s.Layers), fmt.Sprintf("d %d", s.Embd),
+			fmt.Sprintf("heads %d/%d x %d", s.Heads, s.HeadsKV, s.HeadDim),
+			fmt.Sprintf("experts %d top-%d ffn %d", s.Experts, s.ExpertsUsed, s.ExpertFF), t}
+	}
+	if s.FusedGateUp {
+		names = append(names, "fused gate_up")
+	}
+	if s.UntiedOutput {
+		names = append(names, "untied output")
+	}
 	return s.Name + ": " + strings.Join(names, ", ")
 }

@@ -3,6 +3,7 @@ package modelgen
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,15 +26,17 @@ func build(t *testing.T, s Spec) []byte {
 }
 
 func TestDeterministic(t *testing.T) {
-	s, _ := Preset("tiny")
-	s.Layers = 1
-	a, b := build(t, s), build(t, s)
-	if !bytes.Equal(a, b) {
-		t.Fatal("same spec and seed gave different files")
-	}
-	s.Seed++
-	if bytes.Equal(a, build(t, s)) {
-		t.Fatal("a different seed gave the same file")
+	for _, name := range []string{"tiny", "tiny-qwen35moe"} {
+		s, _ := Preset(name)
+		s.Layers = 1
+		a, b := build(t, s), build(t, s)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("%s: same spec and seed gave different files", name)
+		}
+		s.Seed++
+		if bytes.Equal(a, build(t, s)) {
+			t.Fatalf("%s: a different seed gave the same file", name)
+		}
 	}
 }
 
@@ -112,15 +115,31 @@ func TestPresetsAndErrors(t *testing.T) {
 	if _, _, err := ParseType("Q9_9"); !errors.Is(err, ErrSpec) {
 		t.Errorf("ParseType(Q9_9): %v", err)
 	}
+	for _, name := range Presets {
+		s, err := Preset(name)
+		if err != nil || s.check() != nil || !strings.HasPrefix(Describe(s), s.Name+": ") {
+			t.Errorf("preset %s: %v %v %q", name, err, s.check(), Describe(s))
+		}
+	}
 	tiny, _ := Preset("tiny")
+	{
+		s := tiny
+		s.ExpertFF, s.Type = 128, quant.Q4_K
+		_, err := Build(s)
+		if err == nil || !strings.Contains(err.Error(), "blk.0.ffn_down_exps.weight: rows of 128 elements cannot be stored as Q4_K") {
+			t.Errorf("Q4_K with ffn 128: %v, want a message naming blk.0.ffn_down_exps.weight", err)
+		}
+	}
 	for name, edit := range map[string]func(*Spec){
-		"zero layers":          func(s *Spec) { s.Layers = 0 },
-		"too many layers":      func(s *Spec) { s.Layers = MaxLayers + 1 },
-		"kv heads":             func(s *Spec) { s.HeadsKV = 3 },
-		"top-k above experts":  func(s *Spec) { s.ExpertsUsed = 9 },
-		"unsupported type":     func(s *Spec) { s.Type = quant.Q8_K },
-		"K-quant row of 128":   func(s *Spec) { s.Embd, s.Type = 128, quant.Q4_K },
-		"Q4_K_M with rows 128": func(s *Spec) { s.ExpertFF, s.Type, s.Mix = 128, quant.Q4_K, true },
+		"zero layers":         func(s *Spec) { s.Layers = 0 },
+		"too many layers":     func(s *Spec) { s.Layers = MaxLayers + 1 },
+		"kv heads":            func(s *Spec) { s.HeadsKV = 3 },
+		"top-k above experts": func(s *Spec) { s.ExpertsUsed = 9 },
+		"unsupported type":    func(s *Spec) { s.Type = quant.Q8_K },
+		"K-quant row of 128":  func(s *Spec) { s.Embd, s.Type = 128, quant.Q4_K },
+		"Q4_K with ffn 128":   func(s *Spec) { s.ExpertFF, s.Type = 128, quant.Q4_K },
+		"Q8_0 row of 48":      func(s *Spec) { s.HeadDim, s.Heads, s.HeadsKV = 12, 4, 2 },
+		"unknown arch":        func(s *Spec) { s.Arch = "llama" },
 	} {
 		s := tiny
 		edit(&s)

@@ -132,9 +132,9 @@ func Dequantize(t Type, src []byte, dst []float32) error {
 			scales, q := b[4:16], b[16:144]
 			for j, is := 0, 0; j < QK_K; j, is = j+64, is+2 {
 				sc, m := scaleMinK4(is, scales)
-				d1, m1 := d*float32(sc), dmin*float32(m)
+				d1, m1 := d*float32(sc), float32(dmin*float32(m)) // rounded: no FMA into "- m1"
 				sc, m = scaleMinK4(is+1, scales)
-				d2, m2 := d*float32(sc), dmin*float32(m)
+				d2, m2 := d*float32(sc), float32(dmin*float32(m))
 				qq := q[j/2 : j/2+32]
 				for l := 0; l < 32; l++ {
 					y[j+l] = float32(d1*float32(qq[l]&15)) - m1
@@ -150,9 +150,9 @@ func Dequantize(t Type, src []byte, dst []float32) error {
 			u1, u2 := byte(1), byte(2)
 			for j, is := 0, 0; j < QK_K; j, is = j+64, is+2 {
 				sc, m := scaleMinK4(is, scales)
-				d1, m1 := d*float32(sc), dmin*float32(m)
+				d1, m1 := d*float32(sc), float32(dmin*float32(m)) // rounded: no FMA into "- m1"
 				sc, m = scaleMinK4(is+1, scales)
-				d2, m2 := d*float32(sc), dmin*float32(m)
+				d2, m2 := d*float32(sc), float32(dmin*float32(m))
 				qq := ql[j/2 : j/2+32]
 				for l := 0; l < 32; l++ {
 					h1, h2 := byte(0), byte(0)

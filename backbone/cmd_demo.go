@@ -211,7 +211,7 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 			s.Close()
 		}
 	}()
-	data, err := modelgen.Tiny()
+	data, err := modelgen.Default()
 	if err != nil {
 		return nil, err
 	}

@@ -104,16 +104,16 @@ func TestGenerateSamplingAndStreaming(t *testing.T) {
 func TestGenmodelCommand(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tiny.gguf")
 	var out, errb bytes.Buffer
-	if code := genmodelMain([]string{"--preset", "tiny", "--seed", "1", "--out", path}, &out, &errb); code != 0 {
+	if code := genmodelMain([]string{"--preset", "tiny-qwen35moe", "--seed", "1", "--out", path}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	data, _ := modelgen.Tiny()
+	data, _ := modelgen.Default()
 	file, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(file, data) {
-		t.Error("genmodel --preset tiny --seed 1 differs from the embedded model")
+		t.Error("genmodel --preset tiny-qwen35moe --seed 1 differs from the embedded model")
 	}
 	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "1", "--type", "Q4_K_M", "--seed", "3", "--out", path}, &out, &errb); code != 0 {
 		t.Fatalf("Q4_K_M: exit %d: %s", code, errb.String())

@@ -25,7 +25,7 @@ func init() {
 func genmodelMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("genmodel", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	preset := fs.String("preset", "tiny", "model shape: "+strings.Join(modelgen.Presets, " | "))
+	preset := fs.String("preset", modelgen.DefaultPreset, "model shape: "+strings.Join(modelgen.Presets, " | "))
 	layers := fs.Int("layers", 0, "number of layers (0: the preset's)")
 	typ := fs.String("type", "", "weight type: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, or Q4_K_M (mix); empty: the preset's")
 	seed := fs.Uint64("seed", 1, "random seed")

@@ -27,7 +27,7 @@ import (
 // tinyLocal loads an independent instance of the embedded tiny model.
 func tinyLocal(t *testing.T) (*model.Model, *tokenizer.Tokenizer) {
 	t.Helper()
-	data, err := modelgen.Tiny()
+	data, err := modelgen.Default()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 // the directory against slice.FromGGUF, damages one expert and checks that
 // --check and the worker's loader both leave it out.
 func TestSliceCommand(t *testing.T) {
-	data, err := modelgen.Tiny()
+	data, err := modelgen.Default()
 	if err != nil {
 		t.Fatal(err)
 	}

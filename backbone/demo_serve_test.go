@@ -130,7 +130,11 @@ func TestDemoServe(t *testing.T) {
 			want = append(want, lm.tok.Piece(tk)...)
 		}
 	}
-	got, finish := sseChat(t, addr, "kvasir-tiny-qwen3moe", content, n)
+	name, err := lm.File().String("general.name") // the served model's id
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, finish := sseChat(t, addr, name, content, n)
 	if got != tokenizer.ToValidUTF8(want) {
 		t.Errorf("streamed %q, local decode %q (tokens %v)", got, tokenizer.ToValidUTF8(want), local.Tokens)
 	}
@@ -155,7 +159,7 @@ func TestDemoServe(t *testing.T) {
 			t.Errorf("%s: %v\n%s", try[1], err, out)
 		}
 	} else {
-		sseChat(t, addr, "kvasir-tiny-qwen3moe", "Tell me about the swarm.", 32)
+		sseChat(t, addr, name, "Tell me about the swarm.", 32)
 	}
 	select {
 	case <-p.Done():
@@ -243,7 +247,7 @@ func TestDemoProvision(t *testing.T) {
 	}
 
 	// The expert files' bytes, from a slice of every layer.
-	data, err := modelgen.Tiny()
+	data, err := modelgen.Default()
 	if err != nil {
 		t.Fatal(err)
 	}

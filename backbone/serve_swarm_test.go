@@ -64,7 +64,7 @@ func TestServeSwarmWorkerProcess(t *testing.T) {
 func testServeSwarmWorkerProcess(t *testing.T, provision bool) {
 	log := newTestLog(t)
 	dir := t.TempDir()
-	data, err := modelgen.Tiny()
+	data, err := modelgen.Default()
 	if err != nil {
 		t.Fatal(err)
 	}

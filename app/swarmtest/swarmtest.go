@@ -74,7 +74,7 @@ func Start(dir string, creditEvery time.Duration) (s *Swarm, err error) {
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	data, err := modelgen.Tiny()
+	data, err := modelgen.Default()
 	if err != nil {
 		return nil, err
 	}

@@ -45,14 +45,14 @@ func Load(path string) (*Model, error) {
 }
 
 // OpenFile opens the GGUF file at path (mapped), or parses the embedded
-// tiny model (engine/modelgen.Tiny, the bytes `backbone genmodel --preset
-// tiny` writes) when path is "". Errors are those of gguf.Open, gguf.Parse
-// or modelgen.Tiny.
+// default model (engine/modelgen.Default, the tiny qwen35moe that `backbone
+// genmodel` writes by default) when path is "". Errors are those of
+// gguf.Open, gguf.Parse or modelgen.Default.
 func OpenFile(path string) (*gguf.File, error) {
 	if path != "" {
 		return gguf.Open(path)
 	}
-	data, err := modelgen.Tiny()
+	data, err := modelgen.Default()
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // loadTiny loads a fresh Model (its own buffers) of the embedded tiny model.
 func loadTiny(tb testing.TB) (*model.Model, *tokenizer.Tokenizer) {
 	tb.Helper()
-	data, err := modelgen.Tiny()
+	data, err := modelgen.Default()
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func loadTiny(tb testing.TB) (*model.Model, *tokenizer.Tokenizer) {
 // loadSpec builds and loads the tiny preset modified by mod.
 func loadSpec(tb testing.TB, mod func(*modelgen.Spec)) (*model.Model, *tokenizer.Tokenizer) {
 	tb.Helper()
-	sp, err := modelgen.Preset("tiny")
+	sp, err := modelgen.Preset(modelgen.DefaultPreset)
 	if err != nil {
 		tb.Fatal(err)
 	}

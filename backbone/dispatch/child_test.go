@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("KVASIR_TEST_CHILD_WORKER") == "1" {
 		os.Exit(childWorker())
 	}
+	if os.Getenv("KVASIR_TEST_CHILD_TRUST") == "1" {
+		os.Exit(trustChild())
+	}
 	os.Exit(m.Run())
 }
 

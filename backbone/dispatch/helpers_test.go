@@ -192,6 +192,13 @@ func testModel() dispatch.Model {
 
 func newStack(tb testing.TB, m dispatch.Model, oneWay time.Duration, mod func(*dispatch.Config)) *stack {
 	tb.Helper()
+	return newStackHub(tb, m, oneWay, mod, nil)
+}
+
+// newStackHub is newStack with hmod adjusting the hub's configuration
+// (its Meter, settling) last.
+func newStackHub(tb testing.TB, m dispatch.Model, oneWay time.Duration, mod func(*dispatch.Config), hmod func(*hub.Config)) *stack {
+	tb.Helper()
 	s := &stack{model: m, meter: &memMeter{}, local: &fakeExperts{d: m.D, nExpert: m.NExpert}}
 	// Verification off unless a test turns it on (verify_test.go): the
 	// tests below count local computations.
@@ -209,8 +216,12 @@ func newStack(tb testing.TB, m dispatch.Model, oneWay time.Duration, mod func(*d
 	tb.Cleanup(func() { d.Close() })
 	s.disp = d
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Backbone: d.Addr(), Secret: secret, Meter: s.meter,
-		Logger: quiet, FlushEvery: 50 * time.Millisecond})
+	hcfg := hub.Config{Listen: "127.0.0.1:0", Backbone: d.Addr(), Secret: secret, Meter: s.meter,
+		Logger: quiet, FlushEvery: 50 * time.Millisecond}
+	if hmod != nil {
+		hmod(&hcfg)
+	}
+	h, err := hub.New(hcfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

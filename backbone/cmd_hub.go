@@ -20,7 +20,8 @@ func init() {
 }
 
 // runHub: backbone hub --listen 127.0.0.1:7001 --backbone 127.0.0.1:7002
-// [--secret-file F] [--ledger FILE] [--allow-public].
+// [--secret-file F] [--ledger FILE] [--allow-public] [--settle 30s]
+// [--settle-results 64].
 func runHub(args []string) int {
 	fs := flag.NewFlagSet("hub", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7001", "address to listen on (loopback or private unless --allow-public)")
@@ -28,7 +29,13 @@ func runHub(args []string) int {
 	secretFile := fs.String("secret-file", "", "shared gateway secret (hex); env KVASIR_HUB_SECRET_FILE; default "+hub.DefaultSecretFile()+" (created if missing)")
 	ledgerFile := fs.String("ledger", "hub-ledger.sqlite", "SQLite contribution ledger (\"\" to keep counts in memory only)")
 	allowPublic := fs.Bool("allow-public", false, "allow listening on a public address")
+	settle := fs.Duration("settle", hub.DefaultSettleDelay, "hold creditable bytes back from the ledger this long (a verification failure forfeits what is held; docs/accounting.md); 0: none")
+	settleResults := fs.Int("settle-results", hub.DefaultSettleResults, "and until this many RESULTs of the session followed them; 0: none")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *settle < 0 || *settleResults < 0 {
+		fmt.Fprintln(os.Stderr, "hub: --settle and --settle-results must not be negative")
 		return 2
 	}
 	secret, err := loadSecret(*secretFile)
@@ -36,7 +43,8 @@ func runHub(args []string) int {
 		fmt.Fprintln(os.Stderr, "hub:", err)
 		return 1
 	}
-	cfg := hub.Config{Listen: *listen, Backbone: *backbone, Secret: secret, AllowPublic: *allowPublic}
+	cfg := hub.Config{Listen: *listen, Backbone: *backbone, Secret: secret, AllowPublic: *allowPublic,
+		SettleDelay: *settle, SettleResults: *settleResults}
 	if *ledgerFile != "" {
 		l, err := ledger.Open(*ledgerFile)
 		if err != nil {

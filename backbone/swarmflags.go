@@ -7,16 +7,23 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/run"
 )
 
 // swarmFlags are the dispatcher flags that generate, serve and demo share:
-// the deadline floor and provisioning (issue 6).
+// the deadline floor, provisioning (issue 6) and verification (issue 11).
 type swarmFlags struct {
 	minDeadline time.Duration
 	provision   bool
 	rate        string // --provision-rate as given
 	rateBytes   int64  // parsed by check: bytes/s, 0 unlimited
+
+	probation int           // --check-probation
+	checkRate float64       // --check-rate
+	tolerance float64       // --check-tolerance
+	banFile   string        // --ban-file
+	banFor    time.Duration // --ban-for
 }
 
 // addSwarmFlags registers --min-deadline, --provision and --provision-rate
@@ -26,6 +33,11 @@ func addSwarmFlags(fs *flag.FlagSet) *swarmFlags {
 	fs.DurationVar(&sf.minDeadline, "min-deadline", 0, "with a swarm: lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
 	fs.BoolVar(&sf.provision, "provision", false, "with a swarm: provision workers started with --quota (and an empty --slice dir): assign them experts and send the experts' bytes from the model file")
 	fs.StringVar(&sf.rate, "provision-rate", "0", "with --provision: bytes/s of expert data sent to one worker, with optional KiB/MiB/GiB suffix (0: unlimited)")
+	fs.IntVar(&sf.probation, "check-probation", dispatch.DefaultProbation, "with a swarm: results of each worker session verified (recomputed locally) before sampling starts; 0: none")
+	fs.Float64Var(&sf.checkRate, "check-rate", dispatch.DefaultCheckRate, "with a swarm: fraction of later results verified, drawn per request; 0: none")
+	fs.Float64Var(&sf.tolerance, "check-tolerance", dispatch.DefaultTolerance, "with a swarm: relative bound per output row for workers declaring a non-CPU backend (CPU: exact bits); negative: accept CPU workers only")
+	fs.StringVar(&sf.banFile, "ban-file", dispatch.DefaultBanFile(), "with a swarm: worker keys caught lying, kept across restarts (\"\": in memory only)")
+	fs.DurationVar(&sf.banFor, "ban-for", dispatch.DefaultBanFor, "with a swarm: how long a worker key caught lying is refused")
 	return sf
 }
 
@@ -36,6 +48,10 @@ func (sf *swarmFlags) check() error {
 		return fmt.Errorf("--provision-rate: %w", err)
 	}
 	sf.rateBytes = n
+	if sf.probation < 0 || sf.checkRate < 0 || sf.checkRate > 1 || sf.tolerance == 0 || sf.banFor <= 0 {
+		return fmt.Errorf("--check-probation >= 0, --check-rate in [0, 1], --check-tolerance != 0 and --ban-for > 0 (got %d, %g, %g, %v)",
+			sf.probation, sf.checkRate, sf.tolerance, sf.banFor)
+	}
 	return nil
 }
 
@@ -43,7 +59,20 @@ func (sf *swarmFlags) check() error {
 // logging to log; the caller adds Workers and Listening.
 func (sf *swarmFlags) config(listen string, log *slog.Logger) run.SwarmConfig {
 	return run.SwarmConfig{Listen: listen, Logger: log, MinDeadline: sf.minDeadline,
-		Provision: sf.provision, ProvisionRate: sf.rateBytes}
+		Provision: sf.provision, ProvisionRate: sf.rateBytes, Tune: sf.tune}
+}
+
+// tune sets the verification flags on the dispatcher's configuration (0
+// means "none" on the command line, a default in dispatch.Config).
+func (sf *swarmFlags) tune(c *dispatch.Config) {
+	c.Probation, c.CheckRate, c.Tolerance = sf.probation, sf.checkRate, sf.tolerance
+	if sf.probation == 0 {
+		c.Probation = -1
+	}
+	if sf.checkRate == 0 {
+		c.CheckRate = -1
+	}
+	c.BanFile, c.BanFor = sf.banFile, sf.banFor
 }
 
 // announceListening returns a run.SwarmConfig.Listening that prints "CMD:

@@ -76,6 +76,17 @@ func OpenBans(path string) (*Bans, error) {
 	return b, nil
 }
 
+// DefaultBanFile is the ban file of the backbone commands:
+// $XDG_CONFIG_HOME/kvasir/bans.json (os.UserConfigDir), or "kvasir-bans.json"
+// in the working directory when there is no config directory.
+func DefaultBanFile() string {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "kvasir-bans.json"
+	}
+	return filepath.Join(dir, "kvasir", "bans.json")
+}
+
 // Banned returns worker's ban and true when it is banned at now.
 func (b *Bans) Banned(worker string, now time.Time) (Ban, bool) {
 	b.mu.Lock()
@@ -132,6 +143,9 @@ func (b *Bans) writeLocked(now time.Time) error {
 		return err
 	}
 	dir := filepath.Dir(b.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("dispatch: ban file: %w", err)
+	}
 	tmp, err := os.CreateTemp(dir, ".bans-*")
 	if err != nil {
 		return fmt.Errorf("dispatch: ban file: %w", err)

@@ -223,3 +223,59 @@ func TestOtherVersionIsPermanent(t *testing.T) {
 		t.Fatalf("dials %d, reason %q, last error %q", dials.Load(), w.Stats().Reason, st.LastError)
 	}
 }
+
+// TestOversizedResultRefused: a DISPATCH whose RESULT would exceed
+// wire.MaxMessage (from a backbone that does not split its requests) is
+// answered with ERROR, not with a frame every reader would cut, and the
+// session stays up.
+func TestOversizedResultRefused(t *testing.T) {
+	const d, k, n = 4, 64, 65536 // m = n*k = 2^22 outputs: RESULT 64 MiB + 20 bytes; DISPATCH 17 MB
+	got := make(chan *wire.Error, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(rw, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		c.SetReadLimit(wire.MaxMessage)
+		ctx := r.Context()
+		if _, _, err := c.Read(ctx); err != nil { // HELLO
+			return
+		}
+		wel := &wire.Welcome{Session: "s", D: d, K: k, NLayer: 1, NExpert: k}
+		if err := c.Write(ctx, websocket.MessageBinary, wel.Append(nil)); err != nil {
+			return
+		}
+		disp := &wire.Dispatch{Request: 7, N: n, D: d, K: k, Hidden: make([]float32, n*d), IDs: make([]int32, n*k)}
+		if err := c.Write(ctx, websocket.MessageBinary, disp.Append(nil)); err != nil {
+			return
+		}
+		msg, err := readSkipPing(ctx, c)
+		if err != nil {
+			return
+		}
+		if f, err := wire.Decode(msg, nil); err == nil {
+			if e, ok := f.(*wire.Error); ok {
+				got <- e
+			}
+		}
+		_, _, _ = c.Read(ctx) // until the worker goes
+	}))
+	defer srv.Close()
+	if wire.ResultSize(n*k, d) <= wire.MaxMessage || wire.DispatchSize(n, d, k) > wire.MaxMessage {
+		t.Fatal("shapes do not straddle the limit")
+	}
+	w := runWorker(t, Config{GatewayURL: "ws" + strings.TrimPrefix(srv.URL, "http"), PingInterval: time.Hour,
+		Holdings: []wire.Holding{{Layer: 0, Expert: 0}}})
+	select {
+	case e := <-got:
+		if e.Request != 7 || e.Code != wire.CodeInternal || !strings.Contains(e.Message, "frame limit") {
+			t.Fatalf("error %+v", e)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no ERROR for the oversized request")
+	}
+	if st := w.Stats(); st.State != StateConnected || st.Requests != 0 {
+		t.Fatalf("worker %+v", st)
+	}
+}

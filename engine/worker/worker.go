@@ -689,6 +689,14 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, inBytes int, sessi
 			m++
 		}
 	}
+	if size := wire.ResultSize(m, d.D); size > wire.MaxMessage {
+		// A backbone that does not split its requests (before issue 11):
+		// the RESULT would be cut by every reader's limit and end the
+		// session. Refusing the request keeps the session; the backbone
+		// computes these pairs itself.
+		return send((&wire.Error{Request: d.Request, Code: wire.CodeInternal,
+			Message: fmt.Sprintf("RESULT of %d outputs would be %d bytes, above the %d-byte frame limit", m, size, wire.MaxMessage)}).Append(nil))
+	}
 	xs := make([]float32, m*d.D)
 	es := make([]int32, m)
 	i := 0

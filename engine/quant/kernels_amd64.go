@@ -8,14 +8,45 @@ import "golang.org/x/sys/cpu"
 // arithmetic, F16C half conversion; FMA is deliberately not used so that
 // every float operation rounds exactly like the pure-Go code). Tests flip
 // it to compare the two paths.
-var useSIMD = cpu.X86.HasAVX2 && cpu.X86.HasF16C && cpu.X86.HasAVX
+var useSIMD = hasAVX2
+
+// useAVX512 additionally selects the AVX-512 kernels of
+// kernels_avx512_amd64.s (F, BW, VL, VNNI) where they exist (Q4_K so far);
+// it only matters while useSIMD is set.
+var useAVX512 = hasAVX512
+
+var (
+	hasAVX2   = cpu.X86.HasAVX2 && cpu.X86.HasF16C && cpu.X86.HasAVX
+	hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI
+)
 
 // simdName reports the kernels in use (for benchmarks and logs).
 func simdName() string {
-	if useSIMD {
+	switch {
+	case useSIMD && useAVX512:
+		return "avx512"
+	case useSIMD:
 		return "avx2"
 	}
 	return "none"
+}
+
+// simdPaths lists the kernel paths this CPU can run, best first.
+func simdPaths() []string {
+	var p []string
+	if hasAVX512 {
+		p = append(p, "avx512")
+	}
+	if hasAVX2 {
+		p = append(p, "avx2")
+	}
+	return append(p, "none")
+}
+
+// setSIMDPath selects path (one of simdPaths).
+func setSIMDPath(path string) {
+	useSIMD = path != "none"
+	useAVX512 = path == "avx512"
 }
 
 // The assembly kernels take raw pointers; the Go wrappers below check the
@@ -84,6 +115,10 @@ func q8_0Dot(w, a []byte, nb int) float32 {
 // q4KDot is genericQ4KDot: nb block_q4_K of w, block_q8_K of a.
 func q4KDot(w, a []byte, nb int) float32 {
 	if useSIMD && nb > 0 && len(w) >= 144*nb && len(a) >= 292*nb {
+		var out [1]float32
+		if useAVX512 && q4KRows512(w, 144*nb, a, nb, out[:]) {
+			return out[0]
+		}
 		return q4KDotAVX2(&w[0], &a[0], nb)
 	}
 	return genericQ4KDot(w, a, nb)
@@ -173,7 +208,9 @@ func vecDot4Rows(weight Type, w []byte, rb int, a []byte, ab, n int, y []float32
 		if nb < 1 || ab < 292*nb || rb < weight.BlockBytes()*nb {
 			return false
 		}
-		if weight == Q4_K {
+		if weight == Q4_K && useAVX512 {
+			q4KRows4512(w, rb, a, ab, nb, y, ys, rows)
+		} else if weight == Q4_K {
 			q4KRows4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, rows, rb, &y[0], ys)
 		} else {
 			q6KRows4AVX2(&w[0], &a[0], &a[ab], &a[2*ab], &a[3*ab], nb, rows, rb, &y[0], ys)
@@ -288,6 +325,9 @@ func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 		}
 	case Q4_K:
 		if nb := n / QK_K; nb > 0 && rb >= 144*nb && len(a) >= 292*nb {
+			if useAVX512 && q4KRows512(w, rb, a, nb, out) {
+				return
+			}
 			q4KRowsAVX2(&w[0], &a[0], nb, rows, rb, &out[0])
 			return
 		}

@@ -297,10 +297,10 @@ q8loop:
 	ORL         R11, R13 \
 	SHLQ        $32, R13 \
 	ORQ         R13, R12 \
-	MOVQ        R9, X5 \
+	VMOVQ        R9, X5 \
 	VPMOVZXBW   X5, X5 \
 	VMOVDQU     X5, 0(SP) \
-	MOVQ        R12, X6 \
+	VMOVQ        R12, X6 \
 	VPMOVZXBW   X6, X6 \
 	VPUNPCKLWD  X6, X6, X7 \
 	VPUNPCKHWD  X6, X6, X8 \
@@ -684,7 +684,7 @@ qx1done:
 	ORL         DX, R10 \
 	SHLQ        $32, R10 \
 	ORQ         R10, R9 \
-	MOVQ        R9, X5 \
+	VMOVQ        R9, X5 \
 	VPMOVZXBW   X5, X5 \
 	VMOVDQU     X5, 0(SP) \
 	MOVL        BX, R9 \
@@ -699,7 +699,7 @@ qx1done:
 	ORL         DX, R10 \
 	SHLQ        $32, R10 \
 	ORQ         R10, R9 \
-	MOVQ        R9, X6 \
+	VMOVQ        R9, X6 \
 	VPMOVZXBW   X6, X6 \
 	VPUNPCKLWD  X6, X6, X7 \
 	VPUNPCKHWD  X6, X6, X8 \

@@ -14,6 +14,12 @@ func simdName() string {
 	return "none"
 }
 
+// simdPaths lists the kernel paths of this build, best first.
+func simdPaths() []string { return []string{"neon", "none"} }
+
+// setSIMDPath selects path (one of simdPaths).
+func setSIMDPath(path string) { useSIMD = path != "none" }
+
 //go:noescape
 func dotF32LanesNEON(a, b *float32, n int, acc *[32]float32)
 
@@ -101,4 +107,9 @@ func dotF32Rows(x, m []float32, stride int, out []float32) { genericDotF32Rows(x
 // sums inside each row's dot).
 func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 	genericVecDotRows(weight, w, rb, a, n, out)
+}
+
+// matMulRowsArch has no special case on arm64 (matMulRows' loops).
+func matMulRowsArch(Type, []byte, int, int, []byte, int, int, []float32, int, int, int) bool {
+	return false
 }

@@ -9,6 +9,12 @@ var useSIMD = false
 
 func simdName() string { return "none" }
 
+// simdPaths: only the pure-Go code in this build.
+func simdPaths() []string { return []string{"none"} }
+
+// setSIMDPath has nothing to switch in this build.
+func setSIMDPath(string) {}
+
 func dotF32Lanes(a, b []float32, acc *[32]float32) { genericDotF32Lanes(a, b, acc) }
 func dotF16Lanes(w, a []byte, acc *[32]float32)    { genericDotF16Lanes(w, a, acc) }
 func dotBF16Lanes(w, a []byte, acc *[32]float32)   { genericDotBF16Lanes(w, a, acc) }
@@ -51,4 +57,9 @@ func dotF32Rows(x, m []float32, stride int, out []float32) { genericDotF32Rows(x
 // vecDotRows is the per-row loop (genericVecDotRows) in this build.
 func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 	genericVecDotRows(weight, w, rb, a, n, out)
+}
+
+// matMulRowsArch has no special case in this build.
+func matMulRowsArch(Type, []byte, int, int, []byte, int, int, []float32, int, int, int) bool {
+	return false
 }

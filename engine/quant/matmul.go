@@ -125,6 +125,9 @@ const rowTile = 64
 // vecDotRows. Both take a tile of weight rows per call (same bits as
 // vecDot per element, validated once per call).
 func matMulRows(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y []float32, rows, lo, hi int) {
+	if matMulRowsArch(weight, w, rb, cols, xc, ab, m, y, rows, lo, hi) {
+		return
+	}
 	m4 := 0
 	if m >= 4 && has4(weight, cols) {
 		m4 = m &^ 3

@@ -14,7 +14,9 @@ import (
 // every weight type, row counts 0, 1, 2, odd and past a kernel unroll,
 // rows packed or with a padded stride (garbage in the padding), on real
 // quantized rows and on random code bytes with finite scales.
-func TestVecDotRowsMatchesGeneric(t *testing.T) {
+func TestVecDotRowsMatchesGeneric(t *testing.T) { eachSIMDPath(t, testVecDotRowsMatchesGeneric) }
+
+func testVecDotRowsMatchesGeneric(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, typ := range weightTypes {
 		ns := []int{QK_K, 3 * QK_K}
@@ -68,7 +70,9 @@ func TestVecDotRowsMatchesGeneric(t *testing.T) {
 // lanes, tail and reduction) to the pure-Go path for every length 0..130
 // and some longer ones, on values over a wide exponent range (so that the
 // rounding of each add shows), plus infinities and NaN.
-func TestDotF32MatchesGeneric(t *testing.T) {
+func TestDotF32MatchesGeneric(t *testing.T) { eachSIMDPath(t, testDotF32MatchesGeneric) }
+
+func testDotF32MatchesGeneric(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	lengths := []int{1000, 4096 + 17}
 	for n := range 131 {
@@ -113,7 +117,9 @@ func TestDotF32MatchesGeneric(t *testing.T) {
 // TestMatMulMatchesGeneric compares MatMul with SIMD on and off for every
 // weight type, activation row counts around the 4-row kernel (1..5, 8, 9)
 // and more weight rows than one tile, on 1 and 2 goroutines.
-func TestMatMulMatchesGeneric(t *testing.T) {
+func TestMatMulMatchesGeneric(t *testing.T) { eachSIMDPath(t, testMatMulMatchesGeneric) }
+
+func testMatMulMatchesGeneric(t *testing.T) {
 	const rows, cols = rowTile*2 + 3, 2 * QK_K
 	for _, typ := range weightTypes {
 		wq := quantRow(t, typ, randomRows(21, rows*cols))
@@ -145,7 +151,9 @@ func TestMatMulMatchesGeneric(t *testing.T) {
 // row counts 0, 1, 2, odd and longer, packed or padded weight rows, real
 // quantized rows or random code bytes with finite scales, and a y stride
 // wider than rows whose gaps must stay untouched.
-func TestVecDot4RowsMatchesGeneric(t *testing.T) {
+func TestVecDot4RowsMatchesGeneric(t *testing.T) { eachSIMDPath(t, testVecDot4RowsMatchesGeneric) }
+
+func testVecDot4RowsMatchesGeneric(t *testing.T) {
 	r := rand.New(rand.NewPCG(15, 16))
 	for _, typ := range weightTypes {
 		for _, nb := range []int{1, 3} {
@@ -234,7 +242,9 @@ func setQ8KBsums(a []byte, nb int) {
 // generic) for row lengths around the 32-lane blocks, 1, 2 or 7 rows,
 // packed, padded, overlapping (stride < len(x)) and repeated (stride 0)
 // rows, with m cut to exactly the floats needed; and checks its errors.
-func TestDotF32Rows(t *testing.T) {
+func TestDotF32Rows(t *testing.T) { eachSIMDPath(t, testDotF32Rows) }
+
+func testDotF32Rows(t *testing.T) {
 	r := rand.New(rand.NewPCG(17, 18))
 	for _, n := range []int{0, 1, 5, 31, 32, 33, 64, 100, 128, 1000} {
 		for _, rows := range []int{1, 2, 7} {

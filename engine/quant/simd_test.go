@@ -7,6 +7,24 @@ import (
 	"testing"
 )
 
+// eachSIMDPath runs test once per SIMD kernel path of this CPU (a subtest
+// each; "none" alone when there is none), restoring the path in use.
+func eachSIMDPath(t *testing.T, test func(t *testing.T)) {
+	for _, p := range simdPaths() {
+		if p == "none" && len(simdPaths()) > 1 {
+			continue
+		}
+		t.Run(p, func(t *testing.T) {
+			old, err := SetSIMDPath(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer SetSIMDPath(old)
+			test(t)
+		})
+	}
+}
+
 // withGeneric runs f with the SIMD kernels switched off.
 func withGeneric(f func()) {
 	old := useSIMD
@@ -33,7 +51,9 @@ func randomCodes(r *rand.Rand, b []byte) {
 // the pure-Go ones: integer sums exactly, float lanes bit for bit, on
 // random bytes (every code pattern, -128 included) and on real quantized
 // rows, for block counts around the chunk and unroll sizes.
-func TestSIMDMatchesGeneric(t *testing.T) {
+func TestSIMDMatchesGeneric(t *testing.T) { eachSIMDPath(t, testSIMDMatchesGeneric) }
+
+func testSIMDMatchesGeneric(t *testing.T) {
 	t.Logf("SIMD kernels: %s", simdName())
 	r := rand.New(rand.NewPCG(5, 6))
 	kernels := []struct {

@@ -32,8 +32,14 @@ func benchDecode(b *testing.B, m *Model) {
 	b.ResetTimer()
 	cpu0 := processCPU()
 	for i := 0; i < b.N; i++ {
-		if seq.Len() >= 256 {
-			_ = seq.Truncate(64)
+		if seq.Len() >= 256 && seq.Truncate(64) != nil {
+			// A recurrent sequence cannot rewind: prefill it again.
+			b.StopTimer()
+			_ = seq.Truncate(0)
+			if err := m.Forward(ctx, prompt, logits); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
 		}
 		row[0].Token = Greedy(logits)
 		row[0].Pos = seq.Len()

@@ -40,9 +40,9 @@ const benchOneWay = 6500 * time.Microsecond
 // does), "gateway" goes through the TLS gateway's authenticated splice.
 // Every other layer is computed locally: one round trip per token. The
 // worker runs in this process, on the same CPUs. Models: the embedded tiny
-// model, the Q4_K_M fixture (if present) and, with KVASIR_BENCH_Q30=1, a
-// 4-layer Q4_K model of Qwen3-30B-A3B's layer shapes (1.4 GB, generated in
-// memory).
+// model (qwen35moe), the qwen3moe and qwen35moe Q4_K_M fixtures (if present)
+// and, with KVASIR_BENCH_Q30=1, 4-layer Q4_K models of Qwen3-30B-A3B's and
+// Qwen3.5-35B-A3B's layer shapes (1.4 and 1.9 GB, generated in memory).
 func BenchmarkSwarmDecode13ms(b *testing.B) {
 	models := []struct {
 		name string
@@ -57,6 +57,16 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 			return benchLoad(b, p)
 		}},
 		{"qwen3-30b-shape-4L", benchQ30},
+		// qwen35moe: the backbone computes the shared expert while the
+		// routed experts are away, so a remote layer adds less.
+		{"fixture-qwen35moe-Q4_K_M", func(b *testing.B) *loadedModel {
+			p := filepath.Join("..", "..", "shared", "fixtures", "qwen35moe", "tiny-qwen35moe-Q4_K_M.gguf")
+			if _, err := os.Stat(p); err != nil {
+				b.Skipf("fixture absent: %v", err)
+			}
+			return benchLoad(b, p)
+		}},
+		{"qwen3.5-35b-shape-4L", benchQ35},
 	}
 	for _, mc := range models {
 		b.Run(mc.name+"/local", func(b *testing.B) {
@@ -95,39 +105,52 @@ func benchLoad(b *testing.B, path string) *loadedModel {
 	return lm
 }
 
-var q30 struct {
+// presetOnce holds a benchmark model generated in memory once per process.
+type presetOnce struct {
 	once sync.Once
 	lm   *loadedModel
 	err  error
 }
 
-func benchQ30(b *testing.B) *loadedModel {
+var q30, q35 presetOnce
+
+// benchQ30 is a 4-layer Q4_K model of Qwen3-30B-A3B's layer shapes (1.4 GB).
+func benchQ30(b *testing.B) *loadedModel { return benchPreset(b, &q30, "qwen3-30b-a3b", "1.4 GB") }
+
+// benchQ35 is a 4-layer Q4_K model of Qwen3.5-35B-A3B's layer shapes (3
+// Gated DeltaNet layers and one gated attention layer, 256 experts top-8
+// plus a shared expert; 1.9 GB).
+func benchQ35(b *testing.B) *loadedModel { return benchPreset(b, &q35, "qwen3.5-35b-a3b", "1.9 GB") }
+
+// benchPreset generates modelgen preset with 4 Q4_K layers in memory once
+// (only with KVASIR_BENCH_Q30=1) and loads it.
+func benchPreset(b *testing.B, p *presetOnce, preset, size string) *loadedModel {
 	if os.Getenv("KVASIR_BENCH_Q30") != "1" {
-		b.Skip("set KVASIR_BENCH_Q30=1 (generates a 1.4 GB model in memory)")
+		b.Skipf("set KVASIR_BENCH_Q30=1 (generates a %s model in memory)", size)
 	}
-	q30.once.Do(func() {
-		s, err := modelgen.Preset("qwen3-30b-a3b")
+	p.once.Do(func() {
+		s, err := modelgen.Preset(preset)
 		if err != nil {
-			q30.err = err
+			p.err = err
 			return
 		}
 		s.Layers, s.Type = 4, quant.Q4_K
 		data, err := modelgen.Bytes(s)
 		if err != nil {
-			q30.err = err
+			p.err = err
 			return
 		}
 		f, err := gguf.Parse(data)
 		if err != nil {
-			q30.err = err
+			p.err = err
 			return
 		}
-		q30.lm, q30.err = loadGenModelFile(f)
+		p.lm, p.err = loadGenModelFile(f)
 	})
-	if q30.err != nil {
-		b.Fatal(q30.err)
+	if p.err != nil {
+		b.Fatal(p.err)
 	}
-	return q30.lm
+	return p.lm
 }
 
 // benchSteps decodes b.N greedy tokens one forward pass each on one

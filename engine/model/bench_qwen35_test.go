@@ -9,12 +9,6 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
-var q35 struct {
-	once sync.Once
-	m    *Model
-	err  error
-}
-
 // BenchmarkQwen35_35B_A3B_4L runs a 4-layer Q4_K model with Qwen3.5-35B-A3B
 // layer shapes (modelgen preset qwen3.5-35b-a3b: 3 Gated DeltaNet layers of
 // 16 key / 32 value heads of 128 and one gated attention layer of 16/2
@@ -24,30 +18,46 @@ var q35 struct {
 // 128 x 128 float32 per linear layer) is read and written once per token
 // too.
 func BenchmarkQwen35_35B_A3B_4L(b *testing.B) {
-	q35.once.Do(func() {
-		s, err := modelgen.Preset("qwen3.5-35b-a3b")
+	m := presetModel(b, &q35, "qwen3.5-35b-a3b")
+	b.Run("decode", func(b *testing.B) { benchDecode(b, m) })
+	b.Run("prefill64", func(b *testing.B) { benchPrefill(b, m) })
+}
+
+// presetOnce holds a benchmark model generated in memory once per process.
+type presetOnce struct {
+	once sync.Once
+	m    *Model
+	err  error
+}
+
+var q30, q35 presetOnce
+
+// presetModel generates modelgen preset with 4 Q4_K layers in memory once
+// (writing it to disk first only adds I/O time) and loads it.
+func presetModel(b *testing.B, p *presetOnce, preset string) *Model {
+	p.once.Do(func() {
+		s, err := modelgen.Preset(preset)
 		if err != nil {
-			q35.err = err
+			p.err = err
 			return
 		}
 		s.Layers, s.Type = 4, quant.Q4_K
 		data, err := modelgen.Bytes(s)
 		if err != nil {
-			q35.err = err
+			p.err = err
 			return
 		}
 		f, err := gguf.Parse(data)
 		if err != nil {
-			q35.err = err
+			p.err = err
 			return
 		}
-		q35.m, q35.err = Load(f)
+		p.m, p.err = Load(f)
 	})
-	if q35.err != nil {
-		b.Fatal(q35.err)
+	if p.err != nil {
+		b.Fatal(p.err)
 	}
-	b.Run("decode", func(b *testing.B) { benchDecode(b, q35.m) })
-	b.Run("prefill64", func(b *testing.B) { benchPrefill(b, q35.m) })
+	return p.m
 }
 
 // BenchmarkFixtureQwen35Q4KM runs the qwen35moe Q4_K_M fixture (cache-sized:

@@ -2,7 +2,6 @@ package model
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -95,40 +94,13 @@ func BenchmarkFixtureQ4KM(b *testing.B) {
 	b.Run("prefill64", func(b *testing.B) { benchPrefill(b, m) })
 }
 
-var q30 struct {
-	once sync.Once
-	m    *Model
-	err  error
-}
-
 // BenchmarkQwen3_30B_A3B_4L runs a 4-layer Q4_K model with Qwen3-30B-A3B
 // layer shapes (modelgen preset qwen3-30b-a3b, 1.4 GB) generated in memory
 // once per process (writing it to disk first only adds I/O time).
 func BenchmarkQwen3_30B_A3B_4L(b *testing.B) {
-	q30.once.Do(func() {
-		s, err := modelgen.Preset("qwen3-30b-a3b")
-		if err != nil {
-			q30.err = err
-			return
-		}
-		s.Layers, s.Type = 4, quant.Q4_K
-		data, err := modelgen.Bytes(s)
-		if err != nil {
-			q30.err = err
-			return
-		}
-		f, err := gguf.Parse(data)
-		if err != nil {
-			q30.err = err
-			return
-		}
-		q30.m, q30.err = Load(f)
-	})
-	if q30.err != nil {
-		b.Fatal(q30.err)
-	}
-	b.Run("decode", func(b *testing.B) { benchDecode(b, q30.m) })
-	b.Run("prefill64", func(b *testing.B) { benchPrefill(b, q30.m) })
+	m := presetModel(b, &q30, "qwen3-30b-a3b")
+	b.Run("decode", func(b *testing.B) { benchDecode(b, m) })
+	b.Run("prefill64", func(b *testing.B) { benchPrefill(b, m) })
 }
 
 // BenchmarkMemoryBandwidth copies 256 MiB (read + write) to relate tok/s to

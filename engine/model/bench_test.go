@@ -4,10 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/kvasir-ai/kvasir/engine/gguf"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
-	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
 // benchDecode measures single-token decode at positions 64.. of one

@@ -68,6 +68,7 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   run model-membw ./engine/model 'BenchmarkMemoryBandwidth' 1s
   run model-fixture ./engine/model 'BenchmarkFixtureQ4KM' 2s
   run model-q30 ./engine/model 'BenchmarkQwen3_30B_A3B_4L' 2s
+  run model-q35 ./engine/model 'BenchmarkQwen35_35B_A3B_4L|BenchmarkFixtureQwen35Q4KM' 2s
   run expert ./engine/expert 'BenchmarkLocalQwen3_30B' 2s
   run dispatch-rtt ./backbone/dispatch 'BenchmarkDispatchRTT13ms' 2s
   run dispatch-decode ./backbone/dispatch 'BenchmarkFixtureDecode' 2s
@@ -210,13 +211,13 @@ END {
   print ""
   print "| model | decode tok/s | weightB/tok | bound BW/weightB (tok/s) | tok/s x weightB/tok / BW | prefill64 tok/s |"
   print "|---|---:|---:|---:|---:|---:|"
-  split("FixtureQ4KM Qwen3_30B_A3B_4L", ms, " ")
-  for (j = 1; j <= 2; j++) {
+  split("FixtureQ4KM Qwen3_30B_A3B_4L FixtureQwen35Q4KM Qwen35_35B_A3B_4L", ms, " ")
+  for (j = 1; j <= 4; j++) {
     d = ms[j] "/decode"; t = num(d, "tok/s"); wb = num(d, "weightB/tok")
     print "| " ms[j] " | " f(t, 1) " | " f(wb, 0) " | " f(wb > 0 ? bw * 1e9 / wb : -1, 1) " | " f(ratio(t * wb / 1e9, bw), 2) " | " f(num(ms[j] "/prefill64", "tok/s"), 1) " |"
   }
   print ""
-  table("model-fixture"); table("model-q30")
+  table("model-fixture"); table("model-q30"); table("model-q35")
 
   print "## Expert function (`engine/expert`)"
   print ""
@@ -256,10 +257,14 @@ END {
   print "(4.220 -> 4.169 tok/s on a 122B model, where a token takes ~240 ms) and ~28 % through a CDN edge; here a"
   print "token of the small models takes far less than 13 ms locally, so the same round trip weighs much more."
   print ""
+  print "`tiny` is the embedded default (qwen35moe); `fixture-Q4_K_M` and `qwen3-30b-shape-4L` are qwen3moe. One layer"
+  print "is remote, so added ms/token is the added ms per remote layer; on qwen35moe the shared expert is computed"
+  print "while the routed experts are away."
+  print ""
   print "| model | local tok/s | hub-direct tok/s | gateway tok/s | direct / local | gateway / local | added ms/token direct | added ms/token gateway |"
   print "|---|---:|---:|---:|---:|---:|---:|---:|"
-  split("tiny fixture-Q4_K_M qwen3-30b-shape-4L", ms, " ")
-  for (j = 1; j <= 3; j++) {
+  split("tiny fixture-Q4_K_M qwen3-30b-shape-4L fixture-qwen35moe-Q4_K_M qwen3.5-35b-shape-4L", ms, " ")
+  for (j = 1; j <= 5; j++) {
     l = num("SwarmDecode13ms/" ms[j] "/local", "tok/s")
     dd = num("SwarmDecode13ms/" ms[j] "/layer0-remote-hub-direct", "tok/s")
     gg = num("SwarmDecode13ms/" ms[j] "/layer0-remote-gateway", "tok/s")

@@ -40,6 +40,7 @@ type serveOptions struct {
 	waitWorkers                                        int
 	waitTimeout                                        time.Duration
 	maxBatch, maxSeqs, queue, threads, lanes           int
+	stateMemory                                        string // --max-state-memory as given
 	// swarm holds --min-deadline and --provision (with --dispatch-listen).
 	swarm *swarmFlags
 	// requests, when > 0, ends serving after that many completed
@@ -55,6 +56,7 @@ func addAPIFlags(fs *flag.FlagSet, o *serveOptions) {
 	fs.IntVar(&o.maxBatch, "max-batch", serve.DefaultMaxBatchRows, "token rows per forward step (prefill + decode)")
 	fs.IntVar(&o.maxSeqs, "max-seqs", serve.DefaultMaxSeqs, "sequences decoded at once (at most --max-batch)")
 	fs.IntVar(&o.queue, "queue", serve.DefaultQueueSize, "requests that may wait for a slot before 429")
+	fs.StringVar(&o.stateMemory, "max-state-memory", "4GiB", "bytes of recurrent state (qwen35moe: per sequence, whatever its length) the sequences decoded at once may hold; lowers --max-seqs to fit (KiB/MiB/GiB suffix)")
 	fs.IntVar(&o.lanes, "lanes", 1, "model instances decoding in turn, so one computes while another waits on its expert round trips")
 }
 
@@ -63,6 +65,9 @@ func addAPIFlags(fs *flag.FlagSet, o *serveOptions) {
 func checkAPIFlags(o *serveOptions) error {
 	if o.maxBatch < 1 || o.maxSeqs < 1 || o.queue < 0 || o.lanes < 1 || o.lanes > 16 {
 		return errors.New("a non-positive --max-batch/--max-seqs, a negative --queue, or --lanes outside 1..16")
+	}
+	if n, err := parseBytes(o.stateMemory); err != nil || n <= 0 {
+		return fmt.Errorf("--max-state-memory %q: want a positive byte count with an optional KiB/MiB/GiB suffix", o.stateMemory)
 	}
 	return nil
 }
@@ -222,12 +227,13 @@ func serveAPI(ctx context.Context, lm *run.Model, ex *serveExperts, o serveOptio
 			return err
 		}
 	}
+	stateMemory, _ := parseBytes(o.stateMemory) // checked by checkAPIFlags
 	queue := o.queue
 	if queue == 0 {
 		queue = -1 // serve.Config: 0 means the default, negative means none
 	}
 	s, err := serve.New(serve.Config{Model: m, Lanes: lanes, Experts: ex.Computer, Tokenizer: tok, ModelID: id, Chat: chat, ChatErr: chatErr,
-		APIKey: o.apiKey, MaxBatchRows: o.maxBatch, MaxSeqs: o.maxSeqs, QueueSize: queue,
+		APIKey: o.apiKey, MaxBatchRows: o.maxBatch, MaxSeqs: o.maxSeqs, QueueSize: queue, StateMemory: stateMemory,
 		Registry: reg, Logger: log})
 	if err != nil {
 		return err

@@ -51,6 +51,10 @@ const (
 	DefaultMaxBatchRows = 512
 	DefaultMaxSeqs      = 512
 	DefaultQueueSize    = 1024
+	// DefaultStateMemory bounds the recurrent state of the sequences
+	// decoded at once (models with Gated DeltaNet layers hold
+	// model.StateBytes per sequence whatever its length): 4 GiB.
+	DefaultStateMemory = 4 << 30
 )
 
 // Config configures a Server. Model and Tokenizer are required.
@@ -85,6 +89,10 @@ type Config struct {
 	MaxBatchRows int // rows per Forward step (prefill + decode); default 512 (per lane)
 	MaxSeqs      int // sequences decoded at once; default 512, at most MaxBatchRows (split evenly between lanes)
 	QueueSize    int // requests waiting beyond MaxSeqs before 429; default 1024 (negative: 0)
+	// StateMemory bounds MaxSeqs x Model.StateBytes() (bytes of recurrent
+	// state, all lanes together) for models with recurrent layers: MaxSeqs
+	// is lowered to fit, at least 1 per lane. Default DefaultStateMemory.
+	StateMemory int64
 	// RetryAfter is the Retry-After of a 429, rounded up to whole seconds;
 	// default 1 s.
 	RetryAfter time.Duration
@@ -153,6 +161,17 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxSeqs = DefaultMaxSeqs
 	}
 	cfg.MaxSeqs = min(cfg.MaxSeqs, cfg.MaxBatchRows) // so prefill always gets a row (see loop)
+	if cfg.StateMemory <= 0 {
+		cfg.StateMemory = DefaultStateMemory
+	}
+	if sb := cfg.Model.StateBytes(); sb > 0 && int64(cfg.MaxSeqs)*sb > cfg.StateMemory {
+		n := max(int(cfg.StateMemory/sb), 1+len(cfg.Lanes))
+		if cfg.Logger != nil {
+			cfg.Logger.Info("serve: recurrent state bounds the concurrent sequences", "max_seqs", n,
+				"requested", cfg.MaxSeqs, "state_bytes_per_seq", sb, "state_memory", cfg.StateMemory)
+		}
+		cfg.MaxSeqs = n
+	}
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = DefaultQueueSize
 	} else if cfg.QueueSize < 0 {

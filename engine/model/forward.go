@@ -59,6 +59,21 @@ func (m *Model) NewSequence() *Sequence {
 	return s
 }
 
+// StateBytes returns the bytes of recurrent state every Sequence of m holds
+// whatever its length (per Gated DeltaNet layer, ((SSMConv-1) x
+// (2*SSMGroups+SSMHeads) x SSMState + SSMHeads x SSMState^2) x 4 bytes;
+// e.g. 63 MiB for Qwen3.5-35B-A3B's 30 recurrent layers), 0 for models
+// without recurrent layers. A server bounds its concurrent sequences by it.
+func (m *Model) StateBytes() int64 {
+	p := m.p
+	if p.RecurrentCount == 0 {
+		return 0
+	}
+	ch := (2*p.SSMGroups + p.SSMHeads) * p.SSMState
+	per := int64(p.SSMConv-1)*int64(ch) + int64(p.SSMHeads)*int64(p.SSMState)*int64(p.SSMState)
+	return 4 * per * int64(p.RecurrentCount)
+}
+
 // Len returns the number of positions filled; the next token goes at Len().
 func (s *Sequence) Len() int { return s.n }
 

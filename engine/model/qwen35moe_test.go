@@ -104,7 +104,18 @@ func TestFusedGateUpExps(t *testing.T) {
 		}
 		check(t, f)
 	})
-	t.Run("qwen35moe", func(t *testing.T) { check(t, openFixture(t, "tiny-qwen35moe-F16")) })
+	t.Run("qwen35moe-fixture", func(t *testing.T) { check(t, openFixture(t, "tiny-qwen35moe-F16")) })
+	t.Run("qwen35moe-generated", func(t *testing.T) {
+		data, err := modelgen.TinyQwen35MoE()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := gguf.Parse(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, f)
+	})
 }
 
 // TestQwen35BatchInvariance: prompt rows in one batch, in uneven batches,
@@ -113,8 +124,8 @@ func TestFusedGateUpExps(t *testing.T) {
 // as llama.cpp's CPU gated_delta_net does), and two interleaved sequences
 // equal each decoded alone.
 func TestQwen35BatchInvariance(t *testing.T) {
-	_, m := loadFixture(t, "tiny-qwen35moe-Q4_K_M")
-	toks := []int32{464, 3139, 286, 4881, 318, 2, 50000, 7, 1234}
+	m := tinyQwen35(t)
+	toks := []int32{464, 313, 286, 481, 318, 2, 500, 7, 123}
 	ref := run(t, m, toks, 1)
 	sameBits(t, "one batch", run(t, m, toks, len(toks)), ref)
 	sameBits(t, "batches of 4", run(t, m, toks, 4), ref)
@@ -140,6 +151,28 @@ func TestQwen35BatchInvariance(t *testing.T) {
 	}
 }
 
+// tinyQwen35 loads the embedded default model (a generated tiny qwen35moe,
+// no fixtures needed).
+func tinyQwen35(t *testing.T) *Model {
+	t.Helper()
+	data, err := modelgen.TinyQwen35MoE()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Params().Arch != "qwen35moe" {
+		t.Fatalf("architecture %q", m.Params().Arch)
+	}
+	return m
+}
+
 // failAt fails the expert call of one layer.
 type failAt struct {
 	m     *Model
@@ -159,8 +192,8 @@ func (c failAt) ComputeExperts(ctx context.Context, layer int, hidden []float32,
 // state equal to a new one, refuses to rewind to a non-zero earlier length,
 // and after a Forward that failed midway refuses to continue until reset.
 func TestRecurrentSequence(t *testing.T) {
-	_, m := loadFixture(t, "tiny-qwen35moe-F16")
-	toks := []int32{464, 3139, 286, 4881}
+	m := tinyQwen35(t)
+	toks := []int32{464, 313, 286, 481}
 	ref := run(t, m, toks, 2)
 	v := m.Params().Vocab
 	seq := m.NewSequence()
@@ -218,7 +251,14 @@ func TestRecurrentSequence(t *testing.T) {
 // TestQwen35LoadErrors: bad qwen35moe files are refused with an error
 // naming the problem.
 func TestQwen35LoadErrors(t *testing.T) {
-	f := openFixture(t, "tiny-qwen35moe-Q4_K_M")
+	data, err := modelgen.TinyQwen35MoE()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name  string
 		edit  func(w *gguf.Writer)

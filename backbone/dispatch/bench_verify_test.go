@@ -1,0 +1,184 @@
+package dispatch_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/quant"
+	"github.com/kvasir-ai/kvasir/engine/worker"
+)
+
+var q30Bench struct {
+	once sync.Once
+	m    *model.Model
+	err  error
+}
+
+// q30Model is a 4-layer Q4_K model of Qwen3-30B-A3B's layer shapes (d 2048,
+// 128 experts, top-8, d_ff 768; 1.4 GB generated in memory), shared by the
+// sub-benchmarks.
+func q30Model(b *testing.B) *model.Model {
+	if os.Getenv("KVASIR_BENCH_Q30") != "1" {
+		b.Skip("set KVASIR_BENCH_Q30=1 (generates a 1.4 GB model in memory)")
+	}
+	q30Bench.once.Do(func() {
+		s, err := modelgen.Preset("qwen3-30b-a3b")
+		if err != nil {
+			q30Bench.err = err
+			return
+		}
+		s.Layers, s.Type = 4, quant.Q4_K
+		data, err := modelgen.Bytes(s)
+		if err != nil {
+			q30Bench.err = err
+			return
+		}
+		f, err := gguf.Parse(data)
+		if err != nil {
+			q30Bench.err = err
+			return
+		}
+		q30Bench.m, q30Bench.err = model.Load(f)
+	})
+	if q30Bench.err != nil {
+		b.Fatal(q30Bench.err)
+	}
+	return q30Bench.m
+}
+
+// BenchmarkVerifyOverhead measures greedy single-token decode (tok/s) with
+// every MoE layer's experts on one in-process worker behind the TLS
+// gateway and hub (no injected delay: the recomputation is not hidden
+// behind a network wait), for check rates p = 0, 0.01, 0.05 and 1, after
+// probation (Probation off, so the rate alone is measured). Reported:
+// tok/s, checks per token and the backbone's reference compute per token
+// (check-ms/tok). Models: the Q8_0 fixture and, with KVASIR_BENCH_Q30=1, a
+// 4-layer model of Qwen3-30B-A3B's shapes. Worker and backbone share the
+// machine's CPUs.
+func BenchmarkVerifyOverhead(b *testing.B) {
+	models := []struct {
+		name string
+		load func(*testing.B) *model.Model
+	}{
+		{"fixture-Q8_0", func(b *testing.B) *model.Model { return loadFixture(b, "tiny-qwen3moe-Q8_0.gguf") }},
+		{"qwen3-30b-shape-4L-Q4_K", q30Model},
+	}
+	for _, mc := range models {
+		for _, p := range []float64{0, 0.01, 0.05, 1} {
+			b.Run(fmt.Sprintf("%s/p=%g", mc.name, p), func(b *testing.B) {
+				m := mc.load(b)
+				prm := m.Params()
+				local := m.LocalExperts() // safe for concurrent use: backbone and worker share it
+				rate := p
+				if rate == 0 {
+					rate = -1
+				}
+				s := newStack(b, dispatch.Model{ID: "bench", D: prm.Embd, K: prm.ExpertsUsed, NLayer: prm.Layers, NExpert: prm.Experts},
+					0, func(c *dispatch.Config) { c.Fallback = local; c.Probation, c.CheckRate = -1, rate })
+				_, key, _ := ed25519.GenerateKey(nil)
+				w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: local,
+					Holdings: worker.HoldingsOf(local, nil), ModelID: "bench", Backend: "cpu", Logger: quiet})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { defer close(done); _ = w.Run(ctx) }()
+				defer func() { cancel(); <-done }()
+				s.waitWorkers(b, 1)
+				m.SetExperts(s.disp)
+				defer m.SetExperts(nil)
+				logits := make([]float32, prm.Vocab)
+				seq := m.NewSequence()
+				tok := int32(1)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if seq.Len() >= 256 {
+						seq = m.NewSequence()
+					}
+					if err := m.Forward(context.Background(), []model.Row{{Seq: seq, Token: tok, Pos: seq.Len(), Logits: true}}, logits); err != nil {
+						b.Fatal(err)
+					}
+					tok = model.Greedy(logits)
+				}
+				b.StopTimer()
+				st := s.disp.Stats()
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+				b.ReportMetric(float64(st.Checks)/float64(b.N), "checks/tok")
+				b.ReportMetric(float64(st.CheckTime.Microseconds())/1e3/float64(b.N), "check-ms/tok")
+				b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
+			})
+		}
+	}
+}
+
+// BenchmarkDetection measures how long a worker that lies on 1 result in
+// 20 after its probation survives with the default verification
+// (Probation 32, CheckRate 0.05) and the hub's default settling (30 s, 64
+// RESULTs): each iteration connects a fresh liar (in-process, through
+// gateway and hub) to a fresh swarm and runs calls of 3 rows until it is
+// caught. Reported per catch: results it returned, lies, lies that slipped
+// through (used unchecked: the call's output differed from the
+// reference), and the creditable bytes it had metered that were forfeited
+// and that were settled (credited) before the catch.
+func BenchmarkDetection(b *testing.B) {
+	m := testModel()
+	var results, lies, slipped, forfeited, settled float64
+	for i := 0; i < b.N; i++ {
+		s := newStackHub(b, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = 0, 0 },
+			func(c *hub.Config) { c.SettleDelay, c.SettleResults = hub.DefaultSettleDelay, hub.DefaultSettleResults })
+		liar := &lyingComputer{inner: &fakeExperts{d: m.D, nExpert: m.NExpert}, after: dispatch.DefaultProbation, every: 20,
+			say: func(string, ...any) {}}
+		_, cancel := s.startWorkerWith(b, liar, holdings(m, 0, 1, 2, 3))
+		s.waitWorkers(b, 1)
+		rng := rand.New(rand.NewPCG(uint64(i), 71))
+		wrong := 0
+		for n := 0; s.disp.Stats().Caught == 0; n++ {
+			if n > 100000 {
+				b.Fatal("liar never caught")
+			}
+			c := randomCall(b, m, rng, n%m.NLayer, 3)
+			out := make([]float32, len(c.want))
+			if err := s.disp.ComputeExperts(context.Background(), c.layer, c.hidden, c.ids, c.n, c.k, out); err != nil {
+				b.Fatal(err)
+			}
+			for j := range out {
+				if fbits(out[j]) != fbits(c.want[j]) {
+					wrong++
+					break
+				}
+			}
+		}
+		cancel()
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			if ss := s.hub.Sessions(); len(ss) > 0 && ss[0].Ended {
+				forfeited += float64(ss[0].Forfeited)
+				settled += float64(ss[0].CreditIn + ss[0].CreditOut)
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		st := s.disp.Stats()
+		results += float64(st.Workers[0].Results)
+		lies += float64((liar.n.Load() - dispatch.DefaultProbation) / 20)
+		slipped += float64(wrong)
+	}
+	n := float64(b.N)
+	b.ReportMetric(results/n, "results/catch")
+	b.ReportMetric(lies/n, "lies/catch")
+	b.ReportMetric(slipped/n, "slipped/catch")
+	b.ReportMetric(forfeited/n, "forfeited-B/catch")
+	b.ReportMetric(settled/n, "credited-B/catch")
+}

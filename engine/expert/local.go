@@ -68,8 +68,7 @@ func (c *Local) Threads() int {
 // scratch is one call's working memory, pooled between calls.
 type scratch struct {
 	xg, xu, hc []byte
-	xgs, xus   []byte // converted rows in grouped (order) order
-	g, u       []float32
+	xgs, xus   []byte    // converted rows in grouped (order) order
 	tg, tu     []float32 // unit-private MatMulConverted outputs
 	count      []int32
 	start      []int32
@@ -228,11 +227,14 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 
 	// Phase 1: gate and up projections, units over (expert, DFF row range),
 	// each one quant.MatMulConverted (weight row outer, rows inner) into a
-	// unit-private region of tg/tu, then scattered to g/u [q x DFF].
-	s.g = grow(s.g, np*dff)
-	s.u = grow(s.u, np*dff)
+	// unit-private region of tg/tu; then, still in the unit, h = silu(gate)
+	// * up of its rows and their conversion for down, straight into hc.
+	// Unit row ranges are whole activation blocks of down's vec_dot_type
+	// (256 for Q8_K), so converting a range writes exactly the bytes that
+	// converting the whole row would.
 	s.tg = grow(s.tg, np*dff)
 	s.tu = grow(s.tu, np*dff)
+	s.hc = grow(s.hc, np*hab)
 	s.err = nil
 	fail := s.fail
 	// pick returns run for a phase of the given work, else serial.
@@ -242,7 +244,9 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 		}
 		return serial
 	}
-	s.units = splitUnits(s.units[:0], s.active, dff, threads)
+	blk := dT.VecDotType().BlockSize()
+	bb := hab / (dff / blk) // bytes of one converted block
+	s.units = splitUnits(s.units[:0], s.active, dff, blk, 6*threads)
 	pick(2*np*dff*d)(len(s.units), func(_, ui int) {
 		un := s.units[ui]
 		q0, q1 := int(s.start[un.e]), int(s.start[un.e+1])
@@ -259,23 +263,12 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 			return
 		}
 		for i := range cnt {
-			copy(s.g[(q0+i)*dff+lo:(q0+i)*dff+hi], tg[i*w:(i+1)*w])
-			copy(s.u[(q0+i)*dff+lo:(q0+i)*dff+hi], tu[i*w:(i+1)*w])
-		}
-	})
-	if s.err != nil {
-		return s.err
-	}
-
-	// Phase 2: h = silu(gate) * up per pair, converted for down.
-	s.hc = grow(s.hc, np*hab)
-	chunk := max(1, (np+4*threads-1)/(4*threads))
-	pick(64*np*dff)((np+chunk-1)/chunk, func(_, ui int) {
-		for q := ui * chunk; q < min(np, (ui+1)*chunk); q++ {
-			g := s.g[q*dff : (q+1)*dff]
-			SwiGLU(g, g, s.u[q*dff:(q+1)*dff])
-			if err := quant.ConvertActivation(dT, g, s.hc[q*hab:(q+1)*hab]); err != nil {
+			g := tg[i*w : (i+1)*w]
+			SwiGLU(g, g, tu[i*w:(i+1)*w])
+			h := s.hc[(q0+i)*hab+lo/blk*bb : (q0+i)*hab+hi/blk*bb]
+			if err := quant.ConvertActivation(dT, g, h); err != nil {
 				fail(err)
+				return
 			}
 		}
 	})
@@ -283,10 +276,10 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 		return s.err
 	}
 
-	// Phase 3: down projection, units over (expert, DModel row range),
+	// Phase 2: down projection, units over (expert, DModel row range),
 	// scattered to out[p*d + i] for pair p = order[q].
 	s.tg = grow(s.tg, np*d)
-	s.units = splitUnits(s.units[:0], s.active, d, threads)
+	s.units = splitUnits(s.units[:0], s.active, d, 1, 16*threads)
 	pick(np*d*dff)(len(s.units), func(_, ui int) {
 		un := s.units[ui]
 		q0, q1 := int(s.start[un.e]), int(s.start[un.e+1])
@@ -309,15 +302,17 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 	return ctx.Err()
 }
 
-// splitUnits cuts each active expert's rows output rows into ranges so that
-// there are about 4 units per goroutine (at least 16 rows each).
-func splitUnits(dst []unit, active []int32, rows, threads int) []unit {
+// splitUnits cuts each active expert's rows output rows into ranges of a
+// multiple of align rows (align divides rows) so that there are about
+// target units in all (at least 16 rows each, when align allows).
+func splitUnits(dst []unit, active []int32, rows, align, target int) []unit {
 	per := 1
-	if threads > 1 && len(active) > 0 {
-		per = (4*threads + len(active) - 1) / len(active)
+	if len(active) > 0 {
+		per = (target + len(active) - 1) / len(active)
 	}
-	per = max(1, min(per, rows/16))
+	per = max(1, min(per, rows/max(16, align)))
 	step := (rows + per - 1) / per
+	step = (step + align - 1) / align * align
 	for _, e := range active {
 		for lo := 0; lo < rows; lo += step {
 			dst = append(dst, unit{e: e, lo: int32(lo), hi: int32(min(rows, lo+step))})

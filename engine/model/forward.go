@@ -394,14 +394,15 @@ type proj struct {
 	y    []float32
 }
 
-// Parallel grain of projectAll, in multiply-adds (rows x cols x n): a
-// region smaller than minParallelMACs (tens of microseconds) runs on the
-// caller, since waking a helper costs microseconds and, on a loaded
-// machine, a helper descheduled inside a region delays the whole step;
-// chunks are at least minChunkMACs.
+// Parallel grain of projectAll, in weight bytes times (1 + n/4) (a
+// 1-row product streams its weights; more rows add compute per byte): a
+// region below minParallelCost (a few microseconds) runs on the caller;
+// chunks shrink from a 1/(2*threads) share of what is left down to
+// minChunkCost, so that both threads run out of work at about the same
+// time (the last chunk is short) while the first ones are long.
 const (
-	minParallelMACs = 1 << 19
-	minChunkMACs    = 1 << 16
+	minParallelCost = 96 << 10
+	minChunkCost    = 24 << 10
 )
 
 // chunk is rows [lo, hi) of region job j.
@@ -422,17 +423,19 @@ func (m *Model) project(x []float32, n int, w *Weight, y []float32) error {
 func (m *Model) projectAll(x []float32, n int, jobs ...proj) error {
 	ws := &m.ws
 	ws.convN = 0
-	work := 0
+	cost, total := 0, 0
 	for i := range jobs {
 		c, err := m.convert(x, jobs[i].w)
 		if err != nil {
 			return err
 		}
 		jobs[i].conv = c
-		work += jobs[i].w.Rows * jobs[i].w.Cols * n
+		cost += jobs[i].w.Bytes()
+		total += jobs[i].w.Rows
 	}
+	cost += cost / 4 * n
 	threads := m.threads
-	if threads <= 1 || work < minParallelMACs {
+	if threads <= 1 || cost < minParallelCost || total < 2 {
 		for _, jb := range jobs {
 			w := jb.w
 			if err := quant.MatMulConverted(w.Type, w.Data, w.Rows, w.Cols, jb.conv, n, jb.y, 1); err != nil {
@@ -441,22 +444,27 @@ func (m *Model) projectAll(x []float32, n int, jobs ...proj) error {
 		}
 		return nil
 	}
-	// About 8 chunks per thread over the region, each at least
-	// minChunkMACs multiply-adds.
-	total := 0
-	for _, jb := range jobs {
-		total += jb.w.Rows
-	}
-	step := max((total+8*threads-1)/(8*threads), minChunkMACs/(n*jobs[0].w.Cols))
+	// Guided chunks over the jobs' rows taken as one range [0, total),
+	// cut at job boundaries.
+	minRows := max(1, total*minChunkCost/cost)
 	ws.chunks = ws.chunks[:0]
 	tmp := 0
-	for j, jb := range jobs {
-		for lo := 0; lo < jb.w.Rows; lo += step {
-			ws.chunks = append(ws.chunks, chunk{int32(j), int32(lo), int32(min(jb.w.Rows, lo+step))})
+	j, base := 0, 0 // job of row r, and its first row in [0, total)
+	for r := 0; r < total; {
+		size := max(minRows, (total-r)/(2*threads))
+		end := min(total, r+size)
+		for r < end {
+			for r >= base+jobs[j].w.Rows {
+				base += jobs[j].w.Rows
+				j++
+			}
+			hi := min(end, base+jobs[j].w.Rows)
+			ws.chunks = append(ws.chunks, chunk{int32(j), int32(r - base), int32(hi - base)})
+			r = hi
 		}
-		if n > 1 {
-			tmp += n * jb.w.Rows
-		}
+	}
+	if n > 1 {
+		tmp = n * total
 	}
 	if len(ws.ptmp) < tmp {
 		ws.ptmp = make([]float32, max(tmp, 2*len(ws.ptmp)))

@@ -4,19 +4,25 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // team runs the parallel regions of one Forward call (projections,
-// attention) on threads-1 helper goroutines started when the call begins
-// and stopped before it returns, so no goroutine outlives a Forward (tests
-// elsewhere check for leaks with goleak) while a token's ~20 regions pay
-// one goroutine start instead of one each.
+// attention, experts) on threads-1 helper goroutines started when the call
+// begins and stopped before it returns, so no goroutine outlives a Forward
+// (tests elsewhere check for leaks with goleak) while a token's ~300
+// regions (48 layers x 6) pay one goroutine start instead of one each.
 //
 // A region hands out units [0, n) in order from a shared counter; the
-// caller works on it too. Between regions a helper yields a few times
-// (runtime.Gosched, so other goroutines, such as an expert Computer's, keep
-// the processor) before it blocks on its wake channel. Which goroutine
-// computes a unit never changes what it computes.
+// caller works on it too. Between regions a helper spins, yielding the
+// processor (runtime.Gosched, so other goroutines such as an expert
+// Computer's keep running), for up to spinTime before it blocks on its
+// wake channel; the caller waits for the helpers at the end of a region
+// the same way. The serial steps between two regions of a decode step
+// (norms, rope, routing) take microseconds, and waking a blocked thread
+// takes tens of them on a virtual machine: spinning through them keeps
+// both cores on the weights. Which goroutine computes a unit never
+// changes what it computes.
 type team struct {
 	helpers int
 	gen     atomic.Uint64 // region number; a helper joins each new one
@@ -30,10 +36,14 @@ type team struct {
 	wg      sync.WaitGroup
 }
 
-// spinYields is how many times an idle helper (or the caller waiting for
-// helpers) yields before blocking: a few microseconds, about the serial
-// work (norms, rope, routing) between two regions of a small model.
-const spinYields = 30
+// spinTime bounds how long an idle helper (or the caller waiting for its
+// helpers) spins before blocking: longer than the serial work between two
+// regions of a decode step, short enough that an idle Forward (between
+// tokens of a slow client) gives its cores back at once.
+const spinTime = 200 * time.Microsecond
+
+// spinCheck is how many yields pass between two clock reads while spinning.
+const spinCheck = 16
 
 // start launches threads-1 helpers (none for threads <= 1).
 func (t *team) start(threads int) {
@@ -76,19 +86,33 @@ func (t *team) signal(c chan struct{}) {
 	}
 }
 
+// spinUntil yields until cond holds or spinTime has passed, and reports
+// whether cond holds.
+func spinUntil(cond func() bool) bool {
+	var t0 time.Time
+	for i := 0; ; i++ {
+		if cond() {
+			return true
+		}
+		if i%spinCheck == 0 {
+			if i == 0 {
+				t0 = time.Now()
+			} else if time.Since(t0) > spinTime {
+				return cond()
+			}
+		}
+		runtime.Gosched()
+	}
+}
+
 func (t *team) helper(w int, seen uint64) {
 	defer t.wg.Done()
 	for {
-		g := t.gen.Load()
-		for i := 0; g == seen && i < spinYields; i++ {
-			runtime.Gosched()
-			g = t.gen.Load()
-		}
-		if g == seen {
+		if !spinUntil(func() bool { return t.gen.Load() != seen }) {
 			<-t.wake[w-1] // may be stale: the loop checks gen again
 			continue
 		}
-		seen = g
+		seen = t.gen.Load()
 		if t.quit.Load() {
 			return
 		}
@@ -127,11 +151,7 @@ func (t *team) run(n int, fn func(worker, unit int)) {
 		t.signal(t.wake[w])
 	}
 	t.work(0)
-	for i := 0; t.busy.Load() != 0; i++ {
-		if i < spinYields {
-			runtime.Gosched()
-			continue
-		}
+	for !spinUntil(func() bool { return t.busy.Load() == 0 }) {
 		<-t.done // may be stale: the loop checks busy again
 	}
 	t.fn = nil

@@ -224,14 +224,14 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 	}
 	s.lm.Engine().SetThreads(o.threads)
 	p := s.lm.Engine().Params()
-	if o.workers > p.Layers {
-		return nil, fmt.Errorf("--workers %d: the model has only %d layers", o.workers, p.Layers)
+	if o.workers > p.ExpertLayers {
+		return nil, fmt.Errorf("--workers %d: the model has only %d layers", o.workers, p.ExpertLayers)
 	}
 	for i := 0; i < o.workers; i++ {
 		name := fmt.Sprintf("worker-%d", i)
 		var ls []int
 		if !o.swarm.provision {
-			for l := i; l < p.Layers; l += o.workers {
+			for l := i; l < p.ExpertLayers; l += o.workers {
 				ls = append(ls, l)
 			}
 			if _, err := slice.Cut(s.lm.File(), ls, nil, filepath.Join(dir, "slice-"+strconv.Itoa(i))); err != nil {
@@ -290,7 +290,7 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		return nil, fmt.Errorf("waiting for %d workers: %w%s", o.workers, err, tails)
 	}
 	if o.swarm.provision {
-		if err := waitProvisioned(ctx, s.d, p.Layers*p.Experts); err != nil {
+		if err := waitProvisioned(ctx, s.d, p.ExpertLayers*p.Experts); err != nil {
 			return nil, err
 		}
 		return s, nil

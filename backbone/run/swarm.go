@@ -87,7 +87,7 @@ func dispatcherConfig(m *Model, c SwarmConfig) (dispatch.Config, error) {
 	var mu sync.Mutex
 	hashes := map[[2]int][32]byte{}
 	cfg := dispatch.Config{Listen: c.Listen, Fallback: local, Logger: c.Logger,
-		Model: dispatch.Model{ID: m.id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts},
+		Model: dispatch.Model{ID: m.id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.ExpertLayers, NExpert: p.Experts},
 		ExpertHash: func(l, e int) ([32]byte, bool) {
 			if l < 0 || l >= local.NumLayers() {
 				return [32]byte{}, false

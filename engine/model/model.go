@@ -101,17 +101,20 @@ func Load(f *gguf.File) (*Model, error) {
 		return nil, l.err
 	}
 	m.Blocks = make([]Block, p.Layers)
-	layers := make([]*expert.Layer, p.Layers)
-	for i := range m.Blocks {
+	layers := make([]*expert.Layer, p.ExpertLayers)
+	for i := range layers {
+		if layers[i], err = loadExperts(f, &p, i); err != nil {
+			return nil, err
+		}
+		if i >= p.Layers {
+			continue // an MTP block: only its experts
+		}
 		b := &m.Blocks[i]
 		a.block(l, &p, i, b)
 		if l.err != nil {
 			return nil, l.err
 		}
-		if b.MoE.Experts, err = loadExperts(f, &p, i); err != nil {
-			return nil, err
-		}
-		layers[i] = b.MoE.Experts
+		b.MoE.Experts = layers[i]
 	}
 	if m.local, err = expert.NewLocal(layers, 0); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrTensor, err)

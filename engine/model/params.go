@@ -41,7 +41,7 @@ var (
 // element counts. Fields an architecture does not use are zero.
 type Params struct {
 	Arch        string  // general.architecture ("qwen3moe", "qwen35moe")
-	Layers      int     // block_count
+	Layers      int     // layers Forward runs: block_count - NextN
 	Embd        int     // embedding_length (d_model)
 	Heads       int     // attention.head_count
 	HeadsKV     int     // attention.head_count_kv (default Heads)
@@ -56,6 +56,15 @@ type Params struct {
 	RopeBase    float32 // rope.freq_base (default 10000)
 	RopeScale   float32 // 1 / rope.scaling.factor for linear scaling (default 1)
 	NormEps     float32 // attention.layer_norm_rms_epsilon (required, as in llama.cpp)
+
+	// NextN is nextn_predict_layers: multi-token-prediction blocks stored
+	// after the main ones (qwen35moe files converted with their MTP head).
+	// llama.cpp's main graph does not run them, nor does Forward; their
+	// routed experts are still part of the file's expert set.
+	NextN int
+	// ExpertLayers is block_count: the layers whose routed experts the file
+	// holds (Layers + NextN), the layer range of the swarm's expert ids.
+	ExpertLayers int
 
 	// qwen35moe (Gated DeltaNet + gated attention + shared expert).
 	RopeSections   [4]int // rope.dimension_sections (IMROPE; text uses one position for all)
@@ -122,6 +131,7 @@ func readParams(f *gguf.File) (Params, *arch, *loader, error) {
 	if ti, e := f.TensorInfo("token_embd.weight"); e == nil && len(ti.Dims) == 2 && ti.Dims[1] < 1<<31 {
 		p.Vocab = int(ti.Dims[1])
 	}
+	p.ExpertLayers = p.Layers
 	if a.params != nil {
 		a.params(l, &p)
 		if l.err != nil {

@@ -15,9 +15,11 @@ import "fmt"
 //	h  = x + mixer(rmsnorm(x) * attn_norm)
 //	x' = h + moe(n) + sigmoid(ffn_gate_inp_shexp . n) * shexp(n),  n = rmsnorm(h) * post_attention_norm
 //
-// Multi-token-prediction blocks (nextn_predict_layers > 0) are not run by
-// llama.cpp's main graph either; they are refused here so that block_count
-// means what it says.
+// Multi-token-prediction blocks (nextn_predict_layers > 0, the last ones of
+// block_count, as llama.cpp's converter writes Qwen3.5's MTP head) are not
+// run by llama.cpp's main graph, nor here: Forward runs the first
+// block_count - nextn_predict_layers layers, and only the MTP blocks'
+// routed experts are loaded (they belong to the file's expert set).
 func init() {
 	register(&arch{
 		name: "qwen35moe",
@@ -40,8 +42,7 @@ func qwen35moeParams(l *loader, p *Params) {
 	l.uint("ssm.time_step_rank", &p.SSMHeads, 0, true)
 	l.uint("ssm.group_count", &p.SSMGroups, 0, true)
 	l.uint("full_attention_interval", &p.AttnInterval, 4, false)
-	var nextn int
-	l.uint("nextn_predict_layers", &nextn, 0, false)
+	l.uint("nextn_predict_layers", &p.NextN, 0, false)
 	if sec, ok := l.ints("rope.dimension_sections", true); ok {
 		if len(sec) > 4 || len(sec) == 0 {
 			l.fail(fmt.Errorf("%w: %s has %d entries, want up to 4", ErrMetadata, l.key("rope.dimension_sections"), len(sec)))
@@ -63,8 +64,8 @@ func qwen35moeParams(l *loader, p *Params) {
 		l.fail(fmt.Errorf("%w: "+format, append([]any{ErrMetadata}, a...)...))
 	}
 	switch {
-	case nextn != 0:
-		bad("%s = %d: multi-token-prediction blocks are not supported", l.key("nextn_predict_layers"), nextn)
+	case p.NextN < 0 || p.NextN >= p.Layers:
+		bad("%s = %d with block_count %d: want fewer than the blocks", l.key("nextn_predict_layers"), p.NextN, p.Layers)
 	case p.SSMConv < 1 || p.SSMConv > 64:
 		bad("ssm.conv_kernel %d (1..64)", p.SSMConv)
 	case p.SSMState <= 0 || p.SSMGroups <= 0 || p.SSMHeads <= 0 || p.SSMHeads%p.SSMGroups != 0:
@@ -80,15 +81,17 @@ func qwen35moeParams(l *loader, p *Params) {
 	if l.err != nil {
 		return
 	}
+	p.Layers -= p.NextN // the main graph's layers (hparams.n_layer())
 	// Which layers are recurrent: attention.recurrent_layers (one flag per
 	// layer) overrides the interval.
 	if v, ok := l.f.Value(l.key("attention.recurrent_layers")); ok {
 		k := l.key("attention.recurrent_layers")
 		elems, ok := v.Values()
-		if !ok || len(elems) != p.Layers {
-			bad("%s is %s of %d entries, want an array of %d bools (one per layer)", k, v.TypeName(), v.Len(), p.Layers)
+		if !ok || len(elems) != p.ExpertLayers {
+			bad("%s is %s of %d entries, want an array of %d bools (one per block)", k, v.TypeName(), v.Len(), p.ExpertLayers)
 			return
 		}
+		elems = elems[:p.Layers] // MTP blocks are attention blocks, not run
 		l.recurrent = make([]bool, p.Layers)
 		for il, e := range elems {
 			if f, ok := e.Bool(); ok {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
 // openFixture parses fixture name (skipping without ../shared).
@@ -277,7 +278,7 @@ func TestQwen35LoadErrors(t *testing.T) {
 		}, want: ErrTensor, words: "blk.3.attn_qkv"},
 		{name: "inner size", edit: func(w *gguf.Writer) { w.SetUint32("qwen35moe.ssm.inner_size", 128) }, want: ErrMetadata, words: "inner_size"},
 		{name: "no rope sections", edit: func(w *gguf.Writer) { w.Set("qwen35moe.rope.dimension_sections", gguf.String("x")) }, want: ErrMetadata, words: "dimension_sections"},
-		{name: "MTP layers", edit: func(w *gguf.Writer) { w.SetUint32("qwen35moe.nextn_predict_layers", 1) }, want: ErrMetadata, words: "nextn_predict_layers"},
+		{name: "MTP blocks >= block_count", edit: func(w *gguf.Writer) { w.SetUint32("qwen35moe.nextn_predict_layers", 4) }, want: ErrMetadata, words: "nextn_predict_layers"},
 		{name: "unknown architecture", edit: func(w *gguf.Writer) { w.SetString("general.architecture", "qwen4moe") }, want: ErrArchitecture, words: "qwen35moe"},
 	}
 	for _, c := range cases {
@@ -302,4 +303,48 @@ func TestQwen35LoadErrors(t *testing.T) {
 	if p := m.Params(); p.RecurrentCount != 3 || m.Blocks[3].Attn == nil || m.Blocks[2].Linear == nil {
 		t.Errorf("recurrent count %d, block 3 attention %v", p.RecurrentCount, m.Blocks[3].Attn != nil)
 	}
+}
+
+// TestQwen35MTPBlock: a file with a multi-token-prediction block after the
+// main ones (block_count 5, nextn_predict_layers 1, as llama.cpp converts
+// Qwen3.5 with its MTP head) runs the 4 main layers exactly as the file
+// without it, and still holds the MTP block's routed experts.
+func TestQwen35MTPBlock(t *testing.T) {
+	data, err := modelgen.TinyQwen35MoE()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := Load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := copyWriter(t, f, nil)
+	for _, ti := range f.Tensors { // blk.4 = a copy of attention block 3, plus an MTP-only tensor
+		if rest, ok := strings.CutPrefix(ti.Name, "blk.3."); ok {
+			tn, _ := f.Tensor(ti.Name)
+			if err := w.AddTensor("blk.4."+rest, ti.Type, ti.Dims, tn.Data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	d := uint64(base.Params().Embd)
+	if err := w.AddTensor("blk.4.nextn.eh_proj.weight", quant.F32, []uint64{2 * d, d}, make([]byte, 4*2*d*d)); err != nil {
+		t.Fatal(err)
+	}
+	w.SetUint32("qwen35moe.block_count", 5)
+	w.SetUint32("qwen35moe.nextn_predict_layers", 1)
+	m, err := Load(reparse(t, w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := m.Params(); p.Layers != 4 || p.ExpertLayers != 5 || p.NextN != 1 || len(m.Blocks) != 4 || m.LocalExperts().NumLayers() != 5 {
+		t.Fatalf("layers %d, expert layers %d, nextn %d, blocks %d, local expert layers %d",
+			p.Layers, p.ExpertLayers, p.NextN, len(m.Blocks), m.LocalExperts().NumLayers())
+	}
+	toks := []int32{3, 1, 4, 1, 5}
+	sameBits(t, "with an MTP block", run(t, m, toks, 5), run(t, base, toks, 5))
 }

@@ -111,7 +111,7 @@ type Config struct {
 }
 
 // Verification defaults (docs/accounting.md, "Verification and forfeit",
-// derives them: with the hub's default settle window of 64 results, a lie
+// derives them: with the hub's default settle window of 128 results, a lie
 // costs a worker more in expectation than it can save).
 const (
 	DefaultProbation = 32

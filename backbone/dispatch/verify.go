@@ -86,7 +86,8 @@ func (c *conn) verdict(j *job, accepted bool) {
 // punish handles a worker caught cheating (a result that failed its check,
 // or a RESULT for a request it was never sent): the hub forfeits the
 // session's unsettled bytes, the key is banned for BanFor (durably when
-// there is a ban file) and the session is closed. reason is short (it
+// there is a ban file) and the session is closed, and so is every other
+// session of the same key, with the same forfeit. reason is short (it
 // travels in the WebSocket close frame, at most 123 bytes with the ban);
 // detail goes to the log and the ban record.
 func (c *conn) punish(reason, detail string) {
@@ -100,8 +101,23 @@ func (c *conn) punish(reason, detail string) {
 	}
 	d.log.Warn("dispatch: worker caught", "session", c.session, "worker", short(c.worker), "why", why,
 		"banned_until", until.UTC().Format(time.RFC3339))
+	closing := fmt.Sprintf("%s: uncredited bytes forfeited, key banned for %v", reason, d.cfg.BanFor)
 	c.sendCtl(wire.LinkForfeit, wire.AppendLinkForfeit(nil, why))
-	c.close(wire.CodeBadResult, fmt.Sprintf("%s: uncredited bytes forfeited, key banned for %v", reason, d.cfg.BanFor))
+	c.close(wire.CodeBadResult, closing)
+	// The same key's other sessions (another connection of the same
+	// worker) share the ban and the forfeit.
+	d.mu.Lock()
+	var others []*conn
+	for _, o := range d.workers {
+		if o.worker == c.worker && o != c {
+			others = append(others, o)
+		}
+	}
+	d.mu.Unlock()
+	for _, o := range others {
+		o.sendCtl(wire.LinkForfeit, wire.AppendLinkForfeit(nil, "another session of this key: "+why))
+		o.close(wire.CodeBadResult, closing)
+	}
 }
 
 // Bans returns the dispatcher's ban list.

@@ -347,6 +347,12 @@ func (c *scaled) ComputeExperts(ctx context.Context, layer int, hidden []float32
 func (s *stack) startBackend(t *testing.T, comp expert.Computer, backend string) *worker.Worker {
 	t.Helper()
 	_, key, _ := ed25519.GenerateKey(nil)
+	return s.startKeyed(t, key, comp, backend)
+}
+
+// startKeyed runs an in-process worker with key holding every layer.
+func (s *stack) startKeyed(t *testing.T, key ed25519.PrivateKey, comp expert.Computer, backend string) *worker.Worker {
+	t.Helper()
 	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
 		Holdings: holdings(s.model, 0, 1, 2, 3), ModelID: s.model.ID, Backend: backend, Threads: 1, Logger: quiet,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
@@ -420,4 +426,34 @@ func TestBackendTolerance(t *testing.T) {
 			t.Fatalf("workers %+v", st.Workers)
 		}
 	})
+}
+
+// TestCaughtClosesSameKeySessions: two sessions of one key (an honest one
+// and a lying one); when the liar is caught, both are forfeited and
+// closed, and neither comes back.
+func TestCaughtClosesSameKeySessions(t *testing.T) {
+	m := testModel()
+	s := newStackHub(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = 100, -1 },
+		func(c *hub.Config) { c.SettleDelay = time.Hour })
+	_, key, _ := ed25519.GenerateKey(nil)
+	s.startKeyed(t, key, &fakeExperts{d: m.D, nExpert: m.NExpert}, "cpu")
+	s.startKeyed(t, key, &scaled{fakeExperts{d: m.D, nExpert: m.NExpert}, 0.01}, "cpu")
+	s.waitWorkers(t, 2)
+	rng := rand.New(rand.NewPCG(73, 74))
+	for i := 0; s.disp.Stats().Caught == 0 && i < 50; i++ {
+		s.run(t, randomCall(t, m, rng, i%m.NLayer, 8))
+	}
+	waitUntil(t, 10*time.Second, "both sessions to end", func() bool {
+		ss := s.hub.Sessions()
+		return len(ss) == 2 && ss[0].Ended && ss[1].Ended
+	})
+	for _, ss := range s.hub.Sessions() {
+		if ss.ForfeitReason == "" || ss.CreditIn+ss.CreditOut != 0 {
+			t.Fatalf("session %+v not forfeited", ss)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // the workers retry (BackoffMax 200 ms) and are refused
+	if st := s.disp.Stats(); st.Caught != 1 || st.RefusedBanned == 0 || len(st.Workers) != 2 || st.Workers[0].Connected || st.Workers[1].Connected {
+		t.Fatalf("caught %d refused %d workers %+v", st.Caught, st.RefusedBanned, st.Workers)
+	}
 }

@@ -81,11 +81,13 @@ type Config struct {
 }
 
 // Settling defaults of the hub command (docs/accounting.md derives them:
-// with the dispatcher's default check rate of 1 in 20, a window of at least
-// 64 results makes an expected lie cost more than it can earn).
+// with the dispatcher's defaults, probation 32 and a check rate of 1 in 20,
+// a window of 128 results makes every lie cost more in expectation than it
+// saves, and leaves a worker that stops computing after its probation an
+// expected 0.15 results' pay per identity).
 const (
 	DefaultSettleDelay   = 30 * time.Second
-	DefaultSettleResults = 64
+	DefaultSettleResults = 128
 )
 
 // SessionStats is a snapshot of one session's counts; bytes are whole

@@ -74,6 +74,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 //	kvasir_swarm_worker_rtt_seconds{worker,session,quantile}  recent round trip, quantile 0.5 | 0.99
 //	kvasir_swarm_worker_connected{worker,session}             1 while the session is up
 //	kvasir_swarm_worker_holdings{worker,session}              (layer, expert) pairs accepted (grows as a provisioned worker downloads)
+//	kvasir_swarm_checks_total                     worker results verified by local recomputation (issue 11)
+//	kvasir_swarm_check_mismatches_total           checked results that differed (workers caught)
+//	kvasir_swarm_check_seconds_total              local compute time spent on the references
+//	kvasir_swarm_banned_refusals_total            HELLOs refused because the key is banned
+//	kvasir_swarm_banned_workers                   keys banned now
+//	kvasir_swarm_failovers_total                  replica requests sent for a failed request's pairs
 //
 // worker is the first 16 hex digits of the worker's public key. Sessions
 // that ended stay (the dispatcher keeps up to 256) so their counters do not
@@ -83,6 +89,8 @@ type SwarmCollector struct {
 	calls, outputs, fallbacks                      *prometheus.Desc
 	wRequests, wRoundTrips, wMisses, wLate, wBytes *prometheus.Desc
 	wRTT, wConnected, wHoldings                    *prometheus.Desc
+	checks, mismatches, checkSecs, refusedBanned   *prometheus.Desc
+	banned, failovers                              *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*SwarmCollector)(nil)
@@ -96,24 +104,31 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 	}
 	wl := []string{"worker", "session"}
 	return &SwarmCollector{stats: stats,
-		calls:       d("calls_total", "Expert computations requested by the backbone (one per MoE layer and step)."),
-		outputs:     d("expert_outputs_total", "Expert (row, slot) outputs used, by where they were computed.", "where"),
-		fallbacks:   d("fallbacks_total", "Worker requests whose outputs were recomputed locally (late, failed or refused)."),
-		wRequests:   d("worker_requests_total", "DISPATCH frames sent to the worker.", wl...),
-		wRoundTrips: d("worker_round_trips_total", "Round trips completed: RESULTs accepted from the worker.", wl...),
-		wMisses:     d("worker_deadline_misses_total", "Requests to the worker that passed their deadline.", wl...),
-		wLate:       d("worker_late_total", "RESULTs that arrived after their deadline and were dropped.", wl...),
-		wBytes:      d("worker_bytes_total", "Message bytes exchanged with the worker (in: from it, out: to it).", append(wl, "dir")...),
-		wRTT:        d("worker_rtt_seconds", "Recent round trip to the worker, seconds.", append(wl, "quantile")...),
-		wConnected:  d("worker_connected", "1 while the worker session is connected, 0 after it ended.", wl...),
-		wHoldings:   d("worker_holdings", "(layer, expert) pairs of the worker accepted by the dispatcher (hash checked).", wl...),
+		calls:         d("calls_total", "Expert computations requested by the backbone (one per MoE layer and step)."),
+		outputs:       d("expert_outputs_total", "Expert (row, slot) outputs used, by where they were computed.", "where"),
+		fallbacks:     d("fallbacks_total", "Worker requests whose outputs were recomputed locally (late, failed or refused)."),
+		wRequests:     d("worker_requests_total", "DISPATCH frames sent to the worker.", wl...),
+		wRoundTrips:   d("worker_round_trips_total", "Round trips completed: RESULTs accepted from the worker.", wl...),
+		wMisses:       d("worker_deadline_misses_total", "Requests to the worker that passed their deadline.", wl...),
+		wLate:         d("worker_late_total", "RESULTs that arrived after their deadline and were dropped.", wl...),
+		wBytes:        d("worker_bytes_total", "Message bytes exchanged with the worker (in: from it, out: to it).", append(wl, "dir")...),
+		wRTT:          d("worker_rtt_seconds", "Recent round trip to the worker, seconds.", append(wl, "quantile")...),
+		wConnected:    d("worker_connected", "1 while the worker session is connected, 0 after it ended.", wl...),
+		wHoldings:     d("worker_holdings", "(layer, expert) pairs of the worker accepted by the dispatcher (hash checked).", wl...),
+		checks:        d("checks_total", "Worker results verified against a local recomputation."),
+		mismatches:    d("check_mismatches_total", "Checked worker results that differed: replaced, forfeited, key banned."),
+		checkSecs:     d("check_seconds_total", "Local compute time spent on verification references, seconds."),
+		refusedBanned: d("banned_refusals_total", "Worker HELLOs refused because the key is banned."),
+		banned:        d("banned_workers", "Worker keys banned now."),
+		failovers:     d("failovers_total", "Replica requests sent for the pairs of a failed worker request."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
-		c.wLate, c.wBytes, c.wRTT, c.wConnected, c.wHoldings} {
+		c.wLate, c.wBytes, c.wRTT, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
+		c.banned, c.failovers} {
 		ch <- d
 	}
 }
@@ -133,6 +148,12 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 	cv(c.outputs, st.ExpertsRemote, "remote")
 	cv(c.outputs, st.ExpertsLocal, "local")
 	cv(c.fallbacks, st.Fallbacks)
+	cv(c.checks, st.Checks)
+	cv(c.mismatches, st.Mismatches)
+	emit(c.checkSecs, prometheus.CounterValue, st.CheckTime.Seconds())
+	cv(c.refusedBanned, st.RefusedBanned)
+	emit(c.banned, prometheus.GaugeValue, float64(st.Banned))
+	cv(c.failovers, st.Failovers)
 	seen := map[[2]string]bool{}
 	for _, w := range st.Workers {
 		id := w.ID

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -207,13 +208,14 @@ func TestChatMLNeedsMarkers(t *testing.T) {
 
 // TestSwarmCollector exports a dispatcher's statistics.
 func TestSwarmCollector(t *testing.T) {
-	st := dispatch.Stats{Calls: 7, ExpertsRemote: 100, ExpertsLocal: 12, Fallbacks: 2, Workers: []dispatch.WorkerStats{
-		{ID: "0123456789abcdef0123", Session: "s1", Connected: true, Requests: 5, Results: 4, Timeouts: 1, Late: 1,
-			BytesIn: 1000, BytesOut: 2000, RTTp50ms: 13, RTTp99ms: 20, Holdings: 24},
-		{ID: "fedcba9876543210", Session: "s0", Connected: false, Requests: 3, Results: 3, Holdings: 8},
-		{ID: "fedcba9876543210", Session: "s0"},       // duplicate label set: skipped
-		{ID: "ffff", Session: "bad\xff", Requests: 9}, // invalid UTF-8 label: skipped
-	}}
+	st := dispatch.Stats{Calls: 7, ExpertsRemote: 100, ExpertsLocal: 12, Fallbacks: 2, Checks: 9, Mismatches: 1,
+		CheckTime: 1500 * time.Millisecond, RefusedBanned: 3, Banned: 1, Failovers: 4, Workers: []dispatch.WorkerStats{
+			{ID: "0123456789abcdef0123", Session: "s1", Connected: true, Requests: 5, Results: 4, Timeouts: 1, Late: 1,
+				BytesIn: 1000, BytesOut: 2000, RTTp50ms: 13, RTTp99ms: 20, Holdings: 24},
+			{ID: "fedcba9876543210", Session: "s0", Connected: false, Requests: 3, Results: 3, Holdings: 8},
+			{ID: "fedcba9876543210", Session: "s0"},       // duplicate label set: skipped
+			{ID: "ffff", Session: "bad\xff", Requests: 9}, // invalid UTF-8 label: skipped
+		}}
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(NewSwarmCollector(func() dispatch.Stats { return st })); err != nil {
 		t.Fatal(err)
@@ -236,6 +238,12 @@ func TestSwarmCollector(t *testing.T) {
 		{"kvasir_swarm_worker_connected", nil, 1},
 		{"kvasir_swarm_worker_holdings", []string{"session", "s1"}, 24},
 		{"kvasir_swarm_worker_holdings", nil, 32},
+		{"kvasir_swarm_checks_total", nil, 9},
+		{"kvasir_swarm_check_mismatches_total", nil, 1},
+		{"kvasir_swarm_check_seconds_total", nil, 1.5},
+		{"kvasir_swarm_banned_refusals_total", nil, 3},
+		{"kvasir_swarm_banned_workers", nil, 1},
+		{"kvasir_swarm_failovers_total", nil, 4},
 	} {
 		if got := gatherValue(t, reg, c.name, c.labels...); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)

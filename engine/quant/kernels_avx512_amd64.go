@@ -13,12 +13,12 @@ import (
 // activations as q8KPermAVX512 reorders them (the codes of each
 // 128-element half as 0..31, 64..95, 32..63, 96..127; d and bsums in
 // place), so that one 64-byte load of weight nibbles meets one 64-byte
-// load of codes, with the bsums pair sums and d beside them: q8KPBytes per
+// load of codes, with the bsums and d beside them: q8KPBytes per
 // block (the layout is described in kernels_avx512_amd64.s). Each result
 // is genericQ4KDot's, bit for bit.
 
 // q8KPBytes is the size of a reordered activation block.
-const q8KPBytes = 384
+const q8KPBytes = 448
 
 // align64 returns b from its first 64-byte aligned byte (b must have 63
 // bytes to spare).

@@ -14,11 +14,15 @@
 //     element 64k+l, high nibble element 64k+32+l).
 //   block_q8_K (292 B): float32 d, int8 qs[256], int16 bsums[16] (sums of 16).
 //
-// The kernels read activations reordered by q8KPermAVX512 into 384-byte
+// The kernels read activations reordered by q8KPermAVX512 into 448-byte
 // blocks ("q8KP"): 0..255 the codes, each 128-element half as elements
 // 0..31, 64..95, 32..63, 96..127 (so that one 64-byte load of weight
 // nibbles, masked or shifted, meets one aligned 64-byte load of codes);
-// 256..319 the 16 bsums twice; 320 the float32 d.
+// 256..319 the words 0 x 8, bsums[0, 2, .., 14], twice; 320..383 the same
+// with bsums[1, 3, .., 15]; 384 the float32 d. Against a row of decoded
+// scales (words sc0..sc7, m0..m7), VPMADDWD with the first and VPDPWSSD
+// with the second give int32 partials of sum_j m_j*(bsums[2j] +
+// bsums[2j+1]) (the sc words meet zeros), exact for any bsums.
 
 // Q4_K scale decoding (get_scale_min_k4 for all 8 j at once), per 16-byte
 // lane holding the bytes s at 4(block) (scales[12] and 4 code bytes):
@@ -112,61 +116,75 @@ DATA k4perm<>+240(SB)/8, $0x0016001600160016
 DATA k4perm<>+248(SB)/8, $0x0017001700170017
 GLOBL k4perm<>(SB), RODATA|NOPTR, $256
 
-// k4minp: VPMADDWD word pairs of the mins: m0, m0, m1, m1, .., m7, m7 of
-// the row in the low half of a zmm of decoded scales, then those of the
-// row in the high half (words 8..15 and 24..31).
-DATA k4minp<>+0(SB)/8, $0x0009000900080008
-DATA k4minp<>+8(SB)/8, $0x000b000b000a000a
-DATA k4minp<>+16(SB)/8, $0x000d000d000c000c
-DATA k4minp<>+24(SB)/8, $0x000f000f000e000e
-DATA k4minp<>+32(SB)/8, $0x0019001900180018
-DATA k4minp<>+40(SB)/8, $0x001b001b001a001a
-DATA k4minp<>+48(SB)/8, $0x001d001d001c001c
-DATA k4minp<>+56(SB)/8, $0x001f001f001e001e
-GLOBL k4minp<>(SB), RODATA|NOPTR, $64
+// k4evod: VPSHUFB pattern putting the even words of each 128-bit lane
+// before the odd ones (then VPERMQ 0xd8: bsums[0, 2, .., 14] in the low
+// half, bsums[1, 3, .., 15] in the high one).
+DATA k4evod<>+0(SB)/8, $0x0d0c090805040100
+DATA k4evod<>+8(SB)/8, $0x0f0e0b0a07060302
+DATA k4evod<>+16(SB)/8, $0x0d0c090805040100
+DATA k4evod<>+24(SB)/8, $0x0f0e0b0a07060302
+GLOBL k4evod<>(SB), RODATA|NOPTR, $32
+
+// k4sm: VPERMQ indices 0, 4, 1, 5 (the 4-row reduction's last step).
+DATA k4sm<>+0(SB)/8, $0
+DATA k4sm<>+8(SB)/8, $4
+DATA k4sm<>+16(SB)/8, $1
+DATA k4sm<>+24(SB)/8, $5
+DATA k4sm<>+32(SB)/8, $2
+DATA k4sm<>+40(SB)/8, $6
+DATA k4sm<>+48(SB)/8, $3
+DATA k4sm<>+56(SB)/8, $7
+GLOBL k4sm<>(SB), RODATA|NOPTR, $64
 
 // func q8KPermAVX512(src, dst *byte, nb int)
-// Writes nb q8KP blocks (384 B, see above) at dst from the nb block_q8_K
+// Writes nb q8KP blocks (448 B, see above) at dst from the nb block_q8_K
 // at src.
 TEXT ·q8KPermAVX512(SB), NOSPLIT, $0-24
 	MOVQ    src+0(FP), SI
 	MOVQ    dst+8(FP), DI
 	MOVQ    nb+16(FP), CX
+	VMOVDQU k4evod<>(SB), Y9
 
 q8kperm:
-	MOVL         0(SI), AX
-	MOVL         AX, 320(DI)
-	VMOVDQU      4(SI), Y0
-	VMOVDQU      36(SI), Y1
-	VMOVDQU      68(SI), Y2
-	VMOVDQU      100(SI), Y3
-	VMOVDQU      132(SI), Y4
-	VMOVDQU      164(SI), Y5
-	VMOVDQU      196(SI), Y6
-	VMOVDQU      228(SI), Y7
-	VMOVDQU      260(SI), Y8
-	VMOVDQU      Y0, 0(DI)
-	VMOVDQU      Y2, 32(DI)
-	VMOVDQU      Y1, 64(DI)
-	VMOVDQU      Y3, 96(DI)
-	VMOVDQU      Y4, 128(DI)
-	VMOVDQU      Y6, 160(DI)
-	VMOVDQU      Y5, 192(DI)
-	VMOVDQU      Y7, 224(DI)
-	VMOVDQU      Y8, 256(DI)
-	VMOVDQU      Y8, 288(DI)
-	ADDQ         $292, SI
-	ADDQ         $384, DI
-	DECQ         CX
-	JNZ          q8kperm
+	MOVL        0(SI), AX
+	MOVL        AX, 384(DI)
+	VMOVDQU     4(SI), Y0
+	VMOVDQU     36(SI), Y1
+	VMOVDQU     68(SI), Y2
+	VMOVDQU     100(SI), Y3
+	VMOVDQU     132(SI), Y4
+	VMOVDQU     164(SI), Y5
+	VMOVDQU     196(SI), Y6
+	VMOVDQU     228(SI), Y7
+	VMOVDQU     260(SI), Y8
+	VPSHUFB     Y9, Y8, Y8
+	VMOVDQU     Y0, 0(DI)
+	VMOVDQU     Y2, 32(DI)
+	VMOVDQU     Y1, 64(DI)
+	VMOVDQU     Y3, 96(DI)
+	VMOVDQU     Y4, 128(DI)
+	VMOVDQU     Y6, 160(DI)
+	VMOVDQU     Y5, 192(DI)
+	VMOVDQU     Y7, 224(DI)
+	VPERMQ      $0xd8, Y8, Y8
+	VPERM2I128  $0x08, Y8, Y8, Y10
+	VPERM2I128  $0x18, Y8, Y8, Y11
+	VMOVDQU     Y10, 256(DI)
+	VMOVDQU     Y10, 288(DI)
+	VMOVDQU     Y11, 320(DI)
+	VMOVDQU     Y11, 352(DI)
+	ADDQ        $292, SI
+	ADDQ        $448, DI
+	DECQ        CX
+	JNZ         q8kperm
 	VZEROUPPER
 	RET
 
 // K4SETUP loads the constants: Z31 = 0x0f bytes, Z28, Z29 = the scale
 // permutations of halves 0, 1 for a row in the low half of a zmm of
-// words, Z26, Z27 for one in the high half; Z25 = k4minp.
+// words, Z26, Z27 for one in the high half; Z25 = k4sm.
 #define K4SETUP \
-	VMOVDQU64    k4minp<>(SB), Z25 \
+	VMOVDQU64    k4sm<>(SB), Z25 \
 	MOVL         $0x0f0f0f0f, AX \
 	VPBROADCASTD AX, Z31 \
 	VMOVDQU64    k4perm<>+0(SB), Z28 \
@@ -245,11 +263,24 @@ q8kperm:
 // PFD is the software prefetch distance in bytes along a weight row run.
 #define PFD 2048
 
+// PFROWS is how many weight rows ahead the 4-row loop prefetches.
+#ifndef PFROWS
+#define PFROWS 8
+#endif
+
 // PF3(W) prefetches the 144 bytes PFD ahead of W.
 #define PF3(W) \
 	PREFETCHT0 PFD(W) \
 	PREFETCHT0 (PFD+64)(W) \
 	PREFETCHT0 (PFD+128)(W)
+
+// PFR(W) prefetches the block of weight row W + 8 (R9 = the row stride):
+// the 4-row loop reads 4 row runs side by side, so the bytes it needs two
+// row groups from now are 8 rows down, not PFD bytes along.
+#define PFR(W) \
+	PREFETCHT0 (W)(AX*1) \
+	PREFETCHT0 64(W)(AX*1) \
+	PREFETCHT0 128(W)(AX*1)
 
 // FOLD(Z, Y, T): Y = the 8-lane sum of the halves of Z (T a scratch ymm).
 #define FOLD(Z, Y, T) \
@@ -264,6 +295,82 @@ q8kperm:
 	VPHADDD      C, A, A \
 	VEXTRACTI128 $1, A, XT \
 	VPADDD       XT, XA, XA
+
+// RED4(A0, A1, A2, A3) reduces the 4 rows' isum partials A0..A3 (16
+// lanes each) and mins partials Z12 (rows 0, 1: 8 lanes each) and Z13
+// (rows 2, 3) to Y0 = [isum0, imin0, isum1, imin1, .., isum3, imin3]
+// (exact; clobbers Z0..Z7).
+#define RED4(A0, A1, A2, A3) \
+	VSHUFI64X2  $0x44, A1, A0, Z4 \
+	VSHUFI64X2  $0xee, A1, A0, Z5 \
+	VPADDD      Z5, Z4, Z4 \
+	VSHUFI64X2  $0x44, A3, A2, Z6 \
+	VSHUFI64X2  $0xee, A3, A2, Z7 \
+	VPADDD      Z7, Z6, Z6 \
+	VPUNPCKLDQ  Z12, Z4, Z0 \
+	VPUNPCKHDQ  Z12, Z4, Z1 \
+	VPADDD      Z1, Z0, Z0 \
+	VPUNPCKLDQ  Z13, Z6, Z2 \
+	VPUNPCKHDQ  Z13, Z6, Z3 \
+	VPADDD      Z3, Z2, Z2 \
+	VPUNPCKLQDQ Z2, Z0, Z4 \
+	VPUNPCKHQDQ Z2, Z0, Z5 \
+	VPADDD      Z5, Z4, Z4 \
+	VSHUFI64X2  $0xb1, Z4, Z4, Z5 \
+	VPADDD      Z5, Z4, Z4 \
+	VPERMQ      Z4, Z25, Z0
+
+// Q4HALF(off, I0, I1, ACC) runs half h (qs at 16+off, codes at 2*off of
+// the q8KP block at DI, off = 64h) of the 4 rows' blocks at SI, R11, R12,
+// R13, breadth first so that the 4 rows' independent steps sit side by
+// side: nibbles (Z16..Z23), VPDPBUSD (Z0..Z7), VPACKSSDW, then the scale
+// words (VPERMW with I0 for rows 0, 2 and I1 for rows 1, 3) and ACC (a
+// VPMADDWD for half 0, VPDPWSSD for half 1) into Z8, Z9, Z15, Z24.
+#define Q4HALF(off, I0, I1, ACC) \
+	VMOVDQU64 (16+off)(SI), Z16 \
+	VMOVDQU64 (16+off)(R11), Z17 \
+	VMOVDQU64 (16+off)(R12), Z18 \
+	VMOVDQU64 (16+off)(R13), Z19 \
+	VPSRLW    $4, Z16, Z20 \
+	VPSRLW    $4, Z17, Z21 \
+	VPSRLW    $4, Z18, Z22 \
+	VPSRLW    $4, Z19, Z23 \
+	VPANDD    Z31, Z16, Z16 \
+	VPANDD    Z31, Z17, Z17 \
+	VPANDD    Z31, Z18, Z18 \
+	VPANDD    Z31, Z19, Z19 \
+	VPANDD    Z31, Z20, Z20 \
+	VPANDD    Z31, Z21, Z21 \
+	VPANDD    Z31, Z22, Z22 \
+	VPANDD    Z31, Z23, Z23 \
+	VPXORD    Z0, Z0, Z0 \
+	VPXORD    Z1, Z1, Z1 \
+	VPXORD    Z2, Z2, Z2 \
+	VPXORD    Z3, Z3, Z3 \
+	VPXORD    Z4, Z4, Z4 \
+	VPXORD    Z5, Z5, Z5 \
+	VPXORD    Z6, Z6, Z6 \
+	VPXORD    Z7, Z7, Z7 \
+	VPDPBUSD  (2*off)(DI), Z16, Z0 \
+	VPDPBUSD  (2*off+64)(DI), Z20, Z1 \
+	VPDPBUSD  (2*off)(DI), Z17, Z2 \
+	VPDPBUSD  (2*off+64)(DI), Z21, Z3 \
+	VPDPBUSD  (2*off)(DI), Z18, Z4 \
+	VPDPBUSD  (2*off+64)(DI), Z22, Z5 \
+	VPDPBUSD  (2*off)(DI), Z19, Z6 \
+	VPDPBUSD  (2*off+64)(DI), Z23, Z7 \
+	VPERMW    Z10, I0, Z16 \
+	VPERMW    Z10, I1, Z17 \
+	VPERMW    Z11, I0, Z18 \
+	VPERMW    Z11, I1, Z19 \
+	VPACKSSDW Z1, Z0, Z0 \
+	VPACKSSDW Z3, Z2, Z2 \
+	VPACKSSDW Z5, Z4, Z4 \
+	VPACKSSDW Z7, Z6, Z6 \
+	ACC       Z16, Z0, Z8 \
+	ACC       Z17, Z2, Z9 \
+	ACC       Z18, Z4, Z15 \
+	ACC       Z19, Z6, Z24
 
 // K4ROW(W, ZW, I0, I1, Z): one weight row's block at W (its scale words
 // in ZW, picked by I0, I1) against the q8KP block at DI: Z = the 16 isum
@@ -288,6 +395,8 @@ TEXT ·q4KRowsAVX512(SB), NOSPLIT, $0-48
 	MOVQ rb+32(FP), R9
 	MOVQ out+40(FP), R10
 	K4SETUP
+	MOVQ R9, AX
+	IMULQ $PFROWS, AX
 	CMPQ R8, $4
 	JB   q4k5rows
 
@@ -298,13 +407,13 @@ q4k5quad:
 	LEAQ   (R11)(R9*2), R13
 	MOVQ   a+8(FP), DI
 	MOVQ   DX, CX
-	VXORPS X14, X14, X14
+	VXORPS Y14, Y14, Y14
 
 q4k5quadloop:
-	PF3(SI)
-	PF3(R11)
-	PF3(R12)
-	PF3(R13)
+	PFR(SI)
+	PFR(R11)
+	PFR(R12)
+	PFR(R13)
 	VMOVDQU      4(SI), X8
 	VINSERTI32X4 $1, 4(R11), Z8, Z8
 	VINSERTI32X4 $2, 4(R12), Z8, Z8
@@ -313,47 +422,38 @@ q4k5quadloop:
 	VPMOVZXBW     Y9, Z10
 	VEXTRACTI64X4 $1, Z9, Y11
 	VPMOVZXBW     Y11, Z11
-	VPERMW        Z10, Z25, Z12
-	VPERMW        Z11, Z25, Z13
-	VPMADDWD      256(DI), Z12, Z12
-	VPMADDWD      256(DI), Z13, Z13
-	K4ROW(SI, Z10, Z28, Z29, Z0)
-	K4ROW(R11, Z10, Z26, Z27, Z1)
-	K4ROW(R12, Z11, Z28, Z29, Z2)
-	K4ROW(R13, Z11, Z26, Z27, Z3)
-	FOLD(Z0, Y0, Y4)
-	FOLD(Z1, Y1, Y5)
-	FOLD(Z2, Y2, Y6)
-	FOLD(Z3, Y3, Y7)
-	HSUM4X(Y0, Y1, Y2, Y3, X0, X4)
-	VEXTRACTI64X4 $1, Z12, Y5
-	VEXTRACTI64X4 $1, Z13, Y7
-	HSUM4X(Y12, Y5, Y13, Y7, X12, X4)
-	VCVTDQ2PS     X0, X0
-	VCVTDQ2PS     X12, X12
+	VPMADDWD      256(DI), Z10, Z12
+	VPMADDWD      256(DI), Z11, Z13
+	VPDPWSSD      320(DI), Z10, Z12
+	VPDPWSSD      320(DI), Z11, Z13
+	Q4HALF(0, Z28, Z26, VPMADDWD)
+	Q4HALF(64, Z29, Z27, VPDPWSSD)
+	RED4(Z8, Z9, Z15, Z24)
+	VCVTDQ2PS     Y0, Y0
 	VMOVD         0(SI), X3
-	VPINSRD       $1, 0(R11), X3, X3
-	VPINSRD       $2, 0(R12), X3, X3
-	VPINSRD       $3, 0(R13), X3, X3
+	VPBROADCASTD  0(R11), X4
+	VPBLENDD      $2, X4, X3, X3
+	VPBROADCASTD  0(R12), X4
+	VPBLENDD      $4, X4, X3, X3
+	VPBROADCASTD  0(R13), X4
+	VPBLENDD      $8, X4, X3, X3
 	VCVTPH2PS     X3, Y3
-	VEXTRACTF128  $1, Y3, X4
-	VSHUFPS       $0x88, X4, X3, X5
-	VSHUFPS       $0xdd, X4, X3, X3
-	VBROADCASTSS  320(DI), X4
-	VMULPS        X4, X5, X5
-	VMULPS        X4, X3, X3
-	VMULPS        X0, X5, X5
-	VMULPS        X12, X3, X3
-	VADDPS        X5, X14, X14
-	VSUBPS        X3, X14, X14
+	VBROADCASTSS  384(DI), Y4
+	VMULPS        Y4, Y3, Y3
+	VMULPS        Y0, Y3, Y3
+	VADDPS        Y3, Y14, Y14
+	VPSRLQ        $32, Y3, Y3
+	VSUBPS        Y3, Y14, Y14
 	ADDQ          $144, SI
 	ADDQ          $144, R11
 	ADDQ          $144, R12
 	ADDQ          $144, R13
-	ADDQ          $384, DI
+	ADDQ          $448, DI
 	DECQ          CX
 	JNZ           q4k5quadloop
-	VMOVUPS X14, 0(R10)
+	VEXTRACTF128 $1, Y14, X4
+	VSHUFPS      $0x88, X4, X14, X14
+	VMOVUPS      X14, 0(R10)
 	ADDQ    $16, R10
 	LEAQ    (BX)(R9*4), BX
 	SUBQ    $4, R8
@@ -373,8 +473,8 @@ q4k5loop:
 	VMOVDQU      4(SI), X8
 	K4DEC(X8, X9, X10, X11)
 	VPMOVZXBW    X9, Y10
-	VPERMW       Y10, Y25, Y12
-	VPMADDWD     256(DI), Y12, Y12
+	VPMADDWD     256(DI), Y10, Y12
+	VPDPWSSD     320(DI), Y10, Y12
 	K4ROW(SI, Z10, Z28, Z29, Z0)
 	FOLD(Z0, Y0, Y4)
 	VPHADDD      Y12, Y0, Y0
@@ -383,14 +483,14 @@ q4k5loop:
 	VPHADDD      X0, X0, X0
 	VCVTDQ2PS    X0, X0
 	VCVTPH2PS    0(SI), X3
-	VBROADCASTSS 320(DI), X4
+	VBROADCASTSS 384(DI), X4
 	VMULPS       X4, X3, X3
 	VMULPS       X0, X3, X3
 	VADDSS       X3, X14, X14
 	VMOVSHDUP    X3, X3
 	VSUBSS       X3, X14, X14
 	ADDQ         $144, SI
-	ADDQ         $384, DI
+	ADDQ         $448, DI
 	DECQ         CX
 	JNZ          q4k5loop
 	VMOVSS X14, 0(R10)
@@ -435,11 +535,14 @@ q4k54loop:
 	K4DOT(R11, Z1, Z4, Z5, Z6, Z7)
 	K4DOT(R12, Z2, Z4, Z5, Z6, Z7)
 	K4DOT(R13, Z3, Z4, Z5, Z6, Z7)
-	VPERMW       Y10, Y25, Y11
-	VPMADDWD     256(DI), Y11, Y12
-	VPMADDWD     256(R11), Y11, Y13
-	VPMADDWD     256(R12), Y11, Y8
-	VPMADDWD     256(R13), Y11, Y9
+	VPMADDWD     256(DI), Y10, Y12
+	VPMADDWD     256(R11), Y10, Y13
+	VPMADDWD     256(R12), Y10, Y8
+	VPMADDWD     256(R13), Y10, Y9
+	VPDPWSSD     320(DI), Y10, Y12
+	VPDPWSSD     320(R11), Y10, Y13
+	VPDPWSSD     320(R12), Y10, Y8
+	VPDPWSSD     320(R13), Y10, Y9
 	FOLD(Z0, Y0, Y4)
 	FOLD(Z1, Y1, Y5)
 	FOLD(Z2, Y2, Y6)
@@ -452,10 +555,10 @@ q4k54loop:
 	VBROADCASTSS X3, X5
 	VMOVSHDUP    X3, X3
 	VBROADCASTSS X3, X3
-	VMOVSS       320(DI), X4
-	VINSERTPS    $0x10, 320(R11), X4, X4
-	VINSERTPS    $0x20, 320(R12), X4, X4
-	VINSERTPS    $0x30, 320(R13), X4, X4
+	VMOVSS       384(DI), X4
+	VINSERTPS    $0x10, 384(R11), X4, X4
+	VINSERTPS    $0x20, 384(R12), X4, X4
+	VINSERTPS    $0x30, 384(R13), X4, X4
 	VMULPS       X4, X5, X5
 	VMULPS       X4, X3, X3
 	VMULPS       X0, X5, X5
@@ -463,10 +566,10 @@ q4k54loop:
 	VADDPS       X5, X14, X14
 	VSUBPS       X3, X14, X14
 	ADDQ         $144, SI
-	ADDQ         $384, DI
-	ADDQ         $384, R11
-	ADDQ         $384, R12
-	ADDQ         $384, R13
+	ADDQ         $448, DI
+	ADDQ         $448, R11
+	ADDQ         $448, R12
+	ADDQ         $448, R13
 	DECQ         CX
 	JNZ          q4k54loop
 	MOVQ       ys+72(FP), DX

@@ -290,3 +290,46 @@ func testDotF32Rows(t *testing.T) {
 		t.Errorf("huge stride: %v", err)
 	}
 }
+
+// TestQ4KAnyBytes holds the Q4_K row kernels to the generic code on random
+// bytes everywhere, activation bsums included (which the kernels read
+// instead of summing codes: any int16 values must give the generic
+// integer), finite scales: MatMulConverted for 1..9 activation rows and
+// weight row counts around the 4-row groups, and vecDotRows.
+func TestQ4KAnyBytes(t *testing.T) { eachSIMDPath(t, testQ4KAnyBytes) }
+
+func testQ4KAnyBytes(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	for _, nb := range []int{1, 3, 8} {
+		n := nb * QK_K
+		rb, _ := Q4_K.RowBytes(n)
+		ab, _ := ActivationBytes(Q4_K, n)
+		for _, rows := range []int{1, 3, 4, 5, 8, 13} {
+			for _, m := range []int{1, 3, 4, 5, 9} {
+				w, a := make([]byte, rows*rb), make([]byte, m*ab)
+				randomCodes(r, w)
+				randomCodes(r, a)
+				for i := range rows {
+					for j := range m {
+						saneScales(r, w[i*rb:], a[j*ab:], 144, 292, nb)
+					}
+				}
+				y := make([]float32, m*rows)
+				if err := MatMulConverted(Q4_K, w, rows, n, a, m, y, 1); err != nil {
+					t.Fatal(err)
+				}
+				for j := range m {
+					got := make([]float32, rows)
+					vecDotRows(Q4_K, w, rb, a[j*ab:(j+1)*ab], n, got)
+					for i := range rows {
+						var want float32
+						withGeneric(func() { want = vecDot(Q4_K, w[i*rb:(i+1)*rb], a[j*ab:(j+1)*ab], n) })
+						if !sameBits(y[j*rows+i], want) || !sameBits(got[i], want) {
+							t.Fatalf("nb=%d rows=%d m=%d: y[%d][%d] = %g, vecDotRows %g, generic %g", nb, rows, m, j, i, y[j*rows+i], got[i], want)
+						}
+					}
+				}
+			}
+		}
+	}
+}

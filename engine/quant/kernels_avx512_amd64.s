@@ -506,8 +506,9 @@ q4k5done:
 // func q4KRows4AVX512(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
 // For r < rows and j < 4: y[j*ys+r] = genericQ4KDot(w + r*rb, a_j, nb)
 // (rows, nb >= 1), a_j as nb q8KP blocks: each weight block is decoded
-// once for the 4 activation rows; the float steps run packed, lane j
-// being row j's scalar sequence.
+// once for the 4 activation rows, their sums reduced together (RED4), and
+// the float steps run packed on [isum, imin] lane pairs, pair j being
+// activation row j's scalar sequence.
 TEXT ·q4KRows4AVX512(SB), NOSPLIT, $0-80
 	MOVQ w+0(FP), R8
 	MOVQ rows+48(FP), R9
@@ -521,70 +522,68 @@ q4k54rows:
 	MOVQ   a2+24(FP), R12
 	MOVQ   a3+32(FP), R13
 	MOVQ   nb+40(FP), CX
-	VXORPS X14, X14, X14
+	VXORPS Y14, Y14, Y14
 
 q4k54loop:
 	PF3(SI)
-	VMOVDQU    4(SI), X8
+	VMOVDQU       4(SI), X8
 	K4DEC(X8, X9, X10, X11)
-	VPMOVZXBW  X9, Y10
-	VPERMW     Z10, Z28, Z20
-	VPERMW     Z10, Z29, Z21
+	VPMOVZXBW     X9, Y10
+	VPERMW        Z10, Z28, Z20
+	VPERMW        Z10, Z29, Z21
 	K4CODES(SI)
 	K4DOT(DI, Z0, Z4, Z5, Z6, Z7)
 	K4DOT(R11, Z1, Z4, Z5, Z6, Z7)
 	K4DOT(R12, Z2, Z4, Z5, Z6, Z7)
 	K4DOT(R13, Z3, Z4, Z5, Z6, Z7)
-	VPMADDWD     256(DI), Y10, Y12
-	VPMADDWD     256(R11), Y10, Y13
-	VPMADDWD     256(R12), Y10, Y8
-	VPMADDWD     256(R13), Y10, Y9
-	VPDPWSSD     320(DI), Y10, Y12
-	VPDPWSSD     320(R11), Y10, Y13
-	VPDPWSSD     320(R12), Y10, Y8
-	VPDPWSSD     320(R13), Y10, Y9
-	FOLD(Z0, Y0, Y4)
-	FOLD(Z1, Y1, Y5)
-	FOLD(Z2, Y2, Y6)
-	FOLD(Z3, Y3, Y7)
-	HSUM4X(Y0, Y1, Y2, Y3, X0, X4)
-	HSUM4X(Y12, Y13, Y8, Y9, X12, X4)
-	VCVTDQ2PS    X0, X0
-	VCVTDQ2PS    X12, X12
-	VCVTPH2PS    0(SI), X3
-	VBROADCASTSS X3, X5
-	VMOVSHDUP    X3, X3
-	VBROADCASTSS X3, X3
-	VMOVSS       384(DI), X4
-	VINSERTPS    $0x10, 384(R11), X4, X4
-	VINSERTPS    $0x20, 384(R12), X4, X4
-	VINSERTPS    $0x30, 384(R13), X4, X4
-	VMULPS       X4, X5, X5
-	VMULPS       X4, X3, X3
-	VMULPS       X0, X5, X5
-	VMULPS       X12, X3, X3
-	VADDPS       X5, X14, X14
-	VSUBPS       X3, X14, X14
-	ADDQ         $144, SI
-	ADDQ         $448, DI
-	ADDQ         $448, R11
-	ADDQ         $448, R12
-	ADDQ         $448, R13
-	DECQ         CX
-	JNZ          q4k54loop
-	MOVQ       ys+72(FP), DX
-	SHLQ       $2, DX
-	MOVQ       R10, BX
-	VMOVSS     X14, (BX)
-	ADDQ       DX, BX
-	VEXTRACTPS $1, X14, (BX)
-	ADDQ       DX, BX
-	VEXTRACTPS $2, X14, (BX)
-	ADDQ       DX, BX
-	VEXTRACTPS $3, X14, (BX)
-	ADDQ       $4, R10
-	ADDQ       rb+56(FP), R8
-	DECQ       R9
-	JNZ        q4k54rows
+	VPMADDWD      256(DI), Y10, Y12
+	VPDPWSSD      320(DI), Y10, Y12
+	VPMADDWD      256(R11), Y10, Y9
+	VPDPWSSD      320(R11), Y10, Y9
+	VINSERTI64X4  $1, Y9, Z12, Z12
+	VPMADDWD      256(R12), Y10, Y13
+	VPDPWSSD      320(R12), Y10, Y13
+	VPMADDWD      256(R13), Y10, Y9
+	VPDPWSSD      320(R13), Y10, Y9
+	VINSERTI64X4  $1, Y9, Z13, Z13
+	RED4(Z0, Z1, Z2, Z3)
+	VCVTDQ2PS     Y0, Y0
+	VPBROADCASTD  0(SI), X3
+	VCVTPH2PS     X3, Y3
+	VBROADCASTSS  384(DI), Y4
+	VBROADCASTSS  384(R11), Y5
+	VBLENDPS      $0x0c, Y5, Y4, Y4
+	VBROADCASTSS  384(R12), Y5
+	VBLENDPS      $0x30, Y5, Y4, Y4
+	VBROADCASTSS  384(R13), Y5
+	VBLENDPS      $0xc0, Y5, Y4, Y4
+	VMULPS        Y4, Y3, Y3
+	VMULPS        Y0, Y3, Y3
+	VADDPS        Y3, Y14, Y14
+	VPSRLQ        $32, Y3, Y3
+	VSUBPS        Y3, Y14, Y14
+	ADDQ          $144, SI
+	ADDQ          $448, DI
+	ADDQ          $448, R11
+	ADDQ          $448, R12
+	ADDQ          $448, R13
+	DECQ          CX
+	JNZ           q4k54loop
+	VEXTRACTF128 $1, Y14, X4
+	VSHUFPS      $0x88, X4, X14, X14
+	MOVQ         ys+72(FP), DX
+	SHLQ         $2, DX
+	MOVQ         R10, BX
+	VMOVSS       X14, (BX)
+	ADDQ         DX, BX
+	VEXTRACTPS   $1, X14, (BX)
+	ADDQ         DX, BX
+	VEXTRACTPS   $2, X14, (BX)
+	ADDQ         DX, BX
+	VEXTRACTPS   $3, X14, (BX)
+	ADDQ         $4, R10
+	ADDQ         rb+56(FP), R8
+	DECQ         R9
+	JNZ          q4k54rows
 	K4CLEAN
 	RET

@@ -313,8 +313,9 @@ func (cl *call) resolve(j *job, rep reply) error {
 			j.c.mismatches.Add(1)
 			cl.scatter(j.pairs, j.ref)
 			cl.nLocal += len(j.pairs)
-			j.c.verdict(j, false)
+			j.c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, j.req))
 			j.c.punish(fmt.Sprintf("verification failed (request %d)", j.req), why)
+			j.c.verified(j) // after the FORFEIT: a draining session closes its link only now
 			return nil
 		}
 		j.c.passed.Add(1)

@@ -505,6 +505,11 @@ func (c *conn) retire(reason string) bool {
 		}
 	}
 	d.mu.Unlock()
+	select {
+	case <-d.stop:
+	default:
+		d.plan() // its experts go to the others
+	}
 	return true
 }
 
@@ -547,11 +552,6 @@ func (c *conn) close(code uint16, reason string) {
 		reason = c.reasonNow()
 	}
 	d.log.Info("dispatch: worker left", "session", c.session, "worker", short(c.worker), "reason", reason)
-	select {
-	case <-d.stop:
-	default:
-		d.plan() // its experts go to the others
-	}
 }
 
 func (c *conn) reasonNow() string {

@@ -78,6 +78,12 @@ func (c *conn) verdict(j *job, accepted bool) {
 		kind = wire.LinkAccepted
 	}
 	c.sendCtl(kind, wire.AppendLinkRequest(nil, j.req))
+	c.verified(j)
+}
+
+// verified ends, for a checked request, the wait of a closing session for
+// its verdict (and for a FORFEIT that follows it).
+func (c *conn) verified(j *job) {
 	if j.check {
 		c.verifying.Add(-1)
 	}

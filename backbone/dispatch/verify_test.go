@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/kvasir-ai/kvasir/backbone/credit"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
@@ -455,5 +456,45 @@ func TestCaughtClosesSameKeySessions(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // the workers retry (BackoffMax 200 ms) and are refused
 	if st := s.disp.Stats(); st.Caught != 1 || st.RefusedBanned == 0 || len(st.Workers) != 2 || st.Workers[0].Connected || st.Workers[1].Connected {
 		t.Fatalf("caught %d refused %d workers %+v", st.Caught, st.RefusedBanned, st.Workers)
+	}
+}
+
+// TestForfeitAfterWorkerLeft: a worker sends a wrong RESULT and
+// disconnects at once, while the backbone is still computing the
+// reference. The hub keeps the link open for the verdict (drain), so the
+// FORFEIT that follows the comparison still reaches it: the session's
+// bytes are never credited.
+func TestForfeitAfterWorkerLeft(t *testing.T) {
+	m := testModel()
+	s, l := ledgerStack(t, m, func(c *dispatch.Config) { c.Probation, c.CheckRate = 0, 0 })
+	s.local.delay = 300 * time.Millisecond // the reference takes a while
+	c := s.rawWorker(t)
+	lim := &wire.Limits{D: m.D, K: m.K, NLayer: m.NLayer, NExpert: m.NExpert}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.run(t, randomCall(t, m, rand.New(rand.NewPCG(75, 76)), 0, 4)) // the reference is used
+	}()
+	d := readDispatch(t, c, lim)
+	r := &wire.Result{Request: d.Request, M: 8, D: m.D, Out: make([]float32, 8*m.D)} // zeros: wrong
+	if err := c.Write(context.Background(), websocket.MessageBinary, r.Append(nil)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(websocket.StatusNormalClosure, "bye")
+	<-done
+	var id string
+	waitUntil(t, 10*time.Second, "the session to end", func() bool {
+		ss := s.hub.Sessions()
+		if len(ss) == 1 {
+			id = ss[0].WorkerID
+		}
+		return len(ss) == 1 && ss[0].Ended
+	})
+	ss := s.hub.Sessions()[0]
+	if st := s.disp.Stats(); st.Caught != 1 || ss.Forfeited == 0 || ss.CreditOut+ss.CreditIn != 0 {
+		t.Fatalf("caught %d; hub session %+v", st.Caught, ss)
+	}
+	if b, rej := ledgerOf(t, l, id); b != 0 || rej == 0 {
+		t.Fatalf("ledger %d creditable %d rejected", b, rej)
 	}
 }

@@ -30,6 +30,7 @@
 //	  |<-- DISPATCH (req, layer, n x d hidden, n x k ids; -1 = not yours) -------------------|
 //	  |--- RESULT (req, m x d outputs, m = ids != -1, row-major (row, slot) order) --------->|
 //	  |                                  |                           |<-- ACCEPTED(req) -------| (link only)
+//	  |                                  |                           |<-- FORFEIT (reason) ----| (link only: a caught worker)
 //	  |--- PING (t) every 20 s -------------------------------------------------------------->|
 //	  |<-- PONG (t) -------------------------------------------------------------------------|
 //	  |--- PAUSE (1) / PAUSE (0): takes no new work / takes work again --------------------->|

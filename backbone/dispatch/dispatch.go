@@ -114,10 +114,16 @@ type Config struct {
 // derives them: with the hub's default settle window of 128 results, a lie
 // costs a worker more in expectation than it can save).
 const (
+	// DefaultProbation is Config.Probation's default: checked results a
+	// session passes before sampling starts.
 	DefaultProbation = 32
+	// DefaultCheckRate is Config.CheckRate's default: 1 result in 20.
 	DefaultCheckRate = 0.05
+	// DefaultTolerance is Config.Tolerance's default: relative L2 error per
+	// output row allowed to a non-CPU backend.
 	DefaultTolerance = 1.0 / 128
-	DefaultBanFor    = 24 * time.Hour
+	// DefaultBanFor is Config.BanFor's default.
+	DefaultBanFor = 24 * time.Hour
 )
 
 // Errors returned (wrapped) by ComputeExperts.

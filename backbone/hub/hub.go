@@ -86,7 +86,11 @@ type Config struct {
 // saves, and leaves a worker that stops computing after its probation an
 // expected 0.15 results' pay per identity).
 const (
-	DefaultSettleDelay   = 30 * time.Second
+	// DefaultSettleDelay is the hub command's --settle: creditable bytes
+	// are at least this old before they reach the ledger.
+	DefaultSettleDelay = 30 * time.Second
+	// DefaultSettleResults is the hub command's --settle-results: and
+	// followed by at least this many RESULTs of their session.
 	DefaultSettleResults = 128
 )
 

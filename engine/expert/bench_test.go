@@ -2,6 +2,7 @@ package expert
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -33,10 +34,13 @@ func pooledStack(b *testing.B, rng *rand.Rand, t quant.Type, n, rows, cols int) 
 	return out
 }
 
-// BenchmarkLocalQwen3_30B measures the expert function on one Qwen3-30B-A3B
-// layer (128 experts of d 2048, FFN 768, Q4_K): decode (1 row, top-8) and a
-// 64-row batch, cycling through all experts so weights come from memory.
-// GB/s counts the expert weight bytes each call reads.
+// BenchmarkLocalQwen3_30B measures the expert function (what a worker
+// sells) on one Qwen3-30B-A3B layer (128 experts of d 2048, FFN 768, Q4_K,
+// 340 MB) with GOMAXPROCS goroutines at batches of 1 (a decode step, top-8),
+// 8, 64 and 512 rows, cycling through the experts so that weights come from
+// memory. GB/s counts the weight bytes of the distinct experts each call
+// reads (once per call, however many rows route to an expert); rows/s the
+// input rows.
 func BenchmarkLocalQwen3_30B(b *testing.B) {
 	const ne, d, dff, k = 128, 2048, 768, 8
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -49,8 +53,8 @@ func BenchmarkLocalQwen3_30B(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, n := range []int{1, 64} {
-		b.Run(map[int]string{1: "decode", 64: "batch64"}[n], func(b *testing.B) {
+	for _, n := range []int{1, 8, 64, 512} {
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
 			x := make([]float32, n*d)
 			for i := range x {
 				x[i] = float32(rng.NormFloat64())

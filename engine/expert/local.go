@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
@@ -34,7 +35,13 @@ var _ Computer = (*Local)(nil)
 // NewLocal returns a Computer over layers, indexed by layer number (nil
 // entries: layers not held). threads <= 0 means runtime.GOMAXPROCS(0).
 // Each non-nil layer is validated; errors wrap ErrShape or ErrType.
+//
+// When the held expert weights take at most 3/4 of the machine's memory,
+// NewLocal also maps their pages in (Linux: madvise MADV_POPULATE_READ, as
+// llama.cpp maps its model with MAP_POPULATE), reading them from disk where
+// they are not cached yet, so that no token pays page faults.
 func NewLocal(layers []*Layer, threads int) (*Local, error) {
+	var total uint64
 	for i, l := range layers {
 		if l == nil {
 			continue
@@ -42,8 +49,42 @@ func NewLocal(layers []*Layer, threads int) (*Local, error) {
 		if err := l.Validate(); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", i, err)
 		}
+		for e := range l.NExpert {
+			if l.Held(e) {
+				total += uint64(len(l.Gate.Expert[e]) + len(l.Up.Expert[e]) + len(l.Down.Expert[e]))
+			}
+		}
+	}
+	if ram := physicalMemory(); ram > 0 && total <= ram/4*3 {
+		for _, l := range layers {
+			if l != nil {
+				prefaultLayer(l)
+			}
+		}
 	}
 	return &Local{layers: layers, threads: threads}, nil
+}
+
+// prefaultLayer prefaults the held experts' weights of l, one call per
+// run of slices that follow each other in memory (a stacked GGUF tensor's
+// experts).
+func prefaultLayer(l *Layer) {
+	var start, end uintptr // the current run
+	for _, p := range []*Proj{&l.Gate, &l.Up, &l.Down} {
+		for _, b := range p.Expert {
+			if len(b) == 0 {
+				continue
+			}
+			at := uintptr(unsafe.Pointer(&b[0]))
+			if end > start && at == end {
+				end += uintptr(len(b))
+				continue
+			}
+			prefault(start, int(end-start))
+			start, end = at, at+uintptr(len(b))
+		}
+	}
+	prefault(start, int(end-start))
 }
 
 // Layer returns layer i, or nil when it is not held.

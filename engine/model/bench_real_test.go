@@ -1,0 +1,113 @@
+package model
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+)
+
+// realModel is the GGUF file of BenchmarkRealModel, opened once per process.
+var realModel struct {
+	once sync.Once
+	m    *Model
+	err  error
+}
+
+// BenchmarkRealModel measures decode and prefill on a real-size GGUF file,
+// named by KVASIR_BENCH_MODEL (skipped when unset; scripts/bench.sh writes
+// the 48-layer Qwen3-30B-A3B-shape Q4_K file with backbone genmodel), on
+// KVASIR_BENCH_THREADS goroutines (default 2), the way llama-bench measures
+// llama.cpp:
+//
+//   - tg32: one iteration decodes 32 tokens one at a time from an empty
+//     sequence (llama-bench -n 32); tok/s, weight bytes read per token and
+//     their GB/s (tok/s x bytes/token: compare with the memory bandwidth).
+//   - pp512: one iteration runs a 512-token prompt as one batch, logits for
+//     its last row (llama-bench -p 512); tok/s.
+//
+// One untimed iteration first warms the caches (llama-bench also runs one
+// warm-up). cpu-us/tok is the process CPU time per token (on a shared
+// machine, wall-clock rates are low bounds).
+func BenchmarkRealModel(b *testing.B) {
+	path := os.Getenv("KVASIR_BENCH_MODEL")
+	if path == "" {
+		b.Skip("KVASIR_BENCH_MODEL not set: no real-size model to measure")
+	}
+	realModel.once.Do(func() {
+		f, err := gguf.Open(path)
+		if err != nil {
+			realModel.err = err
+			return
+		}
+		realModel.m, realModel.err = Load(f)
+	})
+	if realModel.err != nil {
+		b.Fatal(realModel.err)
+	}
+	m := realModel.m
+	threads := 2
+	if s := os.Getenv("KVASIR_BENCH_THREADS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			b.Fatalf("KVASIR_BENCH_THREADS=%q: want a positive integer", s)
+		}
+		threads = n
+	}
+	m.SetThreads(threads)
+	ctx := context.Background()
+	vocab := m.Params().Vocab
+	logits := make([]float32, vocab)
+	b.Run("tg32", func(b *testing.B) {
+		const n = 32
+		seq := m.NewSequence()
+		row := []Row{{Seq: seq, Logits: true}}
+		gen := func() {
+			_ = seq.Truncate(0)
+			tok := int32(1)
+			for range n {
+				row[0].Token, row[0].Pos = tok, seq.Len()
+				if err := m.Forward(ctx, row, logits); err != nil {
+					b.Fatal(err)
+				}
+				tok = Greedy(logits)
+			}
+		}
+		gen()
+		b.ResetTimer()
+		cpu0 := processCPU()
+		for range b.N {
+			gen()
+		}
+		reportCPU(b, cpu0, n*b.N)
+		tps := float64(n*b.N) / b.Elapsed().Seconds()
+		b.ReportMetric(tps, "tok/s")
+		b.ReportMetric(float64(m.BytesPerToken()), "weightB/tok")
+		b.ReportMetric(tps*float64(m.BytesPerToken())/1e9, "GB/s")
+	})
+	b.Run("pp512", func(b *testing.B) {
+		const n = 512
+		seq := m.NewSequence()
+		prompt := make([]Row, n)
+		run := func(it int) {
+			_ = seq.Truncate(0)
+			for j := range prompt {
+				prompt[j] = Row{Seq: seq, Token: int32((j*101 + it + 1) % vocab), Pos: j, Logits: j == n-1}
+			}
+			if err := m.Forward(ctx, prompt, logits); err != nil {
+				b.Fatal(err)
+			}
+		}
+		run(-1)
+		b.ResetTimer()
+		cpu0 := processCPU()
+		for i := range b.N {
+			run(i)
+		}
+		reportCPU(b, cpu0, n*b.N)
+		b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tok/s")
+	})
+}

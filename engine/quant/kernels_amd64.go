@@ -235,6 +235,10 @@ func dotF32RowsAVX2(x, m *float32, n, rows, stride int, out *float32)
 
 // dotF32Rows is genericDotF32Rows (lengths checked by DotF32Rows).
 func dotF32Rows(x, m []float32, stride int, out []float32) {
+	if useSIMD && useAVX512 && len(out) > 0 && len(m) > 0 && len(x) > 0 {
+		dotF32RowsAVX512(&x[0], &m[0], len(x), len(out), stride, &out[0])
+		return
+	}
 	if useSIMD && len(out) > 0 && len(m) > 0 && len(x) > 0 {
 		dotF32RowsAVX2(&x[0], &m[0], len(x), len(out), stride, &out[0])
 		return
@@ -244,6 +248,9 @@ func dotF32Rows(x, m []float32, stride int, out []float32) {
 
 // dotF32 is genericDotF32 (DotF32 on n <= len(a), len(b) elements).
 func dotF32(a, b []float32, n int) float32 {
+	if useSIMD && useAVX512 && n > 0 && len(a) >= n && len(b) >= n {
+		return dotF32AVX512(&a[0], &b[0], n)
+	}
 	if useSIMD && n > 0 && len(a) >= n && len(b) >= n {
 		return dotF32AVX2(&a[0], &b[0], n)
 	}

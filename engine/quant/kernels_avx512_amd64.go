@@ -35,6 +35,12 @@ func q4KRowsAVX512(w, a *byte, nb, rows, rb int, out *float32)
 //go:noescape
 func q4KRows4AVX512(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
 
+//go:noescape
+func dotF32AVX512(a, b *float32, n int) float32
+
+//go:noescape
+func dotF32RowsAVX512(x, m *float32, n, rows, stride int, out *float32)
+
 // permPool holds the reordered activations of q4KMatMul512 (*[]byte).
 var permPool sync.Pool
 

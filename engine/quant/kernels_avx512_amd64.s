@@ -587,3 +587,125 @@ q4k54loop:
 	JNZ          q4k54rows
 	K4CLEAN
 	RET
+
+// REDUCE32Z sums the 32 float32 lanes Z0 (lanes 0-15) and Z1 (16-31) into
+// X0[0] in reduceLanes' tree: lane i += lane i+16, +8, +4, +2, +1.
+#define REDUCE32Z \
+	VADDPS        Z1, Z0, Z0 \
+	VEXTRACTF64X4 $1, Z0, Y1 \
+	VADDPS        Y1, Y0, Y0 \
+	VEXTRACTF128  $1, Y0, X1 \
+	VADDPS        X1, X0, X0 \
+	VPSHUFD       $0x4e, X0, X1 \
+	VADDPS        X1, X0, X0 \
+	VPSHUFD       $0xb1, X0, X1 \
+	VADDSS        X1, X0, X0
+
+// F32TAILMASKS sets K1, K2 to the lanes of the first DX%32 elements of a
+// 32-element step (K1: lanes 0-15, K2: 16-31). Clobbers AX, CX.
+#define F32TAILMASKS \
+	MOVQ  DX, CX \
+	MOVL  $1, AX \
+	SHLQ  CX, AX \
+	DECQ  AX \
+	KMOVW AX, K1 \
+	SHRQ  $16, AX \
+	KMOVW AX, K2
+
+// F32DOT32Z(lbl): Z0, Z1 (lanes 0-15, 16-31) += the products of CX steps
+// of 32 floats at SI and DI (VMULPS then VADDPS: rounded like the Go
+// code's acc[i%32] += float32(a[i]*b[i])); SI, DI advance.
+#define F32DOT32Z(lbl) \
+lbl: \
+	VMOVUPS 0(SI), Z4 \
+	VMOVUPS 64(SI), Z5 \
+	VMULPS  0(DI), Z4, Z4 \
+	VMULPS  64(DI), Z5, Z5 \
+	VADDPS  Z4, Z0, Z0 \
+	VADDPS  Z5, Z1, Z1 \
+	ADDQ    $128, SI \
+	ADDQ    $128, DI \
+	DECQ    CX \
+	JNZ     lbl
+
+// F32TAILZ adds the products of the DX%32 tail elements at SI, DI into
+// their lanes only (loads and adds masked by K1, K2).
+#define F32TAILZ \
+	VMOVUPS.Z 0(SI), K1, Z4 \
+	VMOVUPS.Z 64(SI), K2, Z5 \
+	VMOVUPS.Z 0(DI), K1, Z6 \
+	VMOVUPS.Z 64(DI), K2, Z7 \
+	VMULPS    Z6, Z4, Z4 \
+	VMULPS    Z7, Z5, Z5 \
+	VADDPS    Z4, Z0, K1, Z0 \
+	VADDPS    Z5, Z1, K2, Z1
+
+// func dotF32AVX512(a, b *float32, n int) float32
+// genericDotF32 over n >= 1 elements: 32 lanes in two zmm, element i in
+// lane i%32, then reduceLanes' tree.
+TEXT ·dotF32AVX512(SB), NOSPLIT, $0-28
+	MOVQ   a+0(FP), SI
+	MOVQ   b+8(FP), DI
+	MOVQ   n+16(FP), DX
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	MOVQ   DX, R8
+	SHRQ   $5, R8
+	ANDQ   $31, DX
+	MOVQ   R8, CX
+	TESTQ  CX, CX
+	JZ     df5tail
+	F32DOT32Z(df5loop)
+
+df5tail:
+	TESTQ DX, DX
+	JZ    df5reduce
+	F32TAILMASKS
+	F32TAILZ
+
+df5reduce:
+	REDUCE32Z
+	VMOVSS X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func dotF32RowsAVX512(x, m *float32, n, rows, stride int, out *float32)
+// out[j] = dotF32AVX512(x, m + j*stride, n) for j < rows (rows >= 1, n >=
+// 1, stride in floats).
+TEXT ·dotF32RowsAVX512(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), R11
+	MOVQ m+8(FP), BX
+	MOVQ n+16(FP), DX
+	MOVQ DX, R12
+	SHRQ $5, R12
+	ANDQ $31, DX
+	MOVQ rows+24(FP), R8
+	MOVQ stride+32(FP), R9
+	SHLQ $2, R9
+	MOVQ out+40(FP), R10
+	F32TAILMASKS
+
+df5row:
+	MOVQ   R11, SI
+	MOVQ   BX, DI
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	MOVQ   R12, CX
+	TESTQ  CX, CX
+	JZ     df5rtail
+	F32DOT32Z(df5rloop)
+
+df5rtail:
+	TESTQ DX, DX
+	JZ    df5rreduce
+	F32TAILZ
+
+df5rreduce:
+	REDUCE32Z
+	VMOVSS X0, 0(R10)
+	ADDQ   $4, R10
+	ADDQ   R9, BX
+	DECQ   R8
+	JNZ    df5row
+	VZEROUPPER
+	RET

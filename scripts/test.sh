@@ -42,6 +42,19 @@ go vet ./...
 echo "== cross-compile checks (pure-Go parts for mobile targets)"
 bash scripts/crosscheck.sh
 
+# --- PostgreSQL for the money-path tests (issue 13; scripts/pg.sh, owner: ledger/credit) ---
+# A throw-away server on 127.0.0.1 for the ledger and wallets tests on PostgreSQL;
+# without one they skip, saying KVASIR_TEST_PG_DSN is unset. Stopped on exit.
+if [ -z "${KVASIR_TEST_PG_DSN:-}" ]; then
+  if pg_env=$(bash scripts/pg.sh start); then
+    eval "$pg_env"
+    trap 'bash scripts/pg.sh stop "$KVASIR_TEST_PG_DIR"' EXIT
+  else
+    echo "test.sh: no PostgreSQL server (see above); the PostgreSQL tests will skip"
+  fi
+fi
+# --- end PostgreSQL ---
+
 echo "== go test"
 export MESA_SHADER_CACHE_DIR="$(mktemp -d)"
 go test -timeout 40m -count=1 ./...

@@ -10,6 +10,15 @@
 #   KVASIR_BENCH_QUICK=1 bash scripts/bench.sh   # each benchmark once: checks the script, numbers meaningless
 #   KVASIR_BENCH_DOC_ONLY=1 bash scripts/bench.sh  # only regenerate the doc from docs/bench-raw.txt
 #   KVASIR_BENCH_RAW=F KVASIR_BENCH_DOC=F KVASIR_BENCH_COMMIT=ID  # other output files; the commit to record
+#   KVASIR_BENCH_CACHE=DIR   # where the 48-layer 30B-shape model is written once (default ~/.cache/kvasir-bench)
+#   KVASIR_BENCH_REAL_REPS=N # alternating rounds of the real-shape comparison (default 3; 0 skips it)
+#   KVASIR_BENCH_GROUPS="expert model-real llama-bench"  # rerun only these groups: their old blocks
+#                            # leave the raw file, the new ones are appended (the header notes it)
+#   LLAMA_BENCH=PATH         # a llama-bench binary (llama.cpp, built outside this repo): measured in
+#                            # the same rounds, alternating with kvasir, on the same file and 2 threads
+#
+# The real-shape comparison needs the 16.9 GB model in the page cache: about 17 GB of free RAM (genmodel
+# also holds the model in memory while writing it once, ~2.5 min).
 #
 # The machine's load matters (shared CI boxes): the load average before and
 # after each group is recorded and shown in the doc.
@@ -23,10 +32,69 @@ GO=${GO:-go}
 
 load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime | sed 's/.*load average[s]*: //'; }
 
+# llama_run MODEL: one llama-bench run (tg32 and pp512, 2 threads) on MODEL, its
+# results written to the raw file as benchmark lines LlamaCpp/tg32 and
+# LlamaCpp/pp512 (tok/s), so that the doc treats them like Go's.
+llama_run() {
+  local model=$1 cmd="$LLAMA_BENCH -m $1 -t 2 -p 512 -n 32 -r 2 -o csv"
+  {
+    echo "### group: llama-bench"
+    echo "### command: $cmd"
+    echo "### load-before: $(load)"
+  } >>"$RAW"
+  echo "bench.sh: llama-bench ($cmd)" >&2
+  local out
+  out=$("$LLAMA_BENCH" -m "$model" -t 2 -p 512 -n 32 -r 2 -o csv 2>/dev/null)
+  local rc=$?
+  printf '%s\n' "$out" | sed 's/^/# /' >>"$RAW"
+  printf '%s\n' "$out" | awk -F, '
+    NR == 1 { for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); col[h] = i }; next }
+    { p = $col["n_prompt"]; g = $col["n_gen"]; ts = $col["avg_ts"]; bc = $col["build_commit"]
+      gsub(/"/, "", p); gsub(/"/, "", g); gsub(/"/, "", ts); gsub(/"/, "", bc)
+      if (bc != "") print "### llama-bench-commit: " bc
+      if (p + 0 > 0 && g + 0 == 0) printf "BenchmarkLlamaCpp/pp%d-2 \t 1 \t %s tok/s\n", p, ts
+      if (g + 0 > 0 && p + 0 == 0) printf "BenchmarkLlamaCpp/tg%d-2 \t 1 \t %s tok/s\n", g, ts }' | tee -a "$RAW" >&2
+  {
+    [ "$rc" = 0 ] || echo "### FAILED: llama-bench (exit $rc)"
+    echo "### load-after: $(load)"
+  } >>"$RAW"
+}
+
+# real_shape: decode (tg32) and prefill (pp512) of the 48-layer Qwen3-30B-A3B-shape
+# Q4_K model on 2 threads, written once to the cache folder; with LLAMA_BENCH,
+# llama.cpp's llama-bench on the same file, the two alternating.
+real_shape() {
+  want model-real || want llama-bench || return 0
+  local reps=${KVASIR_BENCH_REAL_REPS:-3}
+  [ "$reps" -gt 0 ] 2>/dev/null || return 0
+  local cache=${KVASIR_BENCH_CACHE:-$HOME/.cache/kvasir-bench}
+  local model=$cache/qwen3-30b-a3b-48L-Q4_K-s1.gguf
+  if [ ! -s "$model" ]; then
+    if [ "$QUICK" = 1 ]; then
+      echo "bench.sh: quick mode: $model not written, real-shape runs skipped" >&2
+      return 0
+    fi
+    mkdir -p "$cache" || return 0
+    echo "bench.sh: writing $model once (16.9 GB, ~17 GB of RAM while writing)" >&2
+    "$GO" run ./backbone genmodel --preset qwen3-30b-a3b --layers 48 --type Q4_K --seed 1 --out "$model.part" >&2 &&
+      mv "$model.part" "$model" || { rm -f "$model.part"; echo "bench.sh: genmodel failed" >&2; return 0; }
+  fi
+  cat "$model" >/dev/null # into the page cache
+  [ "$QUICK" = 1 ] && reps=1
+  for _ in $(seq "$reps"); do
+    run model-real ./engine/model 'BenchmarkRealModel' 2x 1 KVASIR_BENCH_MODEL="$model" KVASIR_BENCH_THREADS=2
+    [ -n "${LLAMA_BENCH:-}" ] && want llama-bench && llama_run "$model"
+  done
+}
+
 # run LABEL PKG REGEX BENCHTIME [COUNT] [ENV=VALUE...]; with COUNT > 1 the
 # doc shows the median of the COUNT results of each benchmark.
+# want GROUP: whether this run measures GROUP (KVASIR_BENCH_GROUPS, default all).
+want() { [ -z "$GROUPS_ONLY" ] || [[ " $GROUPS_ONLY " == *" $1 "* ]]; }
+
 run() {
   local label=$1 pkg=$2 re=$3 t=$4 count=1
+  want "$label" || return 0
   shift 4
   case "${1:-}" in [0-9]*) count=$1; shift ;; esac
   [ "$QUICK" = 1 ] && t=1x && count=1
@@ -46,21 +114,38 @@ run() {
   } >>"$RAW"
 }
 
+GROUPS_ONLY=$(echo "${KVASIR_BENCH_GROUPS:-}" | tr ',' ' ')
+commit_now() {
+  if [ -n "${KVASIR_BENCH_COMMIT:-}" ]; then
+    echo "$KVASIR_BENCH_COMMIT"
+  else
+    echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)')"
+  fi
+}
+
 if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   command -v "$GO" >/dev/null || { echo "bench.sh: Go is not installed" >&2; exit 1; }
   mkdir -p "$(dirname "$RAW")"
+fi
+if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ] && [ -n "$GROUPS_ONLY" ] && [ -s "$RAW" ]; then
+  # Partial rerun: drop the old blocks of the groups measured again.
+  awk -v groups=" $GROUPS_ONLY " '
+    /^### group: / { g = $0; sub(/^### group: /, "", g); skip = index(groups, " " g " ") > 0 }
+    /^### (end|rerun): / { skip = 0 }
+    !skip' "$RAW" >"$RAW.tmp" && mv "$RAW.tmp" "$RAW"
+  echo "### rerun: $(date -u '+%Y-%m-%d %H:%M UTC') at $(commit_now): $GROUPS_ONLY" >>"$RAW"
+elif [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
+  GROUPS_ONLY=""
   {
     echo "### kvasir benchmarks, raw output of scripts/bench.sh"
     echo "### date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-    if [ -n "${KVASIR_BENCH_COMMIT:-}" ]; then
-      echo "### commit: $KVASIR_BENCH_COMMIT"
-    else
-      echo "### commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)')"
-    fi
+    echo "### commit: $(commit_now)"
     echo "### go: $("$GO" version)"
     echo "### cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//') x $(nproc 2>/dev/null || echo '?')"
     echo "### quick: $QUICK"
   } >"$RAW"
+fi
+if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
 
   run membw ./engine/quant 'BenchmarkMemBandwidth' 1s
   run matvec ./engine/quant 'BenchmarkMatVec' 300ms
@@ -70,6 +155,7 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   run model-q30 ./engine/model 'BenchmarkQwen3_30B_A3B_4L' 2s
   run model-q35 ./engine/model 'BenchmarkQwen35_35B_A3B_4L|BenchmarkFixtureQwen35Q4KM' 2s
   run expert ./engine/expert 'BenchmarkLocalQwen3_30B' 2s
+  real_shape
   run dispatch-rtt ./backbone/dispatch 'BenchmarkDispatchRTT13ms' 2s
   run dispatch-decode ./backbone/dispatch 'BenchmarkFixtureDecode' 2s
   run swarm-decode ./backbone 'BenchmarkSwarmDecode13ms' 1s 3 KVASIR_BENCH_Q30=1
@@ -80,7 +166,7 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   run credit ./backbone/credit 'BenchmarkCredit' 1s
   run gguf ./engine/gguf 'BenchmarkOpen' 1s
   run tokenizer ./engine/tokenizer 'BenchmarkEncode|BenchmarkDecoder' 1s
-  echo "### end: $(date -u '+%Y-%m-%d %H:%M UTC'), load $(load)" >>"$RAW"
+  [ -z "$GROUPS_ONLY" ] && echo "### end: $(date -u '+%Y-%m-%d %H:%M UTC'), load $(load)" >>"$RAW"
 fi
 
 # ---- docs/BENCHMARKS.md from the raw output ---------------------------------
@@ -91,6 +177,13 @@ function has(name, unit) { return ((name, unit) in val) }
 function f(x, d) { if (x < 0) return "n/a"; return sprintf("%." d "f", x) }
 function pct(x) { if (x < 0) return "n/a"; return sprintf("%.1f %%", 100 * x) }
 function ratio(a, b) { return (a < 0 || b <= 0) ? -1 : a / b }
+# span(name, unit, d): "min - max" of the repeated results (one value: it alone).
+function span(name, unit, d,    k, lo, hi, x) {
+  if (!((name, unit) in nv)) return "n/a"
+  lo = hi = vals[name, unit, 1] + 0
+  for (k = 2; k <= nv[name, unit]; k++) { x = vals[name, unit, k] + 0; if (x < lo) lo = x; if (x > hi) hi = x }
+  return (lo == hi) ? f(lo, d) : f(lo, d) " - " f(hi, d)
+}
 # table(group): every benchmark of the group, one column per metric.
 function table(g,    i, j, n, u, nu, units, seen, line) {
   if (!(g in cmd)) { print "_not run_\n"; return }
@@ -118,6 +211,8 @@ function table(g,    i, j, n, u, nu, units, seen, line) {
 /^### cpu: / { cpu = rest }
 /^### quick: / { quick = rest }
 /^### end: / { end = rest }
+/^### llama-bench-commit: / { llcommit = rest }
+/^### rerun: / { reruns = reruns (reruns == "" ? "" : "; ") rest }
 /^### group: / { g = rest }
 /^### command: / { cmd[g] = rest }
 /^### load-before: / { lb[g] = rest }
@@ -150,6 +245,7 @@ END {
   print "| commit | " commit " |"
   print "| Go | " gover " |"
   print "| CPU | " cpu " |"
+  if (reruns != "") print "| groups rerun since (their tables only) | " reruns " |"
   if (quick == "1") print "| **quick mode** | every benchmark ran once: numbers are not meaningful |"
   print ""
   bw = num("MemBandwidth/read/threads=2", "GB/s"); bw1 = num("MemBandwidth/read/threads=1", "GB/s")
@@ -166,6 +262,11 @@ END {
   print "| decode, Qwen3-30B-A3B shapes (4 layers, Q4_K): tok/s x weight bytes/token / BW | " f(ratio(t * wb / 1e9, bw), 2) " |"
   t = num("FixtureQ4KM/decode", "tok/s"); wb = num("FixtureQ4KM/decode", "weightB/tok")
   print "| decode, fixture Q4_K_M: tok/s x weight bytes/token / BW | " f(ratio(t * wb / 1e9, bw), 2) " |"
+  kd = num("RealModel/tg32", "tok/s"); kp = num("RealModel/pp512", "tok/s"); rwb = num("RealModel/tg32", "weightB/tok")
+  ld = num("LlamaCpp/tg32", "tok/s"); lp = num("LlamaCpp/pp512", "tok/s")
+  print "| decode tg32, 48-layer 30B shape, 2 threads: tok/s x weight bytes/token / BW | " f(ratio(kd * rwb / 1e9, bw), 2) " |"
+  print "| same: kvasir / llama.cpp tok/s" (ld < 0 ? " (reference llama.cpp 17.3, not measured in this run)" : " (same run)") " | " f(ratio(kd, ld < 0 ? 17.3 : ld), 2) " |"
+  print "| prefill pp512, same model: kvasir / llama.cpp tok/s" (lp < 0 ? " (reference llama.cpp 30.2, not measured in this run)" : " (same run)") " | " f(ratio(kp, lp < 0 ? 30.2 : lp), 2) " |"
   l = num("SwarmDecode13ms/qwen3-30b-shape-4L/local", "tok/s")
   print "| swarm / local tok/s, 1 of 4 layers remote at 13 ms, 30B shapes: direct to hub | " f(ratio(num("SwarmDecode13ms/qwen3-30b-shape-4L/layer0-remote-hub-direct", "tok/s"), l), 3) " |"
   print "| same, through the TLS gateway | " f(ratio(num("SwarmDecode13ms/qwen3-30b-shape-4L/layer0-remote-gateway", "tok/s"), l), 3) " |"
@@ -204,6 +305,30 @@ END {
   print ""
   table("vecdot")
 
+  print "## Real-shape engine speed: 48-layer Qwen3-30B-A3B shape vs llama.cpp (`engine/model`)"
+  print ""
+  print "The model: `backbone genmodel --preset qwen3-30b-a3b --layers 48 --type Q4_K --seed 1` (16.9 GB, written once"
+  print "to `~/.cache/kvasir-bench`, read from the page cache), 2 threads. kvasir: `BenchmarkRealModel` (tg32: 32"
+  print "tokens decoded one at a time from an empty sequence; pp512: a 512-token prompt as one batch), as"
+  print "llama.cpp'\''s `llama-bench -t 2 -p 512 -n 32` measures. With `LLAMA_BENCH` set, llama-bench ran on the same"
+  print "file in the same run, alternating with kvasir (" (llcommit != "" ? "llama.cpp build " llcommit ", " : "") "its own build, outside this repo);"
+  print "otherwise the llama.cpp column holds the reference figures measured on this machine kind (tg32 14.0 -"
+  print "17.3, pp512 26.8 - 30.2 tok/s; issue 14, `../shared/PLATFORM.md`) and the ratio uses their upper ends."
+  print "Medians, with the range over the rounds."
+  print ""
+  kd = num("RealModel/tg32", "tok/s"); kp = num("RealModel/pp512", "tok/s"); rwb = num("RealModel/tg32", "weightB/tok")
+  ld = num("LlamaCpp/tg32", "tok/s"); lp = num("LlamaCpp/pp512", "tok/s")
+  print "| | kvasir | llama.cpp | kvasir / llama.cpp |"
+  print "|---|---:|---:|---:|"
+  print "| decode tg32 tok/s | " f(kd, 2) " (" span("RealModel/tg32", "tok/s", 2) ") | " (ld < 0 ? "14.0 - 17.3 (reference)" : f(ld, 2) " (" span("LlamaCpp/tg32", "tok/s", 2) ")") " | " f(ratio(kd, ld < 0 ? 17.3 : ld), 2) " |"
+  print "| prefill pp512 tok/s | " f(kp, 2) " (" span("RealModel/pp512", "tok/s", 2) ") | " (lp < 0 ? "26.8 - 30.2 (reference)" : f(lp, 2) " (" span("LlamaCpp/pp512", "tok/s", 2) ")") " | " f(ratio(kp, lp < 0 ? 30.2 : lp), 2) " |"
+  print "| weight bytes read per decoded token | " f(rwb, 0) " | same file | |"
+  print "| decode weight GB/s (tok/s x bytes/token) | " f(kd * rwb / 1e9, 2) " | " f((ld < 0 ? 17.3 : ld) * rwb / 1e9, 2) " | |"
+  print "| ... / BW (" f(bw, 2) " GB/s) | " f(ratio(kd * rwb / 1e9, bw), 2) " | " f(ratio((ld < 0 ? 17.3 : ld) * rwb / 1e9, bw), 2) " | |"
+  print "| decode bound BW / bytes per token (tok/s) | " f(rwb > 0 ? bw * 1e9 / rwb : -1, 1) " | | |"
+  print ""
+  table("model-real"); table("llama-bench")
+
   print "## Model decode and prefill (`engine/model`)"
   print ""
   print "Decode is memory-bound: tok/s <= BW / (weight bytes read per token). The ratio is tok/s x weightB/tok / BW:"
@@ -221,8 +346,9 @@ END {
 
   print "## Expert function (`engine/expert`)"
   print ""
-  print "One Qwen3-30B-A3B MoE layer (128 experts, d 2048, FFN 768, Q4_K): decode (1 row, top-8) and a 64-row"
-  print "batch. The ratio is expert weight GB/s / BW."
+  print "What a worker sells: one Qwen3-30B-A3B MoE layer (128 experts, d 2048, FFN 768, Q4_K, 340 MB) at batches"
+  print "of 1 (a decode step, top-8), 8, 64 and 512 rows on 2 goroutines. GB/s counts each distinct expert'\''s"
+  print "weights once per call; the ratio is expert weight GB/s / BW."
   print ""
   print "| benchmark | GB/s | rows/s | GB/s / BW |"
   print "|---|---:|---:|---:|"

@@ -36,6 +36,9 @@ func q4KRowsAVX512(w, a *byte, nb, rows, rb int, out *float32)
 func q4KRows4AVX512(w, a0, a1, a2, a3 *byte, nb, rows, rb int, y *float32, ys int)
 
 //go:noescape
+func q4KRows8AVX512(w, a *byte, pb, nb, rows, rb int, y *float32, ys int)
+
+//go:noescape
 func dotF32AVX512(a, b *float32, n int) float32
 
 //go:noescape
@@ -116,8 +119,8 @@ func permBuf(n int) *[]byte {
 
 // matMulRowsArch is matMulRows for Q4_K weights on the AVX-512 path: the
 // m activation rows are reordered once, then each tile of weight rows
-// goes through the 4-row kernel for groups of 4 activation rows and the
-// 1-row kernel for the rest. It reports false (nothing done) for other
+// goes through the 8-row kernel for groups of 8 activation rows, the
+// 4-row one for a group of 4 and the 1-row one for the rest. It reports false (nothing done) for other
 // types or paths.
 func matMulRowsArch(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y []float32, rows, lo, hi int) bool {
 	if weight != Q4_K || !useSIMD || !useAVX512 || lo >= hi {
@@ -133,7 +136,7 @@ func matMulRowsArch(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y
 	for i := range m {
 		q8KPermAVX512(&xc[i*ab], &xp[i*pb], nb)
 	}
-	m4 := m &^ 3
+	m8, m4 := m&^7, m&^3
 	tile := rowTile
 	if m < 4 {
 		tile = hi - lo
@@ -141,7 +144,10 @@ func matMulRowsArch(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y
 	for r0 := lo; r0 < hi; r0 += tile {
 		r1 := min(r0+tile, hi)
 		wt := w[r0*rb:]
-		for i := 0; i < m4; i += 4 {
+		for i := 0; i < m8; i += 8 {
+			q4KRows8AVX512(&wt[0], &xp[i*pb], pb, nb, r1-r0, rb, &y[i*rows+r0], rows)
+		}
+		for i := m8; i < m4; i += 4 {
 			q4KRows4AVX512(&wt[0], &xp[i*pb], &xp[(i+1)*pb], &xp[(i+2)*pb], &xp[(i+3)*pb], nb, r1-r0, rb, &y[i*rows+r0], rows)
 		}
 		for i := m4; i < m; i++ {

@@ -300,18 +300,21 @@ q8kperm:
 // lanes each) and mins partials Z12 (rows 0, 1: 8 lanes each) and Z13
 // (rows 2, 3) to Y0 = [isum0, imin0, isum1, imin1, .., isum3, imin3]
 // (exact; clobbers Z0..Z7).
-#define RED4(A0, A1, A2, A3) \
+#define RED4(A0, A1, A2, A3) RED4M(A0, A1, A2, A3, Z12, Z13)
+
+// RED4M is RED4 with the mins partials in M01, M23.
+#define RED4M(A0, A1, A2, A3, M01, M23) \
 	VSHUFI64X2  $0x44, A1, A0, Z4 \
 	VSHUFI64X2  $0xee, A1, A0, Z5 \
 	VPADDD      Z5, Z4, Z4 \
 	VSHUFI64X2  $0x44, A3, A2, Z6 \
 	VSHUFI64X2  $0xee, A3, A2, Z7 \
 	VPADDD      Z7, Z6, Z6 \
-	VPUNPCKLDQ  Z12, Z4, Z0 \
-	VPUNPCKHDQ  Z12, Z4, Z1 \
+	VPUNPCKLDQ  M01, Z4, Z0 \
+	VPUNPCKHDQ  M01, Z4, Z1 \
 	VPADDD      Z1, Z0, Z0 \
-	VPUNPCKLDQ  Z13, Z6, Z2 \
-	VPUNPCKHDQ  Z13, Z6, Z3 \
+	VPUNPCKLDQ  M23, Z6, Z2 \
+	VPUNPCKHDQ  M23, Z6, Z3 \
 	VPADDD      Z3, Z2, Z2 \
 	VPUNPCKLQDQ Z2, Z0, Z4 \
 	VPUNPCKHQDQ Z2, Z0, Z5 \
@@ -708,4 +711,147 @@ df5rreduce:
 	DECQ   R8
 	JNZ    df5row
 	VZEROUPPER
+	RET
+
+// K4MINS(P, M, T): M (ymm) = the 8 mins-term partials of the q8KP block at P
+// against the decoded scale words Y10.
+#define K4MINS(P, M) \
+	VPMADDWD 256(P), Y10, M \
+	VPDPWSSD 320(P), Y10, M
+
+// DYPAIR(P, K): lanes 2j, 2j+1 of Z27 (mask K) = the float32 d of the q8KP
+// block at P.
+#define DYPAIR(P, K) \
+	VBROADCASTSS 384(P), Z9 \
+	VBLENDMPS    Z9, Z27, K, Z27
+
+// func q4KRows8AVX512(w, a *byte, pb, nb, rows, rb int, y *float32, ys int)
+// For r < rows and j < 8: y[j*ys+r] = genericQ4KDot(w + r*rb, a + j*pb,
+// nb) (rows, nb >= 1), the 8 activation rows as nb q8KP blocks each, pb
+// bytes apart: each weight block is decoded once for 8 activation rows,
+// their sums reduced 4 at a time (RED4M) and the float steps run packed on
+// 16 lanes of [isum, imin] pairs, pair j being activation row j's scalar
+// sequence. Loop state: 0(SP) rows left, 8(SP) &y[r].
+TEXT ·q4KRows8AVX512(SB), NOSPLIT, $16-64
+	MOVQ rows+32(FP), AX
+	MOVQ AX, 0(SP)
+	MOVQ y+48(FP), AX
+	MOVQ AX, 8(SP)
+	MOVQ w+0(FP), R8
+	K4SETUP
+	MOVL $0x000c, AX
+	KMOVW AX, K1
+	MOVL $0x0030, AX
+	KMOVW AX, K2
+	MOVL $0x00c0, AX
+	KMOVW AX, K3
+	MOVL $0x0300, AX
+	KMOVW AX, K4
+	MOVL $0x0c00, AX
+	KMOVW AX, K5
+	MOVL $0x3000, AX
+	KMOVW AX, K6
+	MOVL $0xc000, AX
+	KMOVW AX, K7
+
+q4k58rows:
+	MOVQ   R8, SI
+	MOVQ   a+8(FP), DI
+	MOVQ   pb+16(FP), BX
+	LEAQ   (DI)(BX*1), R9
+	LEAQ   (DI)(BX*2), R10
+	LEAQ   (R9)(BX*2), R11
+	LEAQ   (DI)(BX*4), R12
+	LEAQ   (R9)(BX*4), R13
+	LEAQ   (R10)(BX*4), AX
+	LEAQ   (R11)(BX*4), DX
+	MOVQ   nb+24(FP), CX
+	VXORPS Z30, Z30, Z30
+
+q4k58loop:
+	PF3(SI)
+	VMOVDQU       4(SI), X8
+	K4DEC(X8, X9, X10, X11)
+	VPMOVZXBW     X9, Y10
+	VPERMW        Z10, Z28, Z20
+	VPERMW        Z10, Z29, Z21
+	K4CODES(SI)
+	K4DOT(DI, Z0, Z4, Z5, Z6, Z7)
+	K4DOT(R9, Z1, Z4, Z5, Z6, Z7)
+	K4DOT(R10, Z2, Z4, Z5, Z6, Z7)
+	K4DOT(R11, Z3, Z4, Z5, Z6, Z7)
+	K4DOT(R12, Z22, Z4, Z5, Z6, Z7)
+	K4DOT(R13, Z23, Z4, Z5, Z6, Z7)
+	K4DOT(AX, Z24, Z4, Z5, Z6, Z7)
+	K4DOT(DX, Z26, Z4, Z5, Z6, Z7)
+	K4MINS(DI, Y12)
+	K4MINS(R9, Y9)
+	VINSERTI64X4  $1, Y9, Z12, Z12
+	K4MINS(R10, Y13)
+	K4MINS(R11, Y9)
+	VINSERTI64X4  $1, Y9, Z13, Z13
+	K4MINS(R12, Y14)
+	K4MINS(R13, Y9)
+	VINSERTI64X4  $1, Y9, Z14, Z14
+	K4MINS(AX, Y15)
+	K4MINS(DX, Y9)
+	VINSERTI64X4  $1, Y9, Z15, Z15
+	RED4M(Z0, Z1, Z2, Z3, Z12, Z13)
+	VMOVDQA64     Y0, Y8
+	RED4M(Z22, Z23, Z24, Z26, Z14, Z15)
+	VINSERTI64X4  $1, Y0, Z8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VPBROADCASTD  0(SI), Y3
+	VCVTPH2PS     Y3, Z3
+	VBROADCASTSS  384(DI), Z27
+	DYPAIR(R9, K1)
+	DYPAIR(R10, K2)
+	DYPAIR(R11, K3)
+	DYPAIR(R12, K4)
+	DYPAIR(R13, K5)
+	DYPAIR(AX, K6)
+	DYPAIR(DX, K7)
+	VMULPS        Z27, Z3, Z3
+	VMULPS        Z8, Z3, Z3
+	VADDPS        Z3, Z30, Z30
+	VPSRLQ        $32, Z3, Z3
+	VSUBPS        Z3, Z30, Z30
+	ADDQ          $144, SI
+	ADDQ          $448, DI
+	ADDQ          $448, R9
+	ADDQ          $448, R10
+	ADDQ          $448, R11
+	ADDQ          $448, R12
+	ADDQ          $448, R13
+	ADDQ          $448, AX
+	ADDQ          $448, DX
+	DECQ          CX
+	JNZ           q4k58loop
+	VEXTRACTF64X4 $1, Z30, Y4
+	VSHUFPS       $0x88, Y4, Y30, Y30
+	VPERMQ        $0xd8, Y30, Y30
+	MOVQ          ys+56(FP), DX
+	SHLQ          $2, DX
+	MOVQ          8(SP), BX
+	VMOVSS        X30, (BX)
+	ADDQ          DX, BX
+	VEXTRACTPS    $1, X30, (BX)
+	ADDQ          DX, BX
+	VEXTRACTPS    $2, X30, (BX)
+	ADDQ          DX, BX
+	VEXTRACTPS    $3, X30, (BX)
+	ADDQ          DX, BX
+	VEXTRACTF32X4 $1, Y30, X4
+	VMOVSS        X4, (BX)
+	ADDQ          DX, BX
+	VEXTRACTPS    $1, X4, (BX)
+	ADDQ          DX, BX
+	VEXTRACTPS    $2, X4, (BX)
+	ADDQ          DX, BX
+	VEXTRACTPS    $3, X4, (BX)
+	ADDQ          $4, 8(SP)
+	ADDQ          rb+40(FP), R8
+	DECQ          0(SP)
+	JNZ           q4k58rows
+	K4CLEAN
 	RET

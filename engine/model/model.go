@@ -136,8 +136,13 @@ func Load(f *gguf.File) (*Model, error) {
 // layout llama.cpp accepts: ffn_gate_exps + ffn_up_exps, ne [Embd,
 // ExpertFF, Experts] each, or ffn_gate_up_exps, ne [Embd, 2*ExpertFF,
 // Experts]; ffn_down_exps ne [ExpertFF, Embd, Experts]) and returns them
-// as views (expert.FromGGUF).
+// as views (expert.FromGGUF). A backbone-only file (engine/slice
+// WriteBackboneOnly, docs/slices.md) holds no routed expert tensors: its
+// layers come from loadBackboneOnlyExperts.
 func loadExperts(f *gguf.File, p *Params, il int) (*expert.Layer, error) {
+	if _, ok := f.Value(keyBackboneOnly + "version"); ok {
+		return loadBackboneOnlyExperts(f, p, il)
+	}
 	d, ff, ne := uint64(p.Embd), uint64(p.ExpertFF), uint64(p.Experts)
 	type want struct {
 		name string
@@ -157,6 +162,74 @@ func loadExperts(f *gguf.File, p *Params, il int) (*expert.Layer, error) {
 		return nil, fmt.Errorf("%w: blk.%d experts: %v", ErrTensor, il, err)
 	}
 	return e, nil
+}
+
+// keyBackboneOnly prefixes the metadata keys of a backbone-only file that
+// the loader reads (engine/slice's KeyBackboneOnly* constants; this package
+// does not import engine/slice).
+const keyBackboneOnly = "kvasir.backbone_only."
+
+// loadBackboneOnlyExperts returns layer il's experts of a backbone-only
+// file: the layer's shapes and types (kvasir.backbone_only.gate_type,
+// up_type, down_type: one ggml type id per layer 0..ExpertLayers-1) with no
+// expert held (expert.Proj.Expert[e] == nil) except the hot experts listed
+// in kvasir.backbone_only.hot ((layer, expert) pairs, flattened), which are
+// views of blk.N.ffn_{gate,up}_hot.E.weight (ne [Embd, ExpertFF]) and
+// blk.N.ffn_down_hot.E.weight (ne [ExpertFF, Embd]). Errors wrap
+// ErrMetadata (missing or short arrays, a hot pair out of range) or
+// ErrTensor (an unsupported type, a missing or misshapen hot tensor).
+func loadBackboneOnlyExperts(f *gguf.File, p *Params, il int) (*expert.Layer, error) {
+	d, ff, ne := p.Embd, p.ExpertFF, p.Experts
+	if d <= 0 || ff <= 0 || ne <= 0 {
+		return nil, fmt.Errorf("%w: backbone-only file: embedding %d, expert_feed_forward_length %d, experts %d", ErrMetadata, d, ff, ne)
+	}
+	l := &expert.Layer{NExpert: ne, DModel: d, DFF: ff}
+	for _, x := range []struct {
+		name       string
+		p          *expert.Proj
+		rows, cols int
+	}{{"gate", &l.Gate, ff, d}, {"up", &l.Up, ff, d}, {"down", &l.Down, d, ff}} {
+		key := keyBackboneOnly + x.name + "_type"
+		ts, err := f.Ints(key)
+		if err != nil || len(ts) != p.ExpertLayers {
+			return nil, fmt.Errorf("%w: %s: %d entries for %d layers (%v)", ErrMetadata, key, len(ts), p.ExpertLayers, err)
+		}
+		t := quant.Type(ts[il])
+		if !t.Supported() {
+			return nil, fmt.Errorf("%w: blk.%d routed %s experts have type %v, which this engine cannot compute with", ErrTensor, il, x.name, t)
+		}
+		*x.p = expert.Proj{Type: t, Rows: x.rows, Cols: x.cols, Expert: make([][]byte, ne)}
+	}
+	hot, err := f.Ints(keyBackboneOnly + "hot")
+	if err != nil || len(hot)%2 != 0 {
+		return nil, fmt.Errorf("%w: %shot: %d entries (%v)", ErrMetadata, keyBackboneOnly, len(hot), err)
+	}
+	for i := 0; i < len(hot); i += 2 {
+		if hot[i] != int64(il) {
+			continue
+		}
+		e := hot[i+1]
+		if e < 0 || e >= int64(ne) {
+			return nil, fmt.Errorf("%w: hot expert (%d, %d) out of range", ErrMetadata, il, e)
+		}
+		for _, x := range []struct {
+			name string
+			p    *expert.Proj
+		}{{"gate", &l.Gate}, {"up", &l.Up}, {"down", &l.Down}} {
+			t, err := tensor(f, fmt.Sprintf("blk.%d.ffn_%s_hot.%d.weight", il, x.name, e), uint64(x.p.Cols), uint64(x.p.Rows))
+			if err != nil {
+				return nil, err
+			}
+			if t.Type != x.p.Type {
+				return nil, fmt.Errorf("%w: %s has type %v, the layer's %s experts %v", ErrTensor, t.Name, t.Type, x.name, x.p.Type)
+			}
+			x.p.Expert[e] = t.Data
+		}
+	}
+	if err := l.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: blk.%d experts: %v", ErrTensor, il, err)
+	}
+	return l, nil
 }
 
 // SetExperts routes every layer's expert computation through c (for example

@@ -16,10 +16,17 @@ import (
 // up || down, read from views into the memory-mapped GGUF, never copied
 // whole) and its SHA-256 and per-chunk SHA-256s, computed on first use and
 // cached. It is safe for concurrent use.
+//
+// A catalog of a backbone-only file (NewBackboneCatalog) has no expert
+// bytes: HasBytes is false, ReadAt copies nothing, and the hashes come from
+// the file (Sums only for its ChunkSize). Workers then fetch the bytes from
+// the model source at Ranges.
 type Catalog struct {
-	header *Manifest       // Layers carry types and ExpertBytes, no Experts
-	layers []*expert.Layer // n_layer entries, every expert held
-	bytes  []int64         // expert file size per layer
+	header  *Manifest       // Layers carry types and ExpertBytes, no Experts
+	layers  []*expert.Layer // n_layer entries, every expert held; nil for a backbone-only catalog
+	bytes   []int64         // expert file size per layer
+	layouts []ExpertLayout  // where each layer's experts lie in the full file; nil if unknown
+	bo      *BackboneOnly   // set for a backbone-only catalog
 
 	mu     sync.Mutex
 	sums   map[uint64]*Sums
@@ -60,15 +67,70 @@ func NewCatalog(f *gguf.File) (*Catalog, error) {
 		return nil, err
 	}
 	layers := make([]*expert.Layer, nl)
+	layouts := make([]ExpertLayout, nl)
 	for i := range layers {
 		if layers[i], err = expert.FromGGUF(f, i); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", i, err)
+		}
+		if layouts[i], err = layoutOf(f, i, layers[i]); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", i, err)
 		}
 	}
 	id, sum := ModelID(f)
 	m := &Manifest{Format: FormatName, Version: FormatVersion, ModelID: id, ModelSHA256: hex.EncodeToString(sum[:]),
 		Architecture: clipUTF8(arch, 64), NLayer: nl}
-	return newCatalog(m, layers)
+	c, err := newCatalog(m, layers)
+	if err != nil {
+		return nil, err
+	}
+	c.layouts = layouts
+	return c, nil
+}
+
+// NewBackboneCatalog returns the catalog of the full model a backbone-only
+// file stands for (ReadBackboneOnly): its header, expert sizes, hashes and
+// chunk hashes come from bo; it holds no expert bytes. Errors wrap
+// ErrManifest.
+func NewBackboneCatalog(bo *BackboneOnly) (*Catalog, error) {
+	m := &Manifest{Format: FormatName, Version: FormatVersion, ModelID: bo.ModelID,
+		ModelSHA256: hex.EncodeToString(bo.ModelSHA256[:]), Architecture: clipUTF8(bo.Architecture, 64), NLayer: bo.NLayer,
+		NExpert: bo.NExpert, DModel: bo.DModel, DFF: bo.DFF}
+	c := &Catalog{header: m, bytes: make([]int64, bo.NLayer), layouts: make([]ExpertLayout, bo.NLayer), bo: bo,
+		sums: map[uint64]*Sums{}, hashes: map[uint64][32]byte{}}
+	for i := range bo.Layers {
+		x := bo.Layers[i].ExpertLayout
+		c.layouts[i] = x
+		c.bytes[i] = x.ExpertBytes()
+		m.Layers = append(m.Layers, LayerEntry{Layer: i, GateType: x.Gate.String(), UpType: x.Up.String(),
+			DownType: x.Down.String(), ExpertBytes: c.bytes[i], Experts: []ExpertEntry{}})
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// HasBytes reports whether the catalog can read expert bytes (ReadAt): false
+// for a backbone-only catalog.
+func (c *Catalog) HasBytes() bool { return c.bo == nil }
+
+// ChunkSize returns the only chunk size Sums accepts, bytes (a
+// backbone-only catalog's stored chunk hashes), or 0 when any size works.
+func (c *Catalog) ChunkSize() int {
+	if c.bo != nil {
+		return c.bo.ChunkSize
+	}
+	return 0
+}
+
+// Ranges returns expert e of layer l's bytes in the full model file, in
+// file order of its expert file (gate || up || down); nil when out of
+// range or when the catalog does not know the file's layout (NewCatalogOf).
+func (c *Catalog) Ranges(l, e int) []Range {
+	if c.layouts == nil || c.Size(l, e) == 0 {
+		return nil
+	}
+	return c.layouts[l].Ranges(e)
 }
 
 // NewCatalogOf returns a catalog over layers (n_layer entries, each holding
@@ -117,9 +179,9 @@ func newCatalog(m *Manifest, layers []*expert.Layer) (*Catalog, error) {
 func (c *Catalog) Header() *Manifest { return c.header }
 
 // Layer returns layer l's experts (views into the model), nil when out of
-// range.
+// range or for a backbone-only catalog.
 func (c *Catalog) Layer(l int) *expert.Layer {
-	if l < 0 || l >= len(c.layers) {
+	if c.bo != nil || l < 0 || l >= len(c.layers) {
 		return nil
 	}
 	return c.layers[l]
@@ -128,7 +190,7 @@ func (c *Catalog) Layer(l int) *expert.Layer {
 // Size returns the file size in bytes of expert e of layer l, 0 when out of
 // range.
 func (c *Catalog) Size(l, e int) int64 {
-	if l < 0 || l >= len(c.layers) || e < 0 || e >= c.header.NExpert {
+	if l < 0 || l >= len(c.bytes) || e < 0 || e >= c.header.NExpert {
 		return 0
 	}
 	return c.bytes[l]
@@ -139,7 +201,7 @@ func (c *Catalog) Size(l, e int) int64 {
 // out of range or the range is not inside the file.
 func (c *Catalog) ReadAt(l, e int, p []byte, off int64) bool {
 	size := c.Size(l, e)
-	if size == 0 || off < 0 || off > size || int64(len(p)) > size-off {
+	if size == 0 || c.bo != nil || off < 0 || off > size || int64(len(p)) > size-off {
 		return false
 	}
 	ly := c.layers[l]
@@ -161,11 +223,18 @@ func (c *Catalog) ReadAt(l, e int, p []byte, off int64) bool {
 // Sums returns expert e of layer l's file SHA-256 and its chunk SHA-256s
 // for chunks of chunk bytes (> 0), computing and caching them on first use
 // (one pass over the expert's bytes). ok is false when (l, e) is out of
-// range.
+// range, or for a backbone-only catalog when chunk is not its ChunkSize.
 func (c *Catalog) Sums(l, e, chunk int) (s *Sums, ok bool) {
 	size := c.Size(l, e)
 	if size == 0 || chunk <= 0 {
 		return nil, false
+	}
+	if c.bo != nil {
+		if chunk != c.bo.ChunkSize {
+			return nil, false
+		}
+		sum, _ := c.bo.Sum(l, e)
+		return &Sums{SHA256: sum, Chunk: chunk, Chunks: c.bo.ChunkSums(l, e)}, true
 	}
 	k := uint64(l)<<32 | uint64(e)
 	c.mu.Lock()
@@ -203,6 +272,9 @@ func (c *Catalog) Hash(l, e int) (sum [32]byte, ok bool) {
 	}
 	if c.Size(l, e) == 0 {
 		return sum, false
+	}
+	if c.bo != nil {
+		return c.bo.Sum(l, e)
 	}
 	sum, ok = HashExpert(c.layers[l], e)
 	c.mu.Lock()

@@ -1,6 +1,8 @@
 // Package ledger is the hub's append-only contribution ledger: per worker
 // session, the bytes the hub bridged, split into creditable and rejected
-// bytes. See docs/accounting.md.
+// bytes. It keeps its rows in an SQLite file (the embedded default) or in
+// a PostgreSQL database shared by several hubs (a postgres:// URL), behind
+// one Store interface. See docs/accounting.md.
 package ledger
 
 import "time"
@@ -23,4 +25,14 @@ type Entry struct {
 	RejectedBytes uint64    // bytes worker -> backbone not accepted; never credited
 	Final         bool      // true on the session's last entry
 	Time          time.Time // when the hub appended the entry (UTC)
+
+	// Seq numbers a session's rows 1, 2, 3, ... (0: not numbered). It is
+	// the idempotency key of an append on PostgreSQL, where a commit whose
+	// acknowledgement was lost with the connection leaves the hub unsure
+	// whether its rows are in: the hub sends the same rows again, and a row
+	// whose (SessionID, Seq) is already recorded with the same contents is
+	// not added twice (different contents: ErrConflict). The SQLite file
+	// does not store it (a local commit either returns or did not happen)
+	// and reads it back as 0.
+	Seq uint64
 }

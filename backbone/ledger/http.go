@@ -34,11 +34,12 @@ type wireEntry struct {
 	RejectedBytes uint64 `json:"rejected_bytes"`
 	Final         bool   `json:"final"`
 	TimeUnixNano  int64  `json:"time_ns"`
+	Seq           uint64 `json:"seq,omitempty"` // the row's number in its session (PostgreSQL ledgers), 0: absent
 }
 
 // Page is the JSON body of GET /v1/ledger?after=ID&limit=N:
 // {"entries":[{"id":..,"session":..,"worker":..,"bytes_in":..,"bytes_out":..,
-// "rejected_bytes":..,"final":..,"time_ns":..}, ...]}.
+// "rejected_bytes":..,"final":..,"time_ns":..[,"seq":..]}, ...]}.
 type Page struct {
 	Entries []wireEntry `json:"entries"`
 }
@@ -82,7 +83,7 @@ func Handler(r Reader, authorize func(*http.Request) bool) http.Handler {
 		}
 		p := Page{Entries: make([]wireEntry, 0, len(es))}
 		for _, e := range es {
-			p.Entries = append(p.Entries, wireEntry{e.ID, e.SessionID, e.WorkerID, e.BytesIn, e.BytesOut, e.RejectedBytes, e.Final, e.Time.UnixNano()})
+			p.Entries = append(p.Entries, wireEntry{e.ID, e.SessionID, e.WorkerID, e.BytesIn, e.BytesOut, e.RejectedBytes, e.Final, e.Time.UnixNano(), e.Seq})
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
@@ -116,7 +117,7 @@ func DecodePage(rd io.Reader, after int64, limit int) ([]Entry, error) {
 		}
 		prev = w.ID
 		e := Entry{ID: w.ID, SessionID: w.SessionID, WorkerID: w.WorkerID, BytesIn: w.BytesIn, BytesOut: w.BytesOut,
-			RejectedBytes: w.RejectedBytes, Final: w.Final, Time: time.Unix(0, w.TimeUnixNano).UTC()}
+			RejectedBytes: w.RejectedBytes, Final: w.Final, Time: time.Unix(0, w.TimeUnixNano).UTC(), Seq: w.Seq}
 		if err := Validate(e); err != nil {
 			return nil, fmt.Errorf("%w: id %d: %v", ErrPage, w.ID, err)
 		}

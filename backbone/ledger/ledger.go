@@ -5,28 +5,29 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
-
-	"github.com/kvasir-ai/kvasir/wallet/dbfile"
+	"github.com/kvasir-ai/kvasir/backbone/pgstore"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
 
 // Sentinel errors. Every error returned by this package wraps one of these
-// or a database/sql error.
+// or a database error.
 var (
 	// ErrInvalid: an Entry that cannot be recorded (bad worker id, empty
 	// session, a count above 2^63-1).
 	ErrInvalid = errors.New("ledger: invalid entry")
 	// ErrAppendOnly: an attempt to update or delete a row (refused by triggers).
 	ErrAppendOnly = errors.New("ledger: rows are append-only")
-	// ErrSchema: the file is not a ledger of this version.
+	// ErrSchema: the file or database is not a ledger of this version.
 	ErrSchema = errors.New("ledger: unsupported schema")
+	// ErrConflict: an append carried a (SessionID, Seq) already recorded
+	// with other contents; nothing of the batch was recorded.
+	ErrConflict = errors.New("ledger: row already recorded with other contents")
 )
 
-// SchemaVersion is the ledger schema version stored in PRAGMA user_version.
+// SchemaVersion is the ledger schema version stored in PRAGMA user_version
+// (SQLite) and kvasir_schema_migrations (PostgreSQL, component "ledger").
 const SchemaVersion = 1
 
 // MaxSessionLen bounds a session id, in bytes.
@@ -38,132 +39,83 @@ const (
 	MaxLimit     = 10000
 )
 
-const schema = `
-CREATE TABLE IF NOT EXISTS entries (
-	id        INTEGER PRIMARY KEY AUTOINCREMENT,
-	session   TEXT    NOT NULL CHECK (length(session) BETWEEN 1 AND 128),
-	worker    TEXT    NOT NULL CHECK (length(worker) = 64),
-	bytes_in  INTEGER NOT NULL CHECK (bytes_in >= 0),
-	bytes_out INTEGER NOT NULL CHECK (bytes_out >= 0),
-	rejected  INTEGER NOT NULL CHECK (rejected >= 0),
-	final     INTEGER NOT NULL CHECK (final IN (0, 1)),
-	time      INTEGER NOT NULL -- unix nanoseconds UTC
-);
-CREATE INDEX IF NOT EXISTS entries_worker ON entries(worker);
-CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
-	BEGIN SELECT RAISE(ABORT, 'ledger: rows are append-only'); END;
-CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
-	BEGIN SELECT RAISE(ABORT, 'ledger: rows are append-only'); END;
-`
+// Store keeps a ledger's rows: an SQLite file or a PostgreSQL database.
+// Both keep rows append-only in the database itself (triggers refuse
+// UPDATE, DELETE and, on PostgreSQL, TRUNCATE) and assign ids that
+// increase in commit order, so that a reader that has seen id N has seen
+// every row below N that will ever exist (docs/accounting.md argues it for
+// each). Methods are safe for concurrent use.
+type Store interface {
+	// Insert records es (already validated, times set) in one
+	// transaction, all or none, durably once it returns nil, and returns
+	// their ids in order. A row whose (SessionID, Seq) with Seq > 0 is
+	// already recorded with the same contents is not added again (its id
+	// is returned); with other contents the batch fails with ErrConflict.
+	Insert(ctx context.Context, es []Entry) ([]int64, error)
+	// Read returns up to limit (1..MaxLimit) rows with id > afterID in
+	// increasing id order.
+	Read(ctx context.Context, afterID int64, limit int) ([]Entry, error)
+	// Totals returns every worker's totals ordered by worker id.
+	Totals(ctx context.Context) ([]WorkerTotal, error)
+	// LastID returns the largest id (0 when empty).
+	LastID(ctx context.Context) (int64, error)
+	// Kind is "sqlite" or "postgres".
+	Kind() string
+	// Close releases the store.
+	Close() error
+}
 
-// Ledger is the hub's append-only contribution ledger in one SQLite file
-// (WAL journal, synchronous=FULL). It is safe for concurrent use, and
-// several processes may open the same file (writers serialise on SQLite's
-// lock, waiting up to 10 s).
-//
-// Durability: synchronous=FULL fsyncs the WAL on every commit. With NORMAL,
-// a power cut may roll back the last commits; AUTOINCREMENT would then hand
-// out the lost ids again, and a gateway whose cursor already passed them
-// would never credit the new rows. Appends are a few per second per
-// session, so the fsync costs nothing that matters.
+// Ledger is the hub's append-only contribution ledger over a Store: an
+// SQLite file (WAL journal, synchronous=FULL), or a PostgreSQL database
+// that several hubs append to at once. It validates entries before they
+// reach the store. It is safe for concurrent use.
 type Ledger struct {
-	db *sql.DB
+	st Store
+	db *sql.DB // the SQLite handle (nil on PostgreSQL); tests reach the file through it
 }
 
 var _ Reader = (*Ledger)(nil)
 
 // Reader reads ledger entries with id > afterID in increasing id order, at
 // most limit of them (limit <= 0 means DefaultLimit; capped at MaxLimit).
-// *Ledger reads its file; *Client reads a hub over HTTP.
+// *Ledger reads its store; *Client reads a hub over HTTP.
 type Reader interface {
 	Read(ctx context.Context, afterID int64, limit int) ([]Entry, error)
 }
 
-// Open opens (creating if needed) the ledger at path for appending. The
-// file is first checked through a read-only connection (dbfile.Check): a
-// corrupt file, a file of another kind (application_id, tables) or of a
-// newer schema is refused with an error wrapping ErrSchema and the
-// dbfile error (dbfile.ErrCorrupt, ErrForeign, ErrNewerSchema), and is left
-// byte for byte as it was. A new or empty file gets the schema,
-// user_version = SchemaVersion and application_id = dbfile.AppIDLedger; a
-// ledger written before application ids (id 0, version 1, exactly the
-// entries table) is adopted by setting the id.
+// Open opens the ledger named by path for appending: a PostgreSQL database
+// when path is a postgres:// or postgresql:// URL (OpenPostgres), an SQLite
+// file otherwise (OpenSQLite).
 func Open(path string) (*Ledger, error) {
-	info, err := dbfile.Check(path, dbfile.Ledger)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
+	if pgstore.IsURL(path) {
+		return OpenPostgres(context.Background(), path)
 	}
-	dsn, err := dbfile.DSN(path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")
-	if err != nil {
-		return nil, fmt.Errorf("ledger: %w", err)
-	}
-	db, err := sql.Open("sqlite3", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
-	}
-	l := &Ledger{db: db}
-	if err := l.init(info.State); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
-	}
-	return l, nil
+	return OpenSQLite(path)
 }
 
 // OpenReadOnly opens an existing ledger for reading only (Totals, Read,
-// LastID); it never writes to path nor leaves -wal/-shm files that were
-// not there (see dbfile.ReadOnlyDSN). A missing file gives an error
-// wrapping dbfile.ErrNotExist; an empty file, a corrupt one, one of another
-// kind or of a newer schema an error wrapping ErrSchema and the dbfile
-// error. Appends on the result fail.
+// LastID): a PostgreSQL URL through read-only transactions, requiring the
+// schema to be at this program's version; an SQLite file as
+// OpenSQLiteReadOnly. Appends on the result fail.
 func OpenReadOnly(path string) (*Ledger, error) {
-	db, checkErr, err := dbfile.OpenReadOnly(path, dbfile.Ledger)
-	if err != nil {
-		if checkErr && !errors.Is(err, dbfile.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %w", ErrSchema, err)
-		}
-		return nil, fmt.Errorf("ledger: %w", err)
+	if pgstore.IsURL(path) {
+		return OpenPostgresReadOnly(context.Background(), path)
 	}
-	return &Ledger{db: db}, nil
+	return OpenSQLiteReadOnly(path)
 }
 
-func (l *Ledger) init(state dbfile.State) error {
-	tx, err := l.db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	var v int
-	if err := tx.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
-		return err
-	}
-	// Another process may have created the file since the check.
-	if state != dbfile.Current || v == 0 {
-		if v > SchemaVersion {
-			return fmt.Errorf("%w: file has schema version %d, this program knows %d", ErrSchema, v, SchemaVersion)
-		}
-		if _, err := tx.Exec(schema); err != nil {
-			return fmt.Errorf("%w: %v", ErrSchema, err)
-		}
-		if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, SchemaVersion)); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(dbfile.Ledger.SetAppID()); err != nil {
-			return err
-		}
-	}
-	// A pre-existing table named entries with another shape fails here.
-	if _, err := tx.Exec(`SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time FROM entries LIMIT 0`); err != nil {
-		return fmt.Errorf("%w: %v", ErrSchema, err)
-	}
-	return tx.Commit()
-}
+// New returns a Ledger over st.
+func New(st Store) *Ledger { return &Ledger{st: st} }
 
-// Close closes the database.
-func (l *Ledger) Close() error { return l.db.Close() }
+// Store returns the ledger's store.
+func (l *Ledger) Store() Store { return l.st }
+
+// Close closes the store.
+func (l *Ledger) Close() error { return l.st.Close() }
 
 // Validate checks that e can be appended: WorkerID is a 64-char lower-case
-// hex key, SessionID is 1..MaxSessionLen bytes, and every byte count is at
-// most 2^63-1. It returns an error wrapping ErrInvalid otherwise.
+// hex key, SessionID is 1..MaxSessionLen bytes, and every byte count (and
+// Seq) is at most 2^63-1. It returns an error wrapping ErrInvalid otherwise.
 func Validate(e Entry) error {
 	switch {
 	case !walletapi.IsKeyHex(e.WorkerID):
@@ -172,20 +124,13 @@ func Validate(e Entry) error {
 		return fmt.Errorf("%w: session id of %d bytes (want 1..%d)", ErrInvalid, len(e.SessionID), MaxSessionLen)
 	case e.BytesIn > walletapi.MaxAmount || e.BytesOut > walletapi.MaxAmount || e.RejectedBytes > walletapi.MaxAmount:
 		return fmt.Errorf("%w: byte count above 2^63-1", ErrInvalid)
+	case e.Seq > walletapi.MaxAmount:
+		return fmt.Errorf("%w: seq above 2^63-1", ErrInvalid)
 	}
 	if _, err := walletapi.AddAmount(e.BytesIn, e.BytesOut); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	return nil
-}
-
-// insertEntry appends one row; its arguments are insertArgs.
-const insertEntry = `INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time) VALUES (?, ?, ?, ?, ?, ?, ?)`
-
-// insertArgs are the insertEntry arguments of a validated e (counts fit
-// int64; time as Unix nanoseconds UTC).
-func insertArgs(e Entry) []any {
-	return []any{e.SessionID, e.WorkerID, int64(e.BytesIn), int64(e.BytesOut), int64(e.RejectedBytes), e.Final, e.Time.UTC().UnixNano()}
 }
 
 // Append records e durably (committed and fsynced when it returns nil). The
@@ -204,42 +149,44 @@ func (l *Ledger) Add(ctx context.Context, e Entry) (int64, error) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	res, err := l.db.ExecContext(ctx, insertEntry, insertArgs(e)...)
+	ids, err := l.st.Insert(ctx, []Entry{e})
 	if err != nil {
-		return 0, fmt.Errorf("ledger: append: %w", err)
+		return 0, err
 	}
-	return res.LastInsertId()
+	return ids[0], nil
 }
 
 // AppendAll records es in one transaction (one fsync): all or none. Use it
 // to flush many sessions at once; a single Append costs one fsync (about
 // 3.6 ms on the 2-core test machine under load), which bounds per-entry
 // appends to a few hundred per second. Zero times become now; errors wrap
-// ErrInvalid for a bad entry (nothing is recorded then).
+// ErrInvalid for a bad entry (nothing is recorded then). On PostgreSQL an
+// error may follow a commit whose answer was lost; calling AppendAll again
+// with the same rows (same SessionID and Seq > 0) records them once.
 func (l *Ledger) AppendAll(ctx context.Context, es []Entry) error {
+	_, err := l.AppendAllIDs(ctx, es)
+	return err
+}
+
+// AppendAllIDs is AppendAll returning the ids of es in order.
+func (l *Ledger) AppendAllIDs(ctx context.Context, es []Entry) ([]int64, error) {
 	now := time.Now()
 	for i := range es {
 		if err := Validate(es[i]); err != nil {
-			return fmt.Errorf("entry %d: %w", i, err)
+			return nil, fmt.Errorf("entry %d: %w", i, err)
 		}
 	}
-	tx, err := l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("ledger: append: %w", err)
+	if len(es) == 0 {
+		return nil, nil
 	}
-	defer tx.Rollback()
-	for _, e := range es {
+	batch := make([]Entry, len(es))
+	for i, e := range es {
 		if e.Time.IsZero() {
 			e.Time = now
 		}
-		if _, err := tx.ExecContext(ctx, insertEntry, insertArgs(e)...); err != nil {
-			return fmt.Errorf("ledger: append: %w", err)
-		}
+		batch[i] = e
 	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("ledger: append: %w", err)
-	}
-	return nil
+	return l.st.Insert(ctx, batch)
 }
 
 // Since returns up to limit entries with id > afterID in increasing id
@@ -250,29 +197,7 @@ func (l *Ledger) Since(afterID int64, limit int) ([]Entry, error) {
 
 // Read implements Reader; see Since.
 func (l *Ledger) Read(ctx context.Context, afterID int64, limit int) ([]Entry, error) {
-	limit = clampLimit(limit)
-	rows, err := l.db.QueryContext(ctx,
-		`SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time FROM entries WHERE id > ? ORDER BY id LIMIT ?`,
-		afterID, limit)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: read: %w", err)
-	}
-	defer rows.Close()
-	var out []Entry
-	for rows.Next() {
-		var e Entry
-		var in, outB, rej, ns int64
-		if err := rows.Scan(&e.ID, &e.SessionID, &e.WorkerID, &in, &outB, &rej, &e.Final, &ns); err != nil {
-			return nil, fmt.Errorf("ledger: read: %w", err)
-		}
-		e.BytesIn, e.BytesOut, e.RejectedBytes = uint64(in), uint64(outB), uint64(rej)
-		e.Time = time.Unix(0, ns).UTC()
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("ledger: read: %w", err)
-	}
-	return out, nil
+	return l.st.Read(ctx, afterID, clampLimit(limit))
 }
 
 func clampLimit(limit int) int {
@@ -293,44 +218,24 @@ type WorkerTotal struct {
 }
 
 // Totals returns every worker's totals, ordered by worker id. A sum above
-// 2^63-1 is an error (SQLite reports integer overflow).
-func (l *Ledger) Totals() ([]WorkerTotal, error) {
-	rows, err := l.db.Query(`SELECT worker, SUM(bytes_in) + SUM(bytes_out), SUM(rejected), COUNT(DISTINCT session), COUNT(*)
-		FROM entries GROUP BY worker ORDER BY worker`)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: totals: %w", err)
-	}
-	defer rows.Close()
-	var out []WorkerTotal
-	for rows.Next() {
-		var t WorkerTotal
-		var b, r int64
-		if err := rows.Scan(&t.ID, &b, &r, &t.Sessions, &t.Entries); err != nil {
-			return nil, fmt.Errorf("ledger: totals: %w", err)
-		}
-		t.Bytes, t.RejectedBytes = uint64(b), uint64(r)
-		out = append(out, t)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("ledger: totals: %w", err)
-	}
-	return out, nil
-}
+// 2^63-1 is an error.
+func (l *Ledger) Totals() ([]WorkerTotal, error) { return l.st.Totals(context.Background()) }
 
 // LastID returns the largest id in the ledger (0 when empty).
-func (l *Ledger) LastID() (int64, error) {
-	var id sql.NullInt64
-	if err := l.db.QueryRow(`SELECT MAX(id) FROM entries`).Scan(&id); err != nil {
-		return 0, fmt.Errorf("ledger: %w", err)
-	}
-	return id.Int64, nil
+func (l *Ledger) LastID() (int64, error) { return l.st.LastID(context.Background()) }
+
+// execer is implemented by both stores: a raw statement, for tests that
+// prove the database refuses what the code never does.
+type execer interface {
+	exec(q string, args ...any) error
 }
 
 // exec runs a raw statement; tests use it to prove the triggers hold.
+// Errors from the append-only triggers wrap ErrAppendOnly.
 func (l *Ledger) exec(q string, args ...any) error {
-	_, err := l.db.Exec(q, args...)
-	if err != nil && strings.Contains(err.Error(), "append-only") {
-		return fmt.Errorf("%w: %v", ErrAppendOnly, err)
+	x, ok := l.st.(execer)
+	if !ok {
+		return errors.New("ledger: store runs no raw statements")
 	}
-	return err
+	return x.exec(q, args...)
 }

@@ -43,7 +43,15 @@ func parseModel(t testing.TB, w *gguf.Writer) (*gguf.File, *Model) {
 
 func tinyModel(t testing.TB) *Model {
 	t.Helper()
-	data, err := modelgen.Tiny()
+	_, m := parseBytes(t, modelgen.Tiny)
+	return m
+}
+
+// parseBytes parses the model file gen returns (modelgen.Tiny,
+// modelgen.TinyQwen35MoE) and loads it.
+func parseBytes(t testing.TB, gen func() ([]byte, error)) (*gguf.File, *Model) {
+	t.Helper()
+	data, err := gen()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +63,7 @@ func tinyModel(t testing.TB) *Model {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m
+	return f, m
 }
 
 // run feeds tokens to a fresh sequence in batches of the given size and

@@ -94,29 +94,9 @@ func TestFusedGateUpExps(t *testing.T) {
 		toks := testTokens[:6]
 		sameBits(t, "fused vs separate", run(t, m2, toks, 3), run(t, m1, toks, 3))
 	}
-	t.Run("qwen3moe", func(t *testing.T) {
-		data, err := modelgen.Tiny()
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := gguf.Parse(data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		check(t, f)
-	})
+	t.Run("qwen3moe", func(t *testing.T) { f, _ := parseBytes(t, modelgen.Tiny); check(t, f) })
 	t.Run("qwen35moe-fixture", func(t *testing.T) { check(t, openFixture(t, "tiny-qwen35moe-F16")) })
-	t.Run("qwen35moe-generated", func(t *testing.T) {
-		data, err := modelgen.TinyQwen35MoE()
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := gguf.Parse(data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		check(t, f)
-	})
+	t.Run("qwen35moe-generated", func(t *testing.T) { f, _ := parseBytes(t, modelgen.TinyQwen35MoE); check(t, f) })
 }
 
 // TestQwen35BatchInvariance: prompt rows in one batch, in uneven batches,
@@ -156,18 +136,7 @@ func TestQwen35BatchInvariance(t *testing.T) {
 // no fixtures needed).
 func tinyQwen35(t *testing.T) *Model {
 	t.Helper()
-	data, err := modelgen.TinyQwen35MoE()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := Load(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, m := parseBytes(t, modelgen.TinyQwen35MoE)
 	if m.Params().Arch != "qwen35moe" {
 		t.Fatalf("architecture %q", m.Params().Arch)
 	}
@@ -252,14 +221,7 @@ func TestRecurrentSequence(t *testing.T) {
 // TestQwen35LoadErrors: bad qwen35moe files are refused with an error
 // naming the problem.
 func TestQwen35LoadErrors(t *testing.T) {
-	data, err := modelgen.TinyQwen35MoE()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, _ := parseBytes(t, modelgen.TinyQwen35MoE)
 	cases := []struct {
 		name  string
 		edit  func(w *gguf.Writer)
@@ -310,18 +272,7 @@ func TestQwen35LoadErrors(t *testing.T) {
 // Qwen3.5 with its MTP head) runs the 4 main layers exactly as the file
 // without it, and still holds the MTP block's routed experts.
 func TestQwen35MTPBlock(t *testing.T) {
-	data, err := modelgen.TinyQwen35MoE()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := Load(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, base := parseBytes(t, modelgen.TinyQwen35MoE)
 	w := copyWriter(t, f, nil)
 	for _, ti := range f.Tensors { // blk.4 = a copy of attention block 3, plus an MTP-only tensor
 		if rest, ok := strings.CutPrefix(ti.Name, "blk.3."); ok {

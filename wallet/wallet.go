@@ -15,8 +15,6 @@ import (
 	"sync"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
-
 	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
@@ -155,7 +153,7 @@ func Open(path string, id Identity, opt Options) (*Wallet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wallet: %w", err)
 	}
-	db, err := sql.Open("sqlite3", dsn)
+	db, err := dbfile.Open(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("wallet: %w", err)
 	}
@@ -174,7 +172,7 @@ func checkOwner(path, worker string) error {
 	if err != nil {
 		return fmt.Errorf("wallet: %w", err)
 	}
-	db, err := sql.Open("sqlite3", dsn)
+	db, err := dbfile.Open(dsn)
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
 
@@ -237,7 +237,7 @@ func TestBadFilesLeftUntouched(t *testing.T) {
 	}
 	w.Close()
 	u := url.URL{Scheme: "file", Path: newer, RawQuery: "_journal_mode=DELETE"}
-	db, err := sql.Open("sqlite3", u.String())
+	db, err := dbfile.Open(u.String())
 	if err != nil {
 		t.Fatal(err)
 	}

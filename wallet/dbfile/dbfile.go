@@ -11,6 +11,15 @@
 // refused with the file left byte for byte as it was. Only after Check has
 // accepted a file may the caller open it read-write (which, for a WAL
 // file, rewrites header bytes 18-19 and creates -wal/-shm).
+//
+// The package also picks the SQLite driver for every kvasir file: with cgo
+// github.com/mattn/go-sqlite3 ("sqlite3"), without cgo (phones, Termux,
+// static binaries; or with -tags kvasir_puresqlite) modernc.org/sqlite
+// ("sqlite"), SQLite translated to Go. Both are SQLite 3 and write the
+// same file format; the data source names made by DSN and ReadOnlyDSN
+// (file: URIs with mattn's _journal_mode, _synchronous, _busy_timeout and
+// _txlock keys, which modernc.org/sqlite reads the same way) work with
+// both. Open with Open, never with sql.Open and a driver name.
 package dbfile
 
 import (
@@ -24,8 +33,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-
-	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
 )
 
 // Application ids (PRAGMA application_id) of kvasir's SQLite files: four
@@ -119,7 +126,7 @@ func Check(path string, k Kind) (Info, error) {
 	if err != nil {
 		return Info{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	db, err := sql.Open("sqlite3", dsn)
+	db, err := Open(dsn)
 	if err != nil {
 		return Info{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
@@ -234,7 +241,17 @@ func CreateEmpty(path string) error {
 	return err
 }
 
-// DSN returns the go-sqlite3 data source name for the file at path with
+// Driver is the database/sql driver name of this build's SQLite driver:
+// "sqlite3" (mattn/go-sqlite3, cgo) or "sqlite" (modernc.org/sqlite, pure
+// Go); DriverDescription says which in words.
+const Driver = driverName
+
+// Open opens the data source dsn (from DSN or ReadOnlyDSN) with this
+// build's SQLite driver: sql.Open(Driver, dsn). Like sql.Open it does not
+// touch the file until the first query.
+func Open(dsn string) (*sql.DB, error) { return sql.Open(Driver, dsn) }
+
+// DSN returns the SQLite data source name for the file at path with
 // the given extra URI parameters (e.g. "_journal_mode=WAL").
 func DSN(path string, params ...string) (string, error) {
 	abs, err := filepath.Abs(path)
@@ -278,7 +295,7 @@ func OpenReadOnly(path string, k Kind) (db *sql.DB, checkErr bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
-	db, err = sql.Open("sqlite3", dsn)
+	db, err = Open(dsn)
 	if err != nil {
 		return nil, false, fmt.Errorf("open %s: %w", path, err)
 	}

@@ -6,15 +6,12 @@ package dbfiletest
 
 import (
 	"crypto/sha256"
-	"database/sql"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
-
-	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
 
 	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 )
@@ -73,7 +70,7 @@ func Make(t testing.TB, path string, tables []string, version int, appID int32) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := sql.Open("sqlite3", dsn)
+	db, err := dbfile.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +96,7 @@ func ToRollback(t testing.TB, path string, version int, appID int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := sql.Open("sqlite3", dsn)
+	db, err := dbfile.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,19 +26,26 @@ func genModel(t testing.TB, s modelgen.Spec) (*gguf.File, *Model) {
 
 func parseModel(t testing.TB, w *gguf.Writer) (*gguf.File, *Model) {
 	t.Helper()
-	var buf bytes.Buffer
-	if _, err := w.WriteTo(&buf); err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(buf.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := reparse(t, w)
 	m, err := Load(f)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return f, m
+}
+
+// reparse writes w and parses it back.
+func reparse(t testing.TB, w *gguf.Writer) *gguf.File {
+	t.Helper()
+	var buf bytes.Buffer
+	if _, err := w.WriteTo(&buf); err != nil {
+		t.Fatal(err)
+	}
+	g, err := gguf.Parse(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
 
 func tinyModel(t testing.TB) *Model {
@@ -297,15 +304,7 @@ func TestLoadErrors(t *testing.T) {
 	s.Layers = 1
 	f, _ := genModel(t, s)
 	load := func(w *gguf.Writer) error {
-		var buf bytes.Buffer
-		if _, err := w.WriteTo(&buf); err != nil {
-			t.Fatal(err)
-		}
-		g, err := gguf.Parse(buf.Bytes())
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = Load(g)
+		_, err := Load(reparse(t, w))
 		return err
 	}
 	w := copyWriter(t, f, nil)

@@ -1,7 +1,6 @@
 package model
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"path/filepath"
@@ -24,20 +23,6 @@ func openFixture(t *testing.T, name string) *gguf.File {
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
-}
-
-// reparse writes w and parses it back.
-func reparse(t *testing.T, w *gguf.Writer) *gguf.File {
-	t.Helper()
-	var buf bytes.Buffer
-	if _, err := w.WriteTo(&buf); err != nil {
-		t.Fatal(err)
-	}
-	g, err := gguf.Parse(buf.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return g
 }
 
 // fuseGateUp rewrites f with every layer's ffn_gate_exps and ffn_up_exps

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -23,14 +24,20 @@ type LayerTypes struct {
 // Assigned is one expert of an ASSIGN: its file size in bytes, the SHA-256
 // of the whole file (gate || up || down, as engine/slice stores it) and the
 // SHA-256 of each chunk: chunk i covers bytes [i*ChunkSize,
-// min(Size, (i+1)*ChunkSize)).
+// min(Size, (i+1)*ChunkSize)). With an ASSIGN source, Ranges are the
+// expert file's bytes in the source file, in order (lengths summing to
+// Size); without, none.
 type Assigned struct {
 	Layer  uint16
 	Expert uint32
 	Size   uint64
 	SHA256 [32]byte
 	Chunks [][32]byte // ceil(Size / ChunkSize) entries
+	Ranges []Range    // 0 without a source, else 1..MaxRanges
 }
+
+// Range is Len bytes at Offset of the model source file.
+type Range struct{ Offset, Len uint64 }
 
 // Assign is the complete set of experts a worker should hold, in the
 // backbone's priority order (most routed first), with the model header a
@@ -41,8 +48,12 @@ type Assign struct {
 	Arch        string   // general.architecture, 1..MaxArch bytes of UTF-8
 	DFF         uint32   // expert FFN size, elements (> 0)
 	ChunkSize   uint32   // bytes per chunk, MinChunk..MaxChunk
-	Layers      []LayerTypes
-	Experts     []Assigned // each (layer, expert) once, its layer in Layers
+	// Source is the http:// or https:// URL of the full model file the
+	// worker fetches the experts' bytes from (range requests), <=
+	// MaxSource bytes; "" means CHUNK_REQ to the backbone.
+	Source  string
+	Layers  []LayerTypes
+	Experts []Assigned // each (layer, expert) once, its layer in Layers
 }
 
 // ChunkReq asks for Len bytes at Offset of an assigned expert's file.
@@ -100,6 +111,7 @@ func (a *Assign) Append(b []byte) []byte {
 	b = appendStr(b, clip(a.Arch, MaxArch))
 	b = le.AppendUint32(b, a.DFF)
 	b = le.AppendUint32(b, a.ChunkSize)
+	b = appendStr(b, clip(a.Source, MaxSource))
 	b = le.AppendUint16(b, uint16(len(a.Layers)))
 	for _, l := range a.Layers {
 		b = le.AppendUint16(b, l.Layer)
@@ -116,6 +128,11 @@ func (a *Assign) Append(b []byte) []byte {
 		b = le.AppendUint32(b, uint32(len(e.Chunks)))
 		for _, c := range e.Chunks {
 			b = append(b, c[:]...)
+		}
+		b = append(b, byte(len(e.Ranges)))
+		for _, r := range e.Ranges {
+			b = le.AppendUint64(b, r.Offset)
+			b = le.AppendUint64(b, r.Len)
 		}
 	}
 	return b
@@ -160,8 +177,9 @@ func (h *Holdings) Append(b []byte) []byte {
 	return b
 }
 
-// minAssigned is the encoded size of an ASSIGN entry without chunk hashes.
-const minAssigned = 2 + 4 + 8 + 32 + 4
+// minAssigned is the encoded size of an ASSIGN entry without chunk hashes
+// and ranges.
+const minAssigned = 2 + 4 + 8 + 32 + 4 + 1
 
 func decodeAssign(r *reader, lim *Limits) (*Assign, error) {
 	a := &Assign{ModelID: r.str(MaxModelID, "model id")}
@@ -169,9 +187,13 @@ func decodeAssign(r *reader, lim *Limits) (*Assign, error) {
 	a.Arch = r.str(MaxArch, "architecture")
 	a.DFF = r.u32("d_ff")
 	a.ChunkSize = r.u32("chunk size")
+	a.Source = r.str(MaxSource, "source")
 	nlt := int(r.u16("layer count"))
 	if r.err != nil {
 		return nil, r.err
+	}
+	if a.Source != "" && !(strings.HasPrefix(a.Source, "http://") || strings.HasPrefix(a.Source, "https://")) {
+		return nil, fmt.Errorf("%w: assign source is not an http(s) URL", ErrRange)
 	}
 	if a.Arch == "" || a.DFF == 0 || a.ChunkSize < MinChunk || a.ChunkSize > MaxChunk || !utf8.ValidString(a.Arch) {
 		return nil, fmt.Errorf("%w: assign arch %d bytes, d_ff %d, chunk %d", ErrRange, len(a.Arch), a.DFF, a.ChunkSize)
@@ -232,6 +254,28 @@ func decodeAssign(r *reader, lim *Limits) (*Assign, error) {
 		e.Chunks = make([][32]byte, nc)
 		for j := range e.Chunks {
 			copy(e.Chunks[j][:], r.take(32, "chunk sha256"))
+		}
+		nr := int(r.u8("range count"))
+		if r.err != nil {
+			return nil, r.err
+		}
+		if (a.Source == "") != (nr == 0) || nr > MaxRanges {
+			return nil, fmt.Errorf("%w: assign expert (%d, %d) has %d byte ranges (source %v)", ErrRange, e.Layer, e.Expert, nr, a.Source != "")
+		}
+		var total uint64
+		for range nr {
+			rg := Range{Offset: r.u64("range offset"), Len: r.u64("range len")}
+			if r.err != nil {
+				return nil, r.err
+			}
+			if rg.Len == 0 || rg.Len > MaxExpertSize || rg.Offset > 1<<62 {
+				return nil, fmt.Errorf("%w: assign expert (%d, %d) range %d+%d", ErrRange, e.Layer, e.Expert, rg.Offset, rg.Len)
+			}
+			total += rg.Len
+			e.Ranges = append(e.Ranges, rg)
+		}
+		if nr > 0 && total != e.Size {
+			return nil, fmt.Errorf("%w: assign expert (%d, %d) ranges hold %d bytes, size %d", ErrShape, e.Layer, e.Expert, total, e.Size)
 		}
 	}
 	return a, r.err

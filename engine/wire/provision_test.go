@@ -10,7 +10,7 @@ import (
 // layouts next to the Type constants (worked by hand).
 func TestProvisionBytes(t *testing.T) {
 	req := (&ChunkReq{Layer: 2, Expert: 0x0102, Offset: 0x10000, Len: 0x8000}).Append(nil)
-	want := []byte{0x6B, 2, 0, 0x0A,
+	want := []byte{0x6B, 3, 0, 0x0A,
 		2, 0, // layer
 		2, 1, 0, 0, // expert
 		0, 0, 1, 0, 0, 0, 0, 0, // offset 65536
@@ -19,12 +19,12 @@ func TestProvisionBytes(t *testing.T) {
 		t.Fatalf("chunk req = % x\nwant        % x", req, want)
 	}
 	ch := (&Chunk{Layer: 1, Expert: 3, Offset: 5, Data: []byte{9, 8}}).Append(nil)
-	want = []byte{0x6B, 2, 0, 0x0B, 1, 0, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 9, 8}
+	want = []byte{0x6B, 3, 0, 0x0B, 1, 0, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 9, 8}
 	if !bytes.Equal(ch, want) || len(ch) != ChunkSize(2) {
 		t.Fatalf("chunk = % x\nwant    % x", ch, want)
 	}
 	h := (&Holdings{Quota: 256, Drop: []Holding{{Layer: 1, Expert: 2}}}).Append(nil)
-	want = []byte{0x6B, 2, 0, 0x0C, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 2, 0, 0, 0}
+	want = []byte{0x6B, 3, 0, 0x0C, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 2, 0, 0, 0}
 	if !bytes.Equal(h, want) {
 		t.Fatalf("holdings = % x\nwant       % x", h, want)
 	}
@@ -64,6 +64,20 @@ func TestProvisionRejects(t *testing.T) {
 		{"dup expert", assign(func(a *Assign) { a.Experts = append(a.Experts, a.Experts[0]) }), ErrRange},
 		{"dup layer", assign(func(a *Assign) { a.Layers = append(a.Layers, a.Layers[0]) }), ErrRange},
 		{"assign trailing", append(assign(func(*Assign) {}), 0), ErrTrailing},
+		{"source not http", assign(func(a *Assign) { a.Source = "file:///etc/passwd"; a.Experts[0].Ranges = []Range{{0, 5000}} }), ErrRange},
+		{"source without ranges", assign(func(a *Assign) { a.Source = "http://h/m" }), ErrRange},
+		{"ranges without source", assign(func(a *Assign) { a.Experts[0].Ranges = []Range{{0, 5000}} }), ErrRange},
+		{"ranges short", assign(func(a *Assign) { a.Source = "http://h/m"; a.Experts[0].Ranges = []Range{{0, 4999}} }), ErrShape},
+		{"range empty", assign(func(a *Assign) { a.Source = "http://h/m"; a.Experts[0].Ranges = []Range{{0, 5000}, {9, 0}} }), ErrRange},
+		{"too many ranges", assign(func(a *Assign) {
+			a.Source = "http://h/m"
+			a.Experts[0].Ranges = make([]Range, MaxRanges+1)
+			for i := range a.Experts[0].Ranges {
+				a.Experts[0].Ranges[i] = Range{uint64(i) * 1000, 500}
+			}
+			a.Experts[0].Ranges[0].Len = 5000 - 500*MaxRanges
+		}), ErrRange},
+		{"version 2", func() []byte { b := assign(func(*Assign) {}); b[1] = 2; return b }(), ErrVersion},
 		// ASSIGN claiming 2^32-1 experts in a short message: refused before allocating.
 		{"assign huge n", append(assign(func(a *Assign) { a.Experts = nil })[:len(assign(func(a *Assign) { a.Experts = nil }))-4], 0xFF, 0xFF, 0xFF, 0xFF), ErrTooLarge},
 		{"req len 0", (&ChunkReq{Layer: 1, Len: 0}).Append(nil), ErrRange},
@@ -95,8 +109,8 @@ func FuzzProvision(f *testing.F) {
 		f.Add(append(msg, 7))
 	}
 	// CHUNK claiming 2^32-1 bytes; HOLDINGS claiming 2^32-1 adds.
-	f.Add([]byte{Magic, 2, 0, 0x0B, 1, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 1})
-	f.Add([]byte{Magic, 2, 0, 0x0C, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF})
+	f.Add([]byte{Magic, byte(Version), 0, 0x0B, 1, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 1})
+	f.Add([]byte{Magic, byte(Version), 0, 0x0C, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF})
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		fr, err := Decode(msg, testLimits())
 		if err != nil {

@@ -52,7 +52,15 @@ package wire
 //	             after threads; new frames ASSIGN, CHUNK_REQ, CHUNK,
 //	             HOLDINGS; error code 9 (not assigned). Version 1 peers are
 //	             refused (ErrVersion).
-const Version uint16 = 2
+//	3 (2026-12): model sources (issue 12): ASSIGN carries a source URL
+//	             (source_len u16 | source, after chunk) and, per expert, its
+//	             byte ranges in that file (n_range u8 | n_range x (offset
+//	             u64 | len u64), after its chunk hashes); with a source the
+//	             worker fetches the experts' bytes from it (HTTP range
+//	             requests) instead of with CHUNK_REQ. Version 2 peers are
+//	             refused (ErrVersion; the backbone's refusal names both
+//	             versions).
+const Version uint16 = 3
 
 // Magic is the first byte of every frame.
 const Magic byte = 0x6B
@@ -79,6 +87,10 @@ const (
 	// MaxExpertSize is the largest expert ASSIGN may name, bytes (4 GiB, the
 	// slice format's limit).
 	MaxExpertSize = 4 << 30
+	// MaxSource is the longest ASSIGN model source URL, bytes.
+	MaxSource = 2048
+	// MaxRanges is the most byte ranges of one ASSIGN expert.
+	MaxRanges = 8
 )
 
 // Type is a frame type, the 4th byte of the header.
@@ -99,7 +111,10 @@ const (
 	// held ones not listed it may delete) and what it needs to write them
 	// into a slice directory (engine/slice manifest fields). Entries come in
 	// the backbone's priority order (most used first).
-	TypeAssign Type = 0x09 // model_len u16 | model | model_sha256 [32]u8 | arch_len u16 | arch | d_ff u32 | chunk u32 (chunk size, bytes, MinChunk..MaxChunk) | n_lt u16 | n_lt x (layer u16 | gate_type u32 | up_type u32 | down_type u32) (ggml type ids) | n u32 | n x (layer u16 | expert u32 | size u64 | sha256 [32]u8 | n_chunk u32 (= ceil(size/chunk)) | n_chunk x sha256 [32]u8 (of bytes [i*chunk, min(size, (i+1)*chunk)) ))
+	// With a source URL the worker fetches each expert's bytes from that
+	// file (the full GGUF on any HTTP(S) host): the expert file is the
+	// concatenation of its ranges.
+	TypeAssign Type = 0x09 // model_len u16 | model | model_sha256 [32]u8 | arch_len u16 | arch | d_ff u32 | chunk u32 (chunk size, bytes, MinChunk..MaxChunk) | source_len u16 | source [source_len]u8 (http(s) URL of the full model file, <= MaxSource; empty: fetch with CHUNK_REQ) | n_lt u16 | n_lt x (layer u16 | gate_type u32 | up_type u32 | down_type u32) (ggml type ids) | n u32 | n x (layer u16 | expert u32 | size u64 | sha256 [32]u8 | n_chunk u32 (= ceil(size/chunk)) | n_chunk x sha256 [32]u8 (of bytes [i*chunk, min(size, (i+1)*chunk)) ) | n_range u8 (0 without a source, else 1..MaxRanges) | n_range x (offset u64 | len u64) (byte ranges of the source file, lens summing to size))
 	// TypeChunkReq (worker -> backbone) asks for bytes [offset, offset+len)
 	// of an assigned expert's file (gate || up || down).
 	TypeChunkReq Type = 0x0A // layer u16 | expert u32 | offset u64 | len u32 (1..MaxChunk)

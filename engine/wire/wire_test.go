@@ -42,6 +42,10 @@ func sampleFrames() []Frame {
 		&Chunk{Layer: 3, Expert: 7, Offset: 4096, Data: []byte{0xAB}},
 		&Holdings{Quota: 1 << 30, Add: []Holding{{Layer: 3, Expert: 7, SHA256: sha256.Sum256([]byte("e"))}},
 			Drop: []Holding{{Layer: 1, Expert: 0}}},
+		&Assign{ModelID: "tiny@0123456789abcdef", Arch: "qwen35moe", DFF: 256, ChunkSize: 4096,
+			Source: "https://cdn.example/model.gguf", Layers: []LayerTypes{{Layer: 2, Gate: 12, Up: 12, Down: 14}},
+			Experts: []Assigned{{Layer: 2, Expert: 5, Size: 4097, Chunks: make([][32]byte, 2),
+				Ranges: []Range{{Offset: 1 << 33, Len: 4000}, {Offset: 64, Len: 97}}}}},
 	}
 }
 
@@ -65,14 +69,14 @@ func TestRoundTrip(t *testing.T) {
 // layouts written next to the type constants (worked by hand).
 func TestEncodingBytes(t *testing.T) {
 	ping := (&Ping{Time: 0x0102030405060708}).Append(nil)
-	want := []byte{0x6B, 2, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
+	want := []byte{0x6B, 3, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
 	if !bytes.Equal(ping, want) {
 		t.Fatalf("ping = % x, want % x", ping, want)
 	}
 	// DISPATCH req=1 layer=2 n=1 d=1 k=1 hidden=[1.0] ids=[-1]:
 	// 1.0f = 0x3F800000, -1 = 0xFFFFFFFF.
 	d := (&Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 1, Hidden: []float32{1}, IDs: []int32{-1}}).Append(nil)
-	want = []byte{0x6B, 2, 0, 0x03,
+	want = []byte{0x6B, 3, 0, 0x03,
 		1, 0, 0, 0, 0, 0, 0, 0, // req
 		2, 0, // layer
 		1, 0, 0, 0, // n

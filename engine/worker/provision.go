@@ -22,6 +22,8 @@ import (
 // checked against the expert's SHA-256, renamed into the slice and listed
 // in the manifest (slice.Store.Commit), and announced (HOLDINGS add) so the
 // backbone routes to it. An expert that does not fit the quota is skipped.
+// An ASSIGN that names a model source is fetched from it instead
+// (source.go).
 
 // dlEvent is what the session's reader hands the downloader.
 type dlEvent struct {
@@ -121,7 +123,11 @@ func (w *Worker) applyAssign(ctx context.Context, wel *wire.Welcome, a *wire.Ass
 		if st.Used()-st.Partial(l, x)+int64(e.Size) > st.Quota() {
 			continue // does not fit (the backbone's plan and our quota disagree)
 		}
-		next, err := w.fetch(ctx, a, e, ev, send)
+		fetch := w.fetch
+		if a.Source != "" {
+			fetch = w.fetchSource
+		}
+		next, err := fetch(ctx, a, e, ev, send)
 		if next != nil || err != nil {
 			return next, err
 		}

@@ -86,7 +86,9 @@ type Stats struct {
 	DownloadExpertsDone  int    // assigned experts held
 	DownloadExpertsTotal int    // assigned experts
 	ChunkRequests        uint64 // CHUNK_REQs sent (cumulative)
-	ChunksReceived       uint64 // CHUNKs verified and written (cumulative)
+	ChunksReceived       uint64 // CHUNKs (or chunks from a model source) verified and written (cumulative)
+	SourceRequests       uint64 // HTTP range requests to a model source (cumulative)
+	SourceFailures       uint64 // failed model source downloads: bad status, short or stalled body, a chunk with the wrong hash (cumulative)
 }
 
 // Config configures a Worker.
@@ -113,6 +115,22 @@ type Config struct {
 	Speed    uint32 // download speed hint for the backbone, KiB/s; 0: unknown
 	// DownloadWindow is the number of CHUNK_REQs kept in flight; default 4.
 	DownloadWindow int
+	// Source, when set, replaces the model source URL of an ASSIGN that
+	// names one (e.g. a mirror of the model file near the worker); the
+	// bytes are verified against the ASSIGN's hashes either way.
+	Source string
+	// SourceRootCAs are the CAs trusted for an https model source (nil:
+	// the system roots).
+	SourceRootCAs *x509.CertPool
+	// SourceRetry is the delay before retrying a failed model source
+	// download, doubling per failure up to 30 s; default 500 ms.
+	SourceRetry time.Duration
+	// SourceAttempts is how many source downloads of one expert may fail
+	// in a row without progress before it is skipped; default 5.
+	SourceAttempts int
+	// SourceStall ends a source request that sends no byte (headers or
+	// body) for this long; default 30 s.
+	SourceStall time.Duration
 
 	PingInterval time.Duration // default 20 s
 	BackoffBase  time.Duration // first reconnect delay bound; default 250 ms
@@ -159,6 +177,8 @@ type Worker struct {
 
 	rows, reqs, bin, bout        atomic.Uint64
 	dlDone, chunkReqs, chunksGot atomic.Uint64
+	srcClient                    *http.Client // model source downloads
+	srcReqs, srcFails            atomic.Uint64
 }
 
 // New validates cfg and returns a Worker.
@@ -213,6 +233,17 @@ func New(cfg Config) (*Worker, error) {
 	def(&cfg.BackoffBase, 250*time.Millisecond)
 	def(&cfg.BackoffMax, 30*time.Second)
 	def(&cfg.StableAfter, 10*time.Second)
+	def(&cfg.SourceRetry, 500*time.Millisecond)
+	def(&cfg.SourceStall, 30*time.Second)
+	if cfg.SourceAttempts <= 0 {
+		cfg.SourceAttempts = 5
+	}
+	if cfg.Source != "" && !strings.HasPrefix(cfg.Source, "http://") && !strings.HasPrefix(cfg.Source, "https://") {
+		if store != nil {
+			store.Close()
+		}
+		return nil, fmt.Errorf("worker: model source %q must be an http:// or https:// URL", cfg.Source)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -226,6 +257,7 @@ func New(cfg Config) (*Worker, error) {
 		TLSHandshakeTimeout: 10 * time.Second,
 		DisableKeepAlives:   true,
 	}}
+	w.srcClient = newSourceClient(cfg)
 	w.st.Gateway = u.Host
 	return w, nil
 }
@@ -245,6 +277,7 @@ func (w *Worker) Stats() Stats {
 		s.DownloadBytesDone = min(s.DownloadBytesDone+w.dlDone.Load(), s.DownloadBytesTotal)
 		s.SliceBytes, s.Quota, s.Experts = w.store.Used(), w.store.Quota(), len(w.store.Holdings())
 		s.ChunkRequests, s.ChunksReceived = w.chunkReqs.Load(), w.chunksGot.Load()
+		s.SourceRequests, s.SourceFailures = w.srcReqs.Load(), w.srcFails.Load()
 	}
 	return s
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
 	"text/tabwriter"
 	"time"
 
@@ -44,12 +43,17 @@ type Event struct {
 	Ref       string    `json:"ref,omitempty"`
 }
 
-// Reconcile compares the worker's own count with the credited bytes.
+// Reconcile compares the worker's own count with the credited bytes. A
+// shortfall is a mismatch only when bytes served longer ago than the
+// credit lag (Options.CreditLag) are still not credited; until then they
+// are awaiting credit.
 type Reconcile struct {
-	Mismatch       bool   `json:"mismatch"`
-	DiffBytes      int64  `json:"diff_bytes"`      // bytes_served - credited_bytes
-	ThresholdBytes uint64 `json:"threshold_bytes"` // allowed |diff|
-	Explanation    string `json:"explanation"`
+	Mismatch         bool   `json:"mismatch"`
+	DiffBytes        int64  `json:"diff_bytes"`               // bytes_served - credited_bytes
+	ThresholdBytes   uint64 `json:"threshold_bytes"`          // allowed |diff|
+	AwaitingBytes    uint64 `json:"awaiting_bytes,omitempty"` // served within the credit lag, not credited yet
+	CreditLagSeconds int64  `json:"credit_lag_s"`             // how long credits may take
+	Explanation      string `json:"explanation"`
 }
 
 // Summary is the wallet as `kvasir wallet --json` prints it. All amounts
@@ -71,118 +75,81 @@ type Summary struct {
 	History         []Event   `json:"history"`
 }
 
-// Summary flushes pending counts and returns the wallet's state. The rate
-// for the metered estimate is that of the newest statement, or
-// walletapi.DefaultRateNKVRPerByte before any.
+// Summary flushes pending counts and returns the wallet's state with the
+// newest HistoryLimit events (Events gives any range, Groups the history
+// grouped). The rate for the metered estimate is that of the newest
+// statement, or walletapi.DefaultRateNKVRPerByte before any.
 func (w *Wallet) Summary() (Summary, error) {
 	if err := w.Flush(); err != nil {
 		return Summary{}, err
 	}
-	s := Summary{Address: w.addr, Worker: w.worker, RateNKVRPerByte: walletapi.DefaultRateNKVRPerByte, History: []Event{}}
+	now := w.now()
+	s := Summary{Address: w.addr, Worker: w.worker}
 	if gw, err := w.PinnedGateway(); err != nil {
 		return Summary{}, err
 	} else if gw != nil {
 		s.Gateway = hex.EncodeToString(gw)
 	}
-	var cb, cn, rej, rate, n, paid int64
+	var cb, cn, rej, n, paid, served int64
 	if err := w.db.QueryRow(`SELECT COALESCE(MAX(cum_bytes), 0), COALESCE(MAX(cum_nkvr), 0), COALESCE(SUM(rejected), 0),
-		COALESCE((SELECT rate FROM statements ORDER BY n DESC LIMIT 1), 0), COUNT(*) FROM statements`).Scan(&cb, &cn, &rej, &rate, &n); err != nil {
+		COUNT(*) FROM statements`).Scan(&cb, &cn, &rej, &n); err != nil {
 		return Summary{}, fmt.Errorf("wallet: %w", err)
 	}
 	if err := w.db.QueryRow(`SELECT COALESCE(SUM(nkvr), 0) FROM payouts`).Scan(&paid); err != nil {
 		return Summary{}, fmt.Errorf("wallet: %w", err)
 	}
-	if rate > 0 {
-		s.RateNKVRPerByte = uint64(rate)
-	}
-	s.CreditedBytes, s.CreditedNKVR, s.RejectedBytes, s.Statements, s.PaidNKVR = uint64(cb), uint64(cn), uint64(rej), uint64(n), uint64(paid)
-	s.PendingNKVR = s.CreditedNKVR - min(s.PaidNKVR, s.CreditedNKVR)
-
-	var hist []Event
-	rows, err := w.db.Query(`SELECT session, bytes_in, bytes_out, updated FROM sessions`)
-	if err != nil {
+	if err := w.db.QueryRow(`SELECT COALESCE(SUM(bytes_in + bytes_out), 0) FROM sessions`).Scan(&served); err != nil {
 		return Summary{}, fmt.Errorf("wallet: %w", err)
 	}
-	for rows.Next() {
-		var sess string
-		var in, out, upd int64
-		if err := rows.Scan(&sess, &in, &out, &upd); err != nil {
-			rows.Close()
-			return Summary{}, fmt.Errorf("wallet: %w", err)
-		}
-		b := uint64(in) + uint64(out)
-		s.BytesServed += b
-		est, _ := walletapi.NKVR(b, s.RateNKVRPerByte)
-		hist = append(hist, Event{Time: time.UnixMilli(upd).UTC(), State: StateMetered, Session: sess, Bytes: b, NKVR: est})
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return Summary{}, fmt.Errorf("wallet: %w", err)
-	}
-	s.MeteredNKVR, err = walletapi.NKVR(s.BytesServed, s.RateNKVRPerByte)
+	rate, err := w.rate()
 	if err != nil {
 		return Summary{}, err
 	}
-	rows, err = w.db.Query(`SELECT n, bytes, rejected, nkvr, ledger_after, ledger_upto, time FROM statements ORDER BY n DESC LIMIT ?`, HistoryLimit)
-	if err != nil {
-		return Summary{}, fmt.Errorf("wallet: %w", err)
+	s.RateNKVRPerByte = rate
+	s.CreditedBytes, s.CreditedNKVR, s.RejectedBytes, s.Statements, s.PaidNKVR = uint64(cb), uint64(cn), uint64(rej), uint64(n), uint64(paid)
+	s.PendingNKVR = s.CreditedNKVR - min(s.PaidNKVR, s.CreditedNKVR)
+	s.BytesServed = uint64(served)
+	if s.MeteredNKVR, err = walletapi.NKVR(s.BytesServed, s.RateNKVRPerByte); err != nil {
+		return Summary{}, err
 	}
-	for rows.Next() {
-		var e Event
-		var n, b, r, k, la, lu, t int64
-		if err := rows.Scan(&n, &b, &r, &k, &la, &lu, &t); err != nil {
-			rows.Close()
-			return Summary{}, fmt.Errorf("wallet: %w", err)
-		}
-		e = Event{Time: time.UnixMilli(t).UTC(), State: StateCredited, Statement: uint64(n), Ledger: fmt.Sprintf("(%d, %d]", la, lu),
-			Bytes: uint64(b), Rejected: uint64(r), NKVR: uint64(k)}
-		hist = append(hist, e)
+	if s.History, err = w.Events(time.Time{}, time.Time{}, HistoryLimit); err != nil {
+		return Summary{}, err
 	}
-	rows.Close()
-	rows, err = w.db.Query(`SELECT nkvr, ref, time FROM payouts ORDER BY id DESC LIMIT ?`, HistoryLimit)
-	if err != nil {
-		return Summary{}, fmt.Errorf("wallet: %w", err)
-	}
-	for rows.Next() {
-		var k, t int64
-		var ref string
-		if err := rows.Scan(&k, &ref, &t); err != nil {
-			rows.Close()
-			return Summary{}, fmt.Errorf("wallet: %w", err)
-		}
-		hist = append(hist, Event{Time: time.UnixMilli(t).UTC(), State: StatePaid, NKVR: uint64(k), Ref: ref})
-	}
-	rows.Close()
-	sort.SliceStable(hist, func(i, j int) bool { return hist[i].Time.After(hist[j].Time) })
-	if len(hist) > HistoryLimit {
-		hist = hist[:HistoryLimit]
-	}
-	s.History = append(s.History, hist...)
-	s.Reconcile = reconcile(s.BytesServed, s.CreditedBytes, s.RejectedBytes)
+	s.Reconcile = reconcile(s.BytesServed, min(w.servedBy(now.Add(-w.lag)), s.BytesServed), s.CreditedBytes, s.RejectedBytes, w.lag)
 	return s, nil
 }
 
-// reconcile flags |served - credited| > 1% of the larger + 64 KiB.
-func reconcile(served, credited, rejected uint64) Reconcile {
-	thr := uint64(float64(max(served, credited))*ReconcileFraction) + ReconcileSlackBytes
-	r := Reconcile{DiffBytes: int64(served) - int64(credited), ThresholdBytes: thr}
-	diff := r.DiffBytes
-	if diff < 0 {
-		diff = -diff
-	}
+// threshold is the allowed difference between counts of b bytes: 1 % plus
+// 64 KiB.
+func threshold(b uint64) uint64 { return uint64(float64(b)*ReconcileFraction) + ReconcileSlackBytes }
+
+// reconcile compares the credited bytes with the own count: served in
+// all, and settled, served at least lag ago (what the gateway should have
+// credited by now). Fewer credited than settled beyond the threshold is a
+// mismatch; fewer credited than served but not than settled is credit lag;
+// more credited than served is a mismatch at once.
+func reconcile(served, settled, credited, rejected uint64, lag time.Duration) Reconcile {
+	r := Reconcile{DiffBytes: int64(served) - int64(credited), ThresholdBytes: threshold(max(served, credited)),
+		CreditLagSeconds: int64(lag / time.Second)}
 	switch {
-	case uint64(diff) <= thr:
-		r.Explanation = fmt.Sprintf("own count and credited bytes agree within %d bytes", thr)
-	case r.DiffBytes > 0:
-		r.Mismatch = true
-		r.Explanation = fmt.Sprintf("the gateway has credited %d bytes fewer than this worker counted. "+
-			"Credits lag the work by the gateway's poll interval plus the wallet's last sync, so this can be temporary. "+
-			"If it persists: %d bytes were metered as rejected (results that were late, for an unknown request, or of the wrong shape), "+
-			"or sessions ended before the hub recorded them, or the worker counts frames the hub does not credit", r.DiffBytes, rejected)
-	default:
+	case credited > served+r.ThresholdBytes:
 		r.Mismatch = true
 		r.Explanation = fmt.Sprintf("the gateway has credited %d bytes more than this worker counted: "+
 			"this wallet file may have lost its own count (new or restored file), or the same identity key serves from another machine", -r.DiffBytes)
+	case settled > credited+threshold(max(settled, credited)):
+		r.Mismatch = true
+		r.ThresholdBytes = threshold(max(settled, credited))
+		r.Explanation = fmt.Sprintf("the gateway has credited %d bytes fewer than this worker counted up to %v ago, "+
+			"longer than credits take to arrive. "+
+			"%d bytes were metered as rejected (results that were late, for an unknown request, or of the wrong shape); "+
+			"otherwise sessions ended before the hub recorded them, or the worker counts frames the hub does not credit",
+			settled-credited, lag, rejected)
+	case served > credited+r.ThresholdBytes:
+		r.AwaitingBytes = served - credited
+		r.Explanation = fmt.Sprintf("%d bytes served in the last %v are not credited yet: credits follow the work by up to %v "+
+			"(the hub settles, the gateway credits, the wallet fetches)", r.AwaitingBytes, lag, lag)
+	default:
+		r.Explanation = fmt.Sprintf("own count and credited bytes agree within %d bytes", r.ThresholdBytes)
 	}
 	return r
 }

@@ -79,6 +79,13 @@ CREATE TABLE payouts (
 // a crash loses at most this much of the worker's own count.
 const FlushInterval = time.Second
 
+// DefaultCreditLag is how long credits may follow the work before the
+// wallet calls a gap a mismatch (Options.CreditLag): the hub holds
+// creditable bytes back 30 s (hub.DefaultSettleDelay), the gateway credits
+// about every second and the node fetches statements every 30 s, plus a
+// margin for a busy machine.
+const DefaultCreditLag = 90 * time.Second
+
 // Wallet is an open wallet file bound to one worker identity. It is safe
 // for concurrent use.
 type Wallet struct {
@@ -86,10 +93,19 @@ type Wallet struct {
 	worker string // hex public key
 	addr   string
 	now    func() time.Time
+	lag    time.Duration
 
 	mu        sync.Mutex
 	pending   map[string]*served // counts not yet written
 	lastFlush time.Time
+	total     uint64         // bytes served in all, written or pending
+	samples   []servedSample // total over time, for the credit lag (see servedBy)
+}
+
+// servedSample is the wallet's total count of bytes served at time t.
+type servedSample struct {
+	t     time.Time
+	total uint64
 }
 
 type served struct {
@@ -101,6 +117,11 @@ type served struct {
 // Options tunes Open; the zero value is the production setting.
 type Options struct {
 	Now func() time.Time // clock; nil means time.Now
+	// CreditLag is how long the gateway's credits may follow the work
+	// before Summary reports a shortfall as a mismatch; 0 means
+	// DefaultCreditLag. A node that fetches statements every S should pass
+	// at least S + 60 s.
+	CreditLag time.Duration
 }
 
 // Check inspects the wallet file at path without modifying it, through
@@ -144,6 +165,9 @@ func Open(path string, id Identity, opt Options) (*Wallet, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
+	if opt.CreditLag <= 0 {
+		opt.CreditLag = DefaultCreditLag
+	}
 	if err := dbfile.CreateEmpty(path); err != nil {
 		return nil, fmt.Errorf("wallet: %w", err)
 	}
@@ -157,12 +181,75 @@ func Open(path string, id Identity, opt Options) (*Wallet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wallet: %w", err)
 	}
-	w := &Wallet{db: db, worker: id.WorkerID, addr: id.Address, now: opt.Now, pending: map[string]*served{}}
+	w := &Wallet{db: db, worker: id.WorkerID, addr: id.Address, now: opt.Now, lag: opt.CreditLag, pending: map[string]*served{}}
 	if err := w.init(info.State); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("wallet: open %s: %w", path, err)
 	}
+	if err := w.loadSamples(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("wallet: open %s: %w", path, err)
+	}
 	return w, nil
+}
+
+// loadSamples rebuilds the served-bytes history from the sessions table:
+// each session's bytes count from its last update (a session's bytes are
+// not credited before it was last counted, so this never makes a credit
+// look late).
+func (w *Wallet) loadSamples() error {
+	rows, err := w.db.Query(`SELECT updated, bytes_in + bytes_out FROM sessions ORDER BY updated, session`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var upd, b int64
+		if err := rows.Scan(&upd, &b); err != nil {
+			return err
+		}
+		w.total += uint64(b)
+		w.addSample(time.UnixMilli(upd), w.now())
+	}
+	return rows.Err()
+}
+
+// addSample records w.total at time t (one sample per clock second: a
+// later count in the same second moves that second's sample) and drops
+// the samples no lag lookup at or after now needs; w.mu held (or w not
+// yet shared).
+func (w *Wallet) addSample(t, now time.Time) {
+	if n := len(w.samples); n > 0 && !t.Truncate(time.Second).After(w.samples[n-1].t.Truncate(time.Second)) {
+		w.samples[n-1].total = w.total
+		if t.After(w.samples[n-1].t) {
+			w.samples[n-1].t = t
+		}
+	} else {
+		w.samples = append(w.samples, servedSample{t: t, total: w.total})
+	}
+	cut := now.Add(-w.lag)
+	i := 0
+	for i+1 < len(w.samples) && !w.samples[i+1].t.After(cut) {
+		i++
+	}
+	if i > 0 {
+		w.samples = append(w.samples[:0], w.samples[i:]...)
+	}
+}
+
+// servedBy returns the bytes served at or before t, as far as the samples
+// kept for the credit lag tell (0 before the first).
+func (w *Wallet) servedBy(t time.Time) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var b uint64
+	for _, s := range w.samples {
+		if s.t.After(t) {
+			break
+		}
+		b = s.total
+	}
+	return b
 }
 
 // checkOwner reads the wallet's worker key through a read-only connection
@@ -254,6 +341,8 @@ func (w *Wallet) Served(session string, bytesIn, bytesOut uint64) {
 	s.in += bytesIn
 	s.out += bytesOut
 	s.last = now
+	w.total += bytesIn + bytesOut
+	w.addSample(now, now)
 	due := now.Sub(w.lastFlush) >= FlushInterval
 	w.mu.Unlock()
 	if due {

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -154,10 +155,28 @@ func TestStatementChainChecks(t *testing.T) {
 	}
 }
 
+// clock is a settable test clock.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time          { return c.t }
+func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
+func newClock() *clock                   { return &clock{t: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)} }
+func openClock(t *testing.T, path string, id Identity, c *clock) *Wallet {
+	t.Helper()
+	w, err := Open(path, id, Options{Now: c.now, CreditLag: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
 func TestReconcileFlags(t *testing.T) {
 	id := testID(1)
-	w := openW(t, filepath.Join(t.TempDir(), "w.db"), id)
+	c := newClock()
+	w := openClock(t, filepath.Join(t.TempDir(), "w.db"), id, c)
 	w.Served("s", 10_000_000, 0)
+	c.advance(91 * time.Second) // older than the credit lag
 	gw := gwKey().Public().(ed25519.PublicKey)
 	// Credited 9,800,000 of 10,000,000: diff 200,000 > 1% (100,000) + 65,536 -> flagged.
 	if _, err := w.AddStatements(gw, statements(t, id, 7, 1, 0, 9_800_000)); err != nil {
@@ -175,12 +194,182 @@ func TestReconcileFlags(t *testing.T) {
 	if s, _ = w.Summary(); s.Reconcile.Mismatch {
 		t.Fatalf("within threshold flagged: %+v", s.Reconcile)
 	}
-	// Credited far more than counted -> flagged the other way.
+	// Credited far more than counted -> flagged the other way, at once.
 	if _, err := w.AddStatements(gw, statements(t, id, 7, 3, 9_900_000, 5_000_000)); err != nil {
 		t.Fatal(err)
 	}
 	if s, _ = w.Summary(); !s.Reconcile.Mismatch || s.Reconcile.DiffBytes != -4_900_000 || !strings.Contains(s.Reconcile.Explanation, "more") {
 		t.Fatalf("over-credit %+v", s.Reconcile)
+	}
+}
+
+// TestMismatchOnlyAfterCreditLag replays the report in issue 15: a minute
+// of steady work whose credits arrive 40 s behind it never shows a
+// mismatch (the gap is "awaiting credit"), and neither does a restart
+// right after work; a gateway that stops crediting is flagged once the
+// uncredited bytes are older than the credit lag, not before.
+func TestMismatchOnlyAfterCreditLag(t *testing.T) {
+	id := testID(1)
+	c := newClock()
+	path := filepath.Join(t.TempDir(), "w.db")
+	w := openClock(t, path, id, c)
+	gw := gwKey().Public().(ed25519.PublicKey)
+	const perSecond = 3_600_000 // 216 MB a minute, as in the report
+	var n, cum uint64
+	servedAt := map[int]uint64{}
+	for sec := 1; sec <= 60; sec++ {
+		c.advance(time.Second)
+		w.Served("load", perSecond/2, perSecond/2)
+		servedAt[sec] = uint64(sec) * perSecond
+		if sec > 40 { // the gateway credits what was served 40 s ago
+			n++
+			cum += perSecond
+			if _, err := w.AddStatements(gw, statements(t, id, 7, n, cum-perSecond, perSecond)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s, err := w.Summary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Reconcile.Mismatch {
+			t.Fatalf("second %d: mismatch while credits are only 40 s behind: %+v", sec, s.Reconcile)
+		}
+		if sec > 2 && (s.Reconcile.AwaitingBytes == 0 || !strings.Contains(s.Reconcile.Explanation, "not credited yet")) {
+			t.Fatalf("second %d: the credit lag is not explained: %+v", sec, s.Reconcile)
+		}
+	}
+	// A restart: the reopened wallet knows when its sessions were counted.
+	w.Close()
+	c.advance(5 * time.Second)
+	w = openClock(t, path, id, c)
+	if s, _ := w.Summary(); s.Reconcile.Mismatch {
+		t.Fatalf("after a restart 5 s after the work: %+v", s.Reconcile)
+	}
+	// The gateway credits nothing more: the last 40 s of work (144 MB) stay
+	// uncredited. Not a mismatch until they are 90 s old (the reopened
+	// wallet dates the session's bytes at its last count)...
+	c.advance(80 * time.Second) // 85 s after the last count
+	if s, _ := w.Summary(); s.Reconcile.Mismatch {
+		t.Fatalf("85 s after the work: %+v", s.Reconcile)
+	}
+	// ... then it is, naming the shortfall.
+	c.advance(10 * time.Second)
+	s, _ := w.Summary()
+	if !s.Reconcile.Mismatch || s.Reconcile.DiffBytes != 40*perSecond || !strings.Contains(s.Reconcile.Explanation, "144000000 bytes fewer") {
+		t.Fatalf("95 s after the work: %+v", s.Reconcile)
+	}
+}
+
+// TestHistoryGroups: an hour of statements (one a second, as the gateway
+// credits under load) and three sessions group into hours, days and
+// sessions with exact sums; Events gives the detail of one group and, with
+// no bounds and no limit, every row.
+func TestHistoryGroups(t *testing.T) {
+	id := testID(1)
+	c := newClock() // 12:00:00 UTC
+	w := openClock(t, filepath.Join(t.TempDir(), "w.db"), id, c)
+	gw := gwKey().Public().(ed25519.PublicKey)
+	sessions := []struct {
+		name  string
+		start time.Duration
+		secs  int
+	}{{"a", 0, 1500}, {"b", 1500 * time.Second, 1500}, {"c", 3000 * time.Second, 1200}} // c: 12:50-13:10
+	var n, cum uint64
+	var sts []walletapi.Signed
+	for _, ss := range sessions {
+		c.t = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC).Add(ss.start)
+		for i := 0; i < ss.secs; i++ {
+			c.advance(time.Second)
+			w.Served(ss.name, 600, 400)
+			n++
+			cum += 1000
+			st := walletapi.Statement{Worker: id.WorkerID, N: n, LedgerAfter: int64(n), LedgerUpTo: int64(n) + 1, Bytes: 1000,
+				RateNKVRPerByte: 7, NKVR: 7000, CumulativeBytes: cum, CumulativeNKVR: 7 * cum, TimeUnixMilli: c.t.Add(2 * time.Second).UnixMilli()}
+			sg, err := walletapi.Sign(gwKey(), st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sts = append(sts, sg)
+		}
+	}
+	for i := 0; i < len(sts); i += walletapi.MaxPage {
+		if _, err := w.AddStatements(gw, sts[i:min(i+walletapi.MaxPage, len(sts))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.RecordPayout(1_000_000, "p1", time.Date(2026, 5, 1, 13, 10, 0, 0, time.UTC)); err != nil {
+		t.Fatal(err)
+	}
+	hours, err := w.Groups(ByHour, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 12:00-13:00: statements timed 12:00:03 .. 12:59:59 (3597), sessions a and
+	// b (last counted 12:25:00, 12:50:00); 13:00-14:00: the remaining 603
+	// statements, session c (last counted 13:10:00) and the payout.
+	want := []Group{
+		{By: ByHour, From: time.Date(2026, 5, 1, 13, 0, 0, 0, time.UTC), To: time.Date(2026, 5, 1, 14, 0, 0, 0, time.UTC),
+			Sessions: 1, MeteredBytes: 1_200_000, MeteredNKVR: 8_400_000, Statements: 603, CreditedBytes: 603_000, CreditedNKVR: 4_221_000,
+			Payouts: 1, PaidNKVR: 1_000_000},
+		{By: ByHour, From: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC), To: time.Date(2026, 5, 1, 13, 0, 0, 0, time.UTC),
+			Sessions: 2, MeteredBytes: 3_000_000, MeteredNKVR: 21_000_000, Statements: 3597, CreditedBytes: 3_597_000, CreditedNKVR: 25_179_000},
+	}
+	if !reflect.DeepEqual(hours, want) {
+		t.Fatalf("by hour:\n%+v\nwant\n%+v", hours, want)
+	}
+	days, err := w.Groups(ByDay, 0)
+	if err != nil || len(days) != 1 || days[0].Statements != 4200 || days[0].Sessions != 3 || days[0].MeteredBytes != 4_200_000 ||
+		days[0].From != time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC) {
+		t.Fatalf("by day: %+v %v", days, err)
+	}
+	bySession, err := w.Groups(BySession, 0)
+	if err != nil || len(bySession) != 3 {
+		t.Fatalf("by session: %+v %v", bySession, err)
+	}
+	// Session b: first counted 12:25:01, c 12:50:01; statements timed
+	// 12:25:01 .. 12:50:00 (a's last two, then b's) fall in b: 1500.
+	b := bySession[1]
+	if b.Session != "b" || b.From != time.Date(2026, 5, 1, 12, 25, 1, 0, time.UTC) || b.To != bySession[0].From ||
+		b.MeteredBytes != 1_500_000 || b.Statements != 1500 || b.CreditedBytes != 1_500_000 || bySession[0].To != (time.Time{}) ||
+		bySession[0].Payouts != 1 || bySession[2].Statements != 1500-2 {
+		t.Fatalf("by session: %+v", bySession)
+	}
+	detail, err := w.Events(b.From, b.To, 0)
+	states := map[string]int{}
+	for _, e := range detail {
+		states[e.State]++
+		if e.Time.Before(b.From) || !e.Time.Before(b.To) {
+			t.Fatalf("event %+v outside session b", e)
+		}
+	}
+	if err != nil || states[StateCredited] != 1500 || states[StateMetered] != 1 || len(detail) != 1501 {
+		t.Fatalf("detail of session b: %v, %v", states, err)
+	}
+	all, err := w.Events(time.Time{}, time.Time{}, 0)
+	if err != nil || len(all) != 4200+3+1 {
+		t.Fatalf("all events: %d, %v", len(all), err)
+	}
+	for i := 1; i < len(all); i++ {
+		if all[i].Time.After(all[i-1].Time) {
+			t.Fatalf("events not newest first at %d", i)
+		}
+	}
+	if s, _ := w.Summary(); len(s.History) != HistoryLimit || s.History[0] != all[0] {
+		t.Fatalf("summary history: %d events", len(s.History))
+	}
+	var txt bytes.Buffer
+	if err := WriteGroups(&txt, hours); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"History by hour", "2026-05-01 13:00–14:00 UTC", "credited 0.00422 KVR in 603 statements",
+		"metered ≈0.00840 KVR in 1 sessions", "paid 0.00100 KVR", "2026-05-01 12:00–13:00 UTC"} {
+		if !strings.Contains(txt.String(), want) {
+			t.Errorf("grouped text lacks %q:\n%s", want, txt.String())
+		}
+	}
+	if got := GroupLabel(b); got != "session b from 2026-05-01 12:25:01 UTC" {
+		t.Errorf("label %q", got)
 	}
 }
 

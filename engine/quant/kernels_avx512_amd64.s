@@ -25,28 +25,29 @@
 // bsums[2j+1]) (the sc words meet zeros), exact for any bsums.
 
 // Q4_K scale decoding (get_scale_min_k4 for all 8 j at once), per 16-byte
-// lane holding the bytes s at 4(block) (scales[12] and 4 code bytes):
+// lane holding the first 16 bytes of a block (fp16 d, fp16 dmin, then the
+// bytes s = scales[12] at 4..15):
 // A = s[0..3], s[8..11], s[4..7], s[8..11] and B = 0, s[0..3], 0, s[4..7];
 // then out = A&[63,15,63,0] | (A>>4)&[0,0,0,15] | (B>>6)<<4 per group of
 // 4 bytes = sc0..sc7, m0..m7. Each constant is repeated for the 4 lanes of
 // a zmm (up to 4 weight rows decoded at once).
-DATA k4shufA<>+0(SB)/8, $0x0b0a090803020100
-DATA k4shufA<>+8(SB)/8, $0x0b0a090807060504
-DATA k4shufA<>+16(SB)/8, $0x0b0a090803020100
-DATA k4shufA<>+24(SB)/8, $0x0b0a090807060504
-DATA k4shufA<>+32(SB)/8, $0x0b0a090803020100
-DATA k4shufA<>+40(SB)/8, $0x0b0a090807060504
-DATA k4shufA<>+48(SB)/8, $0x0b0a090803020100
-DATA k4shufA<>+56(SB)/8, $0x0b0a090807060504
+DATA k4shufA<>+0(SB)/8, $0x0f0e0d0c07060504
+DATA k4shufA<>+8(SB)/8, $0x0f0e0d0c0b0a0908
+DATA k4shufA<>+16(SB)/8, $0x0f0e0d0c07060504
+DATA k4shufA<>+24(SB)/8, $0x0f0e0d0c0b0a0908
+DATA k4shufA<>+32(SB)/8, $0x0f0e0d0c07060504
+DATA k4shufA<>+40(SB)/8, $0x0f0e0d0c0b0a0908
+DATA k4shufA<>+48(SB)/8, $0x0f0e0d0c07060504
+DATA k4shufA<>+56(SB)/8, $0x0f0e0d0c0b0a0908
 GLOBL k4shufA<>(SB), RODATA|NOPTR, $64
-DATA k4shufB<>+0(SB)/8, $0x0302010080808080
-DATA k4shufB<>+8(SB)/8, $0x0706050480808080
-DATA k4shufB<>+16(SB)/8, $0x0302010080808080
-DATA k4shufB<>+24(SB)/8, $0x0706050480808080
-DATA k4shufB<>+32(SB)/8, $0x0302010080808080
-DATA k4shufB<>+40(SB)/8, $0x0706050480808080
-DATA k4shufB<>+48(SB)/8, $0x0302010080808080
-DATA k4shufB<>+56(SB)/8, $0x0706050480808080
+DATA k4shufB<>+0(SB)/8, $0x0706050480808080
+DATA k4shufB<>+8(SB)/8, $0x0b0a090880808080
+DATA k4shufB<>+16(SB)/8, $0x0706050480808080
+DATA k4shufB<>+24(SB)/8, $0x0b0a090880808080
+DATA k4shufB<>+32(SB)/8, $0x0706050480808080
+DATA k4shufB<>+40(SB)/8, $0x0b0a090880808080
+DATA k4shufB<>+48(SB)/8, $0x0706050480808080
+DATA k4shufB<>+56(SB)/8, $0x0b0a090880808080
 GLOBL k4shufB<>(SB), RODATA|NOPTR, $64
 DATA k4m1a<>+0(SB)/8, $0x0f0f0f0f3f3f3f3f
 DATA k4m1a<>+8(SB)/8, $0x000000003f3f3f3f
@@ -125,6 +126,18 @@ DATA k4evod<>+16(SB)/8, $0x0d0c090805040100
 DATA k4evod<>+24(SB)/8, $0x0f0e0b0a07060302
 GLOBL k4evod<>(SB), RODATA|NOPTR, $32
 
+// k4d4: VPERMD indices 0, 4, 8, 12: the first dword (fp16 d, dmin) of
+// each 16-byte lane.
+DATA k4d4<>+0(SB)/8, $0x0000000400000000
+DATA k4d4<>+8(SB)/8, $0x0000000c00000008
+DATA k4d4<>+16(SB)/8, $0
+DATA k4d4<>+24(SB)/8, $0
+DATA k4d4<>+32(SB)/8, $0
+DATA k4d4<>+40(SB)/8, $0
+DATA k4d4<>+48(SB)/8, $0
+DATA k4d4<>+56(SB)/8, $0
+GLOBL k4d4<>(SB), RODATA|NOPTR, $64
+
 // k4sm: VPERMQ indices 0, 4, 1, 5 (the 4-row reduction's last step).
 DATA k4sm<>+0(SB)/8, $0
 DATA k4sm<>+8(SB)/8, $4
@@ -192,7 +205,7 @@ q8kperm:
 	VMOVDQU64    k4perm<>+128(SB), Z26 \
 	VMOVDQU64    k4perm<>+192(SB), Z27
 
-// K4DEC(X8, X9): the 16-byte lanes of X8 (s of up to 4 blocks) decoded
+// K4DEC(X8, X9): the 16-byte lanes of X8 (d, dmin, s of up to 4 blocks) decoded
 // into sc0..sc7, m0..m7 per lane in X9 (X is X, Y or Z; clobbers X10, X11).
 #define K4DEC(R8_, R9_, R10_, R11_) \
 	VPSHUFB    k4shufA<>(SB), R8_, R9_ \
@@ -417,11 +430,13 @@ q4k5quadloop:
 	PFR(R11)
 	PFR(R12)
 	PFR(R13)
-	VMOVDQU      4(SI), X8
-	VINSERTI32X4 $1, 4(R11), Z8, Z8
-	VINSERTI32X4 $2, 4(R12), Z8, Z8
-	VINSERTI32X4 $3, 4(R13), Z8, Z8
+	VMOVDQU      0(SI), X8
+	VINSERTI32X4 $1, 0(R11), Z8, Z8
+	VINSERTI32X4 $2, 0(R12), Z8, Z8
+	VINSERTI32X4 $3, 0(R13), Z8, Z8
 	K4DEC(Z8, Z9, Z10, Z11)
+	VMOVDQU64    k4d4<>(SB), Z30
+	VPERMD       Z8, Z30, Z30
 	VPMOVZXBW     Y9, Z10
 	VEXTRACTI64X4 $1, Z9, Y11
 	VPMOVZXBW     Y11, Z11
@@ -433,14 +448,7 @@ q4k5quadloop:
 	Q4HALF(64, Z29, Z27, VPDPWSSD)
 	RED4(Z8, Z9, Z15, Z24)
 	VCVTDQ2PS     Y0, Y0
-	VMOVD         0(SI), X3
-	VPBROADCASTD  0(R11), X4
-	VPBLENDD      $2, X4, X3, X3
-	VPBROADCASTD  0(R12), X4
-	VPBLENDD      $4, X4, X3, X3
-	VPBROADCASTD  0(R13), X4
-	VPBLENDD      $8, X4, X3, X3
-	VCVTPH2PS     X3, Y3
+	VCVTPH2PS     X30, Y3
 	VBROADCASTSS  384(DI), Y4
 	VMULPS        Y4, Y3, Y3
 	VMULPS        Y0, Y3, Y3
@@ -473,7 +481,7 @@ q4k5rows:
 
 q4k5loop:
 	PF3(SI)
-	VMOVDQU      4(SI), X8
+	VMOVDQU      0(SI), X8
 	K4DEC(X8, X9, X10, X11)
 	VPMOVZXBW    X9, Y10
 	VPMADDWD     256(DI), Y10, Y12
@@ -529,7 +537,7 @@ q4k54rows:
 
 q4k54loop:
 	PF3(SI)
-	VMOVDQU       4(SI), X8
+	VMOVDQU       0(SI), X8
 	K4DEC(X8, X9, X10, X11)
 	VPMOVZXBW     X9, Y10
 	VPERMW        Z10, Z28, Z20
@@ -770,7 +778,7 @@ q4k58rows:
 
 q4k58loop:
 	PF3(SI)
-	VMOVDQU       4(SI), X8
+	VMOVDQU       0(SI), X8
 	K4DEC(X8, X9, X10, X11)
 	VPMOVZXBW     X9, Y10
 	VPERMW        Z10, Z28, Z20

@@ -154,6 +154,10 @@ func (c *Local) ComputeExperts(ctx context.Context, layer int, hidden []float32,
 // returned; units may run in any order and concurrently.
 type Runner func(n int, fn func(worker, unit int))
 
+// minParallelConvert is the batch (rows) from which the input rows are
+// converted in parallel.
+const minParallelConvert = 32
+
 // minParallelMACs is the smallest phase (multiply-adds, or activations for
 // the SwiGLU phase times 64) handed to the Runner; smaller phases run on
 // the caller: a few microseconds of work do not pay for waking a goroutine.
@@ -208,15 +212,33 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 	urb, _ := uT.RowBytes(d)
 	drb, _ := dT.RowBytes(dff)
 
-	// Convert every input row once per activation type.
+	// Convert every input row once per activation type (row ranges in
+	// parallel for a large batch: rows convert independently).
+	s.err = nil
+	convert := func(t quant.Type, dst []byte, ab int) error {
+		units := 1
+		if threads > 1 && n >= minParallelConvert {
+			units = min(n, 4*threads)
+		}
+		if units == 1 {
+			return quant.ConvertActivation(t, hidden, dst)
+		}
+		run(units, func(_, u int) {
+			lo, hi := n*u/units, n*(u+1)/units
+			if err := quant.ConvertActivation(t, hidden[lo*d:hi*d], dst[lo*ab:hi*ab]); err != nil {
+				s.fail(err)
+			}
+		})
+		return s.err
+	}
 	s.xg = grow(s.xg, n*gab)
-	if err := quant.ConvertActivation(gT, hidden, s.xg); err != nil {
+	if err := convert(gT, s.xg, gab); err != nil {
 		return err
 	}
 	xu := s.xg
 	if uT.VecDotType() != gT.VecDotType() {
 		s.xu = grow(s.xu, n*uab)
-		if err := quant.ConvertActivation(uT, hidden, s.xu); err != nil {
+		if err := convert(uT, s.xu, uab); err != nil {
 			return err
 		}
 		xu = s.xu

@@ -533,12 +533,41 @@ func (m *Model) convert(x []float32, w *Weight) ([]byte, error) {
 		ws.conv[slot] = make([]byte, ab)
 	}
 	ws.conv[slot] = ws.conv[slot][:ab]
-	if err := quant.ConvertActivation(w.Type, x, ws.conv[slot]); err != nil {
+	if err := m.convertRows(w, x, ws.conv[slot]); err != nil {
 		return nil, fmt.Errorf("model: %s: %w", w.Name, err)
 	}
 	ws.convType[slot] = vt
 	ws.convN++
 	return ws.conv[slot], nil
+}
+
+// minParallelConvert is the batch (rows) from which convertRows splits
+// the conversion over the team: a prompt's rows take milliseconds to
+// quantize, a decode step's one row microseconds.
+const minParallelConvert = 32
+
+// convertRows is quant.ConvertActivation(w.Type, x, dst) for x holding
+// rows of w.Cols activations, converted row range by row range on the
+// team when there are many (rows convert independently: same bytes).
+func (m *Model) convertRows(w *Weight, x []float32, dst []byte) error {
+	rows := 0
+	if w.Cols > 0 && len(x)%w.Cols == 0 {
+		rows = len(x) / w.Cols
+	}
+	if m.team.helpers == 0 || rows < minParallelConvert || len(dst)%rows != 0 {
+		return quant.ConvertActivation(w.Type, x, dst)
+	}
+	rb, c := len(dst)/rows, w.Cols
+	units := min(rows, 4*(m.team.helpers+1))
+	ws := &m.ws
+	ws.err = nil
+	m.team.run(units, func(_, u int) {
+		lo, hi := rows*u/units, rows*(u+1)/units
+		if err := quant.ConvertActivation(w.Type, x[lo*c:hi*c], dst[lo*rb:hi*rb]); err != nil {
+			ws.fail(err)
+		}
+	})
+	return ws.err
 }
 
 // rmsNorm sets dst = src / sqrt(mean(src^2) + eps) * w as

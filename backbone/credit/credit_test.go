@@ -182,9 +182,14 @@ func TestPropertyExactlyOnce(t *testing.T) {
 	if os.Getenv("KVASIR_LONG_TESTS") != "" {
 		seeds, steps = 40, 400
 	}
+	forBackends(t, func(t *testing.T, b backend) { propertyExactlyOnce(t, b, seeds, steps) })
+}
+
+// propertyExactlyOnce is TestPropertyExactlyOnce on one backend.
+func propertyExactlyOnce(t *testing.T, b backend, seeds, steps int) {
 	totalConflicts := 0
 	defer func() {
-		if !t.Failed() && totalConflicts == 0 {
+		if !t.Failed() && !t.Skipped() && totalConflicts == 0 {
 			t.Error("no run exercised a crediting conflict")
 		}
 	}()
@@ -192,8 +197,7 @@ func TestPropertyExactlyOnce(t *testing.T) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(seed), 42))
 			rate := []uint64{1, 7, 13, 1_000_000}[seed%4]
-			dir := t.TempDir()
-			lpath, wpath := filepath.Join(dir, "ledger.db"), filepath.Join(dir, "wallets.db")
+			lpath, wpath := b.paths(t)
 			l, err := ledger.Open(lpath)
 			if err != nil {
 				t.Fatal(err)

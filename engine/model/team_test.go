@@ -62,3 +62,21 @@ type failing struct{}
 func (failing) ComputeExperts(context.Context, int, []float32, []int32, int, int, []float32) error {
 	return errFailing
 }
+
+// TestParallelPrefillInvariance: a prompt long enough for every parallel
+// path of a prefill (activation conversion split over the team, guided
+// projection chunks of many rows, the expert function's batch phases)
+// gives on 3 threads in one batch the bits of 1 thread token by token.
+func TestParallelPrefillInvariance(t *testing.T) {
+	m := tinyModel(t)
+	tokens := make([]int32, 80)
+	for i := range tokens {
+		tokens[i] = int32(i*37+5) % int32(m.Params().Vocab)
+	}
+	m.SetThreads(1)
+	ref := run(t, m, tokens, 1)
+	m.SetThreads(3)
+	defer m.SetThreads(0)
+	sameBits(t, "one batch of 80, 3 threads", run(t, m, tokens, len(tokens)), ref)
+	sameBits(t, "batches of 33, 3 threads", run(t, m, tokens, 33), ref)
+}

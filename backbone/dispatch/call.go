@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/wire"
@@ -25,6 +26,12 @@ type job struct {
 	check   bool          // the result is verified before it is used
 	ref     []float32     // the local outputs of pairs (len(pairs) x D) once computed; nil before
 	replica bool          // a failover request: if it fails too, the pairs go local
+	// Replica comparison (capacity.go): twin is the same request sent to
+	// another holder; rep keeps this job's reply until the twin's is in.
+	// arb marks an arbiter request deciding a dispute.
+	twin *job
+	rep  *reply
+	arb  *arbPart
 }
 
 // reply is a worker's answer to a job, or why there is none.
@@ -58,6 +65,12 @@ type call struct {
 	retry  []pair         // pairs left to recompute locally
 	until  time.Time      // the step's deadline: the latest deadline of its first requests
 	nLocal int            // outputs computed locally and used
+	// Capacity (capacity.go): pairs waiting for a holder, since when, the
+	// twins whose reply waits for the other's, and the open disputes.
+	missing   []waiting
+	waitStart time.Time
+	held      []*job
+	disputes  []*dispute
 }
 
 // ComputeExperts implements expert.Computer (see its contract): out[r][s] is
@@ -101,7 +114,11 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 			e := int(ids[r*k+s])
 			hs := idx[key(layer, e)]
 			if len(hs) == 0 {
-				local = append(local, pair{int32(r), int32(s)})
+				if d.localOK(layer, e) {
+					local = append(local, pair{int32(r), int32(s)})
+				} else {
+					cl.wait(waiting{pairs: []pair{{int32(r), int32(s)}}})
+				}
 				continue
 			}
 			c := hs[(uint64(e)+cl.seq)%uint64(len(hs))]
@@ -113,10 +130,15 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 	}
 	var verify []*job // first requests chosen for a check: their references are computed now
 	for _, c := range order {
+		check := c.chooseCheck()
+		if check && !cl.allLocal(byConn[c]) {
+			verify = append(verify, cl.sendCrossChecked(c, byConn[c], &local)...)
+			continue
+		}
 		for _, part := range d.splitPairs(byConn[c]) {
-			j := cl.newJob(c, part, c.chooseCheck())
+			j := cl.newJob(c, part, check)
 			if err := cl.send(j); err != nil {
-				local = append(local, part...)
+				cl.orphan(part, &local)
 				continue
 			}
 			cl.until = maxTime(cl.until, j.end)
@@ -152,17 +174,31 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 			off += len(j.pairs) * D
 		}
 	}
-	if err := cl.waitAll(); err != nil {
-		cl.abandon()
-		return err
-	}
-	if len(cl.retry) > 0 {
-		tmp, err := d.computePairs(ctx, layer, hidden, ids, k, cl.retry)
-		if err != nil {
+	for {
+		if err := cl.waitAll(); err != nil {
+			cl.abandon()
 			return err
 		}
-		cl.scatter(cl.retry, tmp)
-		cl.nLocal += len(cl.retry)
+		if len(cl.retry) > 0 {
+			tmp, err := d.computePairs(ctx, layer, hidden, ids, k, cl.retry)
+			if err != nil {
+				cl.abandon()
+				return err
+			}
+			cl.scatter(cl.retry, tmp)
+			cl.nLocal += len(cl.retry)
+			cl.retry = nil
+		}
+		if len(cl.missing) == 0 {
+			break
+		}
+		if err := cl.awaitHolders(); err != nil {
+			cl.abandon()
+			return err
+		}
+	}
+	if !cl.waitStart.IsZero() {
+		d.holderWaitNanos.Add(int64(time.Since(cl.waitStart)))
 	}
 	d.local.Add(uint64(cl.nLocal))
 	return nil
@@ -294,7 +330,20 @@ func (cl *call) waitAll() error {
 // to the local retry.
 func (cl *call) resolve(j *job, rep reply) error {
 	d := cl.d
-	if rep.err == nil && j.check {
+	switch {
+	case j.twin != nil:
+		cl.resolveTwin(j, rep)
+		return nil
+	case j.arb != nil:
+		cl.resolveArbiter(j, rep)
+		return nil
+	}
+	if rep.err == nil && j.check && j.ref == nil && !cl.allLocal(j.pairs) {
+		// Chosen for a check that nothing can make: no local copy and no
+		// second holder took it. Used unverified (counted).
+		j.c.verdict(j, true)
+		d.unverified.Add(uint64(len(j.pairs)))
+	} else if rep.err == nil && j.check {
 		if j.ref == nil { // a replica request chosen for a check: its reference now
 			t0 := time.Now()
 			ref, err := d.computePairs(cl.ctx, cl.layer, cl.hidden, cl.ids, cl.k, j.pairs)
@@ -340,7 +389,7 @@ func (cl *call) resolve(j *job, rep reply) error {
 		cl.scatter(left, leftRef)
 		cl.nLocal += len(left)
 	} else {
-		cl.retry = append(cl.retry, left...)
+		cl.orphan(left, nil)
 	}
 	return nil
 }
@@ -425,6 +474,15 @@ func (cl *call) failover(j *job) ([]pair, []float32) {
 // RESULT is late), and a checked result that already arrived gets its
 // verdict unverified (it was asked for, and is not used).
 func (cl *call) abandon() {
+	for _, j := range cl.held {
+		if j.rep != nil && j.rep.err == nil {
+			j.c.verdict(j, true) // its twin never answered: unverified, unused
+		}
+	}
+	cl.held = nil
+	for _, dp := range slices.Clone(cl.disputes) {
+		cl.finalize(dp)
+	}
 	for _, j := range cl.live {
 		if j.c.take(j.req, true) != nil {
 			continue

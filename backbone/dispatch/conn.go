@@ -33,6 +33,7 @@ type conn struct {
 	// verdict is not sent yet (a closing session waits for them).
 	passed, checks, mismatches atomic.Uint64
 	verifying                  atomic.Int64
+	punished                   atomic.Bool // caught: punish ran
 
 	// Provisioning, guarded by d.mu: the quota from HELLO/HOLDINGS (bytes),
 	// the assignment (order: priority order; target: the same as a set) and
@@ -154,6 +155,10 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 // of range), then against them.
 func (d *Dispatcher) hello(c *conn, msg []byte) string {
 	f, err := wire.Decode(msg, nil)
+	if errors.Is(err, wire.ErrVersion) && len(msg) >= wire.HeaderSize {
+		return fmt.Sprintf("the worker speaks protocol version %d, this backbone speaks %d: upgrade the worker",
+			uint16(msg[1])|uint16(msg[2])<<8, wire.Version)
+	}
 	if err != nil {
 		return "bad HELLO: " + err.Error()
 	}

@@ -21,6 +21,14 @@
 // pairs take the local outputs, the hub is told to forfeit the session's
 // unsettled bytes (wire.LinkForfeit), the session is closed and the worker
 // key banned for BanFor (Bans, durable in BanFile).
+//
+// Capacity (issue 12, capacity.go): a backbone that holds only some experts
+// (Config.LocalHeld, e.g. a backbone-only model file) sends every other
+// pair to workers only. Pairs it cannot recompute are verified by replica
+// comparison (the same request to a second holder, a third one deciding a
+// disagreement), and a pair no connected worker holds waits for a holder up
+// to Config.HolderWait, after which the call fails with a *MissingError
+// (ErrNoHolder): never with a wrong or made-up output.
 package dispatch
 
 import (
@@ -86,6 +94,25 @@ type Config struct {
 	// ReplanEvery reruns the assignment as routing statistics evolve;
 	// default 30 s.
 	ReplanEvery time.Duration
+	// Source is the model source announced in ASSIGN: the http(s) URL of
+	// the full model file, from which workers fetch their experts' byte
+	// ranges (Catalog.Ranges) instead of asking for CHUNKs. Required when
+	// the Catalog holds no bytes (a backbone-only file's).
+	Source string
+
+	// LocalHeld, when set, reports which (layer, expert) pairs Fallback
+	// can compute (a backbone-only model's hot experts); nil means every
+	// pair. Pairs it cannot compute go to workers only (capacity.go):
+	// verified by replica comparison, waited for when no worker holds them,
+	// never computed here. With LocalHeld set, provisioning keeps the
+	// locally held experts off the workers and replicates every expert,
+	// not only routed ones.
+	LocalHeld func(layer, expert int) bool
+	// HolderWait is how long a call waits for a connected worker holding a
+	// pair it needs and cannot compute locally (none connected, or all
+	// holders failed, or two holders disagree and a third must decide)
+	// before failing with a *MissingError; default DefaultHolderWait.
+	HolderWait time.Duration
 
 	// Probation is how many checked results a session must pass before
 	// its results are only sampled; 0 means DefaultProbation, negative
@@ -124,6 +151,8 @@ const (
 	DefaultTolerance = 1.0 / 128
 	// DefaultBanFor is Config.BanFor's default.
 	DefaultBanFor = 24 * time.Hour
+	// DefaultHolderWait is Config.HolderWait's default.
+	DefaultHolderWait = 30 * time.Second
 )
 
 // Errors returned (wrapped) by ComputeExperts.
@@ -156,6 +185,10 @@ type Dispatcher struct {
 	checks, checkPairs, mismatches, caught, refusedBanned atomic.Uint64
 	checkNanos                                            atomic.Int64
 	failovers, replicaPairs, splits                       atomic.Uint64
+	// Capacity (capacity.go).
+	crossChecks, disputes, unverified, holderWaits, noHolder atomic.Uint64
+	holderWaitNanos                                          atomic.Int64
+	planUncovered, planNeed, planQuota                       atomic.Int64
 
 	usage []atomic.Uint64 // (row, slot) pairs routed per (layer, expert): layer*NExpert + expert
 	rows  []atomic.Uint64 // rows routed per layer
@@ -183,6 +216,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	def(&cfg.HelloTimeout, 10*time.Second)
 	def(&cfg.IdleTimeout, 90*time.Second)
 	def(&cfg.ReplanEvery, 30*time.Second)
+	def(&cfg.HolderWait, DefaultHolderWait)
 	if cfg.ChunkSize <= 0 {
 		cfg.ChunkSize = 1 << 20
 	}
@@ -231,6 +265,15 @@ func New(cfg Config) (*Dispatcher, error) {
 		if cfg.ExpertHash == nil {
 			cfg.ExpertHash = cat.Hash
 		}
+		if !cat.HasBytes() && cfg.Source == "" {
+			return nil, errors.New("dispatch: the provisioning catalog holds no expert bytes (a backbone-only model): a model Source URL is required")
+		}
+		if cs := cat.ChunkSize(); cs != 0 {
+			cfg.ChunkSize = cs
+		}
+	}
+	if cfg.Source != "" && cfg.Catalog == nil {
+		return nil, errors.New("dispatch: a model Source needs provisioning (Catalog)")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -15,25 +15,115 @@ import (
 // experts' bytes in chunks (CHUNK_REQ -> CHUNK) from the catalog's views
 // into the memory-mapped GGUF at most Config.RateLimit bytes/s per worker,
 // and starts routing to an expert as soon as the worker announces it in
-// HOLDINGS with the right hash.
+// HOLDINGS with the right hash. With Config.Source (protocol version 3),
+// ASSIGN names the model source and each expert's byte ranges in it
+// (Catalog.Ranges), and workers fetch the bytes from there; a catalog
+// without bytes (a backbone-only file's) answers CHUNK_REQ with ERROR
+// CodeNotAssign.
 //
-// Assignment policy (plan), recomputed when a worker joins, leaves, changes
-// its holdings or quota, and every ReplanEvery:
+// Assignment policy (plan, place), recomputed when a worker joins, leaves,
+// changes its holdings or quota, and every ReplanEvery:
 //
-//  1. A worker keeps the accepted experts it holds, then its previous
-//     assignment, in that order, as long as they fit its quota.
-//  2. Hot experts stay on the backbone: an expert is hot when at least
-//     HotMinTokens rows of its layer were routed and the share of them
-//     routed to it (pairs / rows) is >= HotShare. They are not assigned.
-//  3. Every other expert that no worker's assignment covers goes to the
-//     worker with the most free quota that can hold it (ties: the higher
-//     HELLO speed hint, then session id), most routed experts first (ties:
-//     layer, expert).
-//  4. Then replicas: experts routed at least once, most routed first, each
-//     to further workers (most free quota first) until Replicas workers hold
-//     it or none has room.
+//  1. Hot experts stay on the backbone and are not assigned: with
+//     Config.LocalHeld, the experts the backbone holds; otherwise an expert
+//     is hot when at least HotMinTokens rows of its layer were routed and
+//     the share of them routed to it (pairs / rows) is >= HotShare.
+//  2. Coverage first: every other expert, most routed first (ties: layer,
+//     expert), goes to one worker: a worker holding it (accepted holdings)
+//     that has room, else one that had it in its previous assignment, else
+//     the worker with the most free quota that can hold it (ties: the
+//     higher HELLO speed hint, then session id). Experts none can take are
+//     reported (Stats.PlanUncovered: the total quota is too small, or no
+//     single worker has room for them) and logged.
+//  3. Then replicas, most routed first, until Replicas workers hold each:
+//     again holders, then previous assignments, then the most free quota.
+//     Only routed experts are replicated, or every expert with
+//     Config.LocalHeld (workers are then the only copies, and replicas are
+//     what failover and verification by replica comparison use).
 //
 // The sum of a worker's assigned expert sizes never exceeds its quota.
+
+// placeWorker is one worker's input to place.
+type placeWorker struct {
+	quota      int64
+	speed      uint32
+	held, prev map[uint64]bool
+}
+
+// placement is place's result.
+type placement struct {
+	keys      []map[uint64]bool // per worker, its assignment
+	used      []int64           // per worker, its assigned bytes
+	uncovered []uint64          // candidates no worker could take
+}
+
+// place assigns cands (experts in priority order) to ws within their
+// quotas: coverage, then replicas of those for which replicate is true, up
+// to replicas holders each (see the policy above).
+func place(ws []placeWorker, cands []uint64, size func(uint64) int64, replicas int, replicate func(uint64) bool) placement {
+	p := placement{keys: make([]map[uint64]bool, len(ws)), used: make([]int64, len(ws))}
+	for i := range ws {
+		p.keys[i] = map[uint64]bool{}
+	}
+	cover := map[uint64]int{}
+	add := func(i int, k uint64) bool {
+		sz := size(k)
+		if sz <= 0 || p.keys[i][k] || p.used[i]+sz > ws[i].quota {
+			return false
+		}
+		p.keys[i][k] = true
+		p.used[i] += sz
+		cover[k]++
+		return true
+	}
+	roomiest := func(k uint64) int {
+		best, bestFree, bestSpeed := -1, int64(-1), uint32(0)
+		sz := size(k)
+		for i, w := range ws {
+			free := w.quota - p.used[i]
+			if !p.keys[i][k] && free >= sz && (free > bestFree || (free == bestFree && w.speed > bestSpeed)) {
+				best, bestFree, bestSpeed = i, free, w.speed
+			}
+		}
+		return best
+	}
+	sticky := func(want int, ok func(uint64) bool) {
+		for _, pref := range []func(w placeWorker, k uint64) bool{
+			func(w placeWorker, k uint64) bool { return w.held[k] },
+			func(w placeWorker, k uint64) bool { return w.prev[k] },
+		} {
+			for _, k := range cands {
+				for i := 0; i < len(ws) && cover[k] < want && ok(k); i++ {
+					if pref(ws[i], k) {
+						add(i, k)
+					}
+				}
+			}
+		}
+	}
+	all := func(uint64) bool { return true }
+	sticky(1, all)
+	for _, k := range cands {
+		if cover[k] == 0 {
+			if i := roomiest(k); i >= 0 {
+				add(i, k)
+			}
+		}
+		if cover[k] == 0 {
+			p.uncovered = append(p.uncovered, k)
+		}
+	}
+	sticky(replicas, replicate)
+	for _, k := range cands {
+		for replicate(k) && cover[k] < replicas {
+			i := roomiest(k)
+			if i < 0 || !add(i, k) {
+				break
+			}
+		}
+	}
+	return p
+}
 
 // plan recomputes every provisioning worker's assignment and sends ASSIGN to
 // those whose assignment changed. It is a no-op without a Catalog.
@@ -53,80 +143,46 @@ func (d *Dispatcher) plan() {
 	sort.Slice(ws, func(i, j int) bool { return ws[i].session < ws[j].session })
 	use := func(k uint64) uint64 { return d.usage[int(k>>32)*m.NExpert+int(uint32(k))].Load() }
 	hot := d.hotLocked()
-	type tgt struct {
-		keys map[uint64]bool
-		used int64
-	}
-	tg := make([]tgt, len(ws))
-	cover := map[uint64]int{}
-	add := func(i int, k uint64) bool {
-		size := cat.Size(int(k>>32), int(uint32(k)))
-		if size == 0 || tg[i].keys[k] || tg[i].used+size > int64(ws[i].quota) {
-			return false
-		}
-		tg[i].keys[k] = true
-		tg[i].used += size
-		cover[k]++
-		return true
-	}
+	in := make([]placeWorker, len(ws))
+	var quota int64
 	for i, c := range ws {
-		tg[i].keys = map[uint64]bool{}
-		held := make([]uint64, 0, len(c.holds))
+		in[i] = placeWorker{quota: int64(c.quota), speed: c.hello.Speed, held: map[uint64]bool{}, prev: map[uint64]bool{}}
 		for k := range c.holds {
-			held = append(held, k)
-		}
-		slices.Sort(held)
-		for _, k := range held {
-			add(i, k)
+			in[i].held[k] = true
 		}
 		for _, k := range c.order {
-			if !hot[k] {
-				add(i, k)
-			}
+			in[i].prev[k] = true
 		}
+		quota += int64(c.quota)
 	}
 	cands := make([]uint64, 0, m.NLayer*m.NExpert)
+	var need int64
 	for l := 0; l < m.NLayer; l++ {
 		for e := 0; e < m.NExpert; e++ {
 			if k := key(l, e); !hot[k] {
 				cands = append(cands, k)
+				need += cat.Size(l, e)
 			}
 		}
 	}
 	sort.SliceStable(cands, func(i, j int) bool { return use(cands[i]) > use(cands[j]) })
-	roomiest := func(k uint64) int {
-		best, bestFree, bestSpeed := -1, int64(-1), uint32(0)
-		size := cat.Size(int(k>>32), int(uint32(k)))
-		for i, c := range ws {
-			free, speed := int64(c.quota)-tg[i].used, c.hello.Speed
-			if !tg[i].keys[k] && free >= size && (free > bestFree || (free == bestFree && speed > bestSpeed)) {
-				best, bestFree, bestSpeed = i, free, speed
-			}
-		}
-		return best
+	size := func(k uint64) int64 { return cat.Size(int(k>>32), int(uint32(k))) }
+	replicate := func(k uint64) bool { return use(k) > 0 }
+	if d.cfg.LocalHeld != nil {
+		replicate = func(uint64) bool { return true }
 	}
-	for _, k := range cands {
-		if cover[k] == 0 {
-			if i := roomiest(k); i >= 0 {
-				add(i, k)
-			}
-		}
-	}
-	for _, k := range cands {
-		if use(k) == 0 {
-			break
-		}
-		for cover[k] < d.cfg.Replicas {
-			i := roomiest(k)
-			if i < 0 || !add(i, k) {
-				break
-			}
-		}
+	pl := place(in, cands, size, d.cfg.Replicas, replicate)
+	prevUncovered := d.planUncovered.Swap(int64(len(pl.uncovered)))
+	d.planNeed.Store(need)
+	d.planQuota.Store(quota)
+	if len(pl.uncovered) > 0 && int64(len(pl.uncovered)) != prevUncovered && len(ws) > 0 {
+		d.log.Warn("dispatch: the workers' quotas cannot cover every expert", "uncovered", len(pl.uncovered),
+			"experts", len(cands), "need_bytes", need, "quota_bytes", quota, "workers", len(ws))
 	}
 	var changed []*conn
 	for i, c := range ws {
-		order := make([]uint64, 0, len(tg[i].keys))
-		for k := range tg[i].keys {
+		order := make([]uint64, 0, len(pl.keys[i]))
+		for k := range pl.keys[i] {
 			order = append(order, k)
 		}
 		slices.SortFunc(order, func(a, b uint64) int {
@@ -143,8 +199,8 @@ func (d *Dispatcher) plan() {
 		})
 		if !sameKeys(c.order, order) {
 			c.order = order
-			c.target = tg[i].keys
-			c.assignedBytes.Store(uint64(tg[i].used))
+			c.target = pl.keys[i]
+			c.assignedBytes.Store(uint64(pl.used[i]))
 			c.nassigned.Store(int64(len(order)))
 			c.assignGen++
 			changed = append(changed, c)
@@ -174,6 +230,16 @@ func sameKeys(a, b []uint64) bool {
 func (d *Dispatcher) hotLocked() map[uint64]bool {
 	m := d.cfg.Model
 	hot := map[uint64]bool{}
+	if d.cfg.LocalHeld != nil {
+		for l := 0; l < m.NLayer; l++ {
+			for e := 0; e < m.NExpert; e++ {
+				if d.cfg.LocalHeld(l, e) {
+					hot[key(l, e)] = true
+				}
+			}
+		}
+		return hot
+	}
 	for l := 0; l < m.NLayer; l++ {
 		rows := d.rows[l].Load()
 		if rows == 0 || rows < d.cfg.HotMinTokens {
@@ -237,7 +303,8 @@ func (c *conn) sendAssign() {
 		return
 	}
 	h := cat.Header()
-	a := &wire.Assign{ModelID: h.ModelID, Arch: h.Architecture, DFF: uint32(h.DFF), ChunkSize: uint32(d.cfg.ChunkSize)}
+	a := &wire.Assign{ModelID: h.ModelID, Arch: h.Architecture, DFF: uint32(h.DFF), ChunkSize: uint32(d.cfg.ChunkSize),
+		Source: d.cfg.Source}
 	if sum, err := hex.DecodeString(h.ModelSHA256); err == nil {
 		copy(a.ModelSHA256[:], sum)
 	}
@@ -261,8 +328,16 @@ func (c *conn) sendAssign() {
 			g, u, dn, _ := le.Types()
 			a.Layers = append(a.Layers, wire.LayerTypes{Layer: uint16(l), Gate: uint32(g), Up: uint32(u), Down: uint32(dn)})
 		}
-		a.Experts = append(a.Experts, wire.Assigned{Layer: uint16(l), Expert: uint32(e), Size: uint64(cat.Size(l, e)),
-			SHA256: s.SHA256, Chunks: s.Chunks})
+		x := wire.Assigned{Layer: uint16(l), Expert: uint32(e), Size: uint64(cat.Size(l, e)), SHA256: s.SHA256, Chunks: s.Chunks}
+		if a.Source != "" {
+			for _, r := range cat.Ranges(l, e) {
+				x.Ranges = append(x.Ranges, wire.Range{Offset: r.Offset, Len: r.Len})
+			}
+			if len(x.Ranges) == 0 {
+				continue // no layout known: cannot be fetched from the source
+			}
+		}
+		a.Experts = append(a.Experts, x)
 	}
 	if len(a.Layers) == 0 {
 		le := h.Layers[0]
@@ -296,8 +371,11 @@ func (c *conn) chunkReq(r *wire.ChunkReq) string {
 	if d.cfg.Catalog != nil {
 		size = d.cfg.Catalog.Size(l, e)
 	}
-	if !ok || r.Offset >= uint64(size) || uint64(r.Len) > uint64(size)-r.Offset {
+	if !ok || r.Offset >= uint64(size) || uint64(r.Len) > uint64(size)-r.Offset || !d.cfg.Catalog.HasBytes() {
 		msg := fmt.Sprintf("layer %d expert %d bytes %d+%d not assigned", l, e, r.Offset, r.Len)
+		if ok && !d.cfg.Catalog.HasBytes() {
+			msg = "this backbone holds no expert bytes: fetch them from the model source (protocol version 3)"
+		}
 		if err := c.sendData((&wire.Error{Code: wire.CodeNotAssign, Message: msg}).Append(nil), 5*time.Second); err != nil {
 			return "ERROR write: " + err.Error()
 		}

@@ -57,6 +57,20 @@ type Stats struct {
 	Failovers    uint64 // replica requests sent for the pairs of a failed request
 	ReplicaPairs uint64 // (row, slot) outputs delivered by such replica requests (included in ExpertsRemote)
 	Splits       uint64 // extra requests made to keep every DISPATCH and RESULT within wire.MaxMessage
+
+	// Capacity (capacity.go).
+	CrossChecks      uint64        // requests verified by replica comparison (sent twice)
+	Disputes         uint64        // replica comparisons that differed (a third holder decides)
+	Unverified       uint64        // (row, slot) outputs chosen for a check that nothing could check (no local copy, no second holder)
+	HolderWaits      uint64        // calls that waited for a holder of a pair the backbone cannot compute
+	HolderWaitTime   time.Duration // total time calls waited for holders
+	NoHolderFailures uint64        // calls failed after HolderWait (*MissingError)
+	// PlanUncovered is how many experts the last assignment could not give
+	// to any worker (their quotas are too small); PlanNeedBytes the bytes of
+	// every expert to place (all but hot ones) and PlanQuotaBytes the
+	// provisioning workers' quotas, summed.
+	PlanUncovered                 int
+	PlanNeedBytes, PlanQuotaBytes int64
 }
 
 func (c *conn) stats() WorkerStats {
@@ -90,7 +104,10 @@ func (d *Dispatcher) Stats() Stats {
 	st := Stats{Calls: d.calls.Load(), ExpertsRemote: d.remote.Load(), ExpertsLocal: d.local.Load(), Fallbacks: d.fails.Load(),
 		Checks: d.checks.Load(), CheckPairs: d.checkPairs.Load(), Mismatches: d.mismatches.Load(), Caught: d.caught.Load(),
 		RefusedBanned: d.refusedBanned.Load(), Banned: len(d.bans.List(time.Now())), CheckTime: time.Duration(d.checkNanos.Load()),
-		Failovers: d.failovers.Load(), ReplicaPairs: d.replicaPairs.Load(), Splits: d.splits.Load()}
+		Failovers: d.failovers.Load(), ReplicaPairs: d.replicaPairs.Load(), Splits: d.splits.Load(),
+		CrossChecks: d.crossChecks.Load(), Disputes: d.disputes.Load(), Unverified: d.unverified.Load(),
+		HolderWaits: d.holderWaits.Load(), HolderWaitTime: time.Duration(d.holderWaitNanos.Load()), NoHolderFailures: d.noHolder.Load(),
+		PlanUncovered: int(d.planUncovered.Load()), PlanNeedBytes: d.planNeed.Load(), PlanQuotaBytes: d.planQuota.Load()}
 	for _, c := range live {
 		st.Workers = append(st.Workers, c.stats())
 	}

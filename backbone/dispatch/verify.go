@@ -93,10 +93,14 @@ func (c *conn) verified(j *job) {
 // or a RESULT for a request it was never sent): the hub forfeits the
 // session's unsettled bytes, the key is banned for BanFor (durably when
 // there is a ban file) and the session is closed, and so is every other
-// session of the same key, with the same forfeit. reason is short (it
+// session of the same key, with the same forfeit. A session is punished
+// once; later calls do nothing. reason is short (it
 // travels in the WebSocket close frame, at most 123 bytes with the ban);
 // detail goes to the log and the ban record.
 func (c *conn) punish(reason, detail string) {
+	if !c.punished.CompareAndSwap(false, true) {
+		return // caught already (another of its results in the same step)
+	}
 	d := c.d
 	now := time.Now()
 	until := now.Add(d.cfg.BanFor)

@@ -214,6 +214,30 @@ type Identity struct {
 
 const seedPrefix = "ed25519-seed:"
 
+// SeedStore is a KeyStore holding one identity key that its caller keeps
+// itself: a phone shell's Android Keystore or iOS Keychain hands the seed
+// over at start. Get returns it for IdentityAccount; Set accepts only the
+// same seed (the key never changes underneath a wallet).
+type SeedStore struct {
+	Seed []byte // ed25519 seed, 32 bytes
+}
+
+// Get implements KeyStore.
+func (s SeedStore) Get(account string) (string, error) {
+	if account != IdentityAccount || len(s.Seed) != ed25519.SeedSize {
+		return "", fmt.Errorf("%w: seed store holds %d bytes for %q", ErrKeyNotFound, len(s.Seed), IdentityAccount)
+	}
+	return seedPrefix + hex.EncodeToString(s.Seed), nil
+}
+
+// Set implements KeyStore: it fails unless secret is the held seed.
+func (s SeedStore) Set(account, secret string) error {
+	if got, err := s.Get(account); err != nil || got != secret {
+		return fmt.Errorf("wallet: the seed store is read-only")
+	}
+	return nil
+}
+
 // NewIdentity returns the identity of an ed25519 private key.
 func NewIdentity(key ed25519.PrivateKey) Identity {
 	pub := key.Public().(ed25519.PublicKey)

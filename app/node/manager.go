@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/app/status"
 	"github.com/kvasir-ai/kvasir/wallet"
@@ -133,6 +134,26 @@ func (m *Manager) Summary() (wallet.Summary, error) {
 		return wallet.Summary{}, ErrNotRunning
 	}
 	return n.Summary()
+}
+
+// Groups returns the running node's grouped wallet history, or
+// ErrNotRunning.
+func (m *Manager) Groups(by wallet.GroupBy, limit int) ([]wallet.Group, error) {
+	n, err := m.node()
+	if n == nil {
+		return nil, errors.Join(ErrNotRunning, err)
+	}
+	return n.Groups(by, limit)
+}
+
+// Events returns the running node's wallet history events, or
+// ErrNotRunning.
+func (m *Manager) Events(from, to time.Time, limit int) ([]wallet.Event, error) {
+	n, err := m.node()
+	if n == nil {
+		return nil, errors.Join(ErrNotRunning, err)
+	}
+	return n.Events(from, to, limit)
 }
 
 // Slice returns the running node's slice facts.

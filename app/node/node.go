@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -82,9 +83,12 @@ func LoadSlice(dir string, threads int) (*Slice, error) {
 type Config struct {
 	GatewayURL string // wss://host[:port]
 	CAFile     string // PEM root CAs for the gateway; "" = system roots
-	SliceDir   string
-	DataDir    string // identity record and wallet.db; "" = DefaultDataDir()
-	Threads    int    // compute threads; 0 = all CPUs
+	// RootCAs, when set, are the gateway's root CAs instead of CAFile's
+	// (a phone shell passes PEM text, not a file).
+	RootCAs  *x509.CertPool
+	SliceDir string
+	DataDir  string // identity record and wallet.db; "" = DefaultDataDir()
+	Threads  int    // compute threads; 0 = all CPUs
 	// QuotaBytes > 0 turns on slice provisioning: SliceDir (created if
 	// needed, may start empty) is kept by the worker (engine/worker
 	// Config.SliceDir), which downloads the experts the backbone assigns
@@ -107,6 +111,56 @@ func DefaultDataDir() (string, error) {
 		return "", fmt.Errorf("%w: no user config folder: %v", ErrConfig, err)
 	}
 	return filepath.Join(d, "kvasir"), nil
+}
+
+// PublicGateway is the network's public gateway, which a first run dials:
+// port 443 with a publicly trusted certificate, so no CA file is needed.
+const PublicGateway = "wss://gate.kvasir-ai.net:443"
+
+// EnvDefaultGateway names the environment variable that replaces
+// PublicGateway as the default (tests point it at a loopback gateway; a
+// private deployment can set it for its machines).
+const EnvDefaultGateway = "KVASIR_DEFAULT_GATEWAY"
+
+// DefaultQuotaBytes is the disk quota of a first run: the backbone assigns
+// up to 4 GiB of experts, downloaded into the slice folder.
+const DefaultQuotaBytes = 4 << 30
+
+// DefaultGateway returns $KVASIR_DEFAULT_GATEWAY, or PublicGateway.
+func DefaultGateway() string {
+	if g := os.Getenv(EnvDefaultGateway); g != "" {
+		return g
+	}
+	return PublicGateway
+}
+
+// DefaultSliceDir is the slice folder in the app's data folder dataDir.
+func DefaultSliceDir(dataDir string) string { return filepath.Join(dataDir, "slice") }
+
+// WithDefaults returns cfg with what a first run needs filled in: the data
+// folder (DefaultDataDir), the gateway (DefaultGateway), and, when no slice
+// folder is set, DefaultSliceDir with provisioning on (QuotaBytes
+// DefaultQuotaBytes unless set), so the worker dials out and asks the
+// backbone for experts. A slice folder given without a quota is served as
+// it is.
+func (cfg Config) WithDefaults() (Config, error) {
+	if cfg.DataDir == "" {
+		d, err := DefaultDataDir()
+		if err != nil {
+			return cfg, err
+		}
+		cfg.DataDir = d
+	}
+	if cfg.GatewayURL == "" {
+		cfg.GatewayURL = DefaultGateway()
+	}
+	if cfg.SliceDir == "" {
+		cfg.SliceDir = DefaultSliceDir(cfg.DataDir)
+		if cfg.QuotaBytes == 0 {
+			cfg.QuotaBytes = DefaultQuotaBytes
+		}
+	}
+	return cfg, nil
 }
 
 // Node is a contributor node: identity, wallet, slice and worker. A node
@@ -147,8 +201,8 @@ func Open(cfg Config) (*Node, error) {
 	if n.log == nil {
 		n.log = slog.Default()
 	}
-	var pool *x509.CertPool
-	if cfg.CAFile != "" {
+	pool := cfg.RootCAs
+	if pool == nil && cfg.CAFile != "" {
 		pem, err := os.ReadFile(cfg.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: CA file: %v", ErrConfig, err)
@@ -187,7 +241,9 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.id = id
-	n.wal, err = wallet.Open(filepath.Join(cfg.DataDir, "wallet.db"), id, wallet.Options{})
+	// Credits arrive a settle delay (30 s at the hub) plus a sync period
+	// after the work: only older gaps are mismatches.
+	n.wal, err = wallet.Open(filepath.Join(cfg.DataDir, "wallet.db"), id, wallet.Options{CreditLag: cfg.SyncEvery + time.Minute})
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +251,7 @@ func Open(cfg Config) (*Node, error) {
 	n.info = status.SliceInfo{Dir: cfg.SliceDir, QuotaBytes: cfg.QuotaBytes}
 	switch {
 	case cfg.GatewayURL == "":
-		n.problem = "no gateway set (Settings)"
+		n.problem = "no gateway set (Settings)" // WithDefaults sets one
 	case cfg.SliceDir == "":
 		n.problem = "no slice: no slice folder set (Settings)"
 		n.info.Problem = "no slice folder set"
@@ -234,6 +290,15 @@ func Open(cfg Config) (*Node, error) {
 		}
 	}
 	return n, nil
+}
+
+// Problem says why the node has no worker ("" when it has one): no
+// gateway, no slice folder, or the slice failed to load.
+func (n *Node) Problem() string {
+	if n.w != nil {
+		return ""
+	}
+	return n.problem
 }
 
 // Identity returns the node's worker identity.
@@ -293,7 +358,10 @@ func (n *Node) Stats() status.Snapshot {
 	return FromWorker(n.w.Stats())
 }
 
-// FromWorker converts the worker's stats to a status.Snapshot.
+// FromWorker converts the worker's stats to a status.Snapshot. While the
+// worker redials after a failed dial, the reason says in words what failed
+// (no network, DNS, refused, TLS, timeout; status.DialReason) and when it
+// retries.
 func FromWorker(s worker.Stats) status.Snapshot {
 	st := status.Offline
 	switch s.State {
@@ -304,7 +372,11 @@ func FromWorker(s worker.Stats) status.Snapshot {
 	case worker.StatePaused:
 		st = status.Paused
 	}
-	return status.Snapshot{State: st, Reason: s.Reason, Gateway: s.Gateway, RTT: s.RTT, Rows: s.Rows,
+	reason := s.Reason
+	if s.State == worker.StateDialing && strings.HasPrefix(s.LastError, "dial") {
+		reason = status.DialReason(s.Gateway, s.Reason, s.LastError)
+	}
+	return status.Snapshot{State: st, Reason: reason, Gateway: s.Gateway, RTT: s.RTT, Rows: s.Rows,
 		Requests: s.Requests, BytesIn: s.BytesIn, BytesOut: s.BytesOut, Session: s.Session,
 		ConnectedSince: s.ConnectedSince, LastError: s.LastError,
 		DownloadBytesDone: s.DownloadBytesDone, DownloadBytesTotal: s.DownloadBytesTotal,
@@ -334,6 +406,16 @@ func (n *Node) FinishThenPause() {
 
 // Summary returns the wallet summary (wallet.Wallet.Summary).
 func (n *Node) Summary() (wallet.Summary, error) { return n.wal.Summary() }
+
+// Groups returns the wallet history grouped (wallet.Wallet.Groups).
+func (n *Node) Groups(by wallet.GroupBy, limit int) ([]wallet.Group, error) {
+	return n.wal.Groups(by, limit)
+}
+
+// Events returns wallet history events (wallet.Wallet.Events).
+func (n *Node) Events(from, to time.Time, limit int) ([]wallet.Event, error) {
+	return n.wal.Events(from, to, limit)
+}
 
 // Slice returns the slice facts; in provisioning mode, the worker's slice
 // store as it is now (experts verified at start or at download).

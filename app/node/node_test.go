@@ -3,7 +3,11 @@ package node
 import (
 	"context"
 	"io"
+	"log"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -170,4 +174,72 @@ func TestNodeProvisioning(t *testing.T) {
 	sw.Load(16, 20*time.Millisecond)
 	waitFor(t, "rows served from downloaded experts", 20*time.Second, func() bool { return n.Stats().Rows > 0 })
 	t.Logf("downloaded %d experts (%d bytes) in %d layers, then served %d rows", info.Experts, info.Bytes, info.Layers, n.Stats().Rows)
+}
+
+// TestWithDefaults: a first run with nothing configured gets the default
+// gateway ($KVASIR_DEFAULT_GATEWAY here, else PublicGateway), the data
+// folder under the user config folder, the slice folder inside it and
+// provisioning on with the default quota; a slice folder given without a
+// quota is served as it is.
+func TestWithDefaults(t *testing.T) {
+	cfgHome := t.TempDir()
+	t.Setenv("XDG_CONFIG_HOME", cfgHome)
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv(EnvDefaultGateway, "")
+	c, err := Config{}.WithDefaults()
+	data := filepath.Join(cfgHome, "kvasir")
+	if err != nil || PublicGateway != "wss://gate.kvasir-ai.net:443" || c.GatewayURL != PublicGateway || c.DataDir != data ||
+		c.SliceDir != filepath.Join(data, "slice") || c.QuotaBytes != 4<<30 || c.CAFile != "" {
+		t.Fatalf("first run: %+v %v", c, err)
+	}
+	t.Setenv(EnvDefaultGateway, "wss://127.0.0.1:8443")
+	if c, _ := (Config{}).WithDefaults(); c.GatewayURL != "wss://127.0.0.1:8443" {
+		t.Errorf("with %s: %+v", EnvDefaultGateway, c)
+	}
+	c, _ = Config{GatewayURL: "wss://gw:1", SliceDir: "/srv/slice", DataDir: "/d"}.WithDefaults()
+	if c.GatewayURL != "wss://gw:1" || c.SliceDir != "/srv/slice" || c.QuotaBytes != 0 || c.DataDir != "/d" {
+		t.Errorf("explicit settings changed: %+v", c)
+	}
+}
+
+// TestNodeExplainsUnreachableGateway runs a real node against a loopback
+// port that refuses and against a TLS gateway whose certificate this
+// machine does not trust: the status says which, in words, and that the
+// worker retries.
+func TestNodeExplainsUnreachableGateway(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.StartTLS()
+	defer srv.Close()
+	for _, c := range []struct{ url, says string }{
+		{"wss://" + closed, closed + " refused the connection: the gateway is down or the address is wrong; retrying in "},
+		{"wss://" + srv.Listener.Addr().String(), "TLS: " + srv.Listener.Addr().String() + "'s certificate is not signed by an authority this device trusts"},
+	} {
+		data := t.TempDir()
+		n, err := Open(Config{GatewayURL: c.url, SliceDir: "unused", DataDir: data, Threads: 1,
+			KeyStore: wallet.FileStore{Dir: data}, StoreName: "file", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			LoadSlice: func(string, int) (*Slice, error) {
+				return &Slice{Computer: zeroComputer{}, ModelID: "m", Backend: "cpu"}, nil
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = n.Run(ctx) }()
+		waitFor(t, "an explained dial failure", 10*time.Second, func() bool { return strings.Contains(n.Stats().Reason, c.says) })
+		if s := n.Stats(); s.State != status.Dialing || !strings.Contains(s.Reason, "retrying in ") {
+			t.Errorf("%s: %+v", c.url, s)
+		}
+		t.Logf("%s: %s", c.url, n.Stats().Reason)
+		cancel()
+		<-done
+		n.Close()
+	}
 }

@@ -62,12 +62,11 @@ type Swarm struct {
 }
 
 // Start starts the swarm in dir (created), crediting every creditEvery.
-func Start(dir string, creditEvery time.Duration) (s *Swarm, err error) {
-	s = &Swarm{dir: dir}
+func Start(dir string, creditEvery time.Duration) (_ *Swarm, err error) {
+	s := &Swarm{dir: dir}
 	defer func() {
 		if err != nil {
-			s.Close()
-			s = nil
+			s.Close() // what started so far
 		}
 	}()
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -17,11 +17,17 @@
 // When the mode's condition does not hold, the worker stays connected but
 // paused and StatsJSON gives the reason. The identity key comes from the
 // shell (Android Keystore / iOS Keychain hold the seed; NewKeySeed makes
-// one). The SQLite wallet needs cgo and is not used here: StatsJSON counts
-// the bytes served in this run and their metered nKVR; the shell persists
-// them and shows credits fetched from the gateway.
+// one).
 //
-// The package is pure Go: CGO_ENABLED=0 GOOS=android GOARCH=arm64 go build
+// The worker runs as the desktop app's node (app/node): the same SQLite
+// wallet file, in the folder the shell names (data_dir, e.g. the app's
+// files directory), with the worker's own count per session, the
+// gateway's signed credit statements fetched every 30 s, payouts and the
+// reconciliation. WalletJSON reads it (also while stopped), HistoryJSON
+// groups the history per hour, day or session, EventsJSON gives the rows.
+//
+// The package is pure Go: without cgo the wallet uses modernc.org/sqlite
+// (wallet/dbfile), so CGO_ENABLED=0 GOOS=android GOARCH=arm64 go build
 // ./mobile/ compiles it (and GOOS=ios for the non-main packages).
 package mobile
 
@@ -34,15 +40,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
-	"github.com/kvasir-ai/kvasir/engine/worker"
 	"github.com/kvasir-ai/kvasir/wallet"
-	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
 
 // Modes for Config's "mode".
@@ -65,6 +70,7 @@ var ErrRunning = errors.New("mobile: already running; call Stop first")
 
 // config is Start's JSON.
 type config struct {
+	DataDir    string `json:"data_dir"`     // the app's folder for identity.json and wallet.db (required)
 	GatewayURL string `json:"gateway_url"`  // wss://host:port
 	CAPEM      string `json:"ca_pem"`       // extra root CAs (PEM); "" = system roots
 	SliceDir   string `json:"slice_dir"`    // expert slice folder in the app's files
@@ -72,19 +78,19 @@ type config struct {
 	Threads    int    `json:"threads"`      // 0 = all CPUs
 	QuotaBytes int64  `json:"quota_bytes"`  // > 0: keep slice_dir (may start empty) and download the backbone's assignment within it
 	Mode       string `json:"mode"`         // ModeForeground or ModeCharging
+	SyncEveryS int    `json:"sync_every_s"` // how often to fetch credit statements, seconds; 0 = 30
 }
 
 type run struct {
-	w       *worker.Worker
+	n       *node.Node
 	ctl     *status.Control
-	slice   *node.Slice
 	cancel  context.CancelFunc
 	done    chan struct{}
 	meter   *status.Meter
 	address string
+	dataDir string
 	mode    string
 	fg, chg bool
-	served  atomic.Uint64
 }
 
 var (
@@ -93,13 +99,16 @@ var (
 )
 
 // loadSlice is the slice loader (node's registered one; tests replace it).
-var loadSlice = func(dir string, threads int) (*node.Slice, error) { return node.LoadSlice(dir, threads) }
+var loadSlice node.SliceLoader = func(dir string, threads int) (*node.Slice, error) { return node.LoadSlice(dir, threads) }
 
 // Start starts the worker with the JSON config (see the package doc for
-// the fields: gateway_url, ca_pem, slice_dir, key_seed_hex, threads,
-// mode). The shell is assumed in the foreground and not charging until it
-// says otherwise. Errors wrap ErrConfig (bad JSON, URL, key, CA, mode,
-// slice) or are ErrRunning.
+// the fields: data_dir, gateway_url, ca_pem, slice_dir, key_seed_hex,
+// threads, quota_bytes, mode, sync_every_s) and opens its wallet in
+// data_dir. The shell
+// is assumed in the foreground and not charging until it says otherwise.
+// Errors wrap ErrConfig (bad JSON, URL, key, CA, mode, data_dir, slice),
+// are wallet errors (a corrupt wallet file, another identity's wallet,
+// both left untouched), or ErrRunning.
 func Start(configJSON string) error {
 	var c config
 	if err := json.Unmarshal([]byte(configJSON), &c); err != nil {
@@ -111,9 +120,15 @@ func Start(configJSON string) error {
 	if c.Mode != ModeForeground && c.Mode != ModeCharging {
 		return fmt.Errorf("%w: mode %q, want %q or %q", ErrConfig, c.Mode, ModeForeground, ModeCharging)
 	}
-	seed, err := hex.DecodeString(c.KeySeedHex)
-	if err != nil || len(seed) != ed25519.SeedSize {
-		return fmt.Errorf("%w: key_seed_hex must be %d hex characters", ErrConfig, 2*ed25519.SeedSize)
+	seed, err := parseSeed(c.KeySeedHex)
+	if err != nil {
+		return err
+	}
+	if c.DataDir == "" {
+		return fmt.Errorf("%w: data_dir (the app's folder for the wallet) is required", ErrConfig)
+	}
+	if c.GatewayURL == "" {
+		return fmt.Errorf("%w: gateway_url is required", ErrConfig)
 	}
 	var pool *x509.CertPool
 	if c.CAPEM != "" {
@@ -122,44 +137,43 @@ func Start(configJSON string) error {
 			return fmt.Errorf("%w: ca_pem holds no certificate", ErrConfig)
 		}
 	}
+	if c.QuotaBytes < 0 || c.SyncEveryS < 0 {
+		return fmt.Errorf("%w: quota_bytes %d, sync_every_s %d", ErrConfig, c.QuotaBytes, c.SyncEveryS)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if cur != nil {
 		return ErrRunning
 	}
-	if c.QuotaBytes < 0 {
-		return fmt.Errorf("%w: quota_bytes %d", ErrConfig, c.QuotaBytes)
-	}
-	key := ed25519.NewKeyFromSeed(seed)
-	r := &run{slice: &node.Slice{}, meter: status.NewMeter(64), mode: c.Mode, fg: true,
-		address: wallet.Address(key.Public().(ed25519.PublicKey))}
-	wc := worker.Config{GatewayURL: c.GatewayURL, Key: key, RootCAs: pool, Backend: "cpu", Threads: c.Threads,
-		OnServed: func(_ string, in, out uint64) { r.served.Add(in + out) }}
-	if c.QuotaBytes > 0 {
-		wc.SliceDir, wc.Quota = c.SliceDir, c.QuotaBytes
-	} else {
-		sl, err := loadSlice(c.SliceDir, c.Threads)
-		if err != nil {
-			return fmt.Errorf("%w: slice: %v", ErrConfig, err)
+	n, err := node.Open(node.Config{GatewayURL: c.GatewayURL, RootCAs: pool, SliceDir: c.SliceDir, DataDir: c.DataDir,
+		Threads: c.Threads, QuotaBytes: uint64(c.QuotaBytes), LoadSlice: loadSlice, SyncEvery: time.Duration(c.SyncEveryS) * time.Second,
+		KeyStore: wallet.SeedStore{Seed: seed}, StoreName: "shell", Warn: io.Discard})
+	if err != nil {
+		if errors.Is(err, node.ErrConfig) {
+			return fmt.Errorf("%w: %v", ErrConfig, err)
 		}
-		r.slice = sl
-		wc.Computer, wc.Holdings, wc.ModelID, wc.Backend = sl.Computer, sl.Holdings, sl.ModelID, sl.Backend
+		return err
 	}
-	var err2 error
-	r.w, err2 = worker.New(wc)
-	if err2 != nil {
-		if r.slice.Close != nil {
-			r.slice.Close()
-		}
-		return fmt.Errorf("%w: %v", ErrConfig, err2)
+	if p := n.Problem(); p != "" {
+		n.Close()
+		return fmt.Errorf("%w: %s", ErrConfig, p)
 	}
-	r.ctl = status.NewControl(adapter{r.w})
+	r := &run{n: n, meter: status.NewMeter(64), mode: c.Mode, fg: true, address: n.Identity().Address, dataDir: c.DataDir}
+	r.ctl = status.NewControl(n)
 	r.applyMode()
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel, r.done = cancel, make(chan struct{})
-	go func() { defer close(r.done); _ = r.w.Run(ctx) }()
+	go func() { defer close(r.done); _ = n.Run(ctx) }()
 	cur = r
 	return nil
+}
+
+func parseSeed(keySeedHex string) ([]byte, error) {
+	seed, err := hex.DecodeString(keySeedHex)
+	if err != nil || len(seed) != ed25519.SeedSize {
+		return nil, fmt.Errorf("%w: key_seed_hex must be %d hex characters", ErrConfig, 2*ed25519.SeedSize)
+	}
+	return seed, nil
 }
 
 // applyMode pauses or resumes per the mode; mu held.
@@ -221,29 +235,30 @@ func Stop() {
 	}
 	r.cancel()
 	<-r.done
-	r.w.Close()
-	if r.slice.Close != nil {
-		r.slice.Close()
-	}
+	r.n.Close()
 }
 
 // stats is StatsJSON's object.
 type stats struct {
-	Running     bool    `json:"running"`
-	State       string  `json:"state"` // offline, dialing, connected, paused
-	Reason      string  `json:"reason,omitempty"`
-	Mode        string  `json:"mode,omitempty"`
-	Address     string  `json:"address,omitempty"`
-	Gateway     string  `json:"gateway,omitempty"`
-	RTTMillis   float64 `json:"rtt_ms"`
-	Rows        uint64  `json:"rows"`
-	Requests    uint64  `json:"requests"`
-	BytesIn     uint64  `json:"bytes_in"`
-	BytesOut    uint64  `json:"bytes_out"`
-	RowsPerSec  float64 `json:"rows_per_s"` // over the last 10 s of StatsJSON calls
-	MBPerSec    float64 `json:"mb_per_s"`   // 10^6 bytes per second, same window
-	BytesServed uint64  `json:"bytes_served"`
-	MeteredNKVR uint64  `json:"metered_nkvr"` // bytes_served x the default rate (an estimate; credits come from the gateway)
+	Running    bool    `json:"running"`
+	State      string  `json:"state"` // offline, dialing, connected, paused
+	Reason     string  `json:"reason,omitempty"`
+	Mode       string  `json:"mode,omitempty"`
+	Address    string  `json:"address,omitempty"`
+	Gateway    string  `json:"gateway,omitempty"`
+	RTTMillis  float64 `json:"rtt_ms"`
+	Rows       uint64  `json:"rows"`
+	Requests   uint64  `json:"requests"`
+	BytesIn    uint64  `json:"bytes_in"`
+	BytesOut   uint64  `json:"bytes_out"`
+	RowsPerSec float64 `json:"rows_per_s"` // over the last 10 s of StatsJSON calls
+	MBPerSec   float64 `json:"mb_per_s"`   // 10^6 bytes per second, same window
+	// From the wallet (all runs, not just this one):
+	BytesServed  uint64 `json:"bytes_served"`  // the worker's own count
+	MeteredNKVR  uint64 `json:"metered_nkvr"`  // bytes_served at the current rate: an estimate
+	CreditedNKVR uint64 `json:"credited_nkvr"` // confirmed by the gateway's signed statements
+	PendingNKVR  uint64 `json:"pending_nkvr"`  // credited, not yet paid
+	WalletError  string `json:"wallet_error,omitempty"`
 	// Download progress of the assignment (quota_bytes > 0).
 	DownloadBytesDone    uint64 `json:"download_bytes_done"`
 	DownloadBytesTotal   uint64 `json:"download_bytes_total"`
@@ -255,7 +270,8 @@ type stats struct {
 
 // StatsJSON returns the worker's state as a JSON object: running, state,
 // reason, mode, address, gateway, rtt_ms, rows, requests, bytes_in,
-// bytes_out, rows_per_s, mb_per_s, bytes_served, metered_nkvr,
+// bytes_out, rows_per_s, mb_per_s, the wallet's bytes_served,
+// metered_nkvr (estimate), credited_nkvr and pending_nkvr,
 // download_bytes_done/_total, download_experts_done/_total, session,
 // last_error. Poll it about once a second for the rates.
 func StatsJSON() string {
@@ -270,14 +286,17 @@ func StatsJSON() string {
 	if r != nil {
 		r.meter.Add(time.Now(), s)
 		rows, bytes := r.meter.Rate(10 * time.Second)
-		served := r.served.Load()
-		nkvr, _ := walletapi.NKVR(served, walletapi.DefaultRateNKVRPerByte)
 		out = stats{Running: true, State: s.State.String(), Reason: s.Reason, Mode: r.mode, Address: r.address,
 			Gateway: s.Gateway, RTTMillis: float64(s.RTT) / float64(time.Millisecond), Rows: s.Rows, Requests: s.Requests,
 			BytesIn: s.BytesIn, BytesOut: s.BytesOut, RowsPerSec: rows, MBPerSec: bytes / status.BytesPerMB,
-			BytesServed: served, MeteredNKVR: nkvr, Session: s.Session, LastError: s.LastError,
+			Session: s.Session, LastError: s.LastError,
 			DownloadBytesDone: s.DownloadBytesDone, DownloadBytesTotal: s.DownloadBytesTotal,
 			DownloadExpertsDone: s.DownloadExpertsDone, DownloadExpertsTotal: s.DownloadExpertsTotal}
+		if sum, err := r.n.Summary(); err != nil {
+			out.WalletError = err.Error()
+		} else {
+			out.BytesServed, out.MeteredNKVR, out.CreditedNKVR, out.PendingNKVR = sum.BytesServed, sum.MeteredNKVR, sum.CreditedNKVR, sum.PendingNKVR
+		}
 	}
 	b, _ := json.Marshal(out)
 	return string(b)
@@ -296,17 +315,83 @@ func NewKeySeed() string {
 // AddressOf returns the wallet address of a seed (see wallet.Address), or
 // an error wrapping ErrConfig for a malformed seed.
 func AddressOf(keySeedHex string) (string, error) {
-	seed, err := hex.DecodeString(keySeedHex)
-	if err != nil || len(seed) != ed25519.SeedSize {
-		return "", fmt.Errorf("%w: key_seed_hex must be %d hex characters", ErrConfig, 2*ed25519.SeedSize)
+	seed, err := parseSeed(keySeedHex)
+	if err != nil {
+		return "", err
 	}
 	return wallet.Address(ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)), nil
 }
 
-// adapter makes a worker a status.Source.
-type adapter struct{ w *worker.Worker }
+// withWallet calls f with the wallet in dataDir for the seed: the running
+// node's when it uses that folder, else a node opened for the wallet alone
+// (no worker) and closed after.
+func withWallet(dataDir, keySeedHex string, f func(*node.Node) (any, error)) (string, error) {
+	seed, err := parseSeed(keySeedHex)
+	if err != nil {
+		return "", err
+	}
+	if dataDir == "" {
+		return "", fmt.Errorf("%w: data_dir is required", ErrConfig)
+	}
+	mu.Lock()
+	defer mu.Unlock() // a Start waits: it would open the same file
+	n := (*node.Node)(nil)
+	if cur != nil && filepath.Clean(cur.dataDir) == filepath.Clean(dataDir) {
+		if cur.address != wallet.Address(ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)) {
+			return "", fmt.Errorf("%w: the running worker uses another key for %s", wallet.ErrWrongIdentity, dataDir)
+		}
+		n = cur.n
+	} else {
+		n, err = node.Open(node.Config{DataDir: dataDir, KeyStore: wallet.SeedStore{Seed: seed}, StoreName: "shell", Warn: io.Discard})
+		if err != nil {
+			return "", err
+		}
+		defer n.Close()
+	}
+	v, err := f(n)
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(v)
+	return string(b), err
+}
 
-func (a adapter) Stats() status.Snapshot { return node.FromWorker(a.w.Stats()) }
-func (a adapter) Pause()                 { a.w.Pause() }
-func (a adapter) Resume()                { a.w.Resume() }
-func (a adapter) FinishThenPause()       { a.w.FinishThenPause() }
+// WalletJSON returns the wallet in dataDir for the seed as `kvasir wallet
+// --json` prints it (wallet.Summary: address, metered_nkvr (estimate),
+// credited_nkvr, paid_nkvr, pending_nkvr, bytes_served, credited_bytes,
+// reconcile with mismatch, awaiting_bytes and explanation, and the newest
+// 100 history events). It works while the worker runs (the same file) and
+// while it is stopped. Errors: ErrConfig for a bad seed or empty dataDir,
+// wallet errors (wallet.ErrCorrupt, ErrNewerSchema, ErrWrongIdentity,
+// ErrIdentityUnavailable) for a file that is not this identity's wallet.
+func WalletJSON(dataDir, keySeedHex string) (string, error) {
+	return withWallet(dataDir, keySeedHex, func(n *node.Node) (any, error) { return n.Summary() })
+}
+
+// HistoryJSON returns the wallet's history grouped by "hour", "day" or
+// "session" (wallet.Group: from, to, session, sessions, metered_bytes,
+// metered_nkvr, statements, credited_bytes, credited_nkvr, rejected_bytes,
+// payouts, paid_nkvr), newest first, at most limit groups (<= 0: 48), as a
+// JSON array. EventsJSON gives the rows of one group.
+func HistoryJSON(dataDir, keySeedHex, by string, limit int64) (string, error) {
+	g, ok := map[string]wallet.GroupBy{"hour": wallet.ByHour, "day": wallet.ByDay, "session": wallet.BySession}[by]
+	if !ok {
+		return "", fmt.Errorf("%w: group by %q, want hour, day or session", ErrConfig, by)
+	}
+	return withWallet(dataDir, keySeedHex, func(n *node.Node) (any, error) { return n.Groups(g, int(limit)) })
+}
+
+// EventsJSON returns the history events with a time in [fromUnixMilli,
+// toUnixMilli) (0: open), newest first, at most limit (<= 0: all), as a
+// JSON array of wallet.Event (time, state metered|credited|paid, session,
+// statement, ledger, bytes, rejected_bytes, nkvr, ref).
+func EventsJSON(dataDir, keySeedHex string, fromUnixMilli, toUnixMilli, limit int64) (string, error) {
+	var from, to time.Time
+	if fromUnixMilli != 0 {
+		from = time.UnixMilli(fromUnixMilli)
+	}
+	if toUnixMilli != 0 {
+		to = time.UnixMilli(toUnixMilli)
+	}
+	return withWallet(dataDir, keySeedHex, func(n *node.Node) (any, error) { return n.Events(from, to, int(limit)) })
+}

@@ -50,14 +50,16 @@ func TestStartStopModes(t *testing.T) {
 	if a, err := AddressOf(seed); err != nil || a != want {
 		t.Errorf("AddressOf %q %v, want %q", a, err, want)
 	}
+	data := t.TempDir()
 	cfg := func(gw, slice, mode, key string) string {
-		b, _ := json.Marshal(config{GatewayURL: gw, SliceDir: slice, Mode: mode, KeySeedHex: key})
+		b, _ := json.Marshal(config{DataDir: data, GatewayURL: gw, SliceDir: slice, Mode: mode, KeySeedHex: key})
 		return string(b)
 	}
 	bad := []string{
 		"{", cfg("ws://127.0.0.1:1", "/slice", "background", seed), cfg("ws://127.0.0.1:1", "/slice", "", "abcd"),
 		cfg("http://127.0.0.1:1", "/slice", "", seed), cfg("ws://127.0.0.1:1", "/nope", "", seed),
-		`{"gateway_url":"ws://127.0.0.1:1","slice_dir":"/slice","key_seed_hex":"` + seed + `","ca_pem":"junk"}`,
+		`{"data_dir":"` + data + `","gateway_url":"ws://127.0.0.1:1","slice_dir":"/slice","key_seed_hex":"` + seed + `","ca_pem":"junk"}`,
+		`{"gateway_url":"ws://127.0.0.1:1","slice_dir":"/slice","key_seed_hex":"` + seed + `"}`, // no data_dir
 	}
 	for _, c := range bad {
 		if err := Start(c); !errors.Is(err, ErrConfig) {
@@ -97,6 +99,16 @@ func TestStartStopModes(t *testing.T) {
 	if s := statsOf(t); s.Running {
 		t.Errorf("stopped: %+v", s)
 	}
+	// The run opened its SQLite wallet in data_dir (the pure-Go driver
+	// when built without cgo, as for phones).
+	js, err := WalletJSON(data, seed)
+	var sum wallet.Summary
+	if err != nil || json.Unmarshal([]byte(js), &sum) != nil || sum.Address != want || sum.History == nil {
+		t.Errorf("wallet after stop: %s %v", js, err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "wallet.db")); err != nil {
+		t.Error(err)
+	}
 
 	// Charging mode waits for the charger.
 	if err := Start(cfg("ws://127.0.0.1:1", "/slice", ModeCharging, seed)); err != nil {
@@ -113,12 +125,18 @@ func TestStartStopModes(t *testing.T) {
 
 // TestMobileInSwarm runs the bindable API against a loopback swarm with an
 // empty slice folder and a quota: it downloads its assignment, serves load,
-// and StatsJSON reports rows, rates and the bytes it served.
+// and StatsJSON reports rows, rates and the bytes it served. The counts and
+// credits are in the SQLite wallet in data_dir: they survive a restart,
+// WalletJSON, HistoryJSON and EventsJSON read them while the worker is
+// stopped, and the desktop's wallet package opens the same file.
 func TestMobileInSwarm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a loopback swarm")
 	}
-	sw, err := swarmtest.Start(t.TempDir(), time.Second)
+	if !cgo {
+		t.Skip("the loopback swarm's hub ledger (backbone/ledger) needs cgo; TestStartStopModes covers the pure-Go wallet")
+	}
+	sw, err := swarmtest.Start(t.TempDir(), 200*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,8 +145,9 @@ func TestMobileInSwarm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, _ := json.Marshal(map[string]any{"gateway_url": sw.URL, "ca_pem": string(ca), "slice_dir": filepath.Join(t.TempDir(), "s"),
-		"key_seed_hex": NewKeySeed(), "threads": 1, "quota_bytes": 64 << 20, "mode": ModeCharging})
+	data, seed := t.TempDir(), NewKeySeed()
+	cfg, _ := json.Marshal(map[string]any{"data_dir": data, "gateway_url": sw.URL, "ca_pem": string(ca), "slice_dir": filepath.Join(t.TempDir(), "s"),
+		"key_seed_hex": seed, "threads": 1, "quota_bytes": 64 << 20, "mode": ModeCharging, "sync_every_s": 1})
 	if err := Start(string(cfg)); err != nil {
 		t.Fatal(err)
 	}
@@ -139,16 +158,74 @@ func TestMobileInSwarm(t *testing.T) {
 	var s stats
 	for {
 		s = statsOf(t)
-		if s.Rows > 0 && s.BytesServed > 0 && s.DownloadBytesTotal > 0 && s.DownloadBytesDone == s.DownloadBytesTotal && s.RowsPerSec > 0 {
+		if s.Rows > 0 && s.BytesServed > 0 && s.DownloadBytesTotal > 0 && s.DownloadBytesDone == s.DownloadBytesTotal && s.RowsPerSec > 0 &&
+			s.CreditedNKVR > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no work served: %+v", s)
+			t.Fatalf("no work served and credited: %+v", s)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if s.State != "connected" || s.MeteredNKVR != 7*s.BytesServed {
+	if s.State != "connected" || s.MeteredNKVR != 7*s.BytesServed || s.WalletError != "" {
 		t.Errorf("stats %+v", s)
 	}
 	t.Logf("%s", StatsJSON())
+	sw.StopLoad()
+	Stop()
+
+	// Stopped: the wallet is on disk, not in memory.
+	js, err := WalletJSON(data, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum wallet.Summary
+	if err := json.Unmarshal([]byte(js), &sum); err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := AddressOf(seed)
+	if sum.Address != addr || sum.BytesServed < s.BytesServed || sum.CreditedNKVR < s.CreditedNKVR || len(sum.History) == 0 {
+		t.Fatalf("wallet after stop %+v, stats were %+v", sum, s)
+	}
+	hj, err := HistoryJSON(data, seed, "session", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var groups []wallet.Group
+	if err := json.Unmarshal([]byte(hj), &groups); err != nil || len(groups) == 0 || groups[0].Statements == 0 || groups[0].Session == "" {
+		t.Fatalf("history %s: %v", hj, err)
+	}
+	ej, err := EventsJSON(data, seed, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []wallet.Event
+	if err := json.Unmarshal([]byte(ej), &events); err != nil || len(events) != int(sum.Statements)+len(groups) {
+		t.Fatalf("%d events for %d statements and %d sessions: %v", len(events), sum.Statements, len(groups), err)
+	}
+	if _, err := WalletJSON(data, NewKeySeed()); !errors.Is(err, wallet.ErrIdentityUnavailable) {
+		t.Errorf("another seed on the same folder: %v", err)
+	}
+	if _, err := HistoryJSON(data, seed, "week", 0); !errors.Is(err, ErrConfig) {
+		t.Errorf("group by week: %v", err)
+	}
+	// The desktop's wallet package opens the same file for the same key.
+	raw, _ := hex.DecodeString(seed)
+	w, err := wallet.Open(filepath.Join(data, "wallet.db"), wallet.NewIdentity(ed25519.NewKeyFromSeed(raw)), wallet.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	desk, err := w.Summary()
+	w.Close()
+	if err != nil || desk.BytesServed != sum.BytesServed || desk.CreditedNKVR != sum.CreditedNKVR {
+		t.Fatalf("desktop reads %+v, %v; mobile read %+v", desk, err, sum)
+	}
+
+	// A restart continues the same wallet.
+	if err := Start(string(cfg)); err != nil {
+		t.Fatal(err)
+	}
+	if s2 := statsOf(t); s2.BytesServed != sum.BytesServed || s2.CreditedNKVR != sum.CreditedNKVR {
+		t.Errorf("after a restart: %+v, wallet had %d bytes, %d nKVR credited", s2, sum.BytesServed, sum.CreditedNKVR)
+	}
 }

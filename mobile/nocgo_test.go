@@ -1,0 +1,6 @@
+//go:build !cgo
+
+package mobile
+
+// cgo reports whether this test binary was built with cgo.
+const cgo = false

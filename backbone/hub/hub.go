@@ -36,16 +36,31 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
 
-// Meter receives the ledger deltas of every session (at least every
-// FlushEvery and a Final entry when the session ends). Append's error is
-// logged; the hub keeps the unflushed delta and retries on the next flush.
+// Meter receives the ledger rows of every session: a delta at most every
+// FlushEvery while the session has new settled or rejected bytes, and a
+// Final row at the first flush after the session ends. Each row carries
+// its session's row number (ledger.Entry.Seq). A failed append is logged
+// and the same rows are sent again, unchanged, at the next flush (so that
+// a ledger that did record them, its answer lost, records them once);
+// bytes metered meanwhile go into the session's next row.
 type Meter interface {
 	Append(e ledger.Entry) error
+}
+
+// BatchMeter is a Meter that records many rows in one transaction
+// (*ledger.Ledger is one). The hub then appends the rows of all its
+// sessions with one AppendAll per flush: hundreds of sessions cost one
+// transaction per FlushEvery.
+type BatchMeter interface {
+	Meter
+	AppendAll(ctx context.Context, es []ledger.Entry) error
 }
 
 // Config configures a Hub. Zero durations take the defaults noted.
@@ -63,6 +78,10 @@ type Config struct {
 	FlushEvery  time.Duration // ledger flush period; default 1 s
 	DialTimeout time.Duration // backbone dial timeout; default 5 s
 	Logger      *slog.Logger  // default slog.Default()
+
+	// Registry receives the hub's Prometheus metrics, served on
+	// MetricsPath; nil: the hub makes its own registry.
+	Registry *prometheus.Registry
 
 	// SettleDelay and SettleResults hold creditable bytes back from the
 	// ledger until they are settled: at least SettleDelay old and followed
@@ -99,7 +118,7 @@ const (
 type SessionStats struct {
 	ID, WorkerID    string
 	Started         time.Time
-	Ended           bool
+	Ended           bool   // the session ended and its Final ledger row is appended (at once without a ledger)
 	Reason          string // why it ended ("" while open)
 	ToWorker        uint64 // all bytes backbone -> worker
 	FromWorker      uint64 // all bytes worker -> backbone
@@ -123,13 +142,22 @@ type Hub struct {
 	ln     net.Listener
 	nonces nonceCache
 
-	mu       sync.Mutex
-	sessions map[string]*session
-	ended    []SessionStats // most recent last, bounded by maxEnded
-	conns    uint64         // accepted /v1/worker upgrades
+	mu        sync.Mutex
+	sessions  map[string]*session // being bridged
+	finishing map[string]*session // ended, their final ledger row not yet appended
+	ended     []SessionStats      // most recent last, bounded by maxEnded
+	conns     uint64              // accepted /v1/worker upgrades
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	met      *metrics
+	gatherer prometheus.Gatherer
+	toW      prometheus.Counter // met.bridged{dir="to_worker"}
+	fromW    prometheus.Counter // met.bridged{dir="from_worker"}
+
+	stopOnce sync.Once
+	stop     chan struct{}
+	wg       sync.WaitGroup // server and flush loop
+	sessWG   sync.WaitGroup // session goroutines
+	flushMu  sync.Mutex     // one flush at a time
 }
 
 const maxEnded = 1024
@@ -160,9 +188,21 @@ func New(cfg Config) (*Hub, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	h := &Hub{cfg: cfg, log: cfg.Logger, sessions: map[string]*session{}, stop: make(chan struct{})}
+	h := &Hub{cfg: cfg, log: cfg.Logger, sessions: map[string]*session{}, finishing: map[string]*session{}, stop: make(chan struct{})}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	h.gatherer = reg
+	met, err := newMetrics(h, reg)
+	if err != nil {
+		return nil, fmt.Errorf("hub: metrics: %w", err)
+	}
+	h.met = met
+	h.toW, h.fromW = met.bridged.WithLabelValues("to_worker"), met.bridged.WithLabelValues("from_worker")
 	mux := http.NewServeMux()
 	mux.HandleFunc(wire.WorkerPath, h.serveWorker)
+	mux.Handle(MetricsPath, h.MetricsHandler())
 	for p, x := range cfg.Extra {
 		mux.Handle(p, x)
 	}
@@ -187,22 +227,36 @@ func (h *Hub) Start() error {
 // Addr is the bound listen address (after Start).
 func (h *Hub) Addr() string { return h.ln.Addr().String() }
 
-// Close stops listening, ends every session (writing their Final entries)
-// and waits for the hub's goroutines.
+// Close stops listening, ends every session, waits for the hub's
+// goroutines and appends the sessions' last rows (their Final entries),
+// trying a few times if the ledger fails.
 func (h *Hub) Close() error {
-	select {
-	case <-h.stop:
-		return nil
-	default:
-	}
-	close(h.stop)
-	err := h.srv.Close() // hijacked WebSockets are not closed by this
-	h.mu.Lock()
-	for _, s := range h.sessions {
-		s.cancel()
-	}
-	h.mu.Unlock()
-	h.wg.Wait()
+	var err error
+	h.stopOnce.Do(func() {
+		err = h.srv.Close() // hijacked WebSockets are not closed by this
+		h.mu.Lock()
+		for _, s := range h.sessions {
+			s.cancel()
+		}
+		h.mu.Unlock()
+		h.sessWG.Wait()
+		close(h.stop)
+		h.wg.Wait()
+		for try := 0; try < 5; try++ {
+			n, ferr := h.flushAll(time.Now())
+			if n == 0 {
+				break
+			}
+			if ferr != nil {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		h.mu.Lock()
+		if n := len(h.finishing); n > 0 && h.cfg.Meter != nil {
+			h.log.Error("hub: closing without the final ledger rows of some sessions", "sessions", n)
+		}
+		h.mu.Unlock()
+	})
 	return err
 }
 
@@ -214,17 +268,29 @@ func (h *Hub) Upgrades() uint64 {
 	return h.conns
 }
 
-// Sessions returns a snapshot of open sessions and of up to 1024 ended ones,
+// live returns the sessions being bridged and those awaiting their final
+// ledger row.
+func (h *Hub) live() []*session {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*session, 0, len(h.sessions)+len(h.finishing))
+	for _, s := range h.sessions {
+		out = append(out, s)
+	}
+	for _, s := range h.finishing {
+		out = append(out, s)
+	}
+	return out
+}
+
+// Sessions returns a snapshot of open sessions (and of ended ones whose
+// final ledger row is not appended yet) and of up to 1024 ended ones,
 // ordered by start time.
 func (h *Hub) Sessions() []SessionStats {
 	h.mu.Lock()
 	out := append([]SessionStats(nil), h.ended...)
-	open := make([]*session, 0, len(h.sessions))
-	for _, s := range h.sessions {
-		open = append(open, s)
-	}
 	h.mu.Unlock()
-	for _, s := range open {
+	for _, s := range h.live() {
 		out = append(out, s.snapshot())
 	}
 	for i := 1; i < len(out); i++ { // insertion sort by start: small n
@@ -245,6 +311,7 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 		err = fmt.Errorf("%w: worker id %q", ErrUnverified, worker)
 	}
 	if err != nil {
+		h.met.refused.WithLabelValues(refusalReason(err)).Inc()
 		h.log.Warn("hub: refused upgrade", "remote", r.RemoteAddr, "err", err)
 		http.Error(w, "forbidden", http.StatusForbidden)
 		return
@@ -254,6 +321,7 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	h.mu.Unlock()
 	link, err := net.DialTimeout("tcp", h.cfg.Backbone, h.cfg.DialTimeout)
 	if err != nil {
+		h.met.bridgeErrors.WithLabelValues("backbone_unreachable").Inc()
 		h.log.Warn("hub: backbone unreachable", "err", err)
 		// The body is the reason workers show (engine/worker: LastError).
 		http.Error(w, "backbone unreachable", http.StatusServiceUnavailable)
@@ -273,22 +341,37 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	h.mu.Lock()
 	h.sessions[s.id] = s
 	h.mu.Unlock()
-	h.wg.Add(1)
+	h.met.sessions.Inc()
+	h.sessWG.Add(1)
 	go func() {
-		defer h.wg.Done()
+		defer h.sessWG.Done()
 		reason := h.bridge(ctx, s, c, link)
 		cancel()
 		s.end(reason)
-		h.flush(s, true)
+		if r := endReason(reason); r != "" {
+			h.met.bridgeErrors.WithLabelValues(r).Inc()
+		}
 		h.mu.Lock()
 		delete(h.sessions, s.id)
-		h.ended = append(h.ended, s.snapshot())
-		if len(h.ended) > maxEnded {
-			h.ended = h.ended[len(h.ended)-maxEnded:]
+		if h.cfg.Meter != nil {
+			h.finishing[s.id] = s // the next flush appends its final row
+		} else {
+			h.endedLocked(s)
 		}
 		h.mu.Unlock()
 		h.log.Info("hub: session ended", "session", s.id, "worker", short(worker), "reason", reason)
 	}()
+}
+
+// endedLocked records a finished session's last snapshot; h.mu is held.
+func (h *Hub) endedLocked(s *session) {
+	s.mu.Lock()
+	s.retired = true
+	s.mu.Unlock()
+	h.ended = append(h.ended, s.snapshot())
+	if len(h.ended) > maxEnded {
+		h.ended = h.ended[len(h.ended)-maxEnded:]
+	}
 }
 
 // bridge copies messages between the worker WebSocket c and the backbone
@@ -336,6 +419,7 @@ func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link ne
 				return
 			}
 			s.fromWorker(msg, len(msg))
+			h.fromW.Add(float64(len(msg)))
 			wmu.Lock()
 			err = wire.WriteLink(bw, wire.LinkData, msg)
 			if err == nil {
@@ -367,6 +451,7 @@ func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link ne
 					continue // the worker is gone: nothing to meter or deliver
 				}
 				s.toWorker(p)
+				h.toW.Add(float64(len(p)))
 				if err := c.Write(ctx, websocket.MessageBinary, p); err != nil {
 					writeErr.CompareAndSwap(nil, "worker write: "+err.Error())
 					workerGone.Store(true)
@@ -379,6 +464,7 @@ func (h *Hub) bridge(ctx context.Context, s *session, c *websocket.Conn, link ne
 				}
 			case wire.LinkForfeit:
 				n := s.forfeit(string(p))
+				h.met.forfeited.Add(float64(n))
 				h.log.Warn("hub: session forfeited", "session", s.id, "worker", short(s.worker), "bytes", n, "reason", string(p))
 			case wire.LinkClose:
 				code, reason, _ := wire.LinkCloseReason(p)
@@ -433,38 +519,129 @@ func (h *Hub) flushLoop() {
 			h.mu.Unlock()
 			for _, s := range open {
 				s.expire(now.Add(-h.cfg.ResultHold))
-				h.flush(s, false)
 			}
+			_, _ = h.flushAll(now)
 		}
 	}
 }
 
-// flush appends the session's delta since the last successful append; a
-// final flush always appends (with Final set).
-func (h *Hub) flush(s *session, final bool) {
+// flushAll appends one row for every session that has one due (new
+// settled or rejected bytes, a final row, or a row a failed append left
+// unacknowledged) in one AppendAll when the Meter is a BatchMeter, and
+// retires the sessions whose final row is in. It returns the rows it
+// tried and the append error.
+func (h *Hub) flushAll(now time.Time) (int, error) {
 	if h.cfg.Meter == nil {
-		return
+		return 0, nil
 	}
+	h.flushMu.Lock()
+	defer h.flushMu.Unlock()
+	sessions := h.live()
+	var rows []ledger.Entry
+	var owners []*session
+	for _, s := range sessions {
+		if e, ok := s.nextRow(now, h.cfg.SettleDelay, h.cfg.SettleResults); ok {
+			rows = append(rows, e)
+			owners = append(owners, s)
+		}
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	var err error
+	if bm, ok := h.cfg.Meter.(BatchMeter); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		t0 := time.Now()
+		err = bm.AppendAll(ctx, rows)
+		cancel()
+		h.met.appended(len(rows), time.Since(t0), err)
+		for _, s := range owners {
+			s.acked(err == nil)
+		}
+	} else {
+		for i, s := range owners {
+			t0 := time.Now()
+			e := h.cfg.Meter.Append(rows[i])
+			h.met.appended(1, time.Since(t0), e)
+			s.acked(e == nil)
+			if e != nil && err == nil {
+				err = e
+			}
+		}
+	}
+	if err != nil {
+		h.log.Error("hub: ledger append failed; the rows will be sent again", "rows", len(rows), "err", err)
+	} else {
+		var cred, rej uint64
+		for _, e := range rows {
+			cred += e.BytesIn + e.BytesOut
+			rej += e.RejectedBytes
+		}
+		h.met.ledgerBytes.WithLabelValues("creditable").Add(float64(cred))
+		h.met.ledgerBytes.WithLabelValues("rejected").Add(float64(rej))
+	}
+	h.mu.Lock()
+	for _, s := range owners {
+		if s.done() {
+			if _, ok := h.finishing[s.id]; ok {
+				delete(h.finishing, s.id)
+				h.endedLocked(s)
+			}
+		}
+	}
+	h.mu.Unlock()
+	return len(rows), err
+}
+
+// nextRow returns the session's row due at this flush: the row a failed
+// append left unacknowledged (unchanged, so a ledger that recorded it
+// records it once), else the delta of settled and rejected bytes since the
+// last row (the final row once the session ended). ok is false when
+// nothing is due.
+func (s *session) nextRow(now time.Time, delay time.Duration, results int) (ledger.Entry, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.finalWritten {
-		return
+		return ledger.Entry{}, false
 	}
-	s.settleLocked(time.Now(), h.cfg.SettleDelay, h.cfg.SettleResults, final)
+	if s.unacked != nil {
+		return *s.unacked, true
+	}
+	final := s.ended
+	s.settleLocked(now, delay, results, final)
 	e := ledger.Entry{SessionID: s.id, WorkerID: s.worker,
 		BytesIn:       s.settled.in - s.flushed.creditIn,
 		BytesOut:      s.settled.out - s.flushed.creditOut,
 		RejectedBytes: s.rejected - s.flushed.rejected,
-		Final:         final, Time: time.Now().UTC()}
+		Final:         final, Time: now.UTC()}
 	if !final && e.BytesIn == 0 && e.BytesOut == 0 && e.RejectedBytes == 0 {
+		return ledger.Entry{}, false
+	}
+	s.seq++
+	e.Seq = s.seq
+	s.unacked = &e
+	s.queued.creditIn, s.queued.creditOut, s.queued.rejected = s.settled.in, s.settled.out, s.rejected
+	return e, true
+}
+
+// acked records the outcome of appending the session's unacknowledged
+// row.
+func (s *session) acked(ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !ok || s.unacked == nil {
 		return
 	}
-	if err := h.cfg.Meter.Append(e); err != nil {
-		h.log.Error("hub: ledger append failed", "session", s.id, "err", err)
-		return
-	}
-	s.flushed.creditIn, s.flushed.creditOut, s.flushed.rejected = s.settled.in, s.settled.out, s.rejected
-	s.finalWritten = final
+	s.flushed = s.queued
+	s.finalWritten = s.unacked.Final
+	s.unacked = nil
+}
+
+// done reports whether the session's final row is in the ledger.
+func (s *session) done() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.finalWritten
 }
 
 type pendingResult struct {
@@ -499,9 +676,16 @@ type session struct {
 	forfeited                        bool
 	forfeitReason                    string
 	forfeitBytes                     uint64
-	flushed                          struct{ creditOut, creditIn, rejected uint64 }
+	flushed                          counts        // in rows the ledger acknowledged
+	queued                           counts        // in rows created (acknowledged, or the unacked one)
+	unacked                          *ledger.Entry // the row in flight, sent again unchanged until acknowledged
+	seq                              uint64        // rows created (ledger.Entry.Seq of the last)
 	finalWritten                     bool
+	retired                          bool // ended, and its final row appended (or there is no ledger)
 }
+
+// counts are cumulative ledger amounts of a session.
+type counts struct{ creditIn, creditOut, rejected uint64 }
 
 // creditLocked meters creditable bytes (out: DISPATCH, in: accepted
 // RESULT) as unsettled, or as rejected once the session is forfeited;
@@ -656,7 +840,7 @@ func (s *session) snapshot() SessionStats {
 	for _, b := range s.unsettled {
 		unsettled += b.out + b.in
 	}
-	return SessionStats{ID: s.id, WorkerID: s.worker, Started: s.started, Ended: s.ended, Reason: s.reason,
+	return SessionStats{ID: s.id, WorkerID: s.worker, Started: s.started, Ended: s.retired, Reason: s.reason,
 		ToWorker: s.toW, FromWorker: s.fromW, CreditOut: s.creditOut, CreditIn: s.creditIn, Unsettled: unsettled,
 		Rejected: s.rejected, Forfeited: s.forfeitBytes, ForfeitReason: s.forfeitReason, Pending: pend,
 		Messages: s.msgs, DispatchesSent: s.nDisp, ResultsReceived: s.nResult}

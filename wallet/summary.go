@@ -154,8 +154,9 @@ func reconcile(served, settled, credited, rejected uint64, lag time.Duration) Re
 	return r
 }
 
-// WriteJSON writes s as indented JSON (the `kvasir wallet --json` output).
-func WriteJSON(w io.Writer, s Summary) error {
+// WriteJSON writes s as indented JSON (the `kvasir wallet --json` output:
+// a Summary, with the grouped history beside it).
+func WriteJSON(w io.Writer, s any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(s)

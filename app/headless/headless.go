@@ -69,13 +69,13 @@ func Run(ctx context.Context, o Options) error {
 		snap := o.Source.Stats()
 		m.Add(o.Now(), snap)
 		rows, bytes := m.Rate(0)
-		var pending uint64
+		var est, pending uint64
 		if o.Wallet != nil {
 			if s, err := o.Wallet(); err == nil {
-				pending = s.PendingNKVR
+				est, pending = s.MeteredNKVR, s.PendingNKVR
 			}
 		}
-		if _, err := fmt.Fprintln(o.Out, o.Now().Format("15:04:05"), status.Line(snap, rows, bytes, pending)); err != nil {
+		if _, err := fmt.Fprintln(o.Out, o.Now().Format("15:04:05"), status.Line(snap, rows, bytes, est, pending)); err != nil {
 			return err
 		}
 	}
@@ -84,8 +84,12 @@ func Run(ctx context.Context, o Options) error {
 // Main runs the contributor command line without a window; args exclude
 // the program name. Forms:
 //
-//	kvasir --headless --gateway wss://HOST:PORT --slice DIR [--ca FILE] [--interval 5s] ...
-//	kvasir wallet [--json] [--data DIR]
+//	kvasir --headless [--gateway wss://HOST:PORT] [--slice DIR] [--ca FILE] [--quota SIZE] [--interval 5s] ...
+//	kvasir wallet [--json] [--by hour|day|session] [--data DIR]
+//
+// With no flags but --headless it runs as a first run of the app does
+// (node.Config.WithDefaults): the public gateway, the slice folder in the
+// data folder, the experts the backbone assigns within 4 GiB.
 //
 // It returns the process exit code: 0 on a clean stop (SIGINT/SIGTERM or
 // --duration elapsed), 1 on a runtime error, 2 on bad usage.
@@ -96,8 +100,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvasir --headless", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Bool("headless", true, "run without a window (this mode)")
-	gw := fs.String("gateway", "", "gateway URL, wss://HOST:PORT")
-	slice := fs.String("slice", "", "expert slice folder")
+	gw := fs.String("gateway", node.DefaultGateway(), "gateway URL, wss://HOST:PORT (default: the network's public gateway, or $"+node.EnvDefaultGateway+")")
+	slice := fs.String("slice", "", "expert slice folder (default: DATA/slice, kept within --quota, default 4GiB)")
 	ca := fs.String("ca", "", "PEM file of root CAs for the gateway (default: system roots)")
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
 	threads := fs.Int("threads", 0, "compute threads (0 = all CPUs)")
@@ -117,10 +121,6 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvasir: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	if *gw == "" || *slice == "" {
-		fmt.Fprintln(stderr, "kvasir: --headless needs --gateway wss://HOST:PORT and --slice DIR")
-		return 2
-	}
 	var quota uint64
 	if *quotaFlag != "" {
 		q, err := ParseBytes(*quotaFlag)
@@ -130,14 +130,19 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		quota = q
 	}
-	n, err := node.Open(node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, QuotaBytes: quota, DataDir: *data, Threads: *threads, Warn: stderr,
-		SyncEvery: *syncEvery, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	cfg, err := node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, QuotaBytes: quota, DataDir: *data, Threads: *threads, Warn: stderr,
+		SyncEvery: *syncEvery, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}.WithDefaults()
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		return 1
+	}
+	n, err := node.Open(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1
 	}
 	defer n.Close()
-	fmt.Fprintf(stdout, "kvasir worker %s\nslice: %s\n", n.Identity().Address, n.Slice().Summary())
+	fmt.Fprintf(stdout, "kvasir worker %s\ngateway: %s\nslice: %s\n", n.Identity().Address, cfg.GatewayURL, n.Slice().Summary())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -157,7 +162,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if s, err := n.Summary(); err == nil {
-		fmt.Fprintf(stdout, "stopped: served %d bytes, pending %s, credited %s\n", s.BytesServed, status.FormatKVR(s.PendingNKVR), status.FormatKVR(s.CreditedNKVR))
+		fmt.Fprintf(stdout, "stopped: served %d bytes, earned≈%s, pending %s, credited %s\n", s.BytesServed,
+			status.FormatKVR(s.MeteredNKVR), status.FormatKVR(s.PendingNKVR), status.FormatKVR(s.CreditedNKVR))
 	}
 	return 0
 }
@@ -191,15 +197,21 @@ func ParseBytes(s string) (uint64, error) {
 	return v * mult, nil
 }
 
-// walletMain is `kvasir wallet [--json] [--data DIR] [--sync --gateway URL [--ca FILE]]`.
+// walletMain is `kvasir wallet [--json] [--by hour|day|session] [--data DIR] [--gateway URL [--ca FILE]]`.
 func walletMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvasir wallet", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
+	by := fs.String("by", "hour", "group the history by hour, day or session (UTC)")
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
 	gw := fs.String("gateway", "", "gateway URL to fetch new credit statements from first (wss://HOST:PORT)")
 	ca := fs.String("ca", "", "PEM file of root CAs for the gateway")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	groupBy, ok := map[string]wallet.GroupBy{"hour": wallet.ByHour, "day": wallet.ByDay, "session": wallet.BySession}[*by]
+	if !ok {
+		fmt.Fprintf(stderr, "kvasir: --by %q: want hour, day or session\n", *by)
 		return 2
 	}
 	n, err := node.Open(node.Config{DataDir: *data, GatewayURL: *gw, CAFile: *ca, Warn: stderr})
@@ -221,10 +233,18 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1
 	}
+	groups, err := n.Groups(groupBy, 0)
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		return 1
+	}
 	if *asJSON {
-		err = wallet.WriteJSON(stdout, s)
-	} else {
-		err = wallet.WriteText(stdout, s)
+		err = wallet.WriteJSON(stdout, struct {
+			wallet.Summary
+			Groups []wallet.Group `json:"groups"`
+		}{s, groups})
+	} else if err = wallet.WriteText(stdout, s); err == nil {
+		err = wallet.WriteGroups(stdout, groups)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)

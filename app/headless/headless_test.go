@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/app/limits"
+	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
 	"github.com/kvasir-ai/kvasir/app/swarmtest"
 	"github.com/kvasir-ai/kvasir/wallet"
@@ -61,7 +65,7 @@ func TestRunPrintsStatusLines(t *testing.T) {
 	done := make(chan error)
 	go func() {
 		done <- Run(ctx, Options{Source: ctl, Out: out, Interval: 5 * time.Second,
-			Wallet: func() (wallet.Summary, error) { return wallet.Summary{PendingNKVR: 8_945_664}, nil },
+			Wallet: func() (wallet.Summary, error) { return wallet.Summary{PendingNKVR: 8_945_664, MeteredNKVR: 9_100_000}, nil },
 			Now:    func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now },
 			Tick:   func(time.Duration) <-chan time.Time { return ticks }})
 	}()
@@ -88,7 +92,7 @@ func TestRunPrintsStatusLines(t *testing.T) {
 	if err := <-done; err != context.Canceled {
 		t.Fatalf("Run: %v", err)
 	}
-	want := "12:00:05 connected gw=127.0.0.1:8443 rtt=2.0 ms 2469.0 rows/s 0.26 MB/s pending=0.00895 KVR\n"
+	want := "12:00:05 connected gw=127.0.0.1:8443 rtt=2.0 ms 2469.0 rows/s 0.26 MB/s earned≈0.00910 KVR pending=0.00895 KVR\n"
 	if out.buf.String() != want {
 		t.Errorf("got %q\nwant %q", out.buf.String(), want)
 	}
@@ -105,7 +109,7 @@ func TestRunPrintsStatusLines(t *testing.T) {
 	step(12345+2469*5, 1_277_952)
 	cancel()
 	<-done
-	want = "12:00:10 paused gw=127.0.0.1:8443 rtt=2.0 ms 2469.0 rows/s 0.00 MB/s pending=0.00000 KVR (paused by a limit: CPU at 91.0 °C (limit 85 °C, resumes at 75 °C))\n"
+	want = "12:00:10 paused gw=127.0.0.1:8443 rtt=2.0 ms 2469.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR (paused by a limit: CPU at 91.0 °C (limit 85 °C, resumes at 75 °C))\n"
 	if out.buf.String() != want {
 		t.Errorf("got %q\nwant %q", out.buf.String(), want)
 	}
@@ -113,12 +117,16 @@ func TestRunPrintsStatusLines(t *testing.T) {
 
 func TestUsage(t *testing.T) {
 	var o, e bytes.Buffer
-	if code := Main([]string{"--headless"}, &o, &e); code != 2 || !strings.Contains(e.String(), "needs --gateway") {
-		t.Errorf("no gateway: %d %q", code, e.String())
+	if code := Main([]string{"--headless", "--quota", "lots"}, &o, &e); code != 2 || !strings.Contains(e.String(), "want a positive byte count") {
+		t.Errorf("bad quota: %d %q", code, e.String())
 	}
 	e.Reset()
 	if code := Main([]string{"--headless", "--bogus"}, &o, &e); code != 2 {
 		t.Errorf("bad flag: %d", code)
+	}
+	e.Reset()
+	if code := Main([]string{"wallet", "--by", "week"}, &o, &e); code != 2 || !strings.Contains(e.String(), "want hour, day or session") {
+		t.Errorf("bad grouping: %d %q", code, e.String())
 	}
 }
 
@@ -138,14 +146,14 @@ func TestHeadlessWithoutSlice(t *testing.T) {
 		t.Fatalf("exit %d, stderr %s", code, e.String())
 	}
 	lines := strings.Split(strings.TrimSpace(o.String()), "\n")
-	if len(lines) < 4 || !strings.HasPrefix(lines[0], "kvasir worker kvr1") {
+	if len(lines) < 5 || !strings.HasPrefix(lines[0], "kvasir worker kvr1") {
 		t.Fatalf("output:\n%s", o.String())
 	}
 	addr := strings.TrimPrefix(lines[0], "kvasir worker ")
-	if !strings.Contains(lines[2], " offline gw=- rtt=— 0.0 rows/s 0.00 MB/s pending=0.00000 KVR (no slice: slice: bad manifest: ") {
-		t.Errorf("status line %q", lines[2])
+	if lines[1] != "gateway: wss://127.0.0.1:1" || !strings.Contains(lines[3], " offline gw=- rtt=— 0.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR (no slice: slice: bad manifest: ") {
+		t.Errorf("lines %q", lines[1:4])
 	}
-	if last := lines[len(lines)-1]; last != "stopped: served 0 bytes, pending 0.00000 KVR, credited 0.00000 KVR" {
+	if last := lines[len(lines)-1]; last != "stopped: served 0 bytes, earned≈0.00000 KVR, pending 0.00000 KVR, credited 0.00000 KVR" {
 		t.Errorf("last line %q", last)
 	}
 
@@ -262,4 +270,69 @@ func FuzzParseBytes(f *testing.F) {
 			t.Fatalf("%q -> %d above 2^62", s, v)
 		}
 	})
+}
+
+// firstRunChild is set in the environment of TestFirstRun's child: the
+// test binary then runs `kvasir --headless` with no other flag, as a first
+// run on a new machine does.
+const firstRunChild = "KVASIR_HEADLESS_FIRST_RUN"
+
+// TestFirstRun starts `kvasir --headless` with nothing configured on a
+// machine whose user config folder is empty: the default gateway
+// ($KVASIR_DEFAULT_GATEWAY, pointed at a loopback swarm's TLS gateway),
+// trusted through the system roots (SSL_CERT_FILE holds the swarm's
+// certificate, standing in for a public CA; no --ca), the slice folder in
+// the data folder and provisioning on: the worker dials out, downloads the
+// experts the backbone assigns, serves load, and its wallet counts it. It
+// runs in a child process, so that the system roots are read with
+// SSL_CERT_FILE set.
+func TestFirstRun(t *testing.T) {
+	if os.Getenv(firstRunChild) == "1" {
+		os.Exit(Main([]string{"--headless", "--interval", "500ms", "--duration", "8s"}, os.Stdout, os.Stderr))
+	}
+	if testing.Short() {
+		t.Skip("starts a loopback swarm")
+	}
+	sw, err := swarmtest.Start(t.TempDir(), 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	sw.Load(16, 20*time.Millisecond)
+	cfgHome := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFirstRun$")
+	cmd.Env = append(os.Environ(), firstRunChild+"=1", node.EnvDefaultGateway+"="+sw.URL, "SSL_CERT_FILE="+sw.CAFile,
+		"SSL_CERT_DIR="+t.TempDir(), "XDG_CONFIG_HOME="+cfgHome, "HOME="+t.TempDir(), "DBUS_SESSION_BUS_ADDRESS=unix:path=/nonexistent")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	t.Logf("first run:\n%s", out)
+	if err != nil {
+		t.Fatalf("exit: %v\n%s", err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 3 || lines[1] != "gateway: "+sw.URL {
+		t.Fatalf("no gateway line")
+	}
+	var downloading, earning bool
+	for _, l := range lines {
+		downloading = downloading || strings.Contains(l, " download=")
+		if f := strings.Fields(l); len(f) > 6 && f[1] == "connected" && !strings.Contains(l, " 0.0 rows/s") {
+			earning = true
+		}
+	}
+	if !downloading || !earning {
+		t.Errorf("the first run did not download (%v) or earn (%v)", downloading, earning)
+	}
+	data := filepath.Join(cfgHome, "kvasir")
+	if ents, err := os.ReadDir(filepath.Join(data, "slice")); err != nil || len(ents) < 2 {
+		t.Errorf("slice folder in the data folder: %d entries, %v", len(ents), err)
+	}
+	w, err := os.Stat(filepath.Join(data, "wallet.db"))
+	if err != nil || w.Size() == 0 {
+		t.Fatalf("wallet: %v", err)
+	}
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "stopped: served ") || strings.HasPrefix(last, "stopped: served 0 ") {
+		t.Errorf("last line %q", last)
+	}
 }

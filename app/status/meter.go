@@ -150,16 +150,20 @@ func FormatRTT(d time.Duration) string {
 
 // Line is the one-line status headless mode prints:
 //
-//	connected gw=host:443 rtt=12.0 ms 2469.0 rows/s 1.28 MB/s pending=0.00895 KVR
+//	connected gw=host:443 rtt=12.0 ms 2469.0 rows/s 1.28 MB/s earned≈0.00910 KVR pending=0.00895 KVR
 //
-// followed by " download=3/8 experts" while assigned experts are being
-// fetched and " (reason)" when not earning.
-func Line(s Snapshot, rowsPS, bytesPS float64, pendingNKVR uint64) string {
+// where earned≈ is the estimate from the worker's own count (the wallet's
+// metered nKVR, at once) and pending what the gateway has credited and
+// not yet paid (it follows the work by the credit lag), followed by
+// " download=3/8 experts" while assigned experts are being fetched and
+// " (reason)" when not earning.
+func Line(s Snapshot, rowsPS, bytesPS float64, estimateNKVR, pendingNKVR uint64) string {
 	gw := s.Gateway
 	if gw == "" {
 		gw = "-"
 	}
-	l := fmt.Sprintf("%s gw=%s rtt=%s %s %s pending=%s", s.State, gw, FormatRTT(s.RTT), FormatRows(rowsPS), FormatMBps(bytesPS), FormatKVR(pendingNKVR))
+	l := fmt.Sprintf("%s gw=%s rtt=%s %s %s earned≈%s pending=%s", s.State, gw, FormatRTT(s.RTT), FormatRows(rowsPS), FormatMBps(bytesPS),
+		FormatKVR(estimateNKVR), FormatKVR(pendingNKVR))
 	if s.Downloading() {
 		l += fmt.Sprintf(" download=%d/%d experts", s.DownloadExpertsDone, s.DownloadExpertsTotal)
 	}

@@ -90,17 +90,17 @@ func TestFormat(t *testing.T) {
 		{FormatBytes(3 << 30), "3.0 GiB"},
 		{FormatRTT(0), "—"},
 		{FormatRTT(12345 * time.Microsecond), "12.3 ms"},
-		{Line(Snapshot{State: Connected, Gateway: "gw.example:443", RTT: 12 * time.Millisecond}, 2469, 1_277_952, 8_945_664),
-			"connected gw=gw.example:443 rtt=12.0 ms 2469.0 rows/s 1.28 MB/s pending=0.00895 KVR"},
-		{Line(Snapshot{State: Connected, DownloadBytesDone: 3 << 20, DownloadBytesTotal: 4 << 20, DownloadExpertsDone: 6, DownloadExpertsTotal: 8}, 0, 0, 0),
-			"connected gw=- rtt=— 0.0 rows/s 0.00 MB/s pending=0.00000 KVR download=6/8 experts"},
+		{Line(Snapshot{State: Connected, Gateway: "gw.example:443", RTT: 12 * time.Millisecond}, 2469, 1_277_952, 9_100_000, 8_945_664),
+			"connected gw=gw.example:443 rtt=12.0 ms 2469.0 rows/s 1.28 MB/s earned≈0.00910 KVR pending=0.00895 KVR"},
+		{Line(Snapshot{State: Connected, DownloadBytesDone: 3 << 20, DownloadBytesTotal: 4 << 20, DownloadExpertsDone: 6, DownloadExpertsTotal: 8}, 0, 0, 0, 0),
+			"connected gw=- rtt=— 0.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR download=6/8 experts"},
 		{Snapshot{DownloadBytesDone: 3 << 20, DownloadBytesTotal: 4 << 20, DownloadExpertsDone: 6, DownloadExpertsTotal: 8}.DownloadLine(),
 			"downloading experts: 6 of 8, 3.0 MiB of 4.0 MiB (75%)"},
 		{Snapshot{DownloadBytesDone: 4 << 20, DownloadBytesTotal: 4 << 20, DownloadExpertsDone: 8, DownloadExpertsTotal: 8}.DownloadLine(),
 			"assigned experts held: 8 of 8, 4.0 MiB of 4.0 MiB (100%)"},
 		{Snapshot{}.DownloadLine(), ""},
-		{Line(Snapshot{State: Offline, Reason: "gateway unreachable"}, 0, 0, 0),
-			"offline gw=- rtt=— 0.0 rows/s 0.00 MB/s pending=0.00000 KVR (gateway unreachable)"},
+		{Line(Snapshot{State: Offline, Reason: "gateway unreachable"}, 0, 0, 0, 0),
+			"offline gw=- rtt=— 0.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR (gateway unreachable)"},
 	}
 	for i, c := range cases {
 		if c.got != c.want {

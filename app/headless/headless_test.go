@@ -65,9 +65,11 @@ func TestRunPrintsStatusLines(t *testing.T) {
 	done := make(chan error)
 	go func() {
 		done <- Run(ctx, Options{Source: ctl, Out: out, Interval: 5 * time.Second,
-			Wallet: func() (wallet.Summary, error) { return wallet.Summary{PendingNKVR: 8_945_664, MeteredNKVR: 9_100_000}, nil },
-			Now:    func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now },
-			Tick:   func(time.Duration) <-chan time.Time { return ticks }})
+			Wallet: func() (wallet.Summary, error) {
+				return wallet.Summary{PendingNKVR: 8_945_664, MeteredNKVR: 9_100_000}, nil
+			},
+			Now:  func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now },
+			Tick: func(time.Duration) <-chan time.Time { return ticks }})
 	}()
 	step := func(rows, bytes uint64) {
 		src.mu.Lock()

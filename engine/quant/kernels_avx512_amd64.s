@@ -401,35 +401,43 @@ q8kperm:
 // out[r] = genericQ4KDot(w + r*rb, a, nb) for r < rows (rows, nb >= 1), a
 // as nb q8KP blocks. Weight rows go 4 at a time, block by block: their 4
 // blocks' scales are decoded in one zmm, their integer sums reduced
-// together (HSUM4X), and the float steps run packed, lane j being row j's
+// together (RED4), and the float steps run packed, lane j being row j's
 // scalar sequence sumf += (d_w*d_a)*isum, sumf -= (dmin_w*d_a)*imin
 // (kDotSums); the rows%4 left go one at a time, the same steps in scalar.
-TEXT ·q4KRowsAVX512(SB), NOSPLIT, $0-48
+// The 4 rows of a step are r, r+q, r+2q, r+3q (q = rows/4), so that the
+// kernel reads 4 long sequential runs of rows (hardware prefetchers follow
+// them; software prefetch runs PFD bytes ahead in each) rather than 4
+// runs of one row each.
+TEXT ·q4KRowsAVX512(SB), NOSPLIT, $24-48
 	MOVQ w+0(FP), BX
 	MOVQ nb+16(FP), DX
 	MOVQ rows+24(FP), R8
 	MOVQ rb+32(FP), R9
 	MOVQ out+40(FP), R10
 	K4SETUP
-	MOVQ R9, AX
-	IMULQ $PFROWS, AX
-	CMPQ R8, $4
-	JB   q4k5rows
+	SHRQ  $2, R8
+	JZ    q4k5rows
+	MOVQ  R8, AX
+	SHLQ  $2, AX
+	MOVQ  AX, 0(SP)
+	MOVQ  R8, AX
+	IMULQ R9, AX
+	MOVQ  AX, 8(SP)
 
 q4k5quad:
 	MOVQ   BX, SI
-	LEAQ   (BX)(R9*1), R11
-	LEAQ   (BX)(R9*2), R12
-	LEAQ   (R11)(R9*2), R13
+	LEAQ   (BX)(AX*1), R11
+	LEAQ   (BX)(AX*2), R12
+	LEAQ   (R11)(AX*2), R13
 	MOVQ   a+8(FP), DI
 	MOVQ   DX, CX
 	VXORPS Y14, Y14, Y14
 
 q4k5quadloop:
-	PFR(SI)
-	PFR(R11)
-	PFR(R12)
-	PFR(R13)
+	PF3(SI)
+	PF3(R11)
+	PF3(R12)
+	PF3(R13)
 	VMOVDQU      0(SI), X8
 	VINSERTI32X4 $1, 0(R11), Z8, Z8
 	VINSERTI32X4 $2, 0(R12), Z8, Z8
@@ -464,16 +472,32 @@ q4k5quadloop:
 	JNZ           q4k5quadloop
 	VEXTRACTF128 $1, Y14, X4
 	VSHUFPS      $0x88, X4, X14, X14
-	VMOVUPS      X14, 0(R10)
-	ADDQ    $16, R10
-	LEAQ    (BX)(R9*4), BX
-	SUBQ    $4, R8
-	CMPQ    R8, $4
-	JAE     q4k5quad
-	TESTQ   R8, R8
-	JZ      q4k5done
+	MOVQ         0(SP), CX
+	VMOVSS       X14, (R10)
+	VEXTRACTPS   $1, X14, (R10)(CX*1)
+	LEAQ         (R10)(CX*2), SI
+	VEXTRACTPS   $2, X14, (SI)
+	VEXTRACTPS   $3, X14, (SI)(CX*1)
+	ADDQ         $4, R10
+	ADDQ         R9, BX
+	MOVQ         8(SP), AX
+	DECQ         R8
+	JNZ          q4k5quad
+	LEAQ         (BX)(AX*2), BX
+	ADDQ         AX, BX
+	MOVQ         0(SP), CX
+	LEAQ         (R10)(CX*2), R10
+	ADDQ         CX, R10
+	MOVQ         rows+24(FP), R8
+	ANDQ         $3, R8
+	JZ           q4k5done
 
 q4k5rows:
+	MOVQ   rows+24(FP), R8
+	ANDQ   $3, R8
+	JZ     q4k5done
+
+q4k5row:
 	MOVQ   BX, SI
 	MOVQ   a+8(FP), DI
 	MOVQ   DX, CX
@@ -508,7 +532,7 @@ q4k5loop:
 	ADDQ   $4, R10
 	ADDQ   R9, BX
 	DECQ   R8
-	JNZ    q4k5rows
+	JNZ    q4k5row
 
 q4k5done:
 	K4CLEAN

@@ -25,6 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
@@ -41,6 +43,10 @@ type Config struct {
 	IdleTimeout time.Duration // close a splice after this long without bytes in a direction; default 90 s (> the 20 s ping)
 	DialTimeout time.Duration // hub dial and response timeout; default 5 s
 	Logger      *slog.Logger
+
+	// Registry receives the gateway's Prometheus metrics (MetricsHandler);
+	// nil: the gateway makes its own registry.
+	Registry *prometheus.Registry
 }
 
 // Stats are the gateway's cumulative counters.
@@ -66,6 +72,8 @@ type Gateway struct {
 
 	upgrades, refused, up, down atomic.Uint64
 	active                      atomic.Int64
+	met                         *metrics
+	gatherer                    prometheus.Gatherer
 	wg                          sync.WaitGroup
 	connsMu                     sync.Mutex
 	conns                       map[net.Conn]struct{}
@@ -102,6 +110,16 @@ func New(cfg Config) (*Gateway, error) {
 		cfg.Logger = slog.Default()
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, hubAddr: addr, nonces: map[string]time.Time{}, conns: map[net.Conn]struct{}{}}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	g.gatherer = reg
+	met, err := newMetrics(g, reg)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: metrics: %w", err)
+	}
+	g.met = met
 	mux := http.NewServeMux()
 	mux.HandleFunc(wire.WorkerPath, g.serveWorker)
 	for p, h := range cfg.Extra {
@@ -181,35 +199,39 @@ func isUpgrade(r *http.Request) bool {
 		strings.Contains(strings.ToLower(r.Header.Get("Connection")), "upgrade")
 }
 
-func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, code int, err error) {
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, code int, reason string, err error) {
 	g.refused.Add(1)
+	g.met.refused.WithLabelValues(reason).Inc()
 	g.log.Warn("gateway: refused worker upgrade", "remote", r.RemoteAddr, "status", code, "err", err)
 	http.Error(w, http.StatusText(code), code)
 }
 
 func (g *Gateway) serveWorker(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet || !isUpgrade(r) {
-		g.refuse(w, r, http.StatusBadRequest, errors.New("not a WebSocket upgrade"))
+		g.refuse(w, r, http.StatusBadRequest, "not_upgrade", errors.New("not a WebSocket upgrade"))
 		return
 	}
 	now := time.Now()
 	pub, nonce, err := wire.VerifyUpgrade(r.Header, r.Method, r.URL.Path, now, g.cfg.MaxSkew)
 	switch {
 	case errors.Is(err, wire.ErrNoSignature):
-		g.refuse(w, r, http.StatusUnauthorized, err)
+		g.refuse(w, r, http.StatusUnauthorized, "unsigned", err)
+		return
+	case errors.Is(err, wire.ErrStale):
+		g.refuse(w, r, http.StatusForbidden, "stale", err)
 		return
 	case err != nil:
-		g.refuse(w, r, http.StatusForbidden, err)
+		g.refuse(w, r, http.StatusForbidden, "bad_signature", err)
 		return
 	}
 	worker := hex.EncodeToString(pub)
 	if !g.fresh(worker, nonce, now) {
-		g.refuse(w, r, http.StatusForbidden, errors.New("replayed nonce"))
+		g.refuse(w, r, http.StatusForbidden, "replayed", errors.New("replayed nonce"))
 		return
 	}
 	hc, err := net.DialTimeout("tcp", g.hubAddr, g.cfg.DialTimeout)
 	if err != nil {
-		g.refuse(w, r, http.StatusBadGateway, err)
+		g.refuse(w, r, http.StatusBadGateway, "hub_unreachable", err)
 		return
 	}
 	ok := false
@@ -229,19 +251,19 @@ func (g *Gateway) serveWorker(w http.ResponseWriter, r *http.Request) {
 	bw := bufio.NewWriter(hc)
 	fmt.Fprintf(bw, "GET %s HTTP/1.1\r\nHost: %s\r\n", r.URL.RequestURI(), r.Host)
 	if err := h.Write(bw); err != nil {
-		g.refuse(w, r, http.StatusBadGateway, err)
+		g.refuse(w, r, http.StatusBadGateway, "hub_error", err)
 		return
 	}
 	bw.WriteString("\r\n")
 	_ = hc.SetDeadline(now.Add(g.cfg.DialTimeout))
 	if err := bw.Flush(); err != nil {
-		g.refuse(w, r, http.StatusBadGateway, err)
+		g.refuse(w, r, http.StatusBadGateway, "hub_error", err)
 		return
 	}
 	br := bufio.NewReaderSize(hc, 16<<10)
 	resp, err := http.ReadResponse(br, r)
 	if err != nil {
-		g.refuse(w, r, http.StatusBadGateway, err)
+		g.refuse(w, r, http.StatusBadGateway, "hub_error", err)
 		return
 	}
 	_ = hc.SetDeadline(time.Time{})
@@ -249,6 +271,7 @@ func (g *Gateway) serveWorker(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
 		g.refused.Add(1)
+		g.met.refused.WithLabelValues("hub_refused").Inc()
 		g.log.Warn("gateway: hub refused upgrade", "status", resp.StatusCode)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(resp.StatusCode)
@@ -257,12 +280,13 @@ func (g *Gateway) serveWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	hj, isHJ := w.(http.Hijacker)
 	if !isHJ {
-		g.refuse(w, r, http.StatusInternalServerError, errors.New("connection cannot be hijacked"))
+		g.refuse(w, r, http.StatusInternalServerError, "hijack", errors.New("connection cannot be hijacked"))
 		return
 	}
 	cc, crw, err := hj.Hijack()
 	if err != nil {
 		g.refused.Add(1)
+		g.met.refused.WithLabelValues("hijack").Inc()
 		return
 	}
 	ok = true
@@ -288,6 +312,7 @@ func (g *Gateway) serveWorker(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	g.upgrades.Add(1)
+	g.met.sessions.Inc()
 	g.track(cc, hc, true)
 	g.wg.Add(1)
 	go func() {
@@ -313,15 +338,16 @@ func (g *Gateway) track(a, b net.Conn, add bool) {
 // splice copies client<->hub until one side ends or idles out, then gives the
 // other direction a short grace period and closes both.
 func (g *Gateway) splice(client, hubc net.Conn) {
-	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn, n *atomic.Uint64) {
+	done := make(chan string, 2) // why each direction ended: "" normally, else a splice error reason
+	cp := func(dst, src net.Conn, n *atomic.Uint64, bytes prometheus.Counter) {
+		reason := ""
 		defer func() {
 			// Pass the end on at once (TCP FIN / TLS close_notify) so the
 			// peer sees it without waiting for the grace period.
 			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 				_ = cw.CloseWrite()
 			}
-			done <- struct{}{}
+			done <- reason
 		}()
 		buf := make([]byte, 64<<10)
 		for {
@@ -330,18 +356,23 @@ func (g *Gateway) splice(client, hubc net.Conn) {
 			if k > 0 {
 				_ = dst.SetWriteDeadline(time.Now().Add(g.cfg.IdleTimeout))
 				if _, werr := dst.Write(buf[:k]); werr != nil {
+					reason = "write"
 					return
 				}
 				n.Add(uint64(k))
+				bytes.Add(float64(k))
 			}
 			if err != nil {
+				reason = spliceErrorReason(err)
 				return
 			}
 		}
 	}
-	go cp(hubc, client, &g.up)
-	go cp(client, hubc, &g.down)
-	<-done
+	go cp(hubc, client, &g.up, g.met.up)
+	go cp(client, hubc, &g.down, g.met.down)
+	if reason := <-done; reason != "" { // the second direction ends on the grace deadline: not counted
+		g.met.spliceErrors.WithLabelValues(reason).Inc()
+	}
 	grace := time.Now().Add(2 * time.Second)
 	_ = client.SetReadDeadline(grace)
 	_ = hubc.SetReadDeadline(grace)

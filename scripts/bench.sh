@@ -150,6 +150,7 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   run membw ./engine/quant 'BenchmarkMemBandwidth' 1s
   run matvec ./engine/quant 'BenchmarkMatVec' 300ms
   run vecdot ./engine/quant 'BenchmarkVecDot' 300ms
+  run kernel ./engine/quant 'BenchmarkKernel' 300ms
   run model-membw ./engine/model 'BenchmarkMemoryBandwidth' 1s
   run model-fixture ./engine/model 'BenchmarkFixtureQ4KM' 2s
   run model-q30 ./engine/model 'BenchmarkQwen3_30B_A3B_4L' 2s
@@ -304,6 +305,12 @@ END {
   print "bytes):"
   print ""
   table("vecdot")
+  print "The row kernels alone on one goroutine, per SIMD path (`KVASIR_SIMD` forces one; all give the same bits):"
+  print "`cached` = a 256 x 2048 matrix in L2, `stream` = 768 MiB of 2048 x 2048 copies from memory; m = activation"
+  print "rows (1: decode). `ns/blk` = per weight block and activation row (`cpu-ns/blk`: CPU time, steadier on a"
+  print "shared machine); compare `stream` m=1 `weight_GB/s` with the 1-goroutine `read` bandwidth above."
+  print ""
+  table("kernel")
 
   print "## Real-shape engine speed: 48-layer Qwen3-30B-A3B shape vs llama.cpp (`engine/model`)"
   print ""

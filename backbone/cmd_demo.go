@@ -9,12 +9,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,6 +56,9 @@ type demoOptions struct {
 	// With --serve: the API's options (--http, --serve-requests, --api-key).
 	serve bool
 	api   serveOptions
+	// capacity: the backbone runs a backbone-only file and the workers
+	// download their experts from a loopback HTTP model source.
+	capacity bool
 }
 
 // demoResult is the --json output of backbone demo.
@@ -74,6 +80,24 @@ type demoResult struct {
 	LedgerLastID    int64        `json:"ledger_last_id"` // the gateway credited up to this ledger row
 	Workers         []demoWorker `json:"workers"`
 	Dir             string       `json:"dir,omitempty"` // with --dir: where the files are kept
+	// Capacity is set with --capacity.
+	Capacity *demoCapacity `json:"capacity,omitempty"`
+}
+
+// demoCapacity is what `demo --capacity` ran: a backbone-only file beside
+// the full model, workers provisioned from a loopback HTTP source, and the
+// swarm's coverage and checks.
+type demoCapacity struct {
+	FullBytes      int64             `json:"full_bytes"`         // the full GGUF (served by the HTTP source)
+	BackboneBytes  int64             `json:"backbone_bytes"`     // the backbone-only GGUF the backbone loaded
+	ExpertBytes    int64             `json:"expert_bytes"`       // every routed expert, bytes
+	LocalExperts   int               `json:"local_experts"`      // experts the backbone holds (0: all remote)
+	SourceURL      string            `json:"source_url"`         // the loopback model source
+	SourceRequests int64             `json:"source_requests"`    // HTTP range requests it answered
+	SourceBytes    int64             `json:"source_bytes"`       // body bytes it sent
+	Coverage       dispatch.Coverage `json:"coverage"`           // replicas per expert after provisioning
+	CrossChecks    uint64            `json:"cross_checks"`       // results verified by replica comparison
+	Unverified     uint64            `json:"unverified_outputs"` // outputs chosen for a check nothing could check
 }
 
 // demoWorker is one worker process of the demo: the dispatcher's view of
@@ -105,7 +129,7 @@ type demoWorker struct {
 // demoMain implements
 //
 //	backbone demo [--prompt P] [--max-tokens 32] [--workers 2] [--json] [--dir DIR] [--verbose]
-//	              [--min-deadline D] [--provision [--provision-rate BYTES]]
+//	              [--min-deadline D] [--provision [--provision-rate BYTES]] [--capacity]
 //	              [--serve [--http 127.0.0.1:8080] [--api-key KEY] [--serve-requests N]]
 //
 // On loopback it writes the embedded tiny model to a temporary directory,
@@ -118,7 +142,12 @@ type demoWorker struct {
 // logits) equal the local decode, tok/s of both, bytes and credited KVR per
 // worker. With --provision the workers start with an empty slice folder
 // and a quota instead, and download the experts the dispatcher assigns
-// them before the decode. With --serve there is no decode: the swarm
+// them before the decode. With --capacity (implies --provision) the
+// backbone loads a backbone-only file of the model (no routed expert here)
+// and the workers, with a quota for two copies of every expert between
+// them, download theirs from a loopback HTTP server of the full file (the
+// model source) before the decode; the local reference decode runs on the
+// full file. With --serve there is no decode: the swarm
 // serves the OpenAI-compatible API (serveDemo). Every child is stopped
 // before it returns, also on ctx's end (Ctrl-C). Exit code: 0, 1 on
 // failure or if the tokens differ, 2 on bad usage.
@@ -138,6 +167,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "give up after this long")
 	o.swarm = addSwarmFlags(fs)
 	fs.BoolVar(&o.serve, "serve", false, "instead of one decode: serve the OpenAI-compatible API over the swarm until Ctrl-C")
+	fs.BoolVar(&o.capacity, "capacity", false, "the backbone loads a backbone-only file (no routed experts) and the workers download theirs from a loopback HTTP model source: every expert remote, replicated twice, verified by replica comparison")
 	o.api = serveOptions{chatTemplate: "auto", maxBatch: serve.DefaultMaxBatchRows, maxSeqs: serve.DefaultMaxSeqs,
 		queue: serve.DefaultQueueSize, lanes: 1}
 	fs.StringVar(&o.api.httpAddr, "http", "127.0.0.1:8080", "with --serve: HTTP listen address of the API (port 0: any free port)")
@@ -154,6 +184,9 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := o.swarm.check(); err != nil {
 		fmt.Fprintln(stderr, "demo:", err)
 		return 2
+	}
+	if o.capacity {
+		o.swarm.provision = true
 	}
 	if o.serve {
 		if err := serveDemo(ctx, o, stdout, stderr); err != nil {
@@ -187,6 +220,9 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // this process, and hub, gateway and worker processes.
 type demoSwarm struct {
 	lm      *run.Model
+	full    *run.Model // with --capacity: the full model (the local reference)
+	src     *modelSource
+	capRes  *demoCapacity
 	d       *dispatch.Dispatcher
 	sw      *demo.Swarm
 	names   []string // worker names
@@ -219,7 +255,12 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 	if err := os.WriteFile(modelPath, data, 0o644); err != nil {
 		return nil, err
 	}
-	if s.lm, err = run.Load(modelPath); err != nil {
+	if o.capacity {
+		if err := s.startCapacity(modelPath, dir); err != nil {
+			return nil, err
+		}
+		o.swarm.modelSource = s.src.url
+	} else if s.lm, err = run.Load(modelPath); err != nil {
 		return nil, err
 	}
 	s.lm.Engine().SetThreads(o.threads)
@@ -263,7 +304,9 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		return nil, err
 	}
 	var quota int64
-	if o.swarm.provision {
+	if o.capacity {
+		quota = capacityQuota(s.lm, o.workers)
+	} else if o.swarm.provision {
 		if quota, err = demoQuota(s.lm, o.workers); err != nil {
 			return nil, err
 		}
@@ -290,7 +333,11 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		return nil, fmt.Errorf("waiting for %d workers: %w%s", o.workers, err, tails)
 	}
 	if o.swarm.provision {
-		if err := waitProvisioned(ctx, s.d, p.ExpertLayers*p.Experts); err != nil {
+		want := p.ExpertLayers * p.Experts
+		if o.capacity {
+			want *= min(2, o.workers) // dispatch's default Replicas: every expert twice
+		}
+		if err := waitProvisioned(ctx, s.d, want); err != nil {
 			return nil, err
 		}
 		return s, nil
@@ -363,9 +410,109 @@ func (s *demoSwarm) Close() {
 	if s.d != nil {
 		s.d.Close()
 	}
+	if s.src != nil {
+		s.src.Close()
+	}
 	if s.lm != nil {
 		s.lm.Close()
 	}
+	if s.full != nil {
+		s.full.Close()
+	}
+}
+
+// startCapacity prepares `demo --capacity`: the HTTP model source serving
+// modelPath on loopback, the backbone-only file dir/backbone.gguf naming it,
+// s.lm over that file and s.full over the full one (the reference).
+func (s *demoSwarm) startCapacity(modelPath, dir string) (err error) {
+	if s.src, err = serveModelSource(modelPath); err != nil {
+		return err
+	}
+	if s.full, err = run.Load(modelPath); err != nil {
+		return err
+	}
+	st, err := os.Stat(modelPath)
+	if err != nil {
+		return err
+	}
+	bpath := filepath.Join(dir, "backbone.gguf")
+	bo, err := slice.WriteBackboneOnly(s.full.File(), bpath, slice.BackboneOptions{SourceURL: s.src.url, SourceSize: st.Size()})
+	if err != nil {
+		return err
+	}
+	bst, err := os.Stat(bpath)
+	if err != nil {
+		return err
+	}
+	if s.lm, err = run.Load(bpath); err != nil {
+		return err
+	}
+	s.capRes = &demoCapacity{FullBytes: st.Size(), BackboneBytes: bst.Size(), ExpertBytes: bo.Bytes(),
+		LocalExperts: len(bo.Hot), SourceURL: s.src.url}
+	return nil
+}
+
+// capacityQuota is each of n capacity-demo workers' quota: room for two
+// copies of every expert across the workers (dispatch's default Replicas),
+// plus one expert and 64 KiB of slack; with one worker, one copy.
+func capacityQuota(lm *run.Model, n int) int64 {
+	bo := lm.BackboneOnly()
+	copies := int64(min(2, n))
+	var largest int64
+	for i := range bo.Layers {
+		largest = max(largest, bo.Layers[i].ExpertBytes())
+	}
+	return (copies*bo.Bytes()+int64(n)-1)/int64(n) + largest + 64<<10
+}
+
+// modelSource is the capacity demo's model source: the full GGUF served by
+// a loopback HTTP server with range support (http.ServeContent), counting
+// requests and body bytes.
+type modelSource struct {
+	url      string
+	srv      *http.Server
+	requests atomic.Int64
+	bytes    atomic.Int64
+}
+
+// serveModelSource serves path at http://127.0.0.1:PORT/model.gguf.
+func serveModelSource(path string) (*modelSource, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	m := &modelSource{url: "http://" + ln.Addr().String() + "/model.gguf"}
+	m.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/model.gguf" {
+			http.NotFound(w, r)
+			return
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer f.Close()
+		m.requests.Add(1)
+		http.ServeContent(&countingWriter{ResponseWriter: w, n: &m.bytes}, r, "model.gguf", time.Time{}, f)
+	})}
+	go m.srv.Serve(ln)
+	return m, nil
+}
+
+// Close stops the server.
+func (m *modelSource) Close() error { return m.srv.Close() }
+
+// countingWriter counts the body bytes written.
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // demoDir prepares the demo's directory: --dir (new or empty) or a new
@@ -426,7 +573,12 @@ func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResul
 	opts := run.DecodeOptions{Prompt: o.prompt, MaxTokens: o.maxTokens}
 	eng := s.lm.Engine()
 	eng.SetExperts(nil)
-	local, err := run.Decode(ctx, s.lm, opts, io.Discard)
+	ref := s.lm
+	if s.full != nil {
+		ref = s.full // the backbone-only file cannot decode alone
+		ref.Engine().SetThreads(o.threads)
+	}
+	local, err := run.Decode(ctx, ref, opts, io.Discard)
 	if err != nil {
 		return nil, fmt.Errorf("local decode: %w", err)
 	}
@@ -444,6 +596,11 @@ func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResul
 		RateNKVRPerByte: o.rate}
 	if o.dir != "" {
 		res.Dir = o.dir
+	}
+	if c := s.capRes; c != nil {
+		c.SourceRequests, c.SourceBytes = s.src.requests.Load(), s.src.bytes.Load()
+		c.Coverage, c.CrossChecks, c.Unverified = s.d.Coverage(), st.CrossChecks, st.Unverified
+		res.Capacity = c
 	}
 
 	// End the sessions so that the hub writes their final rows, then wait
@@ -559,6 +716,14 @@ func printDemo(w io.Writer, r *demoResult) {
 	fmt.Fprintf(w, "tokens equal to a local decode: %s (%d tokens; logits bit-identical: %s)\n",
 		yes(r.TokensEqual), len(r.Tokens), yes(r.LogitsEqual))
 	fmt.Fprintf(w, "experts: %d computed by workers, %d locally\n", r.ExpertsRemote, r.ExpertsLocal)
+	if c := r.Capacity; c != nil {
+		fmt.Fprintf(w, "capacity: the backbone loaded a %d-byte backbone-only file (full model %d bytes, experts %d bytes, %d held here)\n",
+			c.BackboneBytes, c.FullBytes, c.ExpertBytes, c.LocalExperts)
+		fmt.Fprintf(w, "          workers downloaded their experts from %s (%d range requests, %d bytes), verified against the file's hashes\n",
+			c.SourceURL, c.SourceRequests, c.SourceBytes)
+		fmt.Fprintf(w, "          coverage: %d of %d experts held, replicas %v (index: holders), fewest %d; %d results cross-checked between replicas\n",
+			c.Coverage.Covered, c.Coverage.Experts, c.Coverage.ByReplicas, c.Coverage.MinReplicas, c.CrossChecks)
+	}
 	ratio := 0.0
 	if r.LocalTokS > 0 {
 		ratio = r.SwarmTokS / r.LocalTokS

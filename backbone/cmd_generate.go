@@ -87,6 +87,10 @@ func generateMain(args []string, stdout, stderr io.Writer) int {
 // --wait-workers workers are connected, and whatever no worker holds is
 // computed locally. With --provision, workers that announce a quota are
 // assigned experts and download them from the model file (swarmFlags).
+// A backbone-only --model (backbone slice --backbone-only) needs
+// --dispatch-listen: its experts are computed only by workers, and a step
+// that finds no worker holding an expert waits --holder-wait, then fails
+// the decode with an error naming the layer and experts (exit 1).
 // Loading, the swarm and the decode loop are package run's (backbone/run).
 func generateMainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
@@ -151,6 +155,11 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	defer lm.Close()
 	lm.Engine().SetThreads(*threads)
+	if *dispatchListen == "" {
+		if err := lm.CheckLocal(); err != nil {
+			return fail(err)
+		}
+	}
 	var d *dispatch.Dispatcher
 	if *dispatchListen != "" {
 		log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

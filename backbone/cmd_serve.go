@@ -78,6 +78,12 @@ type serveExperts struct {
 	Computer expert.Computer
 	// Stats, when set, feeds the swarm metrics (serve.NewSwarmCollector).
 	Stats func() dispatch.Stats
+	// Coverage, when set, feeds /v1/models, the coverage metrics
+	// (serve.NewCoverageCollector) and the 503 of a missing holder.
+	Coverage func() dispatch.Coverage
+	// HolderWait is the swarm's holder wait, the Retry-After of that 503
+	// (0: serve's default).
+	HolderWait time.Duration
 	// Close releases what Computer holds (listeners, sessions); may be nil.
 	Close func() error
 	// Describe is a one-line summary for the log.
@@ -92,9 +98,14 @@ type serveExperts struct {
 // worker links and falls back to lm's local experts for whatever no worker
 // holds or returns in time. It prints "serve: dispatch listening on
 // HOST:PORT (model id ...)" to stderr before waiting up to --wait-timeout
-// for --wait-workers.
+// for --wait-workers. A backbone-only model needs --dispatch-listen
+// (run.ErrNeedsSwarm otherwise): its experts are computed by workers only,
+// and a step no worker can serve within --holder-wait answers 503.
 func serveExpertsFor(ctx context.Context, lm *run.Model, o serveOptions, log *slog.Logger, stderr io.Writer) (*serveExperts, error) {
 	if o.dispatchListen == "" {
+		if err := lm.CheckLocal(); err != nil {
+			return nil, err
+		}
 		return &serveExperts{Describe: "experts: local"}, nil
 	}
 	sc := o.swarm.config(o.dispatchListen, log)
@@ -105,8 +116,12 @@ func serveExpertsFor(ctx context.Context, lm *run.Model, o serveOptions, log *sl
 	if err != nil {
 		return nil, err
 	}
-	return &serveExperts{Computer: d, Stats: d.Stats, Close: d.Close,
-		Describe: fmt.Sprintf("experts: swarm, dispatch listener %s (model id %q), local fallback", d.Addr(), lm.ID())}, nil
+	where := "local fallback"
+	if bo := lm.BackboneOnly(); bo != nil {
+		where = fmt.Sprintf("backbone-only: %d of %d experts here, the rest on workers", len(bo.Hot), bo.NLayer*bo.NExpert)
+	}
+	return &serveExperts{Computer: d, Stats: d.Stats, Coverage: d.Coverage, Close: d.Close, HolderWait: o.swarm.holderWait,
+		Describe: fmt.Sprintf("experts: swarm, dispatch listener %s (model id %q), %s", d.Addr(), lm.ID(), where)}, nil
 }
 
 // serveMain runs backbone serve until ctx ends:
@@ -227,6 +242,11 @@ func serveAPI(ctx context.Context, lm *run.Model, ex *serveExperts, o serveOptio
 			return err
 		}
 	}
+	if ex.Coverage != nil {
+		if err := reg.Register(serve.NewCoverageCollector(ex.Coverage)); err != nil {
+			return err
+		}
+	}
 	stateMemory, _ := parseBytes(o.stateMemory) // checked by checkAPIFlags
 	queue := o.queue
 	if queue == 0 {
@@ -234,7 +254,7 @@ func serveAPI(ctx context.Context, lm *run.Model, ex *serveExperts, o serveOptio
 	}
 	s, err := serve.New(serve.Config{Model: m, Lanes: lanes, Experts: ex.Computer, Tokenizer: tok, ModelID: id, Chat: chat, ChatErr: chatErr,
 		APIKey: o.apiKey, MaxBatchRows: o.maxBatch, MaxSeqs: o.maxSeqs, QueueSize: queue, StateMemory: stateMemory,
-		Registry: reg, Logger: log})
+		Registry: reg, Logger: log, Coverage: ex.Coverage, HolderRetryAfter: ex.HolderWait})
 	if err != nil {
 		return err
 	}

@@ -127,11 +127,16 @@ func runWorker(args []string) int {
 	modelID := fs.String("model-id", "", "model id announced to the backbone (default: the slice's model id, engine/slice.ModelID)")
 	modelTiny := fs.Bool("model-tiny", false, "serve the experts of the embedded tiny model (the default model of backbone generate and demo) instead of --slice")
 	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with optional KiB/MiB/GiB suffix; the backbone assigns experts and the worker downloads them (issue 6)")
+	source := fs.String("model-source", "", "with --quota: http(s) URL of the full model GGUF to download assigned experts from instead of the one the backbone names (a mirror); bytes are verified against the backbone's hashes either way")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *quotaFlag != "" {
-		return runSliceWorker(*gw, *slice, *quotaFlag, *caFile, *keyFile, *threads)
+		return runSliceWorker(*gw, *slice, *quotaFlag, *caFile, *keyFile, *source, *threads)
+	}
+	if *source != "" {
+		fmt.Fprintln(os.Stderr, "worker: --model-source needs --quota")
+		return 2
 	}
 	if *gw == "" || (*slice == "") == !*modelTiny {
 		fmt.Fprintln(os.Stderr, "worker: --gateway and one of --slice or --model-tiny are required")
@@ -253,7 +258,7 @@ func parseBytes(s string) (int64, error) {
 // runSliceWorker: backbone worker --gateway URL --slice DIR --quota 64MiB:
 // a worker that keeps a downloaded slice in DIR (engine/worker
 // Config.SliceDir), starting from an empty or missing folder.
-func runSliceWorker(gw, dir, quotaFlag, caFile, keyFile string, threads int) int {
+func runSliceWorker(gw, dir, quotaFlag, caFile, keyFile, source string, threads int) int {
 	quota, err := parseBytes(quotaFlag)
 	if err != nil || gw == "" || dir == "" {
 		fmt.Fprintln(os.Stderr, "worker: --quota needs --gateway, a --slice directory and a byte count:", err)
@@ -270,7 +275,7 @@ func runSliceWorker(gw, dir, quotaFlag, caFile, keyFile string, threads int) int
 		return 1
 	}
 	w, err := worker.New(worker.Config{GatewayURL: gw, Key: key, RootCAs: pool, SliceDir: dir, Quota: quota,
-		Backend: "cpu-" + runtime.GOARCH, Threads: threads})
+		Source: source, Backend: "cpu-" + runtime.GOARCH, Threads: threads})
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "worker: slice: ") {
 			err = fmt.Errorf("--slice %s: %s", dir, strings.TrimPrefix(err.Error(), "worker: slice: "))
@@ -286,9 +291,9 @@ func runSliceWorker(gw, dir, quotaFlag, caFile, keyFile string, threads int) int
 	defer stop()
 	go every(ctx, 10*time.Second, func() {
 		s := w.Stats()
-		fmt.Fprintf(os.Stderr, "worker: %s %s experts=%d download=%d/%d bytes %d/%d experts slice=%d/%d rows=%d\n",
+		fmt.Fprintf(os.Stderr, "worker: %s %s experts=%d download=%d/%d bytes %d/%d experts slice=%d/%d rows=%d source_requests=%d source_failures=%d\n",
 			s.State, s.Reason, s.Experts, s.DownloadBytesDone, s.DownloadBytesTotal, s.DownloadExpertsDone,
-			s.DownloadExpertsTotal, s.SliceBytes, s.Quota, s.Rows)
+			s.DownloadExpertsTotal, s.SliceBytes, s.Quota, s.Rows, s.SourceRequests, s.SourceFailures)
 	})
 	_ = w.Run(ctx)
 	return 0

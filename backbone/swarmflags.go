@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
@@ -12,7 +14,8 @@ import (
 )
 
 // swarmFlags are the dispatcher flags that generate, serve and demo share:
-// the deadline floor, provisioning (issue 6) and verification (issue 11).
+// the deadline floor, provisioning (issue 6), verification (issue 11), the
+// model source and the holder wait (issue 12).
 type swarmFlags struct {
 	minDeadline time.Duration
 	provision   bool
@@ -24,10 +27,13 @@ type swarmFlags struct {
 	tolerance float64       // --check-tolerance
 	banFile   string        // --ban-file
 	banFor    time.Duration // --ban-for
+
+	modelSource string        // --model-source: URL workers fetch expert bytes from
+	holderWait  time.Duration // --holder-wait
 }
 
-// addSwarmFlags registers --min-deadline, --provision and --provision-rate
-// on fs.
+// addSwarmFlags registers --min-deadline, --provision, --provision-rate,
+// the --check-* and --ban-* flags, --model-source and --holder-wait on fs.
 func addSwarmFlags(fs *flag.FlagSet) *swarmFlags {
 	sf := &swarmFlags{}
 	fs.DurationVar(&sf.minDeadline, "min-deadline", 0, "with a swarm: lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
@@ -38,6 +44,8 @@ func addSwarmFlags(fs *flag.FlagSet) *swarmFlags {
 	fs.Float64Var(&sf.tolerance, "check-tolerance", dispatch.DefaultTolerance, "with a swarm: relative bound per output row for workers declaring a non-CPU backend (CPU: exact bits); negative: accept CPU workers only")
 	fs.StringVar(&sf.banFile, "ban-file", dispatch.DefaultBanFile(), "with a swarm: worker keys caught lying, kept across restarts (\"\": in memory only)")
 	fs.DurationVar(&sf.banFor, "ban-for", dispatch.DefaultBanFor, "with a swarm: how long a worker key caught lying is refused")
+	fs.StringVar(&sf.modelSource, "model-source", "", "with --provision: http(s) URL of the full model GGUF; workers fetch their experts' byte ranges from it (a backbone-only --model: default its stored URL)")
+	fs.DurationVar(&sf.holderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
 	return sf
 }
 
@@ -48,6 +56,15 @@ func (sf *swarmFlags) check() error {
 		return fmt.Errorf("--provision-rate: %w", err)
 	}
 	sf.rateBytes = n
+	if sf.modelSource != "" && !strings.HasPrefix(sf.modelSource, "http://") && !strings.HasPrefix(sf.modelSource, "https://") {
+		return fmt.Errorf("--model-source %q: want an http:// or https:// URL", sf.modelSource)
+	}
+	if sf.modelSource != "" && !sf.provision {
+		return errors.New("--model-source needs --provision")
+	}
+	if sf.holderWait <= 0 {
+		return fmt.Errorf("--holder-wait %v: want > 0", sf.holderWait)
+	}
 	if sf.probation < 0 || sf.checkRate < 0 || sf.checkRate > 1 || sf.tolerance == 0 || sf.banFor <= 0 {
 		return fmt.Errorf("--check-probation >= 0, --check-rate in [0, 1], --check-tolerance != 0 and --ban-for > 0 (got %d, %g, %g, %v)",
 			sf.probation, sf.checkRate, sf.tolerance, sf.banFor)
@@ -59,7 +76,7 @@ func (sf *swarmFlags) check() error {
 // logging to log; the caller adds Workers and Listening.
 func (sf *swarmFlags) config(listen string, log *slog.Logger) run.SwarmConfig {
 	return run.SwarmConfig{Listen: listen, Logger: log, MinDeadline: sf.minDeadline,
-		Provision: sf.provision, ProvisionRate: sf.rateBytes, Tune: sf.tune}
+		Provision: sf.provision, ProvisionRate: sf.rateBytes, Source: sf.modelSource, HolderWait: sf.holderWait, Tune: sf.tune}
 }
 
 // tune sets the verification flags on the dispatcher's configuration (0

@@ -12,6 +12,9 @@
 package run
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
@@ -26,6 +29,7 @@ type Model struct {
 	m   *model.Model
 	tok *tokenizer.Tokenizer
 	id  string
+	bo  *slice.BackboneOnly // set for a backbone-only file
 }
 
 // Load opens the GGUF file at path (mapped), or the embedded tiny model
@@ -60,8 +64,12 @@ func OpenFile(path string) (*gguf.File, error) {
 }
 
 // FromFile loads model and tokenizer from the open file f, which the
-// result's Close closes; on error the caller still owns f. Errors are
-// those of model.Load and tokenizer.FromGGUF.
+// result's Close closes; on error the caller still owns f. A backbone-only
+// file (engine/slice.WriteBackboneOnly) loads with only its hot experts,
+// which are checked against its stored hashes; its ID is the full model's.
+// Errors are those of model.Load, tokenizer.FromGGUF and
+// slice.ReadBackboneOnly, or slice.ErrCorrupt for a hot expert whose bytes
+// differ from its hash.
 func FromFile(f *gguf.File) (*Model, error) {
 	m, err := model.Load(f)
 	if err != nil {
@@ -72,7 +80,33 @@ func FromFile(f *gguf.File) (*Model, error) {
 		return nil, err
 	}
 	id, _ := slice.ModelID(f)
-	return &Model{f: f, m: m, tok: tok, id: id}, nil
+	lm := &Model{f: f, m: m, tok: tok, id: id}
+	if slice.IsBackboneOnly(f) {
+		if lm.bo, err = slice.ReadBackboneOnly(f); err != nil {
+			return nil, err
+		}
+		if err := lm.bo.CheckHot(m.LocalExperts().Layer); err != nil {
+			return nil, err
+		}
+		lm.id = lm.bo.ModelID
+	}
+	return lm, nil
+}
+
+// BackboneOnly describes the full model a backbone-only file stands for
+// (its experts' hashes, sizes and byte ranges); nil for a full file.
+func (m *Model) BackboneOnly() *slice.BackboneOnly { return m.bo }
+
+// ErrNeedsSwarm is returned by CheckLocal for a backbone-only model.
+var ErrNeedsSwarm = errors.New("the model file is backbone-only (its routed experts live on workers): serve it with --dispatch-listen")
+
+// CheckLocal returns ErrNeedsSwarm (wrapped, with the expert count) when m
+// cannot decode with its own experts alone: a backbone-only file.
+func (m *Model) CheckLocal() error {
+	if m.bo == nil {
+		return nil
+	}
+	return fmt.Errorf("%w (%d of %d experts held here)", ErrNeedsSwarm, len(m.bo.Hot), m.bo.NLayer*m.bo.NExpert)
 }
 
 // File is the model's GGUF file: its metadata, and the tensors slices,
@@ -88,7 +122,8 @@ func (m *Model) Engine() *model.Model { return m.m }
 func (m *Model) Tokenizer() *tokenizer.Tokenizer { return m.tok }
 
 // ID is the model id workers announce in HELLO (engine/slice.ModelID of
-// the file); "" if the file has none.
+// the file, or of the full model for a backbone-only file); "" if the file
+// has none.
 func (m *Model) ID() string { return m.id }
 
 // Close closes the model's file; the engine model must not be used after.

@@ -2,6 +2,7 @@ package run
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -33,6 +34,15 @@ type SwarmConfig struct {
 	// ProvisionRate bounds the expert bytes sent to one worker, bytes/s; 0
 	// is unlimited.
 	ProvisionRate int64
+	// Source is the model source announced to provisioned workers: the
+	// http(s) URL of the full model file, from which they fetch their
+	// experts' byte ranges (dispatch.Config.Source). "" uses a
+	// backbone-only file's stored URL, or CHUNKs from a full file.
+	Source string
+	// HolderWait bounds how long a step waits for a worker holding an
+	// expert the backbone cannot compute (dispatch.Config.HolderWait); 0
+	// is dispatch's default.
+	HolderWait time.Duration
 	// Logger is the dispatcher's logger (nil: dispatch's default).
 	Logger *slog.Logger
 	// Tune, if set, has the last word on the dispatcher's configuration,
@@ -49,6 +59,13 @@ type SwarmConfig struct {
 // computed once per expert on first use), and computes with m's local
 // experts whatever no worker delivers in time. The caller installs it with
 // m.Engine().SetExperts.
+//
+// For a backbone-only m the hashes are the file's stored ones, the local
+// experts are only its hot ones (dispatch.Config.LocalHeld): every other
+// pair is computed by workers, verified by replica comparison, and waited
+// for (HolderWait) when no worker holds it. With Provision its catalog has
+// no bytes: workers fetch them from the model source (Source, else the
+// file's stored URL; an error if neither).
 //
 // Errors: "provisioning catalog" wrapping slice.NewCatalog's, those of
 // dispatch.New and Start, or "waiting for N workers" wrapping
@@ -84,6 +101,9 @@ func StartSwarm(ctx context.Context, m *Model, c SwarmConfig) (*dispatch.Dispatc
 func dispatcherConfig(m *Model, c SwarmConfig) (dispatch.Config, error) {
 	p := m.m.Params()
 	local := m.m.LocalExperts()
+	if m.bo != nil {
+		return backboneOnlyConfig(m, c)
+	}
 	var mu sync.Mutex
 	hashes := map[[2]int][32]byte{}
 	cfg := dispatch.Config{Listen: c.Listen, Fallback: local, Logger: c.Logger,
@@ -112,7 +132,43 @@ func dispatcherConfig(m *Model, c SwarmConfig) (dispatch.Config, error) {
 		if err != nil {
 			return dispatch.Config{}, fmt.Errorf("provisioning catalog: %w", err)
 		}
-		cfg.Catalog, cfg.RateLimit = cat, float64(c.ProvisionRate)
+		cfg.Catalog, cfg.RateLimit, cfg.Source = cat, float64(c.ProvisionRate), c.Source
+	}
+	cfg.HolderWait = c.HolderWait
+	if c.Tune != nil {
+		c.Tune(&cfg)
+	}
+	return cfg, nil
+}
+
+// backboneOnlyConfig is dispatcherConfig for a backbone-only m.
+func backboneOnlyConfig(m *Model, c SwarmConfig) (dispatch.Config, error) {
+	p := m.m.Params()
+	local := m.m.LocalExperts()
+	bo := m.bo
+	cfg := dispatch.Config{Listen: c.Listen, Fallback: local, Logger: c.Logger, HolderWait: c.HolderWait,
+		Model:      dispatch.Model{ID: m.id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.ExpertLayers, NExpert: p.Experts},
+		ExpertHash: bo.Sum,
+		LocalHeld: func(l, e int) bool {
+			ly := local.Layer(l)
+			return ly != nil && ly.Held(e)
+		}}
+	if c.MinDeadline > 0 {
+		cfg.MinDeadline = c.MinDeadline
+		cfg.MaxDeadline = max(cfg.MaxDeadline, c.MinDeadline, 5*time.Second)
+	}
+	if c.Provision {
+		cat, err := slice.NewBackboneCatalog(bo)
+		if err != nil {
+			return dispatch.Config{}, fmt.Errorf("provisioning catalog: %w", err)
+		}
+		cfg.Catalog, cfg.RateLimit, cfg.Source = cat, float64(c.ProvisionRate), c.Source
+		if cfg.Source == "" {
+			cfg.Source = bo.SourceURL
+		}
+		if cfg.Source == "" {
+			return dispatch.Config{}, errors.New("provisioning a backbone-only model needs a model source: --model-source URL of the full GGUF (this file stores none)")
+		}
 	}
 	if c.Tune != nil {
 		c.Tune(&cfg)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/model"
 )
 
@@ -70,8 +71,12 @@ func badRequest(param, code, format string, a ...any) *apiError {
 // or parameters or a prompt longer than the context, 401 missing API key
 // (when Config.APIKey is set), 404 unknown model or
 // path, 405 wrong method, 413 body over MaxBodyBytes, 429 (with
-// Retry-After) when the queue is full, 503 while closing, 500 when the
-// forward pass fails.
+// Retry-After) when the queue is full, 503 while closing, 503 (with
+// Retry-After and the count of experts no worker holds) when a step found
+// no worker holding an expert it needs (dispatch.ErrNoHolder: the swarm
+// waited for one, then gave up), 500 when the forward pass fails otherwise.
+// A streamed request's status is sent with its first token, so an error
+// before any token is an HTTP error, not an event.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/completions", s.count("completions", s.handleGenerate(s.parseCompletion, false)))
@@ -176,9 +181,18 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.modelObject())
 }
 
+// modelObject is the served model as /v1/models lists it; with a swarm it
+// carries "kvasir_coverage": which routed experts are computed where
+// (dispatch.Coverage).
 func (s *Server) modelObject() map[string]any {
-	return map[string]any{"id": s.cfg.ModelID, "object": "model", "created": 0, "owned_by": "kvasir",
+	o := map[string]any{"id": s.cfg.ModelID, "object": "model", "created": 0, "owned_by": "kvasir",
 		"context_length": s.p.Context}
+	if s.cfg.Coverage != nil {
+		cv := s.cfg.Coverage()
+		o["kvasir_coverage"] = map[string]any{"experts": cv.Experts, "local": cv.Local, "covered": cv.Covered,
+			"missing": cv.Missing, "by_replicas": cv.ByReplicas, "min_replicas": cv.MinReplicas}
+	}
+	return o
 }
 
 func (s *Server) unknownModel(id string) *apiError {
@@ -517,9 +531,25 @@ func (s *Server) submitError(w http.ResponseWriter, err error) *apiError {
 	return newAPIError(http.StatusInternalServerError, "server_error", "", "", "%v", err)
 }
 
-func finishError(d Delta) *apiError {
+// finishError maps the error that ended a generation to an API error; for a
+// missing expert holder it sets Retry-After on w.
+func (s *Server) finishError(w http.ResponseWriter, d Delta) *apiError {
 	if errors.Is(d.Err, ErrClosed) {
 		return newAPIError(http.StatusServiceUnavailable, "server_error", "", "shutting_down", "the server is shutting down")
+	}
+	var me *dispatch.MissingError
+	if errors.As(d.Err, &me) {
+		secs := max(1, int(math.Ceil(s.cfg.HolderRetryAfter.Seconds())))
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		missing := ""
+		if s.cfg.Coverage != nil {
+			cv := s.cfg.Coverage()
+			missing = fmt.Sprintf("; %d of the model's %d (layer, expert) pairs have no connected holder now", cv.Missing, cv.Experts)
+			w.Header().Set("X-Kvasir-Missing-Experts", strconv.Itoa(cv.Missing))
+		}
+		return newAPIError(http.StatusServiceUnavailable, "server_error", "", "no_expert_holder",
+			"no connected worker holds %d (layer, expert) pair(s) this step needed (layer %d, waited %v)%s; retry after %d s",
+			len(me.Experts), me.Layer, me.Waited.Round(time.Millisecond), missing, secs)
 	}
 	return newAPIError(http.StatusInternalServerError, "server_error", "", "", "generation failed: %v", d.Err)
 }
@@ -553,7 +583,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 				continue
 			}
 			if d.Finish == FinishError || d.Finish == FinishCancelled {
-				writeError(w, finishError(d))
+				writeError(w, s.finishError(w, d))
 				return
 			}
 			choice := map[string]any{"index": 0, "finish_reason": d.Finish, "logprobs": nil}
@@ -569,6 +599,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 		}
 	}
 
+	// The status goes with the first delta: a generation that fails before
+	// its first token (no expert holder) is an HTTP error.
+	first, err := st.Next(ctx)
+	if err != nil {
+		return
+	}
+	if first.Done && (first.Finish == FinishError || first.Finish == FinishCancelled) && first.Text == "" {
+		writeError(w, s.finishError(w, first))
+		return
+	}
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -625,16 +665,19 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 	if chat && !send(chunk("", nil, true)) {
 		return
 	}
+	next := &first
 	for {
-		d, err := st.Next(ctx)
-		if err != nil {
+		var d Delta
+		if next != nil {
+			d, next = *next, nil
+		} else if d, err = st.Next(ctx); err != nil {
 			return
 		}
 		if d.Done && (d.Finish == FinishError || d.Finish == FinishCancelled) {
 			if d.Text != "" {
 				send(chunk(d.Text, nil, false))
 			}
-			send(map[string]any{"error": finishError(d)})
+			send(map[string]any{"error": s.finishError(w, d)})
 			return
 		}
 		if d.Text != "" && !send(chunk(d.Text, nil, false)) {

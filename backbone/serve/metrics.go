@@ -1,6 +1,8 @@
 package serve
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
@@ -80,6 +82,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 //	kvasir_swarm_banned_refusals_total            HELLOs refused because the key is banned
 //	kvasir_swarm_banned_workers                   keys banned now
 //	kvasir_swarm_failovers_total                  replica requests sent for a failed request's pairs
+//	kvasir_swarm_cross_checks_total               requests verified by replica comparison (issue 12)
+//	kvasir_swarm_disputes_total                   replica comparisons that differed (a third holder decides)
+//	kvasir_swarm_unverified_outputs_total         outputs chosen for a check nothing could check
+//	kvasir_swarm_holder_waits_total               steps that waited for a worker holding an expert
+//	kvasir_swarm_holder_wait_seconds_total        time steps spent waiting for holders
+//	kvasir_swarm_no_holder_failures_total         steps failed after the wait (HTTP 503)
+//	kvasir_swarm_plan_uncovered_experts           experts the assignment could not place (quotas too small)
 //
 // worker is the first 16 hex digits of the worker's public key. Sessions
 // that ended stay (the dispatcher keeps up to 256) so their counters do not
@@ -91,6 +100,8 @@ type SwarmCollector struct {
 	wRTT, wConnected, wHoldings                    *prometheus.Desc
 	checks, mismatches, checkSecs, refusedBanned   *prometheus.Desc
 	banned, failovers                              *prometheus.Desc
+	crossChecks, disputes, unverified              *prometheus.Desc
+	holderWaits, holderWaitSecs, noHolder, planUnc *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*SwarmCollector)(nil)
@@ -104,23 +115,30 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 	}
 	wl := []string{"worker", "session"}
 	return &SwarmCollector{stats: stats,
-		calls:         d("calls_total", "Expert computations requested by the backbone (one per MoE layer and step)."),
-		outputs:       d("expert_outputs_total", "Expert (row, slot) outputs used, by where they were computed.", "where"),
-		fallbacks:     d("fallbacks_total", "Worker requests whose outputs were recomputed locally (late, failed or refused)."),
-		wRequests:     d("worker_requests_total", "DISPATCH frames sent to the worker.", wl...),
-		wRoundTrips:   d("worker_round_trips_total", "Round trips completed: RESULTs accepted from the worker.", wl...),
-		wMisses:       d("worker_deadline_misses_total", "Requests to the worker that passed their deadline.", wl...),
-		wLate:         d("worker_late_total", "RESULTs that arrived after their deadline and were dropped.", wl...),
-		wBytes:        d("worker_bytes_total", "Message bytes exchanged with the worker (in: from it, out: to it).", append(wl, "dir")...),
-		wRTT:          d("worker_rtt_seconds", "Recent round trip to the worker, seconds.", append(wl, "quantile")...),
-		wConnected:    d("worker_connected", "1 while the worker session is connected, 0 after it ended.", wl...),
-		wHoldings:     d("worker_holdings", "(layer, expert) pairs of the worker accepted by the dispatcher (hash checked).", wl...),
-		checks:        d("checks_total", "Worker results verified against a local recomputation."),
-		mismatches:    d("check_mismatches_total", "Checked worker results that differed: replaced, forfeited, key banned."),
-		checkSecs:     d("check_seconds_total", "Local compute time spent on verification references, seconds."),
-		refusedBanned: d("banned_refusals_total", "Worker HELLOs refused because the key is banned."),
-		banned:        d("banned_workers", "Worker keys banned now."),
-		failovers:     d("failovers_total", "Replica requests sent for the pairs of a failed worker request."),
+		calls:          d("calls_total", "Expert computations requested by the backbone (one per MoE layer and step)."),
+		outputs:        d("expert_outputs_total", "Expert (row, slot) outputs used, by where they were computed.", "where"),
+		fallbacks:      d("fallbacks_total", "Worker requests whose outputs were recomputed locally (late, failed or refused)."),
+		wRequests:      d("worker_requests_total", "DISPATCH frames sent to the worker.", wl...),
+		wRoundTrips:    d("worker_round_trips_total", "Round trips completed: RESULTs accepted from the worker.", wl...),
+		wMisses:        d("worker_deadline_misses_total", "Requests to the worker that passed their deadline.", wl...),
+		wLate:          d("worker_late_total", "RESULTs that arrived after their deadline and were dropped.", wl...),
+		wBytes:         d("worker_bytes_total", "Message bytes exchanged with the worker (in: from it, out: to it).", append(wl, "dir")...),
+		wRTT:           d("worker_rtt_seconds", "Recent round trip to the worker, seconds.", append(wl, "quantile")...),
+		wConnected:     d("worker_connected", "1 while the worker session is connected, 0 after it ended.", wl...),
+		wHoldings:      d("worker_holdings", "(layer, expert) pairs of the worker accepted by the dispatcher (hash checked).", wl...),
+		checks:         d("checks_total", "Worker results verified against a local recomputation."),
+		mismatches:     d("check_mismatches_total", "Checked worker results that differed: replaced, forfeited, key banned."),
+		checkSecs:      d("check_seconds_total", "Local compute time spent on verification references, seconds."),
+		refusedBanned:  d("banned_refusals_total", "Worker HELLOs refused because the key is banned."),
+		banned:         d("banned_workers", "Worker keys banned now."),
+		failovers:      d("failovers_total", "Replica requests sent for the pairs of a failed worker request."),
+		crossChecks:    d("cross_checks_total", "Worker requests verified by replica comparison (sent to two holders)."),
+		disputes:       d("disputes_total", "Replica comparisons whose outputs differed (a third holder decides)."),
+		unverified:     d("unverified_outputs_total", "Expert outputs chosen for a check that nothing could check (no local copy, no second holder)."),
+		holderWaits:    d("holder_waits_total", "Expert calls that waited for a worker holding an expert the backbone cannot compute."),
+		holderWaitSecs: d("holder_wait_seconds_total", "Time expert calls spent waiting for holders, seconds."),
+		noHolder:       d("no_holder_failures_total", "Expert calls failed because no worker held an expert within the holder wait."),
+		planUnc:        d("plan_uncovered_experts", "Experts the last assignment could not give to any worker (the quotas are too small)."),
 	}
 }
 
@@ -128,7 +146,7 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
 		c.wLate, c.wBytes, c.wRTT, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
-		c.banned, c.failovers} {
+		c.banned, c.failovers, c.crossChecks, c.disputes, c.unverified, c.holderWaits, c.holderWaitSecs, c.noHolder, c.planUnc} {
 		ch <- d
 	}
 }
@@ -154,6 +172,13 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 	cv(c.refusedBanned, st.RefusedBanned)
 	emit(c.banned, prometheus.GaugeValue, float64(st.Banned))
 	cv(c.failovers, st.Failovers)
+	cv(c.crossChecks, st.CrossChecks)
+	cv(c.disputes, st.Disputes)
+	cv(c.unverified, st.Unverified)
+	cv(c.holderWaits, st.HolderWaits)
+	emit(c.holderWaitSecs, prometheus.CounterValue, st.HolderWaitTime.Seconds())
+	cv(c.noHolder, st.NoHolderFailures)
+	emit(c.planUnc, prometheus.GaugeValue, float64(st.PlanUncovered))
 	seen := map[[2]string]bool{}
 	for _, w := range st.Workers {
 		id := w.ID
@@ -180,4 +205,56 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(c.wConnected, prometheus.GaugeValue, conn, id, w.Session)
 		emit(c.wHoldings, prometheus.GaugeValue, float64(w.Holdings), id, w.Session)
 	}
+}
+
+// CoverageCollector exports which routed experts the swarm covers
+// (dispatch.Coverage, read at each scrape):
+//
+//	kvasir_swarm_experts{state}              (layer, expert) pairs, state = local | held | missing
+//	kvasir_swarm_expert_replicas{replicas}   pairs held by exactly that many connected workers
+//	kvasir_swarm_expert_min_replicas         fewest workers holding a pair the backbone cannot compute (-1: it computes all)
+//
+// held counts the pairs the backbone cannot compute that at least one
+// worker holds; missing the ones none holds (a step routed to one waits,
+// then answers 503).
+type CoverageCollector struct {
+	cov                         func() dispatch.Coverage
+	experts, replicas, minRepls *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*CoverageCollector)(nil)
+
+// NewCoverageCollector returns a collector over cov (typically
+// (*dispatch.Dispatcher).Coverage).
+func NewCoverageCollector(cov func() dispatch.Coverage) *CoverageCollector {
+	return &CoverageCollector{cov: cov,
+		experts: prometheus.NewDesc("kvasir_swarm_experts", "Routed (layer, expert) pairs by where they are computed: local (the backbone), held (by a worker), missing (nowhere).",
+			[]string{"state"}, nil),
+		replicas: prometheus.NewDesc("kvasir_swarm_expert_replicas", "Routed (layer, expert) pairs held by exactly this many connected workers.",
+			[]string{"replicas"}, nil),
+		minRepls: prometheus.NewDesc("kvasir_swarm_expert_min_replicas", "Fewest connected workers holding a pair the backbone cannot compute (-1: it computes every pair).",
+			nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *CoverageCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.experts
+	ch <- c.replicas
+	ch <- c.minRepls
+}
+
+// Collect implements prometheus.Collector.
+func (c *CoverageCollector) Collect(ch chan<- prometheus.Metric) {
+	cv := c.cov()
+	g := func(d *prometheus.Desc, v int, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), l...)
+	}
+	g(c.experts, cv.Local, "local")
+	g(c.experts, cv.Covered-cv.Local, "held")
+	g(c.experts, cv.Missing, "missing")
+	for n, v := range cv.ByReplicas {
+		g(c.replicas, v, strconv.Itoa(n))
+	}
+	g(c.minRepls, cv.MinReplicas)
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
@@ -96,6 +97,14 @@ type Config struct {
 	// RetryAfter is the Retry-After of a 429, rounded up to whole seconds;
 	// default 1 s.
 	RetryAfter time.Duration
+	// HolderRetryAfter is the Retry-After of a 503 for a step that found
+	// no worker holding an expert it needs (dispatch.ErrNoHolder), rounded
+	// up to whole seconds; default 30 s.
+	HolderRetryAfter time.Duration
+	// Coverage, when set (a swarm), reports which experts workers hold:
+	// /v1/models shows it and a 503 for a missing holder counts the
+	// experts no worker holds.
+	Coverage func() dispatch.Coverage
 	// Registry receives the server's metrics (and /metrics serves it when it
 	// is also a prometheus.Gatherer); default a new prometheus.Registry.
 	Registry prometheus.Registerer
@@ -179,6 +188,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = time.Second
+	}
+	if cfg.HolderRetryAfter <= 0 {
+		cfg.HolderRetryAfter = 30 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

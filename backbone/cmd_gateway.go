@@ -5,12 +5,18 @@ import (
 	"crypto/tls"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
+	"github.com/kvasir-ai/kvasir/backbone/hub"
 )
 
 func init() {
@@ -18,7 +24,8 @@ func init() {
 }
 
 // runGateway: backbone gateway --listen 127.0.0.1:8443 --hub 127.0.0.1:7001
-// (--tls-cert C --tls-key K | --self-signed-out DIR) [--secret-file F].
+// (--tls-cert C --tls-key K | --self-signed-out DIR) [--secret-file F]
+// [--wallets FILE|postgres://...] [--metrics-listen 127.0.0.1:9102].
 func runGateway(args []string) int {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8443", "TLS address to listen on (443 in production)")
@@ -29,6 +36,7 @@ func runGateway(args []string) int {
 	hosts := fs.String("self-signed-hosts", "127.0.0.1,::1,localhost", "comma-separated names/IPs for --self-signed-out")
 	secretFile := fs.String("secret-file", "", "shared hub secret (hex); env KVASIR_HUB_SECRET_FILE; default as for hub")
 	credits := addCreditFlags(fs) // --wallets, --rate-nkvr-per-byte (cmd_ledger.go)
+	metricsListen := fs.String("metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics (a loopback or private address; \"\": off; never on the public TLS listener)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -55,6 +63,8 @@ func runGateway(args []string) int {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		return 1
 	}
+	reg := prometheus.NewRegistry()
+	credits.registry = reg
 	extra, stopCredit, err := credits.start(context.Background(), *hubAddr, secret, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gateway: "+f+"\n", a...) })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
@@ -62,13 +72,30 @@ func runGateway(args []string) int {
 	}
 	defer stopCredit()
 	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Extra: extra})
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Extra: extra, Registry: reg})
 	if err == nil {
 		err = g.Start()
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	if *metricsListen != "" {
+		if err := hub.CheckListenAddr(*metricsListen, false); err != nil {
+			fmt.Fprintln(os.Stderr, "gateway: --metrics-listen:", err)
+			return 1
+		}
+		ln, err := net.Listen("tcp", *metricsListen)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gateway: --metrics-listen:", err)
+			return 1
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", g.MetricsHandler())
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(ln) }()
+		defer msrv.Close()
+		fmt.Fprintf(os.Stderr, "gateway: metrics on http://%s/metrics\n", ln.Addr())
 	}
 	fmt.Fprintf(os.Stderr, "gateway: listening on %s (TLS), hub %s\n", g.Addr(), *hubAddr)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

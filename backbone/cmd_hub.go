@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
+	"github.com/kvasir-ai/kvasir/backbone/pgstore"
 )
 
 func init() {
@@ -20,14 +21,15 @@ func init() {
 }
 
 // runHub: backbone hub --listen 127.0.0.1:7001 --backbone 127.0.0.1:7002
-// [--secret-file F] [--ledger FILE] [--allow-public] [--settle 30s]
-// [--settle-results 64].
+// [--secret-file F] [--ledger FILE|postgres://...] [--allow-public]
+// [--settle 30s] [--settle-results 64]. Prometheus metrics are on the
+// listener's /metrics.
 func runHub(args []string) int {
 	fs := flag.NewFlagSet("hub", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7001", "address to listen on (loopback or private unless --allow-public)")
 	backbone := fs.String("backbone", "127.0.0.1:7002", "the backbone's dispatch listener (host:port)")
 	secretFile := fs.String("secret-file", "", "shared gateway secret (hex); env KVASIR_HUB_SECRET_FILE; default "+hub.DefaultSecretFile()+" (created if missing)")
-	ledgerFile := fs.String("ledger", "hub-ledger.sqlite", "SQLite contribution ledger (\"\" to keep counts in memory only)")
+	ledgerFile := fs.String("ledger", "hub-ledger.sqlite", "contribution ledger: an SQLite file, or a postgres:// URL of a database several hubs share (password: PGPASSWORD or ~/.pgpass); \"\" to keep counts in memory only")
 	allowPublic := fs.Bool("allow-public", false, "allow listening on a public address")
 	settle := fs.Duration("settle", hub.DefaultSettleDelay, "hold creditable bytes back from the ledger this long (a verification failure forfeits what is held; docs/accounting.md); 0: none")
 	settleResults := fs.Int("settle-results", hub.DefaultSettleResults, "and until this many RESULTs of the session followed them; 0: none")
@@ -52,6 +54,7 @@ func runHub(args []string) int {
 			return 1
 		}
 		defer l.Close()
+		fmt.Fprintf(os.Stderr, "hub: ledger on %s (%s)\n", l.Store().Kind(), redactDSN(*ledgerFile))
 		cfg.Meter = l
 		cfg.Extra = map[string]http.Handler{ledger.Path: ledger.Handler(l, func(r *http.Request) bool { return hub.Authorized(r, secret) })}
 	}
@@ -69,7 +72,7 @@ func runHub(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintf(os.Stderr, "hub: listening on %s, backbone %s\n", h.Addr(), *backbone)
+	fmt.Fprintf(os.Stderr, "hub: listening on %s, backbone %s (metrics: http://%s%s)\n", h.Addr(), *backbone, h.Addr(), hub.MetricsPath)
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
 	for {
@@ -87,6 +90,15 @@ func runHub(args []string) int {
 			fmt.Fprintf(os.Stderr, "hub: %d open sessions\n", open)
 		}
 	}
+}
+
+// redactDSN hides the password of a postgres:// URL (a file path is
+// returned as it is).
+func redactDSN(path string) string {
+	if pgstore.IsURL(path) {
+		return pgstore.Redact(path)
+	}
+	return path
 }
 
 // loadSecret reads the gateway<->hub secret from path, $KVASIR_HUB_SECRET_FILE

@@ -14,6 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvasir-ai/kvasir/backbone/credit"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
@@ -46,17 +48,17 @@ type ledgerWorkerJSON struct {
 
 // ledgerMain implements
 //
-//	backbone ledger --db FILE [--json]
+//	backbone ledger --db FILE|postgres://... [--json]
 func ledgerMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ledger", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	db := fs.String("db", "", "ledger SQLite file (the hub's --ledger)")
+	db := fs.String("db", "", "the hub's --ledger: an SQLite file or a postgres:// URL (read only)")
 	asJSON := fs.Bool("json", false, `print {"workers":[{"id","bytes","rejected_bytes",...}]}`)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *db == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "ledger: --db FILE is required")
+		fmt.Fprintln(stderr, "ledger: --db FILE|postgres://... is required")
 		fs.Usage()
 		return 2
 	}
@@ -108,20 +110,20 @@ func addressOf(workerHex string) string {
 
 // walletsMain implements
 //
-//	backbone wallets --db FILE [--json]
+//	backbone wallets --db FILE|postgres://... [--json]
 //
-// printing the gateway's wallets file (its --wallets): per worker the
-// credited bytes and nKVR, and the crediting cursor.
+// printing the gateway's wallets (its --wallets): per worker the credited
+// bytes and nKVR, and the crediting cursor.
 func walletsMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("wallets", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	db := fs.String("db", "", "gateway wallets SQLite file (the gateway's --wallets)")
+	db := fs.String("db", "", "the gateway's --wallets: an SQLite file or a postgres:// URL (read only)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *db == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "wallets: --db FILE is required")
+		fmt.Fprintln(stderr, "wallets: --db FILE|postgres://... is required")
 		fs.Usage()
 		return 2
 	}
@@ -166,22 +168,25 @@ type creditFlags struct {
 	wallets *string
 	rate    *uint64
 	every   *time.Duration
+
+	registry prometheus.Registerer // receives the crediting metrics (nil: none)
 }
 
 // addCreditFlags registers the crediting flags on the gateway's flag set.
 func addCreditFlags(fs *flag.FlagSet) *creditFlags {
 	return &creditFlags{
-		wallets: fs.String("wallets", "", "SQLite wallets file: credit workers from the hub's ledger and serve /v1/wallet/ (\"\": no crediting)"),
+		wallets: fs.String("wallets", "", "wallets: an SQLite file, or a postgres:// URL of a database several gateways share (password: PGPASSWORD or ~/.pgpass); credit workers from the hub's ledger and serve /v1/wallet/ (\"\": no crediting)"),
 		rate:    fs.Uint64("rate-nkvr-per-byte", walletapi.DefaultRateNKVRPerByte, "price in nKVR per creditable byte (7 = 0.007 KVR per 10^6 bytes)"),
 		every:   fs.Duration("credit-every", time.Second, "how often to poll the hub's ledger"),
 	}
 }
 
-// start opens the wallets file and credits from the hub's ledger at hubAddr
-// ("host:port" or a URL) every --credit-every until ctx is done, signing
-// its ledger requests with the shared hub secret. It returns the handlers
-// to mount on the gateway (nil when --wallets is empty) and a function that
-// stops crediting and closes the file.
+// start opens the wallets store and credits from the hub's ledger at
+// hubAddr ("host:port" or a URL) every --credit-every until ctx is done,
+// signing its ledger requests with the shared hub secret, and registers
+// the crediting metrics on c.registry (when set). It returns the handlers
+// to mount on the gateway (nil when --wallets is empty) and a function
+// that stops crediting and closes the store.
 func (c *creditFlags) start(ctx context.Context, hubAddr string, secret []byte, logf func(string, ...any)) (map[string]http.Handler, func(), error) {
 	if *c.wallets == "" {
 		return nil, func() {}, nil
@@ -198,6 +203,13 @@ func (c *creditFlags) start(ctx context.Context, hubAddr string, secret []byte, 
 	if err != nil {
 		return nil, nil, err
 	}
+	if c.registry != nil {
+		if err := c.registry.Register(svc.Collector()); err != nil {
+			svc.Close()
+			return nil, nil, err
+		}
+	}
+	logf("wallets on %s (%s)", svc.Store().Kind(), redactDSN(*c.wallets))
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

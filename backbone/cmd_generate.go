@@ -28,9 +28,16 @@ func init() {
 
 // generateResult is the --json output of generate: the decode's
 // run.Result (prompt_tokens, tokens, text, prefill_tok_s, decode_tok_s,
-// logits_sha256, max_step_ms), then the swarm's counts.
+// logits_sha256, max_step_ms), the process's memory, then the swarm's
+// counts.
 type generateResult struct {
 	run.Result
+
+	// RSSBytes and PeakRSSBytes are the process's resident set size at the
+	// end of the decode and its peak (Linux /proc; 0 elsewhere): the
+	// backbone's memory, mapped model pages included.
+	RSSBytes     int64 `json:"rss_bytes"`
+	PeakRSSBytes int64 `json:"peak_rss_bytes"`
 
 	// With --dispatch-listen only (swarm decode):
 	ExpertsRemote *uint64      `json:"experts_remote,omitempty"` // (row, slot) expert outputs computed by workers
@@ -180,6 +187,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		return fail(err)
 	}
 	res := &generateResult{Result: *dr}
+	res.RSSBytes, res.PeakRSSBytes = processRSS()
 	if d != nil {
 		st := d.Stats()
 		res.ExpertsRemote, res.ExpertsLocal, res.Workers = &st.ExpertsRemote, &st.ExpertsLocal, workersJSON(st)

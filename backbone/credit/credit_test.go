@@ -147,9 +147,13 @@ func checkStatements(t *testing.T, s *Service) {
 	t.Helper()
 	ws, _ := s.Wallets()
 	for _, w := range ws {
-		sts, _, err := s.Statements(context.Background(), w.Worker, 0, walletapi.MaxPage)
-		if err != nil {
-			t.Fatal(err)
+		var sts []walletapi.Signed
+		for more := true; more; {
+			page, m, err := s.Statements(context.Background(), w.Worker, uint64(len(sts)), walletapi.MaxPage)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sts, more = append(sts, page...), m
 		}
 		var b, n uint64
 		for i, sg := range sts {

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -34,6 +35,8 @@ func TestMain(m *testing.M) {
 		os.Exit(helperCredit())
 	case "append":
 		os.Exit(helperAppend())
+	case "hubbatch":
+		os.Exit(helperHubBatch())
 	default:
 		fmt.Fprintln(os.Stderr, "unknown helper", os.Getenv(helperEnv))
 		os.Exit(2)
@@ -51,7 +54,11 @@ func helperCredit() int {
 		r.Header.Set("X-Test-Auth", "yes")
 		return nil
 	}}
-	s, err := Open(Config{Path: os.Getenv("KVASIR_WALLETS"), Source: src, RateNKVRPerByte: helperRate, Batch: 2})
+	batch := 2
+	if b, err := strconv.Atoi(os.Getenv("KVASIR_CREDIT_BATCH")); err == nil {
+		batch = b
+	}
+	s, err := Open(Config{Path: os.Getenv("KVASIR_WALLETS"), Source: src, RateNKVRPerByte: helperRate, Batch: batch})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -61,13 +68,22 @@ func helperCredit() int {
 		time.Sleep(2 * time.Millisecond)
 		return nil
 	}
+	loop := os.Getenv("KVASIR_CREDIT_LOOP") != "" // keep crediting (concurrent gateways), tolerating conflicts
 	for {
 		r, err := s.CreditBatch(context.Background())
+		if loop && errors.Is(err, ErrConflict) {
+			fmt.Println("conflict")
+			continue
+		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		if r.Rows == 0 {
+			if loop {
+				time.Sleep(2 * time.Millisecond)
+				continue
+			}
 			fmt.Println("done")
 			return 0
 		}

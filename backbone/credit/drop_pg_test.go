@@ -76,7 +76,10 @@ func TestPGConnectionDrops(t *testing.T) {
 	openRetry("ledger", func() (err error) { hubL, err = ledger.Open(pdsn); return })
 	defer hubL.Close()
 	var gw *Service
-	openRetry("wallets", func() (err error) { gw, err = Open(Config{Path: pdsn, Source: direct, RateNKVRPerByte: helperRate, Batch: 7}); return })
+	openRetry("wallets", func() (err error) {
+		gw, err = Open(Config{Path: pdsn, Source: direct, RateNKVRPerByte: helperRate, Batch: 7})
+		return
+	})
 	defer gw.Close()
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
@@ -198,5 +200,75 @@ func TestStartSwarm(t *testing.T) {
 	ln.Close()
 	if _, err := StartSwarm(context.Background(), m, SwarmConfig{Listen: "256.0.0.1:0", Logger: quiet}); err == nil {
 		t.Error("listening on a bad address succeeded")
+	}
+}
+
+// TestBackboneOnlyModel: a backbone-only file loads with the full model's
+// id and its hot experts only; it cannot decode alone (CheckLocal); its
+// dispatcher uses the stored hashes, computes only the hot experts, and
+// provisions from a model source (the file's URL or SwarmConfig.Source),
+// refusing to provision without one.
+func TestBackboneOnlyModel(t *testing.T) {
+	full := loadTiny(t)
+	dir := t.TempDir()
+	bpath := filepath.Join(dir, "backbone.gguf")
+	bo, err := slice.WriteBackboneOnly(full.File(), bpath, slice.BackboneOptions{Hot: [][2]int{{2, 3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(bpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.ID() != full.ID() || m.BackboneOnly() == nil || full.BackboneOnly() != nil || full.CheckLocal() != nil {
+		t.Fatalf("id %q (full %q), backbone-only %v", m.ID(), full.ID(), m.BackboneOnly() != nil)
+	}
+	if err := m.CheckLocal(); !errors.Is(err, ErrNeedsSwarm) {
+		t.Fatalf("CheckLocal: %v", err)
+	}
+	cfg, err := dispatcherConfig(m, SwarmConfig{HolderWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Model.ID != full.ID() || cfg.HolderWait != time.Second || cfg.Catalog != nil || cfg.LocalHeld == nil {
+		t.Fatalf("config %+v", cfg)
+	}
+	if !cfg.LocalHeld(2, 3) || cfg.LocalHeld(2, 4) || cfg.LocalHeld(0, 3) {
+		t.Error("LocalHeld is not the hot set")
+	}
+	want, _ := slice.HashExpert(full.Engine().LocalExperts().Layer(1), 6)
+	if got, ok := cfg.ExpertHash(1, 6); !ok || got != want {
+		t.Error("ExpertHash is not the full model's expert hash")
+	}
+	if _, err := dispatcherConfig(m, SwarmConfig{Provision: true}); err == nil || !strings.Contains(err.Error(), "--model-source") {
+		t.Errorf("provisioning without a source: %v", err)
+	}
+	cfg, err = dispatcherConfig(m, SwarmConfig{Provision: true, Source: "http://127.0.0.1:9/full.gguf"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Catalog == nil || cfg.Catalog.HasBytes() || cfg.Source != "http://127.0.0.1:9/full.gguf" {
+		t.Fatalf("provisioning: catalog %v, source %q", cfg.Catalog != nil, cfg.Source)
+	}
+	if _, err := dispatch.New(cfg); err != nil {
+		t.Fatalf("dispatch.New: %v", err)
+	}
+	// A flipped byte of the hot expert in the file is refused at load.
+	raw, err := os.ReadFile(bpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := gguf.Parse(raw)
+	ti, _ := f.TensorInfo("blk.2.ffn_down_hot.3.weight")
+	raw[f.DataOffset+ti.Offset] ^= 1
+	if err := os.WriteFile(bpath, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(bpath); !errors.Is(err, slice.ErrCorrupt) {
+		t.Errorf("a corrupt hot expert: %v", err)
+	}
+	if len(bo.Hot) != 1 {
+		t.Errorf("hot %v", bo.Hot)
 	}
 }

@@ -7,11 +7,15 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
@@ -254,5 +258,30 @@ func TestCapacityLastHolderLeaves(t *testing.T) {
 		if st := s.disp.Stats(); st.ExpertsLocal != 0 || s.local.calls.Load() != 0 {
 			t.Fatalf("local %d", st.ExpertsLocal)
 		}
+	}
+}
+
+// TestOldProtocolRefused: a version 2 worker's HELLO (protocol before
+// model sources) is refused with a close naming both versions.
+func TestOldProtocolRefused(t *testing.T) {
+	s := newStack(t, testModel(), 0, nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	c, code, err := s.dialRaw(t, key, nil)
+	if err != nil {
+		t.Fatalf("dial: %d %v", code, err)
+	}
+	defer c.CloseNow()
+	msg := (&wire.Hello{Key: key.Public().(ed25519.PublicKey), ModelID: s.model.ID}).Append(nil)
+	msg[1], msg[2] = 2, 0
+	if err := c.Write(context.Background(), websocket.MessageBinary, msg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _, err = c.Read(ctx)
+	var ce websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.StatusPolicyViolation ||
+		!strings.Contains(ce.Reason, "protocol version 2, this backbone speaks 3") {
+		t.Fatalf("old HELLO: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"fyne.io/fyne/v2"
 	fyneapp "fyne.io/fyne/v2/app"
 
+	"github.com/kvasir-ai/kvasir/app/instance"
 	"github.com/kvasir-ai/kvasir/app/limits"
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
@@ -26,23 +28,38 @@ const (
 	walletEvery = 5 * time.Second // wallet summary, slice and limits
 )
 
+// QuitGrace bounds how long closing the window (without a tray) waits for
+// the work in flight to finish before the app quits anyway.
+const QuitGrace = 15 * time.Second
+
 // Window is a running contributor window: the UI, its backend and the
 // loop that feeds it. Made by NewWindow; Loop runs until stop is closed.
 type Window struct {
 	UI   *UI
 	Win  fyne.Window
 	ctl  *status.Control
+	be   Backend
 	gov  *limits.Governor
 	tray *tray
+	// Quit ends the app; NewWindow sets fyne.App.Quit (tests replace it).
+	Quit func()
 
 	stopped atomic.Bool // the app has stopped: widgets must not be touched
+	trayOK  atomic.Bool // the tray host listed our icon: closing hides the window
+	closing atomic.Bool // RequestClose is finishing the work, then quits
+	// TrayStatus says whether closing the window hides it to the tray, and
+	// if not, why ("" until the tray is confirmed or refused).
+	trayStatus atomic.Value // string
 }
 
 // NewWindow builds the main window over be (a *node.Manager in the app, a
 // fake in tests) with the settings form bound to a's Preferences. onSave
 // is called after the owner saved valid settings (nil: none). withTray
-// installs the tray icon and menu when the platform has one; closing the
-// window then hides it to the tray.
+// installs the tray icon and menu when the platform has a tray that shows
+// it (on Linux/BSD a StatusNotifier host on the session bus; TrayHost),
+// then confirms the icon was registered (TrayRegistered): only then does
+// closing the window hide it to the tray. Otherwise closing the window
+// quits, after the work in flight (RequestClose).
 func NewWindow(a fyne.App, be Backend, gov *limits.Governor, onSave func(Settings), withTray bool) *Window {
 	ctl := status.NewControl(be)
 	form := NewSettingsForm(a.Preferences(), func(s Settings) {
@@ -58,20 +75,78 @@ func NewWindow(a fyne.App, be Backend, gov *limits.Governor, onSave func(Setting
 	w.SetIcon(AppIcon)
 	w.SetContent(u.Tabs)
 	w.Resize(fyne.NewSize(900, 640))
-	win := &Window{UI: u, Win: w, ctl: ctl, gov: gov}
+	win := &Window{UI: u, Win: w, ctl: ctl, be: be, gov: gov, Quit: a.Quit}
+	win.trayStatus.Store("")
 	a.Lifecycle().SetOnStopped(func() { win.stopped.Store(true) })
+	why := "no tray requested"
 	if withTray {
-		win.tray = newTray(a, w, ctl)
+		win.tray, why = newTray(a, w, ctl)
 	}
+	w.SetCloseIntercept(win.RequestClose)
 	if win.tray != nil {
-		w.SetCloseIntercept(w.Hide)
 		u.mu.Lock()
 		u.onState = func(s status.Snapshot, sum wallet.Summary) { win.tray.update(s, sum, ctl.UserPaused()) }
 		u.mu.Unlock()
+		go func() {
+			ok, why := win.tray.confirm(10 * time.Second)
+			win.trayOK.Store(ok)
+			if ok {
+				win.trayStatus.Store("closing the window hides it to the tray")
+			} else {
+				win.trayStatus.Store("no tray: " + why + "; closing the window quits")
+				fyne.LogError("tray: "+why+"; closing the window quits instead of hiding", nil)
+			}
+		}()
 	} else {
+		win.trayStatus.Store("no tray: " + why + "; closing the window quits")
+		if withTray {
+			fyne.LogError("tray: "+why+"; closing the window quits instead of hiding", nil)
+		}
 		w.SetMaster()
 	}
 	return win
+}
+
+// TrayStatus says whether closing the window hides it to the tray, and if
+// not, why; "" while the tray is being confirmed.
+func (w *Window) TrayStatus() string { return w.trayStatus.Load().(string) }
+
+// RequestClose is what closing the window does (its close intercept):
+// with a confirmed tray icon it hides the window; otherwise it quits the
+// app, first letting the work in flight finish (FinishThenPause, at most
+// QuitGrace) when the worker is serving. Run on the Fyne goroutine.
+func (w *Window) RequestClose() {
+	if w.trayOK.Load() {
+		w.Win.Hide()
+		return
+	}
+	if !w.closing.CompareAndSwap(false, true) {
+		return
+	}
+	if w.be.Stats().State != status.Connected {
+		w.Quit()
+		return
+	}
+	w.ctl.FinishThenPause()
+	w.UI.refreshState()
+	w.UI.state.Text = "Finishing current work, then quitting…"
+	w.UI.state.Refresh()
+	go func() {
+		deadline := time.Now().Add(QuitGrace)
+		for w.be.Stats().State == status.Connected && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		fyne.Do(w.Quit)
+	}()
+}
+
+// Show brings the window to the front (a second launch on the same data
+// folder asks for it); any goroutine.
+func (w *Window) Show() {
+	fyne.Do(func() {
+		w.Win.Show()
+		w.Win.RequestFocus()
+	})
 }
 
 // Loop polls the backend every second (the wallet, slice and limits every
@@ -99,20 +174,61 @@ func (w *Window) Loop(stop <-chan struct{}) {
 	}
 }
 
+// NodeConfig is the node configuration for settings s with the app's
+// data folder data ("" = node.DefaultDataDir): what the owner left unset
+// takes the first-run defaults (node.Config.WithDefaults: the public
+// gateway, the slice folder in the data folder, provisioning within the
+// quota).
+func NodeConfig(s Settings, data string, warn io.Writer) (node.Config, error) {
+	return node.Config{GatewayURL: s.GatewayURL, CAFile: s.CAFile, SliceDir: s.SliceDir, DataDir: data, Threads: s.Threads,
+		QuotaBytes: s.QuotaBytes(), Warn: warn}.WithDefaults()
+}
+
+// ExitRunning is Main's exit code when another instance holds the data
+// folder (it was asked to show its window).
+const ExitRunning = 3
+
 // Main runs the desktop app: `kvasir [--gateway URL] [--slice DIR] [--ca
 // FILE] [--data DIR] [--threads N]`; flags override the saved settings for
-// this run (and are saved). It returns the exit code.
+// this run (and are saved). With nothing set it starts as a first run
+// (NodeConfig). One instance runs per data folder: a second launch asks
+// the first to show its window and returns ExitRunning. It returns the
+// exit code.
 func Main(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvasir", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	gw := fs.String("gateway", "", "gateway URL, wss://HOST:PORT (default: saved setting)")
-	slice := fs.String("slice", "", "expert slice folder (default: saved setting)")
-	ca := fs.String("ca", "", "PEM file of root CAs for the gateway (default: saved setting)")
+	gw := fs.String("gateway", "", "gateway URL, wss://HOST:PORT (default: saved setting, else the network's public gateway)")
+	slice := fs.String("slice", "", "expert slice folder (default: saved setting, else DATA/slice)")
+	ca := fs.String("ca", "", "PEM file of root CAs for the gateway (default: saved setting, else the system's)")
 	threads := fs.Int("threads", -1, "compute threads (default: saved setting; 0 = all CPUs)")
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	dataDir := *data
+	if dataDir == "" {
+		d, err := node.DefaultDataDir()
+		if err != nil {
+			fmt.Fprintln(stderr, "kvasir:", err)
+			return 1
+		}
+		dataDir = d
+	}
+	var win atomic.Pointer[Window]
+	lock, err := instance.Acquire(dataDir, func() {
+		if w := win.Load(); w != nil {
+			w.Show()
+		}
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		if errors.Is(err, instance.ErrRunning) {
+			return ExitRunning
+		}
+		return 1
+	}
+	defer lock.Release()
+
 	a := fyneapp.NewWithID(AppID)
 	a.SetIcon(AppIcon)
 	s := LoadSettings(a.Preferences())
@@ -136,14 +252,17 @@ func Main(args []string, stderr io.Writer) int {
 
 	mgr := &node.Manager{}
 	start := func(s Settings) {
-		err := mgr.Start(node.Config{GatewayURL: s.GatewayURL, CAFile: s.CAFile, SliceDir: s.SliceDir, DataDir: *data,
-			Threads: s.Threads, QuotaBytes: s.QuotaBytes(), Warn: stderr})
+		cfg, err := NodeConfig(s, dataDir, stderr)
+		if err == nil {
+			err = mgr.Start(cfg)
+		}
 		if err != nil {
 			fyne.LogError("starting the worker", err)
 		}
 	}
 	gov := limits.NewGovernor(s.Limits(), limits.SysProbe{})
 	w := NewWindow(a, mgr, gov, func(s Settings) { go start(s) }, true)
+	win.Store(w)
 	go start(s)
 	stop := make(chan struct{})
 	go w.Loop(stop)

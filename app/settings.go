@@ -14,6 +14,7 @@ import (
 	"fyne.io/fyne/v2/widget"
 
 	"github.com/kvasir-ai/kvasir/app/limits"
+	"github.com/kvasir-ai/kvasir/app/node"
 )
 
 // ErrSettings wraps every settings validation error.
@@ -22,9 +23,9 @@ var ErrSettings = errors.New("settings")
 // Settings are the owner's choices, persisted in fyne Preferences under
 // the Pref* keys.
 type Settings struct {
-	GatewayURL     string  // wss://host[:port]
+	GatewayURL     string  // wss://host[:port]; "" = node.DefaultGateway (the public gateway)
 	CAFile         string  // PEM file of extra root CAs for the gateway; "" = system roots
-	SliceDir       string  // folder of the expert slice
+	SliceDir       string  // folder of the expert slice; "" = node.DefaultSliceDir (DATA/slice)
 	QuotaGiB       float64 // disk quota for experts the backbone assigns, GiB (2^30 bytes); 0 = serve the slice folder as it is (node.Config.QuotaBytes)
 	Threads        int     // compute threads; 0 = all CPUs
 	PauseOnBattery bool
@@ -46,9 +47,12 @@ const (
 	PrefResumeTempC    = "resume_temp_c"
 )
 
-// DefaultSettings are used for keys never saved: pause on battery on, a
-// CPU limit of 90 °C resuming at 80 °C, 4 GiB of disk.
-var DefaultSettings = Settings{QuotaGiB: 4, PauseOnBattery: true, MaxTempC: 90, ResumeTempC: 80}
+// DefaultSettings are used for keys never saved: the public gateway and
+// the slice folder in the data folder (both left empty here: NodeConfig
+// fills them in), 4 GiB of disk for the experts the backbone assigns,
+// pause on battery on, a CPU limit of 90 °C resuming at 80 °C. A first run
+// needs no setting.
+var DefaultSettings = Settings{QuotaGiB: node.DefaultQuotaBytes >> 30, PauseOnBattery: true, MaxTempC: 90, ResumeTempC: 80}
 
 // LoadSettings reads settings from p, with DefaultSettings for missing keys.
 func LoadSettings(p fyne.Preferences) Settings {
@@ -130,9 +134,9 @@ type SettingsForm struct {
 func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 	f := &SettingsForm{prefs: p, OnSave: onSave}
 	entry := func(ph string) *widget.Entry { e := widget.NewEntry(); e.SetPlaceHolder(ph); return e }
-	f.gateway = entry("wss://gateway.example:443")
-	f.ca = entry("PEM file (optional)")
-	f.slice = entry("/path/to/slice")
+	f.gateway = entry(node.DefaultGateway() + " (default)")
+	f.ca = entry("PEM file (optional; the system's CAs by default)")
+	f.slice = entry("the app's data folder/slice (default)")
 	f.quota = entry("GiB; 0 = serve the folder as it is")
 	f.threads = entry(fmt.Sprintf("0 = all %d CPUs", runtime.NumCPU()))
 	f.maxT = entry("°C, 0 = no limit")

@@ -12,7 +12,10 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"fyne.io/fyne/v2"
@@ -29,13 +32,25 @@ import (
 )
 
 // Backend is the running contributor node the window shows: the worker
-// (status.Source), the local wallet and the slice on disk. Summary may
-// touch the disk (SQLite): the UI calls it off the Fyne goroutine.
+// (status.Source), the local wallet and the slice on disk. Summary,
+// Groups and Events touch the disk (SQLite): the UI calls them off the
+// Fyne goroutine.
 type Backend interface {
 	status.Source
 	Summary() (wallet.Summary, error)
+	// Groups returns the wallet history grouped (wallet.Wallet.Groups).
+	Groups(by wallet.GroupBy, limit int) ([]wallet.Group, error)
+	// Events returns history rows in [from, to) (wallet.Wallet.Events).
+	Events(from, to time.Time, limit int) ([]wallet.Event, error)
 	Slice() status.SliceInfo
 }
+
+// History sizes: the groups the wallet tab lists and the rows it shows
+// inside one group (the CSV export writes every row).
+const (
+	HistoryGroups = 48
+	DetailRows    = 500
+)
 
 // ChartSpan is the time the throughput chart shows; the meter keeps one
 // snapshot per second for it.
@@ -56,21 +71,29 @@ type UI struct {
 	onState func(status.Snapshot, wallet.Summary) // tray hook
 
 	// status tab
-	stateIcon          *canvas.Image
-	state              *canvas.Text
-	gateway            *widget.Label
-	statusTab          *fyne.Container // relaid out when the why card shows or hides
-	whyCard            *widget.Card
-	why                *widget.Label
-	rowsPS, mbPS       *canvas.Text
-	pendingT, credT    *canvas.Text
-	counters           *widget.Label
-	chart              *Chart
-	pause, resume, fin *widget.Button
+	stateIcon             *canvas.Image
+	state                 *canvas.Text
+	gateway               *widget.Label
+	statusTab             *fyne.Container // relaid out when the why card shows or hides
+	whyCard               *widget.Card
+	why                   *widget.Label
+	rowsPS, mbPS          *canvas.Text
+	estT, pendingT, credT *canvas.Text
+	counters              *widget.Label
+	chart                 *Chart
+	pause, resume, fin    *widget.Button
 	// wallet tab
 	address, pending, credited, metered, paid, served, reconcile *widget.Label
-	history                                                      *widget.List
-	events                                                       []wallet.Event
+	groupBy                                                      *widget.RadioGroup
+	history                                                      *widget.Tree
+	by                                                           wallet.GroupBy           // u.mu
+	groups                                                       []wallet.Group           // Fyne goroutine
+	detail                                                       map[int64][]wallet.Event // by group start (unix ms), Fyne goroutine
+	open                                                         map[int64]bool           // expanded groups, u.mu
+	walletShown                                                  atomic.Bool              // the wallet tab is selected
+	// background runs f off the Fyne goroutine (a goroutine; tests run it
+	// in place); f applies its results with fyne.Do.
+	background func(f func())
 	// slice tab
 	slice, sliceDetail *widget.Label
 	download           *widget.ProgressBar // assigned bytes downloaded, 0..1
@@ -108,7 +131,8 @@ func tile(caption string, value *canvas.Text) fyne.CanvasObject {
 // NewUI builds the window content for be, controlled through ctl (which
 // must wrap be). settings is the settings tab (see NewSettingsForm).
 func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) *UI {
-	u := &UI{app: a, be: be, ctl: ctl, meter: status.NewMeter(int(ChartSpan/time.Second) + 1), Settings: settings}
+	u := &UI{app: a, be: be, ctl: ctl, meter: status.NewMeter(int(ChartSpan/time.Second) + 1), Settings: settings,
+		background: func(f func()) { go f() }}
 
 	u.stateIcon = canvas.NewImageFromResource(stateIcons[status.Offline])
 	u.stateIcon.FillMode = canvas.ImageFillContain
@@ -122,6 +146,7 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.rowsPS.Color = rowsColor
 	u.mbPS = bigText(status.FormatMBps(0), theme.ColorNameSuccess)
 	u.mbPS.Color = mbColor
+	u.estT = bigText("≈"+status.FormatKVR(0), theme.ColorNameForeground)
 	u.pendingT = bigText(status.FormatKVR(0), theme.ColorNameForeground)
 	u.credT = bigText(status.FormatKVR(0), theme.ColorNameForeground)
 	u.counters = widget.NewLabel("")
@@ -134,9 +159,10 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 
 	header := container.NewBorder(nil, nil, u.stateIcon, nil,
 		container.NewVBox(u.state, u.gateway))
-	tiles := container.NewGridWithColumns(4,
-		tile("Throughput", u.rowsPS), tile("Traffic", u.mbPS),
-		tile("Pending (credited, not paid)", u.pendingT), tile("Credited in total", u.credT))
+	tiles := container.NewVBox(
+		container.NewGridWithColumns(2, tile("Throughput", u.rowsPS), tile("Traffic", u.mbPS)),
+		container.NewGridWithColumns(3, tile("Earned so far (estimate, live)", u.estT),
+			tile("Pending (credited, not paid)", u.pendingT), tile("Credited in total", u.credT)))
 	buttons := container.NewHBox(u.pause, u.resume, u.fin)
 	u.statusTab = container.NewBorder(container.NewVBox(header, u.whyCard, tiles),
 		container.NewVBox(u.counters, buttons), nil, nil,
@@ -147,16 +173,31 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.pending, u.credited, u.metered, u.paid, u.served = widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel("")
 	u.reconcile = widget.NewLabel("")
 	u.reconcile.Wrapping = fyne.TextWrapWord
-	u.history = widget.NewList(
-		func() int { return len(u.events) },
-		func() fyne.CanvasObject {
-			return widget.NewLabel("2026-01-01 00:00:00Z  credited  0.00000 KVR  0.000000 units")
+	u.detail, u.open = map[int64][]wallet.Event{}, map[int64]bool{}
+	u.history = widget.NewTree(u.historyChildren, u.historyIsBranch,
+		func(bool) fyne.CanvasObject {
+			return widget.NewLabel("2026-01-01 00:00–01:00 UTC · credited 0.00000 KVR in 3600 statements · earned ≈0.00000 KVR in 1 session")
 		},
-		func(i widget.ListItemID, o fyne.CanvasObject) {
-			if i < len(u.events) {
-				o.(*widget.Label).SetText(historyLine(u.events[i]))
-			}
-		})
+		func(id widget.TreeNodeID, _ bool, o fyne.CanvasObject) { o.(*widget.Label).SetText(u.historyText(id)) })
+	u.history.OnBranchOpened = func(id widget.TreeNodeID) { u.setOpen(id, true) }
+	u.history.OnBranchClosed = func(id widget.TreeNodeID) { u.setOpen(id, false) }
+	u.groupBy = widget.NewRadioGroup([]string{"Hour", "Day", "Session"}, func(v string) {
+		by := map[string]wallet.GroupBy{"Hour": wallet.ByHour, "Day": wallet.ByDay, "Session": wallet.BySession}[v]
+		u.mu.Lock()
+		changed := by != u.by
+		u.by = by
+		u.open = map[int64]bool{}
+		u.mu.Unlock()
+		if changed {
+			u.groups, u.detail = nil, map[int64][]wallet.Event{}
+			u.history.CloseAllBranches()
+			u.history.Refresh()
+			u.background(func() { fyne.Do(u.pollHistory()) })
+		}
+	})
+	u.groupBy.Horizontal = true
+	u.groupBy.Required = true
+	u.groupBy.SetSelected("Hour")
 	export := widget.NewButtonWithIcon("Export CSV", theme.DocumentSaveIcon(), u.showExport)
 	walletTab := container.NewBorder(
 		container.NewVBox(
@@ -168,7 +209,7 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 				widget.NewFormItem("Paid", u.paid),
 				widget.NewFormItem("Served", u.served)),
 			u.reconcile,
-			widget.NewLabelWithStyle("History", fyne.TextAlignLeading, fyne.TextStyle{Bold: true})),
+			container.NewHBox(widget.NewLabelWithStyle("History by", fyne.TextAlignLeading, fyne.TextStyle{Bold: true}), u.groupBy)),
 		container.NewHBox(layout.NewSpacer(), export), nil, nil, u.history)
 
 	u.slice = widget.NewLabel("")
@@ -188,6 +229,13 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 		tabs = append(tabs, container.NewTabItemWithIcon("Settings", theme.SettingsIcon(), settings.Content))
 	}
 	u.Tabs = container.NewAppTabs(tabs...)
+	u.Tabs.OnSelected = func(ti *container.TabItem) {
+		shown := ti.Content == walletTab
+		if shown && !u.walletShown.Load() {
+			u.background(func() { fyne.Do(u.pollHistory()) })
+		}
+		u.walletShown.Store(shown)
+	}
 	u.Apply(time.Time{}, status.Snapshot{}, nil, nil)
 	return u
 }
@@ -215,6 +263,7 @@ func (u *UI) Poll(now time.Time, withWallet bool) func() {
 	var sum *wallet.Summary
 	var sl *status.SliceInfo
 	var serr error
+	history := func() {}
 	if withWallet {
 		s, err := u.be.Summary()
 		if err == nil {
@@ -223,6 +272,9 @@ func (u *UI) Poll(now time.Time, withWallet bool) func() {
 		serr = err
 		si := u.be.Slice()
 		sl = &si
+		if u.walletShown.Load() {
+			history = u.pollHistory()
+		}
 	}
 	return func() {
 		if withWallet {
@@ -231,6 +283,7 @@ func (u *UI) Poll(now time.Time, withWallet bool) func() {
 			u.mu.Unlock()
 		}
 		u.Apply(now, snap, sum, sl)
+		history()
 	}
 }
 
@@ -360,14 +413,17 @@ func stateTitle(s status.State) string {
 }
 
 func (u *UI) showWallet(s wallet.Summary, err error) {
+	u.estT.Text = "≈" + status.FormatKVR(s.MeteredNKVR)
 	u.pendingT.Text = status.FormatKVR(s.PendingNKVR)
 	u.credT.Text = status.FormatKVR(s.CreditedNKVR)
+	u.estT.Refresh()
 	u.pendingT.Refresh()
 	u.credT.Refresh()
 	u.address.SetText(s.Address)
 	u.pending.SetText(status.FormatKVR(s.PendingNKVR) + " — credited by the gateway, not yet paid out")
 	u.credited.SetText(fmt.Sprintf("%s — %d signed statements, %s", status.FormatKVR(s.CreditedNKVR), s.Statements, status.FormatBytes(s.CreditedBytes)))
-	u.metered.SetText(status.FormatKVR(s.MeteredNKVR) + " — this worker's own count (estimate)")
+	u.metered.SetText("≈" + status.FormatKVR(s.MeteredNKVR) + " — estimate from this worker's own count, credited within about " +
+		(time.Duration(s.Reconcile.CreditLagSeconds) * time.Second).String())
 	u.paid.SetText(status.FormatKVR(s.PaidNKVR))
 	u.served.SetText(fmt.Sprintf("%s (%d bytes)", status.FormatBytes(s.BytesServed), s.BytesServed))
 	switch {
@@ -375,23 +431,24 @@ func (u *UI) showWallet(s wallet.Summary, err error) {
 		u.reconcile.SetText("Wallet unreadable: " + err.Error())
 	case s.Reconcile.Mismatch:
 		u.reconcile.SetText("Mismatch: " + s.Reconcile.Explanation)
+	case s.Reconcile.AwaitingBytes > 0:
+		u.reconcile.SetText("Awaiting credit: " + s.Reconcile.Explanation)
 	default:
 		u.reconcile.SetText(s.Reconcile.Explanation)
 	}
-	u.events = s.History
-	u.history.Refresh()
 }
 
 // refreshState re-applies the last snapshot through the Control (after a
 // button press changed the owner's choice).
 func (u *UI) refreshState() { u.Apply(time.Time{}, u.ctl.Stats(), nil, nil) }
 
-// ExportCSV writes the last wallet summary's history as CSV
-// (status.WriteHistoryCSV).
+// ExportCSV writes every history row of the wallet as CSV
+// (status.WriteHistoryCSV): not only the newest or grouped ones.
 func (u *UI) ExportCSV(w io.Writer) error {
-	u.mu.Lock()
-	ev := u.sum.History
-	u.mu.Unlock()
+	ev, err := u.be.Events(time.Time{}, time.Time{}, 0)
+	if err != nil {
+		return err
+	}
 	return status.WriteHistoryCSV(w, ev)
 }
 
@@ -404,14 +461,163 @@ func (u *UI) showExport() {
 		if err != nil || wc == nil {
 			return
 		}
-		err = u.ExportCSV(wc)
-		if cerr := wc.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			dialog.ShowError(err, win[0])
-		}
+		go func() { // the whole history comes from disk
+			err := u.ExportCSV(wc)
+			if cerr := wc.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				fyne.Do(func() { dialog.ShowError(err, win[0]) })
+			}
+		}()
 	}, win[0])
 	d.SetFileName("kvasir-wallet-" + strconv.FormatInt(time.Now().Unix(), 10) + ".csv")
 	d.Show()
+}
+
+// pollHistory reads the history groups of the chosen grouping and the
+// rows of the expanded groups (off the Fyne goroutine) and returns the
+// function that shows them (on it).
+func (u *UI) pollHistory() func() {
+	u.mu.Lock()
+	by := u.by
+	open := make([]int64, 0, len(u.open))
+	for k := range u.open {
+		open = append(open, k)
+	}
+	u.mu.Unlock()
+	groups, err := u.be.Groups(by, HistoryGroups)
+	if err != nil {
+		return func() {}
+	}
+	detail := map[int64][]wallet.Event{}
+	for _, g := range groups {
+		k := g.From.UnixMilli()
+		if slices.Contains(open, k) {
+			if ev, err := u.be.Events(g.From, g.To, DetailRows); err == nil {
+				detail[k] = ev
+			}
+		}
+	}
+	return func() {
+		u.mu.Lock()
+		same := u.by == by
+		u.mu.Unlock()
+		if !same { // the owner switched the grouping meanwhile
+			return
+		}
+		u.groups = groups
+		for k, ev := range detail {
+			u.detail[k] = ev
+		}
+		u.history.Refresh()
+	}
+}
+
+// History tree node ids: "g<ms>" for the group starting at unix ms,
+// "g<ms>/<i>" for its i-th row, "g<ms>/more" for the rows not shown.
+
+func groupKey(id widget.TreeNodeID) (int64, string, bool) {
+	k, rest, _ := strings.Cut(strings.TrimPrefix(id, "g"), "/")
+	ms, err := strconv.ParseInt(k, 10, 64)
+	return ms, rest, err == nil && strings.HasPrefix(id, "g")
+}
+
+func (u *UI) group(ms int64) (wallet.Group, bool) {
+	for _, g := range u.groups {
+		if g.From.UnixMilli() == ms {
+			return g, true
+		}
+	}
+	return wallet.Group{}, false
+}
+
+func (u *UI) historyChildren(id widget.TreeNodeID) []widget.TreeNodeID {
+	if id == "" {
+		ids := make([]widget.TreeNodeID, len(u.groups))
+		for i, g := range u.groups {
+			ids[i] = fmt.Sprintf("g%d", g.From.UnixMilli())
+		}
+		return ids
+	}
+	ms, _, _ := groupKey(id)
+	ev, loaded := u.detail[ms]
+	if !loaded {
+		return []widget.TreeNodeID{id + "/loading"}
+	}
+	ids := make([]widget.TreeNodeID, 0, len(ev)+1)
+	for i := range ev {
+		ids = append(ids, fmt.Sprintf("%s/%d", id, i))
+	}
+	if g, ok := u.group(ms); ok && groupRows(g) > len(ev) {
+		ids = append(ids, id+"/more")
+	}
+	return ids
+}
+
+func (u *UI) historyIsBranch(id widget.TreeNodeID) bool { return id == "" || !strings.Contains(id, "/") }
+
+// groupRows is the number of history rows in g.
+func groupRows(g wallet.Group) int { return g.Sessions + g.Statements + g.Payouts }
+
+func (u *UI) historyText(id widget.TreeNodeID) string {
+	ms, rest, ok := groupKey(id)
+	g, found := u.group(ms)
+	if !ok || !found {
+		return ""
+	}
+	switch {
+	case !strings.Contains(id, "/"):
+		return groupLine(g)
+	case rest == "loading":
+		return "loading…"
+	case rest == "more":
+		return fmt.Sprintf("… %d more rows (Export CSV writes every row)", groupRows(g)-len(u.detail[ms]))
+	}
+	i, err := strconv.Atoi(rest)
+	if ev := u.detail[ms]; err == nil && i < len(ev) {
+		return historyLine(ev[i])
+	}
+	return ""
+}
+
+// groupLine renders a history group: its period or session, what the
+// gateway credited, the estimate from the own count, and payouts.
+func groupLine(g wallet.Group) string {
+	plural := func(n int, one string) string {
+		if n == 1 {
+			return "1 " + one
+		}
+		return fmt.Sprintf("%d %ss", n, one)
+	}
+	l := fmt.Sprintf("%s · credited %s in %s · earned ≈%s in %s", wallet.GroupLabel(g), status.FormatKVR(g.CreditedNKVR),
+		plural(g.Statements, "statement"), status.FormatKVR(g.MeteredNKVR), plural(g.Sessions, "session"))
+	if g.Payouts > 0 {
+		l += " · paid " + status.FormatKVR(g.PaidNKVR)
+	}
+	return l
+}
+
+// setOpen records an expanded or collapsed group and loads its rows.
+func (u *UI) setOpen(id widget.TreeNodeID, open bool) {
+	ms, _, ok := groupKey(id)
+	if !ok {
+		return
+	}
+	u.mu.Lock()
+	if open {
+		u.open[ms] = true
+	} else {
+		delete(u.open, ms)
+	}
+	u.mu.Unlock()
+	if g, found := u.group(ms); open && found {
+		u.background(func() {
+			ev, err := u.be.Events(g.From, g.To, DetailRows)
+			if err != nil {
+				return
+			}
+			fyne.Do(func() { u.detail[ms] = ev; u.history.Refresh() })
+		})
+	}
 }

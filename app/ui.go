@@ -11,8 +11,8 @@ package app
 import (
 	"fmt"
 	"io"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -555,7 +555,9 @@ func (u *UI) historyChildren(id widget.TreeNodeID) []widget.TreeNodeID {
 	return ids
 }
 
-func (u *UI) historyIsBranch(id widget.TreeNodeID) bool { return id == "" || !strings.Contains(id, "/") }
+func (u *UI) historyIsBranch(id widget.TreeNodeID) bool {
+	return id == "" || !strings.Contains(id, "/")
+}
 
 // groupRows is the number of history rows in g.
 func groupRows(g wallet.Group) int { return g.Sessions + g.Statements + g.Payouts }

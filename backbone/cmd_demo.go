@@ -667,7 +667,7 @@ func serveDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) err
 	}
 	defer s.Close()
 	o.api.threads = o.threads
-	ex := &serveExperts{Computer: s.Experts(), Stats: s.d.Stats,
+	ex := &serveExperts{Computer: s.Experts(), Stats: s.d.Stats, Coverage: s.d.Coverage, HolderWait: o.swarm.holderWait,
 		Describe: fmt.Sprintf("experts: demo swarm of %d worker processes through TLS gateway and hub", len(s.workers))}
 	apiLog := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	name := serveAPIName(s.lm, o.api)

@@ -10,12 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"fyne.io/fyne/v2"
 	fyneapp "fyne.io/fyne/v2/app"
 
+	"github.com/kvasir-ai/kvasir/app/instance"
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
 	"github.com/kvasir-ai/kvasir/app/swarmtest"
@@ -103,9 +105,17 @@ func xvfbShot(path string) int {
 
 // xvfbSwarmShot is xvfbShot against a real loopback swarm
 // (app/swarmtest: TLS gateway, hub, ledger, crediting, dispatcher
-// with load) and a real node (slice directory, SQLite wallet, file key
-// store) run by node.Manager, as the app runs it. Besides the screenshot
-// check it requires the window to show non-zero throughput and pending KVR.
+// with load) and a real node (SQLite wallet, the default key store),
+// started as a first run of the app: no saved settings (xvfb.sh gives it
+// an empty XDG_CONFIG_HOME), the default gateway pointed at the swarm
+// ($KVASIR_DEFAULT_GATEWAY) and trusted through the system roots
+// (SSL_CERT_FILE, standing in for a public CA), the slice folder in the
+// data folder, experts downloaded within the default quota. Besides the
+// screenshot check it requires the window to show non-zero throughput,
+// the live estimate and pending KVR, writes the wallet tab to
+// $KVASIR_XVFB_WALLET_SHOT when set, and then closes the window as a user
+// would: on this desktop, which has a session bus but no tray host, that
+// must quit the app (after the work in flight) rather than hide it.
 func xvfbSwarmShot(path string, secs int) int {
 	dir, err := os.MkdirTemp("", "kvasir-xvfb-")
 	if err != nil {
@@ -119,37 +129,54 @@ func xvfbSwarmShot(path string, secs int) int {
 		return 1
 	}
 	defer sw.Close()
-	data := filepath.Join(dir, "data")
-	mgr := &node.Manager{}
-	err = mgr.Start(node.Config{GatewayURL: sw.URL, CAFile: sw.CAFile, SliceDir: sw.SliceDir, DataDir: data, Threads: 1,
-		KeyStore: wallet.FileStore{Dir: data}, StoreName: "file", SyncEvery: time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	os.Setenv(node.EnvDefaultGateway, sw.URL)
+	os.Setenv("SSL_CERT_FILE", sw.CAFile) // read once, at the first TLS verification: the node's dial
+	os.Setenv("SSL_CERT_DIR", filepath.Join(dir, "no-certs"))
+
+	a := fyneapp.NewWithID(AppID + ".xvfbtest")
+	s := LoadSettings(a.Preferences())
+	cfg, err := NodeConfig(s, "", os.Stderr)
+	if err != nil || s.GatewayURL != "" || s.SliceDir != "" || cfg.GatewayURL != sw.URL {
+		fmt.Fprintf(os.Stderr, "not a first run: settings %+v, config %+v, %v\n", s, cfg, err)
+		return 1
+	}
+	cfg.Threads, cfg.SyncEvery = 1, time.Second // credits within the shot's 25 s
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	lock, err := instance.Acquire(cfg.DataDir, nil)
 	if err != nil {
+		fmt.Fprintln(os.Stderr, "instance:", err)
+		return 1
+	}
+	defer lock.Release()
+	mgr := &node.Manager{}
+	if err := mgr.Start(cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "node:", err)
 		return 1
 	}
 	defer mgr.Stop()
 	sw.Load(64, 25*time.Millisecond)
 
-	a := fyneapp.NewWithID(AppID + ".xvfbtest")
 	w := NewWindow(a, mgr, nil, nil, true)
 	stop := make(chan struct{})
 	go w.Loop(stop)
 	code := 1
 	go func() {
 		time.Sleep(time.Duration(secs) * time.Second)
-		var rows, pending, state string
-		fyne.DoAndWait(func() { rows, pending, state = w.UI.rowsPS.Text, w.UI.pendingT.Text, w.UI.state.Text })
+		var rows, est, pending, state string
+		fyne.DoAndWait(func() { rows, est, pending, state = w.UI.rowsPS.Text, w.UI.estT.Text, w.UI.pendingT.Text, w.UI.state.Text })
 		st := mgr.Stats()
 		sum, _ := mgr.Summary()
-		fmt.Printf("window: %s, %s, pending %s; worker %d rows, %d requests; wallet credited %d bytes\n",
-			state, rows, pending, st.Rows, st.Requests, sum.CreditedBytes)
+		info := mgr.Slice()
+		fmt.Printf("window: %s, %s, earned %s, pending %s; worker %d rows, %d requests; slice %s; wallet credited %d bytes; %s\n",
+			state, rows, est, pending, st.Rows, st.Requests, info.Summary(), sum.CreditedBytes, w.TrayStatus())
 		out, err := exec.Command("import", "-window", "root", path).CombinedOutput()
 		switch {
 		case err != nil:
 			fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
-		case rows == status.FormatRows(0) || pending == status.FormatKVR(0) || st.Rows == 0:
-			fmt.Fprintln(os.Stderr, "the window shows no work served or no pending KVR")
+		case rows == status.FormatRows(0) || pending == status.FormatKVR(0) || est == "≈"+status.FormatKVR(0) || st.Rows == 0:
+			fmt.Fprintln(os.Stderr, "the window shows no work served, no estimate or no pending KVR")
+		case info.Experts == 0 || info.Dir != filepath.Join(cfg.DataDir, "slice"):
+			fmt.Fprintf(os.Stderr, "the first run holds no experts in the data folder: %+v\n", info)
 		default:
 			if err := CheckScreenshot(path); err != nil {
 				fmt.Fprintln(os.Stderr, "screenshot:", err)
@@ -158,10 +185,30 @@ func xvfbSwarmShot(path string, secs int) int {
 				code = 0
 			}
 		}
-		fyne.Do(a.Quit)
+		if ws := os.Getenv("KVASIR_XVFB_WALLET_SHOT"); ws != "" {
+			fyne.DoAndWait(func() { w.UI.Tabs.SelectIndex(1) })
+			time.Sleep(1500 * time.Millisecond)
+			fyne.DoAndWait(func() { w.UI.history.OpenBranch(w.UI.historyChildren("")[0]) })
+			time.Sleep(1500 * time.Millisecond)
+			if out, err := exec.Command("import", "-window", "root", ws).CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
+			}
+		}
+		// Close the window as its close button does.
+		if !strings.Contains(w.TrayStatus(), "closing the window quits") {
+			fmt.Fprintf(os.Stderr, "no tray host on this desktop, yet: %q\n", w.TrayStatus())
+			code = 1
+		}
+		fyne.Do(w.RequestClose)
+		time.Sleep(QuitGrace + 10*time.Second)
+		fmt.Fprintln(os.Stderr, "closing the window did not quit the app")
+		os.Exit(1)
 	}()
 	w.Win.ShowAndRun()
 	close(stop)
+	if code == 0 {
+		fmt.Println("closing the window quit the app:", w.TrayStatus())
+	}
 	return code
 }
 

@@ -163,7 +163,9 @@ func xvfbSwarmShot(path string, secs int) int {
 	go func() {
 		time.Sleep(time.Duration(secs) * time.Second)
 		var rows, est, pending, state string
-		fyne.DoAndWait(func() { rows, est, pending, state = w.UI.rowsPS.Text, w.UI.estT.Text, w.UI.pendingT.Text, w.UI.state.Text })
+		fyne.DoAndWait(func() {
+			rows, est, pending, state = w.UI.rowsPS.Text, w.UI.estT.Text, w.UI.pendingT.Text, w.UI.state.Text
+		})
 		st := mgr.Stats()
 		sum, _ := mgr.Summary()
 		info := mgr.Slice()

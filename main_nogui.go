@@ -17,8 +17,9 @@ func main() {
 		os.Exit(headless.Main(args, os.Stdout, os.Stderr))
 	}
 	fmt.Fprintln(os.Stderr, `kvasir: built without the GUI (-tags nogui). Usage:
-  kvasir --headless --gateway wss://HOST:443 --slice DIR [--ca FILE] [--quota SIZE]   (kvasir --headless -h: all flags)
-  kvasir wallet [--json]                                                               (the local wallet)`)
+  kvasir --headless [--gateway wss://HOST:443] [--slice DIR] [--ca FILE] [--quota SIZE]   (kvasir --headless -h: all flags;
+                    with none: the public gateway, experts downloaded into the data folder within 4 GiB)
+  kvasir wallet [--json] [--by hour|day|session]                                          (the local wallet)`)
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 		return
 	}

@@ -35,7 +35,8 @@ func TestPGConnectionDrops(t *testing.T) {
 		s.Close()
 	}
 	proxy, pdsn := pgtest.NewProxy(t, dsn)
-	rng := rand.New(rand.NewPCG(21, 21))
+	rng := rand.New(rand.NewPCG(21, 21))    // the hub's rows
+	cutRng := rand.New(rand.NewPCG(22, 22)) // the proxy's cuts (its hook runs one call at a time)
 	var commitsLost, commitsAborted, cuts atomic.Int64
 	var cutting atomic.Bool
 	cutting.Store(true)
@@ -44,7 +45,7 @@ func TestPGConnectionDrops(t *testing.T) {
 			return pgtest.Forward
 		}
 		if typ == 'Q' && bytes.Contains(bytes.ToLower(body), []byte("commit")) {
-			switch r := rng.IntN(10); {
+			switch r := cutRng.IntN(10); {
 			case r < 3:
 				commitsLost.Add(1)
 				return pgtest.DropAfter
@@ -54,7 +55,7 @@ func TestPGConnectionDrops(t *testing.T) {
 			}
 			return pgtest.Forward
 		}
-		if rng.IntN(60) == 0 {
+		if cutRng.IntN(60) == 0 {
 			cuts.Add(1)
 			return pgtest.DropBefore
 		}

@@ -119,8 +119,10 @@ func openPostgresReadOnly(ctx context.Context, dsn string) (*pgStore, error) {
 	return &pgStore{pool: pool}, nil
 }
 
+// Kind implements Store.
 func (s *pgStore) Kind() string { return "postgres" }
 
+// Close implements Store.
 func (s *pgStore) Close() error { s.pool.Close(); return nil }
 
 // Seed implements Store: the first gateway's seed wins (ON CONFLICT DO
@@ -157,12 +159,14 @@ func (s *pgStore) Begin(ctx context.Context) (Tx, error) {
 
 type pgTx struct{ tx pgx.Tx }
 
+// LockCursor implements Tx.
 func (t *pgTx) LockCursor(ctx context.Context) (int64, error) {
 	var c int64
 	err := t.tx.QueryRow(ctx, `SELECT last_id FROM gateway_cursor WHERE one = 1 FOR UPDATE`).Scan(&c)
 	return c, err
 }
 
+// Wallets implements Tx.
 func (t *pgTx) Wallets(ctx context.Context, workers []string) (map[string]Wallet, error) {
 	rows, err := t.tx.Query(ctx, `SELECT worker, bytes, nkvr, rejected, statements FROM gateway_wallets WHERE worker = ANY($1)`, workers)
 	if err != nil {
@@ -187,6 +191,7 @@ func scanWallet(r pgx.CollectableRow) (Wallet, error) {
 	return w, err
 }
 
+// Write implements Tx.
 func (t *pgTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, updated time.Time, last int64) error {
 	n := len(ws)
 	worker := make([]string, n)
@@ -219,8 +224,10 @@ func (t *pgTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, updat
 	return nil
 }
 
+// Commit implements Tx.
 func (t *pgTx) Commit(ctx context.Context) error { return t.tx.Commit(ctx) }
 
+// Rollback implements Tx.
 func (t *pgTx) Rollback() error { return t.tx.Rollback(context.Background()) }
 
 // Wallets implements Store.

@@ -122,8 +122,10 @@ func (s *sqliteStore) init() error {
 	return tx.Commit()
 }
 
+// Kind implements Store.
 func (s *sqliteStore) Kind() string { return "sqlite" }
 
+// Close implements Store.
 func (s *sqliteStore) Close() error { return s.db.Close() }
 
 // Seed implements Store (in one BEGIN IMMEDIATE transaction).
@@ -179,12 +181,14 @@ func (s *sqliteStore) Begin(ctx context.Context) (Tx, error) {
 
 type sqliteTx struct{ tx *sql.Tx }
 
+// LockCursor implements Tx.
 func (t *sqliteTx) LockCursor(ctx context.Context) (int64, error) {
 	var c int64
 	err := t.tx.QueryRowContext(ctx, `SELECT last_id FROM cursor WHERE one = 1`).Scan(&c)
 	return c, err
 }
 
+// Wallets implements Tx.
 func (t *sqliteTx) Wallets(ctx context.Context, workers []string) (map[string]Wallet, error) {
 	out := map[string]Wallet{}
 	for _, w := range workers {
@@ -201,6 +205,7 @@ func (t *sqliteTx) Wallets(ctx context.Context, workers []string) (map[string]Wa
 	return out, nil
 }
 
+// Write implements Tx.
 func (t *sqliteTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, updated time.Time, last int64) error {
 	for _, w := range ws {
 		if _, err := t.tx.ExecContext(ctx, `INSERT INTO wallets (worker, bytes, nkvr, rejected, statements, updated) VALUES (?, ?, ?, ?, ?, ?)
@@ -222,8 +227,10 @@ func (t *sqliteTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, u
 	return nil
 }
 
+// Commit implements Tx.
 func (t *sqliteTx) Commit(context.Context) error { return t.tx.Commit() }
 
+// Rollback implements Tx.
 func (t *sqliteTx) Rollback() error { return t.tx.Rollback() }
 
 // Wallets implements Store.

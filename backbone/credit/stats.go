@@ -179,6 +179,7 @@ func init() {
 	}
 }
 
+// Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range descNames {
 		ch <- descCounters[d.name]
@@ -190,6 +191,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	c.s.stats.histogram().Describe(ch)
 }
 
+// Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.s.Stats()
 	for name, v := range map[string]uint64{"credit_rows_total": st.Rows, "credit_bytes_total": st.Bytes, "credit_nkvr_total": st.NKVR,

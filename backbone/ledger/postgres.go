@@ -106,8 +106,10 @@ func OpenPostgresReadOnly(ctx context.Context, dsn string) (*Ledger, error) {
 	return &Ledger{st: &pgStore{pool: pool}}, nil
 }
 
+// Kind implements Store.
 func (s *pgStore) Kind() string { return "postgres" }
 
+// Close implements Store.
 func (s *pgStore) Close() error { s.pool.Close(); return nil }
 
 // Insert implements Store with one INSERT ... SELECT FROM unnest(...) in

@@ -122,8 +122,10 @@ func (s *sqliteStore) init(state dbfile.State) error {
 	return tx.Commit()
 }
 
+// Kind implements Store.
 func (s *sqliteStore) Kind() string { return "sqlite" }
 
+// Close implements Store.
 func (s *sqliteStore) Close() error { return s.db.Close() }
 
 // insertEntry appends one row; its arguments are insertArgs.

@@ -147,6 +147,7 @@ type Hub struct {
 	finishing map[string]*session // ended, their final ledger row not yet appended
 	ended     []SessionStats      // most recent last, bounded by maxEnded
 	conns     uint64              // accepted /v1/worker upgrades
+	closing   bool                // Close has begun: no new session
 
 	met      *metrics
 	gatherer prometheus.Gatherer
@@ -235,6 +236,7 @@ func (h *Hub) Close() error {
 	h.stopOnce.Do(func() {
 		err = h.srv.Close() // hijacked WebSockets are not closed by this
 		h.mu.Lock()
+		h.closing = true // no session starts from now on
 		for _, s := range h.sessions {
 			s.cancel()
 		}
@@ -339,10 +341,17 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	s := &session{id: hex.EncodeToString(idb[:]), worker: worker, started: now, cancel: cancel, pending: map[uint64]pendingResult{},
 		merge: h.cfg.FlushEvery}
 	h.mu.Lock()
+	if h.closing {
+		h.mu.Unlock()
+		cancel()
+		link.Close()
+		c.Close(websocket.StatusGoingAway, "hub closing")
+		return
+	}
 	h.sessions[s.id] = s
+	h.sessWG.Add(1)
 	h.mu.Unlock()
 	h.met.sessions.Inc()
-	h.sessWG.Add(1)
 	go func() {
 		defer h.sessWG.Done()
 		reason := h.bridge(ctx, s, c, link)

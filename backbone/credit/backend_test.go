@@ -31,6 +31,11 @@ func (b backend) paths(t *testing.T) (ledgerPath, walletsPath string) {
 // forBackends runs f as a subtest per backend.
 func forBackends(t *testing.T, f func(t *testing.T, b backend)) {
 	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) { f(t, b) })
+		t.Run(b.name, func(t *testing.T) {
+			if b.pg {
+				pgtest.Server(t) // skips the whole backend without a server
+			}
+			f(t, b)
+		})
 	}
 }

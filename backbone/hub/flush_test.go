@@ -333,6 +333,8 @@ func TestHubMetrics(t *testing.T) {
 		"kvasir_hub_ledger_rows_total ",
 		"kvasir_hub_ledger_transactions_total ",
 		"kvasir_hub_ledger_append_seconds_bucket",
+		"kvasir_hub_ledger_lag_seconds 0",
+		"kvasir_hub_ledger_unacked_rows 0",
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)

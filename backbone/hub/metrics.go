@@ -29,6 +29,7 @@ const MetricsPath = "/metrics"
 //	kvasir_hub_ledger_rows_total                  ledger rows appended
 //	kvasir_hub_ledger_errors_total                failed appends (the rows are sent again, unchanged)
 //	kvasir_hub_ledger_unacked_rows                rows waiting to be sent again after a failed append
+//	kvasir_hub_ledger_lag_seconds                 age of the oldest of those rows (0: none waits)
 //	kvasir_hub_ledger_append_seconds              histogram: one append transaction
 //	kvasir_hub_ledger_batch_rows                  histogram: rows per append transaction
 type metrics struct {
@@ -97,8 +98,23 @@ func newMetrics(h *Hub, reg prometheus.Registerer) (*metrics, error) {
 		}
 		return float64(n)
 	})
+	lag := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "ledger_lag_seconds",
+		Help: "Age of the oldest ledger row waiting to be sent again after a failed append (0: none waits)."}, func() float64 {
+		var oldest time.Time
+		for _, s := range h.live() {
+			s.mu.Lock()
+			if s.unacked != nil && (oldest.IsZero() || s.unacked.Time.Before(oldest)) {
+				oldest = s.unacked.Time
+			}
+			s.mu.Unlock()
+		}
+		if oldest.IsZero() {
+			return 0
+		}
+		return time.Since(oldest).Seconds()
+	})
 	for _, c := range []prometheus.Collector{m.sessions, m.bridged, m.bridgeErrors, m.refused, m.ledgerBytes, m.forfeited,
-		m.transactions, m.rows, m.ledgerErrors, m.appendSeconds, m.batchRows, open, unsettled, unacked} {
+		m.transactions, m.rows, m.ledgerErrors, m.appendSeconds, m.batchRows, open, unsettled, unacked, lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -5,7 +5,6 @@ package credit
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -324,7 +323,7 @@ func killAppendingHub(t *testing.T, b backend) {
 	}
 	if !b.pg {
 		dsn, _ := dbfile.DSN(lpath)
-		db, err := sql.Open("sqlite3", dsn)
+		db, err := dbfile.Open(dsn)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
-
 	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
@@ -69,7 +67,7 @@ func openSQLite(path string) (*sqliteStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("credit: %w", err)
 	}
-	db, err := sql.Open("sqlite3", dsn)
+	db, err := dbfile.Open(dsn) // this build's SQLite driver (cgo or pure Go)
 	if err != nil {
 		return nil, fmt.Errorf("credit: open %s: %w", path, err)
 	}

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3" // SQLite driver "sqlite3" (cgo)
-
 	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 )
 
@@ -62,7 +60,7 @@ func OpenSQLite(path string) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	db, err := sql.Open("sqlite3", dsn)
+	db, err := dbfile.Open(dsn) // this build's SQLite driver (cgo or pure Go)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
 	}

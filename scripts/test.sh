@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Runs kvasir's whole test suite: formatting, vet, and `go test ./...`.
+# Runs kvasir's whole test suite: formatting, vet, cross-compile checks,
+# `go test ./...`, the wallet and mobile API again on the pure-Go SQLite
+# driver (CGO_ENABLED=0), the real window under Xvfb, and the linux/arm64
+# tests under qemu-aarch64-static (scripts/arm64-test.sh: engine, worker,
+# wallet, and an arm64 worker process serving an amd64 backbone bit for bit).
 # On a fresh Debian/Ubuntu machine run as root it first installs what the tests
 # need (X11/GL headers for Fyne, Xvfb for the real-window test, gnome-keyring and
-# D-Bus for the real Secret Service test, ImageMagick for screenshots). As
-# another user it says exactly what is missing; the tests that need it skip.
+# D-Bus for the real Secret Service and tray tests, ImageMagick for screenshots,
+# qemu-user-static for arm64). As another user it says exactly what is missing;
+# the tests that need it skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 command -v go >/dev/null || { echo "test.sh: Go is not installed (need Go 1.26+)"; exit 1; }
 
 pkgs=(gcc libc6-dev libgl1-mesa-dev libxcursor-dev libxrandr-dev libxinerama-dev libxi-dev libxxf86vm-dev
-      xvfb xauth imagemagick gnome-keyring dbus dbus-x11 libsecret-tools)
+      xvfb xauth imagemagick gnome-keyring dbus dbus-x11 libsecret-tools qemu-user-static)
 missing=()
 if command -v dpkg-query >/dev/null; then
   for p in "${pkgs[@]}"; do
@@ -57,7 +62,12 @@ fi
 
 echo "== go test"
 export MESA_SHADER_CACHE_DIR="$(mktemp -d)"
+t0=$SECONDS
 go test -timeout 40m -count=1 ./...
+echo "go test ./...: $((SECONDS - t0)) s"
+
+echo "== wallet and mobile API on the pure-Go SQLite driver (CGO_ENABLED=0)"
+CGO_ENABLED=0 go test -count=1 ./wallet/... ./mobile/ ./app/node/ ./app/status/ ./app/instance/
 
 echo "== real window under Xvfb (app connected to a loopback swarm, screenshot checked)"
 if command -v xvfb-run >/dev/null && command -v convert >/dev/null; then
@@ -65,3 +75,8 @@ if command -v xvfb-run >/dev/null && command -v convert >/dev/null; then
 else
   echo "SKIP: xvfb-run or ImageMagick missing (install xvfb xauth imagemagick)"
 fi
+
+echo "== linux/arm64 under qemu-aarch64-static"
+t0=$SECONDS
+bash scripts/arm64-test.sh
+echo "arm64: $((SECONDS - t0)) s"

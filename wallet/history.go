@@ -96,8 +96,10 @@ func (w *Wallet) Events(from, to time.Time, limit int) ([]Event, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Newest by statement number: the primary key, no sort of the table
+	// (statements are numbered in the order the gateway credits them).
 	err = w.each(`SELECT n, bytes, rejected, nkvr, ledger_after, ledger_upto, time FROM statements WHERE time >= ? AND time < ?
-		ORDER BY time DESC, n DESC LIMIT ?`, []any{lo, hi, lim}, func(r *sql.Rows) error {
+		ORDER BY n DESC LIMIT ?`, []any{lo, hi, lim}, func(r *sql.Rows) error {
 		var n, b, rej, k, la, lu, t int64
 		if err := r.Scan(&n, &b, &rej, &k, &la, &lu, &t); err != nil {
 			return err

@@ -223,6 +223,7 @@ func (w *Worker) fetch(ctx context.Context, a *wire.Assign, e wire.Assigned, ev 
 			}
 			return nil, nil
 		}
+		w.progress(a) // before the backbone hears of it: stats never lag the HOLDINGS
 		sum := e.SHA256
 		msg := (&wire.Holdings{Quota: uint64(st.Quota()), Add: []wire.Holding{{Layer: e.Layer, Expert: e.Expert, SHA256: sum}}}).Append(nil)
 		if err := send(msg); err != nil {

@@ -133,6 +133,7 @@ func (w *Worker) fetchSource(ctx context.Context, a *wire.Assign, e wire.Assigne
 		w.setErr("commit: " + err.Error())
 		return nil, nil
 	}
+	w.progress(a) // before the backbone hears of it: stats never lag the HOLDINGS
 	msg := (&wire.Holdings{Quota: uint64(st.Quota()), Add: []wire.Holding{{Layer: e.Layer, Expert: e.Expert, SHA256: e.SHA256}}}).Append(nil)
 	if err := send(msg); err != nil {
 		return nil, err

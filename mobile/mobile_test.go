@@ -133,9 +133,6 @@ func TestMobileInSwarm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a loopback swarm")
 	}
-	if !cgo {
-		t.Skip("the loopback swarm's hub ledger (backbone/ledger) needs cgo; TestStartStopModes covers the pure-Go wallet")
-	}
 	sw, err := swarmtest.Start(t.TempDir(), 200*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)

@@ -66,8 +66,8 @@ t0=$SECONDS
 go test -timeout 40m -count=1 ./...
 echo "go test ./...: $((SECONDS - t0)) s"
 
-echo "== wallet and mobile API on the pure-Go SQLite driver (CGO_ENABLED=0)"
-CGO_ENABLED=0 go test -count=1 ./wallet/... ./mobile/ ./app/status/ ./app/instance/
+echo "== wallet, mobile API, node and headless worker on the pure-Go SQLite driver (CGO_ENABLED=0)"
+CGO_ENABLED=0 go test -count=1 ./wallet/... ./mobile/ ./app/node/ ./app/headless/ ./app/status/ ./app/instance/
 
 echo "== real window under Xvfb (app connected to a loopback swarm, screenshot checked)"
 if command -v xvfb-run >/dev/null && command -v convert >/dev/null; then

@@ -18,6 +18,7 @@ import (
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
 	"github.com/kvasir-ai/kvasir/app/swarmtest"
+	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/wallet"
 )
 
@@ -233,9 +234,20 @@ func TestHeadlessInSwarm(t *testing.T) {
 	if err := json.Unmarshal(o.Bytes(), &s); err != nil {
 		t.Fatal(err)
 	}
-	tot, err := sw.Ledger.Totals()
-	if err != nil || len(tot) != 1 {
-		t.Fatalf("ledger totals %v %v", tot, err)
+	// The hub writes a session's last rows at its next flush after the
+	// session ended (every 200 ms here): wait until the ledger stops
+	// growing.
+	var tot []ledger.WorkerTotal
+	for prev, deadline := uint64(0), time.Now().Add(10*time.Second); ; {
+		time.Sleep(500 * time.Millisecond)
+		var err error
+		if tot, err = sw.Ledger.Totals(); err != nil || len(tot) != 1 {
+			t.Fatalf("ledger totals %v %v", tot, err)
+		}
+		if tot[0].Bytes == prev || time.Now().After(deadline) {
+			break
+		}
+		prev = tot[0].Bytes
 	}
 	// Crediting may lag the last second of work: credited <= ledger, both
 	// > 0, at 7 nKVR per byte. The own count and the hub's count differ at

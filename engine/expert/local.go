@@ -421,16 +421,25 @@ func parallel(n, threads int, fn func(worker, unit int)) {
 
 // SwiGLU sets dst[i] = silu(gate[i]) * up[i] with silu(x) = x / (1 + e^-x),
 // in float32 as ggml_vec_swiglu_f32 (ggml/src/ggml-cpu/vec.h) computes it;
-// e^-x is evaluated in float64 and rounded, so results can differ from
-// ggml's vectorised expf in the last bit. dst may alias gate or up.
+// e^-x is evaluated in float64 (math.Exp) and rounded, so results can
+// differ from ggml's vectorised expf in the last bit. dst may alias gate or
+// up (element by element). On the AVX-512 kernel path the elements go 8 at
+// a time through swigluAVX512, which computes math.Exp's float64 steps
+// exactly (same bits).
 func SwiGLU(dst, gate, up []float32) {
-	if len(gate) == 0 {
+	n := len(gate)
+	if n == 0 {
 		return
 	}
-	_ = dst[len(gate)-1]
-	_ = up[len(gate)-1]
-	for i, x := range gate {
-		e := float32(math.Exp(float64(-x)))
-		dst[i] = x / (1 + e) * up[i]
+	_ = dst[n-1]
+	_ = up[n-1]
+	for i := 0; i < n; {
+		i += swigluFast(dst[i:n], gate[i:n], up[i:n])
+		end := min(n, i+8) // a group the kernel declined, or the tail
+		for ; i < end; i++ {
+			x := gate[i]
+			e := float32(math.Exp(float64(-x)))
+			dst[i] = x / (1 + e) * up[i]
+		}
 	}
 }

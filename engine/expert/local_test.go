@@ -382,3 +382,58 @@ func TestComputeExpertsWith(t *testing.T) {
 	}
 	assertBits(t, got[:k*s.d], ref[:k*s.d], "one row")
 }
+
+// TestSwiGLUKernel holds SwiGLU (the AVX-512 kernel where the CPU has it)
+// to the plain Go loop, bit for bit, on every kernel path: values over the
+// whole float32 range and around the kernel's |x| < 700 limit, zeros,
+// infinities, NaN, at lengths around the 8-lane groups, aliased or not.
+func TestSwiGLUKernel(t *testing.T) {
+	ref := func(dst, gate, up []float32) {
+		for i, x := range gate {
+			e := float32(math.Exp(float64(-x)))
+			dst[i] = x / (1 + e) * up[i]
+		}
+	}
+	rng := rand.New(rand.NewPCG(21, 22))
+	for _, path := range quant.SIMDPaths() {
+		old, err := quant.SetSIMDPath(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{1, 7, 8, 9, 16, 33, 1000} {
+			for trial := range 20 {
+				gate, up := make([]float32, n), make([]float32, n)
+				for i := range gate {
+					switch rng.IntN(10) {
+					case 0:
+						gate[i] = float32(rng.NormFloat64() * 800)
+					case 1:
+						gate[i] = []float32{0, float32(math.Copysign(0, -1)), 699.99, -699.99, 700, -700, 88.7, -103.9,
+							float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 1e-40}[rng.IntN(12)]
+					case 2:
+						gate[i] = float32(math.Ldexp(rng.Float64()-0.5, rng.IntN(60)-30))
+					default:
+						gate[i] = float32(rng.NormFloat64() * 4)
+					}
+					up[i] = float32(rng.NormFloat64())
+				}
+				want := make([]float32, n)
+				ref(want, gate, up)
+				got := make([]float32, n)
+				SwiGLU(got, gate, up)
+				alias := append([]float32(nil), gate...)
+				SwiGLU(alias, alias, up)
+				for i := range want {
+					w := math.Float32bits(want[i])
+					if math.Float32bits(got[i]) != w && !(want[i] != want[i] && got[i] != got[i]) ||
+						math.Float32bits(alias[i]) != w && !(want[i] != want[i] && alias[i] != alias[i]) {
+						t.Fatalf("%s n=%d trial %d: SwiGLU(%g, %g) = %g (aliased %g), Go %g", path, n, trial, gate[i], up[i], got[i], alias[i], want[i])
+					}
+				}
+			}
+		}
+		if _, err := quant.SetSIMDPath(old); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,25 @@
+//go:build !noasm
+
+package expert
+
+import (
+	"golang.org/x/sys/cpu"
+
+	"github.com/kvasir-ai/kvasir/engine/quant"
+)
+
+//go:noescape
+func swigluAVX512(dst, gate, up *float32, n int) int
+
+// swigluFMA: math.Exp takes its FMA path here (Go's math package uses
+// FMA when the CPU has AVX and FMA), which swigluAVX512 reproduces.
+var swigluFMA = cpu.X86.HasAVX && cpu.X86.HasFMA
+
+// swigluFast runs swigluAVX512 on the quant package's AVX-512 kernel path
+// and returns how many leading elements it did (0: none, do them in Go).
+func swigluFast(dst, gate, up []float32) int {
+	if !swigluFMA || len(gate) < 8 || quant.SIMDPath() != "avx512" {
+		return 0
+	}
+	return swigluAVX512(&dst[0], &gate[0], &up[0], len(gate))
+}

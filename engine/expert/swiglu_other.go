@@ -1,0 +1,6 @@
+//go:build noasm || !amd64
+
+package expert
+
+// swigluFast has no kernel in this build: SwiGLU runs in Go.
+func swigluFast(dst, gate, up []float32) int { return 0 }

@@ -273,19 +273,26 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 
 	// Activations in grouped order: pair q = order[...] of expert e sits at
 	// q in [start[e], start[e+1]), so each expert's rows are contiguous.
+	// (In parallel pair ranges for a large batch.)
 	s.xgs = grow(s.xgs, np*gab)
-	for q, p := range s.order {
-		r := int(p) / k
-		copy(s.xgs[q*gab:(q+1)*gab], s.xg[r*gab:(r+1)*gab])
-	}
 	xus := s.xgs
 	if uT.VecDotType() != gT.VecDotType() {
 		s.xus = grow(s.xus, np*uab)
-		for q, p := range s.order {
-			r := int(p) / k
-			copy(s.xus[q*uab:(q+1)*uab], xu[r*uab:(r+1)*uab])
-		}
 		xus = s.xus
+	}
+	gather := func(lo, hi int) {
+		for q := lo; q < hi; q++ {
+			r := int(s.order[q]) / k
+			copy(s.xgs[q*gab:(q+1)*gab], s.xg[r*gab:(r+1)*gab])
+			if uT.VecDotType() != gT.VecDotType() {
+				copy(s.xus[q*uab:(q+1)*uab], xu[r*uab:(r+1)*uab])
+			}
+		}
+	}
+	if units := min(np, 4*threads); threads > 1 && n >= minParallelConvert {
+		run(units, func(_, u int) { gather(np*u/units, np*(u+1)/units) })
+	} else {
+		gather(0, np)
 	}
 
 	// Phase 1: gate and up projections, units over (expert, DFF row range),

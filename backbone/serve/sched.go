@@ -242,16 +242,18 @@ func (s *Server) loop(l *lane) {
 				a.decoding = true
 			}
 		}
-		for i, a := range owners {
-			s.sample(a, logits[i*vocab:(i+1)*vocab], end)
-		}
-		compact()
+		// Counted before the tokens are delivered, so a client that has
+		// read its last token sees it in the metrics.
 		s.met.steps.Inc()
 		s.met.stepSeconds.Observe(time.Since(start).Seconds())
 		s.met.batchRows.Observe(float64(len(rows)))
 		s.met.batchSeqs.Observe(float64(seqs))
 		s.met.promptTokens.Add(float64(prefill))
 		s.met.generatedTokens.Add(float64(len(owners)))
+		for i, a := range owners {
+			s.sample(a, logits[i*vocab:(i+1)*vocab], end)
+		}
+		compact()
 	}
 }
 

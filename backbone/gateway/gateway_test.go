@@ -143,7 +143,15 @@ func TestSpliceNamesWorkerAndEchoes(t *testing.T) {
 		t.Fatalf("plain GET: %v %v", resp.Status, err)
 	}
 	resp.Body.Close()
-	if st := g.Stats(); st.Upgrades != 1 || st.BytesUp == 0 || st.BytesDown == 0 {
+	// The splice counts a chunk after writing it on, so the echo may reach
+	// the client a moment before its bytes are counted.
+	deadline := time.Now().Add(5 * time.Second)
+	st := g.Stats()
+	for (st.BytesUp == 0 || st.BytesDown == 0) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+		st = g.Stats()
+	}
+	if st.Upgrades != 1 || st.BytesUp == 0 || st.BytesDown == 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }

@@ -16,6 +16,8 @@
 #                            # leave the raw file, the new ones are appended (the header notes it)
 #   LLAMA_BENCH=PATH         # a llama-bench binary (llama.cpp, built outside this repo): measured in
 #                            # the same rounds, alternating with kvasir, on the same file and 2 threads
+#   LLAMA_BENCH_COMMIT=ID LLAMA_BENCH_NOTE=TEXT  # its source commit (when its build does not know it)
+#                            # and how it was built, for the doc
 #
 # The real-shape comparison needs the 16.9 GB model in the page cache: about 17 GB of free RAM (genmodel
 # also holds the model in memory while writing it once, ~2.5 min).
@@ -41,6 +43,8 @@ llama_run() {
     echo "### group: llama-bench"
     echo "### command: $cmd"
     echo "### load-before: $(load)"
+    [ -n "${LLAMA_BENCH_COMMIT:-}" ] && echo "### llama-bench-commit: $LLAMA_BENCH_COMMIT"
+    [ -n "${LLAMA_BENCH_NOTE:-}" ] && echo "### llama-bench-note: $LLAMA_BENCH_NOTE"
   } >>"$RAW"
   echo "bench.sh: llama-bench ($cmd)" >&2
   local out
@@ -51,7 +55,7 @@ llama_run() {
     NR == 1 { for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); col[h] = i }; next }
     { p = $col["n_prompt"]; g = $col["n_gen"]; ts = $col["avg_ts"]; bc = $col["build_commit"]
       gsub(/"/, "", p); gsub(/"/, "", g); gsub(/"/, "", ts); gsub(/"/, "", bc)
-      if (bc != "") print "### llama-bench-commit: " bc
+      if (bc != "" && bc != "unknown") print "### llama-bench-commit: " bc
       if (p + 0 > 0 && g + 0 == 0) printf "BenchmarkLlamaCpp/pp%d-2 \t 1 \t %s tok/s\n", p, ts
       if (g + 0 > 0 && p + 0 == 0) printf "BenchmarkLlamaCpp/tg%d-2 \t 1 \t %s tok/s\n", g, ts }' | tee -a "$RAW" >&2
   {
@@ -79,9 +83,9 @@ real_shape() {
     "$GO" run ./backbone genmodel --preset qwen3-30b-a3b --layers 48 --type Q4_K --seed 1 --out "$model.part" >&2 &&
       mv "$model.part" "$model" || { rm -f "$model.part"; echo "bench.sh: genmodel failed" >&2; return 0; }
   fi
-  cat "$model" >/dev/null # into the page cache
   [ "$QUICK" = 1 ] && reps=1
   for _ in $(seq "$reps"); do
+    cat "$model" >/dev/null # into the page cache (llama-bench's repacked copy may have pushed it out)
     run model-real ./engine/model 'BenchmarkRealModel' 2x 1 KVASIR_BENCH_MODEL="$model" KVASIR_BENCH_THREADS=2
     [ -n "${LLAMA_BENCH:-}" ] && want llama-bench && llama_run "$model"
   done
@@ -133,7 +137,7 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ] && [ -n "$GROUPS_ONLY" ] && [ -s "$RAW
     /^### group: / { g = $0; sub(/^### group: /, "", g); skip = index(groups, " " g " ") > 0 }
     /^### (end|rerun): / { skip = 0 }
     !skip' "$RAW" >"$RAW.tmp" && mv "$RAW.tmp" "$RAW"
-  echo "### rerun: $(date -u '+%Y-%m-%d %H:%M UTC') at $(commit_now): $GROUPS_ONLY" >>"$RAW"
+  echo "### rerun: $(date -u '+%Y-%m-%d %H:%M UTC') at $(commit_now) on $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//') x $(nproc 2>/dev/null || echo '?'): $GROUPS_ONLY" >>"$RAW"
 elif [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   GROUPS_ONLY=""
   {
@@ -213,6 +217,7 @@ function table(g,    i, j, n, u, nu, units, seen, line) {
 /^### quick: / { quick = rest }
 /^### end: / { end = rest }
 /^### llama-bench-commit: / { llcommit = rest }
+/^### llama-bench-note: / { llnote = rest }
 /^### rerun: / { reruns = reruns (reruns == "" ? "" : "; ") rest }
 /^### group: / { g = rest }
 /^### command: / { cmd[g] = rest }
@@ -318,10 +323,11 @@ END {
   print "to `~/.cache/kvasir-bench`, read from the page cache), 2 threads. kvasir: `BenchmarkRealModel` (tg32: 32"
   print "tokens decoded one at a time from an empty sequence; pp512: a 512-token prompt as one batch), as"
   print "llama.cpp'\''s `llama-bench -t 2 -p 512 -n 32` measures. With `LLAMA_BENCH` set, llama-bench ran on the same"
-  print "file in the same run, alternating with kvasir (" (llcommit != "" ? "llama.cpp build " llcommit ", " : "") "its own build, outside this repo);"
-  print "otherwise the llama.cpp column holds the reference figures measured on this machine kind (tg32 14.0 -"
-  print "17.3, pp512 26.8 - 30.2 tok/s; issue 14, `../shared/PLATFORM.md`) and the ratio uses their upper ends."
-  print "Medians, with the range over the rounds."
+  print "file in the same run, alternating with kvasir (" (llcommit != "" ? "llama.cpp " llcommit ", " : "") "built outside this repo" (llnote != "" ? ": " llnote : "") ");"
+  print "otherwise the llama.cpp column holds the figures of issue 14 (tg32 14.0 - 17.3, pp512 26.8 - 30.2 tok/s,"
+  print "measured on a 2-core AMD EPYC VM with ~46 GB/s of read bandwidth) and the ratio uses their upper ends."
+  print "Medians, with the range over the rounds. Decode reads every weight byte once per token, so its bound is"
+  print "BW / bytes per token; compare machines by the fraction of BW, not by tok/s."
   print ""
   kd = num("RealModel/tg32", "tok/s"); kp = num("RealModel/pp512", "tok/s"); rwb = num("RealModel/tg32", "weightB/tok")
   ld = num("LlamaCpp/tg32", "tok/s"); lp = num("LlamaCpp/pp512", "tok/s")

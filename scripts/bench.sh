@@ -443,4 +443,10 @@ END {
   table("ledger"); table("credit"); table("gguf"); table("tokenizer")
 }
 ' "$RAW" >"$DOC"
+# Sections measured by hand (PostgreSQL, the 16.9 GB file, verification
+# rates) live in their own file and follow the generated tables.
+HAND=${KVASIR_BENCH_HAND:-docs/BENCHMARKS-by-hand.md}
+if [ -s "$HAND" ]; then
+  { echo; sed '1s/^# /## /; 2,$s/^## /### /' "$HAND"; } >>"$DOC"
+fi
 echo "bench.sh: wrote $RAW and $DOC" >&2

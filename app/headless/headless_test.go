@@ -328,15 +328,16 @@ func TestFirstRun(t *testing.T) {
 	if len(lines) < 3 || lines[1] != "gateway: "+sw.URL {
 		t.Fatalf("no gateway line")
 	}
-	var downloading, earning bool
+	// The download itself may finish between two status lines (the
+	// embedded model's experts are small); the slice folder below shows it.
+	var earning bool
 	for _, l := range lines {
-		downloading = downloading || strings.Contains(l, " download=")
 		if f := strings.Fields(l); len(f) > 6 && f[1] == "connected" && !strings.Contains(l, " 0.0 rows/s") {
 			earning = true
 		}
 	}
-	if !downloading || !earning {
-		t.Errorf("the first run did not download (%v) or earn (%v)", downloading, earning)
+	if !earning {
+		t.Errorf("the first run did not earn")
 	}
 	data := filepath.Join(cfgHome, "kvasir")
 	if ents, err := os.ReadDir(filepath.Join(data, "slice")); err != nil || len(ents) < 2 {

@@ -125,10 +125,12 @@ func (l *Lock) serve(onShow func()) error {
 					fmt.Fprintln(c, "denied")
 					return
 				}
-				fmt.Fprintln(c, "ok")
+				// Shown before the answer: a second launch that reads "ok"
+				// knows the window was asked to come forward.
 				if onShow != nil {
 					onShow()
 				}
+				fmt.Fprintln(c, "ok")
 			}()
 		}
 	}()

@@ -257,7 +257,13 @@ func TestUpgradeRefused(t *testing.T) {
 	if n := s.px.conns.Load(); n != 1 {
 		t.Fatalf("hub saw %d connections, want 1 (the first, valid use)", n)
 	}
-	if st := s.gw.Stats(); st.Refused != 5 || st.Upgrades != 1 {
+	// The gateway counts an upgrade once its splice has started, which
+	// may be just after the client saw the 101.
+	st := s.gw.Stats()
+	for deadline := time.Now().Add(5 * time.Second); st.Upgrades != 1 && time.Now().Before(deadline); st = s.gw.Stats() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st.Refused != 5 || st.Upgrades != 1 {
 		t.Fatalf("gateway stats %+v", st)
 	}
 	// Straight to the hub without the gateway's MAC: refused.

@@ -160,7 +160,9 @@ func TestLoad200(t *testing.T) {
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
-	if after.HeapAlloc > before.HeapAlloc+16<<20 {
-		t.Errorf("heap grew from %d to %d bytes", before.HeapAlloc, after.HeapAlloc)
+	// Pooled sequences keep their recurrent state (qwen35moe: StateBytes
+	// each, whatever their length) for reuse: up to MaxSeqs of them.
+	if pool := uint64(32 * m.StateBytes()); after.HeapAlloc > before.HeapAlloc+16<<20+pool {
+		t.Errorf("heap grew from %d to %d bytes (pooled recurrent state may hold %d)", before.HeapAlloc, after.HeapAlloc, pool)
 	}
 }

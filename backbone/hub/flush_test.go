@@ -317,13 +317,7 @@ func TestHubMetrics(t *testing.T) {
 		t.Fatalf("unsigned upgrade: %v", err)
 	}
 	f.endAll(t)
-	resp, err := http.Get("http://" + f.h.Addr() + MetricsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{
+	wants := []string{
 		"kvasir_hub_sessions_total 3",
 		"kvasir_hub_sessions_open 0",
 		`kvasir_hub_bytes_bridged_total{dir="to_worker"} 132`,
@@ -335,9 +329,28 @@ func TestHubMetrics(t *testing.T) {
 		"kvasir_hub_ledger_append_seconds_bucket",
 		"kvasir_hub_ledger_lag_seconds 0",
 		"kvasir_hub_ledger_unacked_rows 0",
-	} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("/metrics lacks %q", want)
+	}
+	// A session's last bytes are counted as its bridge ends, which may be
+	// a moment after endAll returns: read until everything is there.
+	var missing []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get("http://" + f.h.Addr() + MetricsPath)
+		if err != nil {
+			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		missing = missing[:0]
+		for _, want := range wants {
+			if !strings.Contains(string(body), want) {
+				missing = append(missing, want)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, want := range missing {
+		t.Errorf("/metrics lacks %q", want)
 	}
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
-	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/quant"
@@ -129,18 +128,7 @@ func benchPreset(b *testing.B, p *presetOnce, preset, size string) *loadedModel 
 		b.Skipf("set KVASIR_BENCH_Q30=1 (generates a %s model in memory)", size)
 	}
 	p.once.Do(func() {
-		s, err := modelgen.Preset(preset)
-		if err != nil {
-			p.err = err
-			return
-		}
-		s.Layers, s.Type = 4, quant.Q4_K
-		data, err := modelgen.Bytes(s)
-		if err != nil {
-			p.err = err
-			return
-		}
-		f, err := gguf.Parse(data)
+		f, err := modelgen.PresetFile(preset, 4, quant.Q4_K)
 		if err != nil {
 			p.err = err
 			return

@@ -12,7 +12,6 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
-	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/quant"
@@ -33,18 +32,7 @@ func q30Model(b *testing.B) *model.Model {
 		b.Skip("set KVASIR_BENCH_Q30=1 (generates a 1.4 GB model in memory)")
 	}
 	q30Bench.once.Do(func() {
-		s, err := modelgen.Preset("qwen3-30b-a3b")
-		if err != nil {
-			q30Bench.err = err
-			return
-		}
-		s.Layers, s.Type = 4, quant.Q4_K
-		data, err := modelgen.Bytes(s)
-		if err != nil {
-			q30Bench.err = err
-			return
-		}
-		f, err := gguf.Parse(data)
+		f, err := modelgen.PresetFile("qwen3-30b-a3b", 4, quant.Q4_K)
 		if err != nil {
 			q30Bench.err = err
 			return

@@ -4,7 +4,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
@@ -36,18 +35,7 @@ var q30, q35 presetOnce
 // (writing it to disk first only adds I/O time) and loads it.
 func presetModel(b *testing.B, p *presetOnce, preset string) *Model {
 	p.once.Do(func() {
-		s, err := modelgen.Preset(preset)
-		if err != nil {
-			p.err = err
-			return
-		}
-		s.Layers, s.Type = 4, quant.Q4_K
-		data, err := modelgen.Bytes(s)
-		if err != nil {
-			p.err = err
-			return
-		}
-		f, err := gguf.Parse(data)
+		f, err := modelgen.PresetFile(preset, 4, quant.Q4_K)
 		if err != nil {
 			p.err = err
 			return

@@ -676,6 +676,23 @@ func Bytes(s Spec) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// PresetFile generates preset name with its first layers layers and every
+// weight matrix of type t (the benchmark models: e.g. 4 Q4_K layers of
+// qwen3-30b-a3b), in memory, and parses it. Errors wrap ErrSpec or come
+// from the writer or gguf.Parse.
+func PresetFile(name string, layers int, t quant.Type) (*gguf.File, error) {
+	s, err := Preset(name)
+	if err != nil {
+		return nil, err
+	}
+	s.Layers, s.Type = layers, t
+	data, err := Bytes(s)
+	if err != nil {
+		return nil, err
+	}
+	return gguf.Parse(data)
+}
+
 // Describe returns a one-line human summary of s.
 func Describe(s Spec) string {
 	t := s.Type.String()

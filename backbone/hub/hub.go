@@ -13,9 +13,10 @@
 // the session totals, neither credited nor rejected.
 //
 // Settling (docs/accounting.md, "Verification and forfeit"): creditable
-// bytes reach the ledger only once settled: at least SettleDelay old and
-// followed by at least SettleResults RESULTs of the session, or when the
-// session ends. Until then a LinkForfeit from the backbone (a result failed
+// bytes reach the ledger only once settled: at least SettleDelay old
+// (counted from when they were metered) and followed by at least
+// SettleResults RESULTs of the session, or followed by SettleDelay without
+// any RESULT (a paused or idle session), or when the session ends. Until then a LinkForfeit from the backbone (a result failed
 // verification) turns them, and every later creditable byte of the
 // session, into rejected bytes.
 package hub
@@ -84,9 +85,12 @@ type Config struct {
 	Registry *prometheus.Registry
 
 	// SettleDelay and SettleResults hold creditable bytes back from the
-	// ledger until they are settled: at least SettleDelay old and followed
-	// by at least SettleResults RESULT messages of the same session (or the
-	// session ended without a forfeit). Until then a LinkForfeit rejects
+	// ledger until they are settled: at least SettleDelay old (from their
+	// metering; under steady work bytes settle SettleDelay after they were
+	// metered, give or take FlushEvery) and followed by at least
+	// SettleResults RESULT messages of the same session, or by SettleDelay
+	// without a RESULT (paused or idle), or the session ended without a
+	// forfeit. Until then a LinkForfeit rejects
 	// them. Zero values hold nothing back (bytes settle at the next flush);
 	// the hub command uses DefaultSettleDelay and DefaultSettleResults.
 	// SettleDelay must exceed the backbone's longest verdict delay (its
@@ -339,7 +343,7 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	_, _ = rand.Read(idb[:])
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &session{id: hex.EncodeToString(idb[:]), worker: worker, started: now, cancel: cancel, pending: map[uint64]pendingResult{},
-		merge: h.cfg.FlushEvery}
+		merge: h.cfg.FlushEvery, lastResult: now}
 	h.mu.Lock()
 	if h.closing {
 		h.mu.Unlock()
@@ -659,9 +663,13 @@ type pendingResult struct {
 }
 
 // bucket is creditable bytes metered at about the same time, not yet
-// settled: at is when the last of them was metered and seq the session's
-// RESULT count then.
+// settled: first and at are when the first and the last of them were
+// metered (a bucket takes bytes for at most the session's merge period
+// after first, so under steady work new buckets open and the old ones
+// settle on time) and seq the session's RESULT count when the last of them
+// was metered.
 type bucket struct {
+	first   time.Time
 	at      time.Time
 	seq     uint64
 	out, in uint64
@@ -672,12 +680,13 @@ type session struct {
 	id, worker string
 	started    time.Time
 	cancel     context.CancelFunc
-	merge      time.Duration // bytes metered within this of a bucket's time join it
+	merge      time.Duration // bytes metered within this of a bucket's first bytes join it
 
 	mu                               sync.Mutex
 	ended                            bool
 	reason                           string
 	toW, fromW, msgs, nDisp, nResult uint64
+	lastResult                       time.Time // when the last RESULT arrived (session start before any)
 	creditOut, creditIn, rejected    uint64
 	pending                          map[uint64]pendingResult
 	unsettled                        []bucket // oldest first
@@ -707,25 +716,37 @@ func (s *session) creditLocked(out, in uint64) {
 	}
 	s.creditOut += out
 	s.creditIn += in
-	now := time.Now()
-	if n := len(s.unsettled); n > 0 && now.Sub(s.unsettled[n-1].at) < s.merge {
+	s.addUnsettledLocked(time.Now(), out, in)
+}
+
+// addUnsettledLocked adds creditable bytes metered at now to the newest
+// bucket while that bucket's first bytes are younger than the merge period
+// (never measured from its newest bytes: a bucket fed by steady work would
+// then stay open, and never settle, for as long as the work lasts), else
+// to a new bucket; s.mu is held.
+func (s *session) addUnsettledLocked(now time.Time, out, in uint64) {
+	if n := len(s.unsettled); n > 0 && now.Sub(s.unsettled[n-1].first) < s.merge {
 		b := &s.unsettled[n-1]
 		b.at, b.seq = now, s.nResult
 		b.out += out
 		b.in += in
 		return
 	}
-	s.unsettled = append(s.unsettled, bucket{at: now, seq: s.nResult, out: out, in: in})
+	s.unsettled = append(s.unsettled, bucket{first: now, at: now, seq: s.nResult, out: out, in: in})
 }
 
-// settleLocked moves the unsettled buckets that are at least delay old and
-// followed by at least results RESULTs (all of them when all is set and
-// the session is not forfeited) into the settled totals; s.mu is held.
+// settleLocked moves into the settled totals the unsettled buckets, oldest
+// first, whose newest bytes are at least delay old and
+// either followed by at least results RESULTs or, when the session has
+// received no RESULT for delay (paused or idle: the results that would
+// fill the window are not coming), with no further condition; all of them
+// when all is set (the session ended, not forfeited). s.mu is held.
 func (s *session) settleLocked(now time.Time, delay time.Duration, results int, all bool) {
+	idle := now.Sub(s.lastResult) >= delay
 	i := 0
 	for ; i < len(s.unsettled); i++ {
 		b := s.unsettled[i]
-		if !all && (now.Sub(b.at) < delay || s.nResult-b.seq < uint64(max(results, 0))) {
+		if !all && (now.Sub(b.at) < delay || (!idle && s.nResult-b.seq < uint64(max(results, 0)))) {
 			break
 		}
 		s.settled.out += b.out
@@ -771,6 +792,7 @@ func (s *session) fromWorker(msg []byte, n int) {
 		p.at = time.Now()
 		s.pending[req] = p
 		s.nResult++
+		s.lastResult = p.at
 	case t == wire.TypeResult || t == wire.TypeDispatch: // short RESULT, or a worker sending DISPATCH
 		s.rejected += uint64(n)
 	default:

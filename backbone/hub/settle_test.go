@@ -210,31 +210,47 @@ func TestForfeitUnsettled(t *testing.T) {
 }
 
 // TestSettleByTimeAndCount: bytes settle once SettleDelay old and followed
-// by SettleResults RESULTs; a later forfeit leaves settled bytes credited.
+// by SettleResults RESULTs while the worker keeps answering; a later
+// forfeit leaves settled bytes credited.
 func TestSettleByTimeAndCount(t *testing.T) {
-	r := newRig(t, func(c *Config) { c.SettleDelay = 30 * time.Millisecond; c.SettleResults = 2 })
+	r := newRig(t, func(c *Config) { c.SettleDelay = 100 * time.Millisecond; c.SettleResults = 40 })
 	r.toWorker(t, dispatch(1))
 	r.toBackbone(t, result(1))
 	r.send(t, wire.LinkAccepted, wire.AppendLinkRequest(nil, 1))
 	rigWait(t, "the verdict", func() bool { return r.session(t).CreditIn == 32 })
-	time.Sleep(150 * time.Millisecond)
-	if in, out, _, _ := r.ledgerSums(t); in != 0 || out != 0 {
-		t.Fatalf("settled with fewer than 2 RESULTs after: in %d out %d", in, out)
+	// RESULTs every 10 ms (verdicts pending): never idle for the delay,
+	// fewer than 40 of them for ~300 ms, then 40.
+	for req := uint64(100); req < 130; req++ {
+		r.toBackbone(t, result(req))
+		time.Sleep(10 * time.Millisecond)
 	}
-	r.toBackbone(t, result(7)) // two more RESULTs (verdicts pending)
-	r.toBackbone(t, result(8))
-	rigWait(t, "settling", func() bool { in, out, _, _ := r.ledgerSums(t); return in == 32 && out == 44 })
-	r.send(t, wire.LinkRejected, wire.AppendLinkRequest(nil, 7))
+	if in, out, _, _ := r.ledgerSums(t); in != 0 || out != 0 {
+		t.Fatalf("settled with fewer than 40 RESULTs after and no idle delay: in %d out %d", in, out)
+	}
+	for req := uint64(130); ; req++ {
+		r.toBackbone(t, result(req))
+		if in, out, _, _ := r.ledgerSums(t); in == 32 && out == 44 {
+			if req < 139 {
+				t.Fatalf("settled after RESULT %d, before the 40th", req)
+			}
+			break
+		}
+		if req > 1000 {
+			t.Fatal("never settled")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.send(t, wire.LinkRejected, wire.AppendLinkRequest(nil, 130))
 	r.send(t, wire.LinkForfeit, wire.AppendLinkForfeit(nil, "lied"))
 	rigWait(t, "the forfeit", func() bool { return r.session(t).ForfeitReason == "lied" })
-	r.send(t, wire.LinkAccepted, wire.AppendLinkRequest(nil, 8)) // accepted after the forfeit: rejected
+	r.send(t, wire.LinkAccepted, wire.AppendLinkRequest(nil, 131)) // accepted after the forfeit: rejected
 	r.send(t, wire.LinkClose, wire.AppendLinkClose(nil, 1008, "bye"))
 	if _, _, err := r.c.Read(context.Background()); websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
 		t.Fatalf("worker read: %v", err)
 	}
 	rigWait(t, "the final row", func() bool { _, _, _, f := r.ledgerSums(t); return f })
-	if in, out, rej, _ := r.ledgerSums(t); in != 32 || out != 44 || rej != 64 {
-		t.Fatalf("ledger in %d out %d rejected %d", in, out, rej)
+	if in, out, _, _ := r.ledgerSums(t); in != 32 || out != 44 {
+		t.Fatalf("ledger in %d out %d", in, out)
 	}
 }
 

@@ -24,7 +24,7 @@ type Attention struct {
 	Output Weight    // attn_output Embd x Heads*HeadDimV
 	QNorm  []float32 // attn_q_norm [HeadDim]
 	KNorm  []float32 // attn_k_norm [HeadDim]
-	Gated  bool
+	Gated  bool      // attn_q holds a per-head output gate (qwen35moe)
 }
 
 // attention loads layer il's softmax attention: attn_q (Heads*HeadDim

@@ -143,10 +143,10 @@ func (s *Sequence) reserve(need int) {
 // sequence in the batch (rows of one sequence appear in position order).
 // Logits asks for this row's logits.
 type Row struct {
-	Seq    *Sequence
-	Token  int32
-	Pos    int
-	Logits bool
+	Seq    *Sequence // the sequence the token extends
+	Token  int32     // token id in [0, Vocab)
+	Pos    int       // position: Seq.Len() plus the batch's earlier rows of Seq
+	Logits bool      // whether Forward writes this row's Vocab logits
 }
 
 // workspace holds Forward's buffers, grown on demand and reused.

@@ -37,10 +37,10 @@ import (
 // Weight is a Rows x Cols matrix of type Type as stored in GGUF (ggml ne =
 // [Cols, Rows]): row r at byte offset r*Type.RowBytes(Cols) of Data.
 type Weight struct {
-	Name       string
-	Type       quant.Type
-	Rows, Cols int
-	Data       []byte
+	Name       string     // the GGUF tensor's name, for errors
+	Type       quant.Type // the ggml type of Data
+	Rows, Cols int        // elements: Rows rows of Cols each
+	Data       []byte     // Rows x Type.RowBytes(Cols) bytes, a view into the file
 }
 
 // Bytes returns the size of the weight in bytes.

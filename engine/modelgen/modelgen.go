@@ -86,8 +86,8 @@ type Spec struct {
 	// rows are not a multiple of 256 fall back as llama-quantize does:
 	// Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, then F16.
 	Type quant.Type
-	Mix  bool
-	Seed uint64
+	Mix  bool   // the Q4_K_M-like mix (see Type)
+	Seed uint64 // seed of every tensor's random stream
 }
 
 // Presets names the specs Preset knows.

@@ -11,27 +11,56 @@ import (
 )
 
 // arch is one architecture's entry in the registry: how to read its
-// hyperparameters and tensors from a GGUF file into a Model. Each
-// architecture lives in a file of its own (qwen3moe.go, qwen35moe.go) and
-// registers itself from init; the forward pass is shared (forward.go) and
-// runs whatever blocks the loader filled in.
+// hyperparameters and tensors from a GGUF file into a Model, and which
+// kind each layer is. Each architecture lives in a file of its own
+// (qwen3moe.go, qwen35moe.go) and registers itself from init; the forward
+// pass is shared (forward.go) and runs whatever blocks the loader filled
+// in, dispatching on the kinds Load stored in each Block. Every function
+// must be set.
 type arch struct {
 	name string
 	// tensorsPerLayer is the fewest tensors a layer of this architecture
 	// has; it bounds block_count by the file before anything is allocated.
 	tensorsPerLayer int
 	// params reads the architecture's hyperparameters (Params.Arch and the
-	// common ones are already read).
+	// common ones are already read) and checks them, failing l with
+	// ErrMetadata.
 	params func(l *loader, p *Params)
-	// block loads layer il's tensors into b.
+	// memory returns layer il's memory kind, which is its token mixer's:
+	// block must set Block.Attn for MemoryKV, Block.Linear for
+	// MemoryRecurrent. Called for il < Params.Layers after params.
+	memory func(l *loader, p *Params, il int) MemoryKind
+	// ffn returns layer il's feed-forward kind: block must set Block.MoE
+	// (with its Router) for FFNMoE, Block.Dense for FFNDense. Called for
+	// every il < Params.ExpertLayers (MTP blocks included): an FFNMoE
+	// layer's routed experts are loaded before block is called, and become
+	// Block.MoE.Experts after it.
+	ffn func(p *Params, il int) FFNKind
+	// block loads layer il's tensors into b, whose Memory and FFN are
+	// already set; it fails l (ErrTensor, ErrMetadata) rather than return.
 	block func(l *loader, p *Params, il int, b *Block)
 }
+
+// noParams is arch.params for an architecture with no hyperparameters of
+// its own.
+func noParams(*loader, *Params) {}
+
+// kvEveryLayer is arch.memory for an architecture whose every layer is
+// softmax attention with a KV cache.
+func kvEveryLayer(*loader, *Params, int) MemoryKind { return MemoryKV }
+
+// moeEveryLayer is arch.ffn for an architecture whose every layer ends in
+// a mixture of experts.
+func moeEveryLayer(*Params, int) FFNKind { return FFNMoE }
 
 var archs = map[string]*arch{}
 
 // register adds a to the registry; called from each architecture file's
 // init.
 func register(a *arch) {
+	if a.params == nil || a.memory == nil || a.ffn == nil || a.block == nil || a.tensorsPerLayer <= 0 {
+		panic("model: architecture " + a.name + " registered without its loader functions")
+	}
 	if _, dup := archs[a.name]; dup {
 		panic("model: architecture " + a.name + " registered twice")
 	}

@@ -24,7 +24,27 @@ type Attention struct {
 	Output Weight    // attn_output Embd x Heads*HeadDimV
 	QNorm  []float32 // attn_q_norm [HeadDim]
 	KNorm  []float32 // attn_k_norm [HeadDim]
-	Gated  bool
+	Gated  bool      // attn_q holds a per-head output gate (qwen35moe)
+}
+
+// attention loads layer il's softmax attention: attn_q (Heads*HeadDim
+// rows, twice that when gated), attn_k, attn_v, attn_output, attn_q_norm
+// and attn_k_norm, in that order (llama.cpp's load_arch_tensors).
+func (l *loader) attention(p *Params, il int, gated bool) *Attention {
+	n := func(s string) string { return blk(il, s+".weight") }
+	qRows := p.Heads * p.HeadDim
+	if gated {
+		qRows *= 2
+	}
+	return &Attention{
+		Q:      l.matrix(n("attn_q"), qRows, p.Embd),
+		K:      l.matrix(n("attn_k"), p.HeadsKV*p.HeadDim, p.Embd),
+		V:      l.matrix(n("attn_v"), p.HeadsKV*p.HeadDimV, p.Embd),
+		Output: l.matrix(n("attn_output"), p.Embd, p.Heads*p.HeadDimV),
+		QNorm:  l.vector(n("attn_q_norm"), p.HeadDim),
+		KNorm:  l.vector(n("attn_k_norm"), p.HeadDim),
+		Gated:  gated,
+	}
 }
 
 // attnLayer runs layer il's attention on ws.xn (the normed input) into
@@ -60,13 +80,13 @@ func (m *Model) attnLayer(il int, a *Attention, rows []Row) error {
 			ropeNeox(x, c, s)
 		}
 		seq, pos := rows[i].Seq, rows[i].Pos
-		kc := seq.k[il][pos*kd : (pos+1)*kd]
+		kc := seq.mem[il].k[pos*kd : (pos+1)*kd]
 		for h := range p.HeadsKV {
 			x := ws.k[i*kd+h*hd : i*kd+(h+1)*hd]
 			rmsNorm(kc[h*hd:(h+1)*hd], x, a.KNorm, p.NormEps)
 			ropeNeox(kc[h*hd:(h+1)*hd], c, s)
 		}
-		vt, cp := seq.v[il], seq.capPos
+		vt, cp := seq.mem[il].v, seq.capPos
 		for ch, x := range ws.v[i*vd : (i+1)*vd] {
 			vt[ch*cp+pos] = x
 		}
@@ -109,7 +129,7 @@ func (m *Model) attention(il int, rows []Row) {
 		i, h := u/p.Heads, u%p.Heads
 		kvh := h / group
 		seq, pos := rows[i].Seq, rows[i].Pos
-		kc, vc := seq.k[il], seq.v[il]
+		kc, vc := seq.mem[il].k, seq.mem[il].v
 		q := ws.q[i*qd+h*hd : i*qd+(h+1)*hd]
 		sc := ws.scores[w][:pos+1]
 		// Key t of KV head kvh starts at (t*HeadsKV+kvh)*hd; the slices

@@ -40,32 +40,36 @@ type GatedDeltaNet struct {
 	Out    Weight    // ssm_out   Embd x H*S
 }
 
-// seqGroup is one sequence's rows of a Forward batch, in position order.
-type seqGroup struct {
-	seq  *Sequence
-	rows []int32
+// gatedDeltaNet loads layer il's Gated DeltaNet (load_arch_tensors in
+// llama.cpp src/models/qwen35moe.cpp), shapes from p's SSM sizes.
+func (l *loader) gatedDeltaNet(p *Params, il int) *GatedDeltaNet {
+	n := func(s string) string { return blk(il, s+".weight") }
+	d := p.Embd
+	keyDim, valDim := p.SSMState*p.SSMGroups, p.SSMInner
+	conv := 2*keyDim + valDim
+	return &GatedDeltaNet{
+		QKV:    l.matrix(n("attn_qkv"), conv, d),
+		Gate:   l.matrix(n("attn_gate"), valDim, d),
+		Conv1D: l.vector(n("ssm_conv1d"), conv*p.SSMConv, uint64(p.SSMConv), uint64(conv)),
+		DTBias: l.vector(blk(il, "ssm_dt.bias"), p.SSMHeads),
+		A:      l.vector(blk(il, "ssm_a"), p.SSMHeads),
+		Beta:   l.matrix(n("ssm_beta"), p.SSMHeads, d),
+		Alpha:  l.matrix(n("ssm_alpha"), p.SSMHeads, d),
+		Norm:   l.vector(n("ssm_norm"), p.SSMState),
+		Out:    l.matrix(n("ssm_out"), d, valDim),
+	}
 }
 
-// deltaNetLayer runs layer il's Gated DeltaNet on ws.xn into ws.tmp (n x
-// Embd), advancing the rows' recurrent states.
-func (m *Model) deltaNetLayer(il int, g *GatedDeltaNet, rows []Row) error {
+// deltaNetConv runs layer il's causal depthwise convolution, SiLU and the
+// q/k L2 norms on ws.mixed into ws.cv, per sequence in time order, and
+// moves each sequence's convolution state on by its rows.
+func (m *Model) deltaNetConv(il int, g *GatedDeltaNet) {
 	p, ws := m.p, &m.ws
-	n, d := len(rows), p.Embd
-	H, K, S := p.SSMHeads, p.SSMGroups, p.SSMState
-	conv, vd := 2*K*S+H*S, H*S
-	if err := m.projectAll(ws.xn[:n*d], n, proj{w: &g.QKV, y: ws.mixed[:n*conv]}, proj{w: &g.Gate, y: ws.z[:n*vd]},
-		proj{w: &g.Beta, y: ws.beta[:n*H]}, proj{w: &g.Alpha, y: ws.gdt[:n*H]}); err != nil {
-		return err
-	}
-	for i := range n * H {
-		ws.beta[i] = sigmoid(ws.beta[i])
-		h := i % H
-		ws.gdt[i] = softplus(ws.gdt[i]+g.DTBias[h]) * g.A[h]
-	}
-	// Convolution, SiLU and the q/k L2 norms, per sequence in time order.
+	K, S := p.SSMGroups, p.SSMState
+	conv := 2*K*S + p.SSMHeads*S
 	kc := p.SSMConv
 	for _, gr := range ws.groups {
-		state := gr.seq.conv[il] // (kc-1) x conv, oldest first
+		state := gr.seq.mem[il].conv // (kc-1) x conv, oldest first
 		win := ws.win[:(kc-1+len(gr.rows))*conv]
 		copy(win, state)
 		for t, r := range gr.rows {
@@ -90,6 +94,31 @@ func (m *Model) deltaNetLayer(il int, g *GatedDeltaNet, rows []Row) error {
 		}
 		copy(state, win[len(gr.rows)*conv:])
 	}
+}
+
+// seqGroup is one sequence's rows of a Forward batch, in position order.
+type seqGroup struct {
+	seq  *Sequence
+	rows []int32
+}
+
+// deltaNetLayer runs layer il's Gated DeltaNet on ws.xn into ws.tmp (n x
+// Embd), advancing the rows' recurrent states.
+func (m *Model) deltaNetLayer(il int, g *GatedDeltaNet, rows []Row) error {
+	p, ws := m.p, &m.ws
+	n, d := len(rows), p.Embd
+	H, K, S := p.SSMHeads, p.SSMGroups, p.SSMState
+	conv, vd := 2*K*S+H*S, H*S
+	if err := m.projectAll(ws.xn[:n*d], n, proj{w: &g.QKV, y: ws.mixed[:n*conv]}, proj{w: &g.Gate, y: ws.z[:n*vd]},
+		proj{w: &g.Beta, y: ws.beta[:n*H]}, proj{w: &g.Alpha, y: ws.gdt[:n*H]}); err != nil {
+		return err
+	}
+	for i := range n * H {
+		ws.beta[i] = sigmoid(ws.beta[i])
+		h := i % H
+		ws.gdt[i] = softplus(ws.gdt[i]+g.DTBias[h]) * g.A[h]
+	}
+	m.deltaNetConv(il, g)
 	// The delta rule, one unit per (sequence, value head).
 	scale := 1 / float32(math.Sqrt(float64(S)))
 	units := len(ws.groups) * H
@@ -101,7 +130,7 @@ func (m *Model) deltaNetLayer(il int, g *GatedDeltaNet, rows []Row) error {
 		gr := &ws.groups[u/H]
 		h := u % H
 		kh := h % K
-		st := gr.seq.ssm[il][h*S*S : (h+1)*S*S] // st[j*S+i] = S_h[i][j]
+		st := gr.seq.mem[il].ssm[h*S*S : (h+1)*S*S] // st[j*S+i] = S_h[i][j]
 		for _, r := range gr.rows {
 			row := ws.cv[int(r)*conv : (int(r)+1)*conv]
 			q, k, v := row[kh*S:(kh+1)*S], row[(K+kh)*S:(K+kh+1)*S], row[2*K*S+h*S:2*K*S+(h+1)*S]

@@ -9,51 +9,56 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
-// Sequence is one token sequence's state, per layer: an F32 KV cache for
-// attention layers (llama.cpp type_k = type_v = F32) and a recurrent state
-// for Gated DeltaNet layers (the last SSMConv-1 convolution inputs and one
-// SSMState x SSMState matrix per value head, llama.cpp's llama_memory_recurrent
-// r and s), plus the number of positions filled. Create one with
-// Model.NewSequence; several sequences may be decoded in one Forward call.
-// A Sequence belongs to the Model that created it.
+// Sequence is one token sequence's state: per layer the memory of the
+// layer's Block.Memory kind (layerMemory), plus the number of positions
+// filled. Create one with Model.NewSequence; several sequences may be
+// decoded in one Forward call. A Sequence belongs to the Model that created
+// it.
 type Sequence struct {
 	m       *Model
 	n       int // positions filled: 0..n-1
 	pending int // scratch for Forward's validation
-	capPos  int
-	// k[l]: layer l's keys, capPos x HeadsKV*HeadDim float32, position-major.
-	// v[l]: layer l's values transposed, HeadsKV*HeadDimV x capPos (channel-
-	// major, as llama.cpp stores V without flash attention), so each output
-	// element of softmax(.) V is one contiguous dot product over positions.
-	// nil for recurrent layers.
-	k, v [][]float32
-	// conv[l]: recurrent layer l's last SSMConv-1 inputs to the
-	// convolution, (SSMConv-1) x channels, oldest first. ssm[l]: its delta
-	// rule state, SSMHeads x SSMState x SSMState with ssm[l][(h*S+j)*S+i] =
-	// S_h[i][j] (ggml's transposed layout). nil for attention layers.
-	conv, ssm [][]float32
+	capPos  int // positions the KV layers' memory holds
+	mem     []layerMemory
+	// recurrent: some layer is MemoryRecurrent.
+	recurrent bool
 	// lost: a Forward failed after changing the recurrent state, so it no
 	// longer matches n; only Truncate(0) makes the sequence usable again.
 	lost bool
 }
 
-// NewSequence returns an empty sequence. Its KV cache grows on demand
-// (doubling, at most Params.Context positions: 2 x attention layers x
-// HeadsKV x HeadDim x 4 bytes per position); the recurrent state of a
-// model with Gated DeltaNet layers is allocated at once (per recurrent
-// layer ((SSMConv-1) x (2*SSMGroups+SSMHeads) x SSMState + SSMHeads x
-// SSMState^2) x 4 bytes, whatever the length).
+// layerMemory is one layer's memory in a Sequence, of the kind its
+// Block.Memory says; the other kind's fields are nil.
+type layerMemory struct {
+	// MemoryKV: an F32 KV cache (llama.cpp type_k = type_v = F32). k is
+	// capPos x HeadsKV*HeadDim, position-major; v the values transposed,
+	// HeadsKV*HeadDimV x capPos (channel-major, as llama.cpp stores V
+	// without flash attention), so each output element of softmax(.) V is
+	// one contiguous dot product over positions.
+	k, v []float32
+	// MemoryRecurrent: llama.cpp's llama_memory_recurrent r and s. conv
+	// holds the last SSMConv-1 inputs to the convolution, (SSMConv-1) x
+	// channels, oldest first; ssm the delta rule state, SSMHeads x SSMState
+	// x SSMState with ssm[(h*S+j)*S+i] = S_h[i][j] (ggml's transposed
+	// layout).
+	conv, ssm []float32
+}
+
+// NewSequence returns an empty sequence. Its KV layers' memory grows on
+// demand (doubling, at most Params.Context positions: 2 x attention layers
+// x HeadsKV x HeadDim x 4 bytes per position); its recurrent layers' state
+// is allocated at once (per recurrent layer ((SSMConv-1) x
+// (2*SSMGroups+SSMHeads) x SSMState + SSMHeads x SSMState^2) x 4 bytes,
+// whatever the length).
 func (m *Model) NewSequence() *Sequence {
 	p := m.p
-	s := &Sequence{m: m, k: make([][]float32, p.Layers), v: make([][]float32, p.Layers)}
-	if p.RecurrentCount > 0 {
-		s.conv, s.ssm = make([][]float32, p.Layers), make([][]float32, p.Layers)
-		ch := (2*p.SSMGroups + p.SSMHeads) * p.SSMState
-		for l := range m.Blocks {
-			if m.Blocks[l].Linear != nil {
-				s.conv[l] = make([]float32, (p.SSMConv-1)*ch)
-				s.ssm[l] = make([]float32, p.SSMHeads*p.SSMState*p.SSMState)
-			}
+	s := &Sequence{m: m, mem: make([]layerMemory, p.Layers)}
+	ch := (2*p.SSMGroups + p.SSMHeads) * p.SSMState
+	for l := range m.Blocks {
+		if m.Blocks[l].Memory == MemoryRecurrent {
+			s.mem[l].conv = make([]float32, (p.SSMConv-1)*ch)
+			s.mem[l].ssm = make([]float32, p.SSMHeads*p.SSMState*p.SSMState)
+			s.recurrent = true
 		}
 	}
 	return s
@@ -77,9 +82,9 @@ func (m *Model) StateBytes() int64 {
 // Len returns the number of positions filled; the next token goes at Len().
 func (s *Sequence) Len() int { return s.n }
 
-// Recurrent reports whether the sequence has recurrent layers, whose state
-// Truncate can only reset, not rewind.
-func (s *Sequence) Recurrent() bool { return s.conv != nil }
+// Recurrent reports whether the sequence has recurrent layers
+// (MemoryRecurrent), whose state Truncate can only reset, not rewind.
+func (s *Sequence) Recurrent() bool { return s.recurrent }
 
 // Truncate drops positions n and later (to rewind or reuse the sequence).
 // It fails with ErrBatch if n is negative or beyond Len. With recurrent
@@ -93,9 +98,9 @@ func (s *Sequence) Truncate(n int) error {
 	if s.Recurrent() {
 		switch {
 		case n == 0:
-			for l := range s.conv {
-				clear(s.conv[l])
-				clear(s.ssm[l])
+			for l := range s.mem {
+				clear(s.mem[l].conv)
+				clear(s.mem[l].ssm)
 			}
 			s.lost = false
 		case s.lost:
@@ -108,6 +113,7 @@ func (s *Sequence) Truncate(n int) error {
 	return nil
 }
 
+// reserve grows the KV layers' memory to hold need positions.
 func (s *Sequence) reserve(need int) {
 	if need <= s.capPos {
 		return
@@ -115,18 +121,19 @@ func (s *Sequence) reserve(need int) {
 	p := s.m.p
 	c := min(p.Context, max(need, 2*s.capPos, 64))
 	kd, vd := p.HeadsKV*p.HeadDim, p.HeadsKV*p.HeadDimV
-	for l := range s.k {
-		if s.m.Blocks[l].Attn == nil {
+	for l := range s.mem {
+		if s.m.Blocks[l].Memory != MemoryKV {
 			continue
 		}
+		lm := &s.mem[l]
 		k := make([]float32, c*kd)
-		copy(k, s.k[l][:s.n*kd])
-		s.k[l] = k
+		copy(k, lm.k[:s.n*kd])
+		lm.k = k
 		v := make([]float32, c*vd)
 		for ch := range vd {
-			copy(v[ch*c:ch*c+s.n], s.v[l][ch*s.capPos:ch*s.capPos+s.n])
+			copy(v[ch*c:ch*c+s.n], lm.v[ch*s.capPos:ch*s.capPos+s.n])
 		}
-		s.v[l] = v
+		lm.v = v
 	}
 	s.capPos = c
 }
@@ -136,10 +143,10 @@ func (s *Sequence) reserve(need int) {
 // sequence in the batch (rows of one sequence appear in position order).
 // Logits asks for this row's logits.
 type Row struct {
-	Seq    *Sequence
-	Token  int32
-	Pos    int
-	Logits bool
+	Seq    *Sequence // the sequence the token extends
+	Token  int32     // token id in [0, Vocab)
+	Pos    int       // position: Seq.Len() plus the batch's earlier rows of Seq
+	Logits bool      // whether Forward writes this row's Vocab logits
 }
 
 // workspace holds Forward's buffers, grown on demand and reused.
@@ -151,7 +158,7 @@ type workspace struct {
 	router, probs, wts, eo   []float32
 	ids                      []int32
 	sel                      []float32
-	shGate, shUp, shOut      []float32  // shared expert
+	ffGate, ffUp, ffOut      []float32  // shared expert or dense FFN
 	mixed, z, beta, gdt, cv  []float32  // Gated DeltaNet: attn_qkv, attn_gate, beta, g, conv output
 	o, win                   []float32  // Gated DeltaNet: delta-rule output; conv window of one sequence
 	groups                   []seqGroup // the batch's rows by sequence
@@ -166,9 +173,10 @@ type workspace struct {
 	err                      error       // first error of a parallel region
 }
 
-// ensure sizes the buffers for batches of n rows; shared is the largest
-// shared-expert FFN length, gated whether any attention layer is gated.
-func (ws *workspace) ensure(p Params, shared int, gated bool, n int) {
+// ensure sizes the buffers for batches of n rows; ff is the largest
+// shared-expert or dense FFN length, gated whether any attention layer is
+// gated.
+func (ws *workspace) ensure(p Params, ff int, gated bool, n int) {
 	if n <= ws.rows {
 		return
 	}
@@ -194,10 +202,10 @@ func (ws *workspace) ensure(p Params, shared int, gated bool, n int) {
 		ws.qg = make([]float32, 2*n*qd)
 		ws.gate = make([]float32, n*qd)
 	}
-	if shared > 0 {
-		ws.shGate = make([]float32, n*shared)
-		ws.shUp = make([]float32, n*shared)
-		ws.shOut = make([]float32, n*p.Embd)
+	if ff > 0 {
+		ws.ffGate = make([]float32, n*ff)
+		ws.ffUp = make([]float32, n*ff)
+		ws.ffOut = make([]float32, n*p.Embd)
 	}
 	if p.RecurrentCount > 0 {
 		ch, vd := (2*p.SSMGroups+p.SSMHeads)*p.SSMState, p.SSMInner
@@ -231,31 +239,9 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 		}
 		return nil
 	}
-	for i := range rows {
-		r := &rows[i]
-		if r.Seq == nil || r.Seq.m != m {
-			return fmt.Errorf("%w: row %d: sequence of another model", ErrBatch, i)
-		}
-		if r.Seq.lost {
-			return fmt.Errorf("row %d: %w: the sequence's state was lost by a failed Forward; Truncate(0) resets it", i, ErrRewind)
-		}
-		r.Seq.pending = r.Seq.n
-	}
-	nl := 0
-	for i := range rows {
-		r := &rows[i]
-		switch {
-		case r.Token < 0 || int(r.Token) >= p.Vocab:
-			return fmt.Errorf("%w: row %d: token %d outside the vocabulary of %d", ErrBatch, i, r.Token, p.Vocab)
-		case r.Pos != r.Seq.pending:
-			return fmt.Errorf("%w: row %d: position %d, want %d", ErrBatch, i, r.Pos, r.Seq.pending)
-		case r.Pos >= p.Context:
-			return fmt.Errorf("%w: row %d: position %d >= %d", ErrContext, i, r.Pos, p.Context)
-		}
-		r.Seq.pending++
-		if r.Logits {
-			nl++
-		}
+	nl, err := m.checkRows(rows)
+	if err != nil {
+		return err
 	}
 	if len(logits) != nl*p.Vocab {
 		return fmt.Errorf("%w: logits buffer holds %d floats, want %d x %d", ErrBatch, len(logits), nl, p.Vocab)
@@ -266,7 +252,7 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 		maxPos = max(maxPos, rows[i].Pos)
 	}
 	ws := &m.ws
-	ws.ensure(p, m.sharedFF, m.gated, n)
+	ws.ensure(p, m.ffnFF, m.gated, n)
 	for len(ws.scores) < m.threads {
 		ws.scores = append(ws.scores, nil)
 	}
@@ -288,18 +274,8 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 		}
 	}
 
-	d := p.Embd
-	erb, err := m.TokenEmbd.Type.RowBytes(d)
-	if err != nil {
+	if err := m.embed(rows); err != nil {
 		return err
-	}
-	half := p.RopeDim / 2
-	for i := range rows {
-		t := int(rows[i].Token)
-		if err := quant.Dequantize(m.TokenEmbd.Type, m.TokenEmbd.Data[t*erb:(t+1)*erb], ws.x[i*d:(i+1)*d]); err != nil {
-			return err
-		}
-		ropeTable(p, rows[i].Pos, ws.cos[i*half:(i+1)*half], ws.sin[i*half:(i+1)*half])
 	}
 
 	if m.threads > 1 {
@@ -316,14 +292,7 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 	}
 
 	if nl > 0 {
-		j := 0
-		for i := range rows {
-			if rows[i].Logits {
-				rmsNorm(ws.sel[j*d:(j+1)*d], ws.x[i*d:(i+1)*d], m.OutputNorm, p.NormEps)
-				j++
-			}
-		}
-		if err := m.project(ws.sel[:nl*d], nl, &m.Output, logits); err != nil {
+		if err := m.head(rows, nl, logits); err != nil {
 			return err
 		}
 	}
@@ -331,6 +300,77 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 		rows[i].Seq.n = rows[i].Seq.pending
 	}
 	return nil
+}
+
+// embed sets ws.x to the rows' token embeddings (token_embd rows,
+// dequantized) and ws.cos, ws.sin to their positions' rotary tables.
+func (m *Model) embed(rows []Row) error {
+	p, ws := m.p, &m.ws
+	d := p.Embd
+	erb, err := m.TokenEmbd.Type.RowBytes(d)
+	if err != nil {
+		return err
+	}
+	half := p.RopeDim / 2
+	for i := range rows {
+		t := int(rows[i].Token)
+		if err := quant.Dequantize(m.TokenEmbd.Type, m.TokenEmbd.Data[t*erb:(t+1)*erb], ws.x[i*d:(i+1)*d]); err != nil {
+			return err
+		}
+		ropeTable(p, rows[i].Pos, ws.cos[i*half:(i+1)*half], ws.sin[i*half:(i+1)*half])
+	}
+	return nil
+}
+
+// head computes the logits of the nl rows with Logits set: the output norm
+// of their hidden states in ws.x, then the output head, into logits (nl x
+// Vocab, in row order).
+func (m *Model) head(rows []Row, nl int, logits []float32) error {
+	p, ws := m.p, &m.ws
+	d := p.Embd
+	j := 0
+	for i := range rows {
+		if rows[i].Logits {
+			rmsNorm(ws.sel[j*d:(j+1)*d], ws.x[i*d:(i+1)*d], m.OutputNorm, p.NormEps)
+			j++
+		}
+	}
+	return m.project(ws.sel[:nl*d], nl, &m.Output, logits)
+}
+
+// checkRows validates a non-empty batch (each row's sequence is m's and
+// usable, its token in the vocabulary, its position the sequence's next one
+// and inside the context), leaving each sequence's Len after the batch in
+// its pending field, and returns the number of rows asking for logits.
+// Errors wrap ErrBatch, ErrRewind or ErrContext.
+func (m *Model) checkRows(rows []Row) (nl int, err error) {
+	p := m.p
+	for i := range rows {
+		r := &rows[i]
+		if r.Seq == nil || r.Seq.m != m {
+			return 0, fmt.Errorf("%w: row %d: sequence of another model", ErrBatch, i)
+		}
+		if r.Seq.lost {
+			return 0, fmt.Errorf("row %d: %w: the sequence's state was lost by a failed Forward; Truncate(0) resets it", i, ErrRewind)
+		}
+		r.Seq.pending = r.Seq.n
+	}
+	for i := range rows {
+		r := &rows[i]
+		switch {
+		case r.Token < 0 || int(r.Token) >= p.Vocab:
+			return 0, fmt.Errorf("%w: row %d: token %d outside the vocabulary of %d", ErrBatch, i, r.Token, p.Vocab)
+		case r.Pos != r.Seq.pending:
+			return 0, fmt.Errorf("%w: row %d: position %d, want %d", ErrBatch, i, r.Pos, r.Seq.pending)
+		case r.Pos >= p.Context:
+			return 0, fmt.Errorf("%w: row %d: position %d >= %d", ErrContext, i, r.Pos, p.Context)
+		}
+		r.Seq.pending++
+		if r.Logits {
+			nl++
+		}
+	}
+	return nl, nil
 }
 
 // groupRows sets ws.groups to the batch's rows by sequence, sequences in
@@ -358,8 +398,9 @@ func (ws *workspace) groupRows(rows []Row) {
 	}
 }
 
-// layer runs block il on the rows held in ws.x: the mixer (attention or
-// Gated DeltaNet) on the attn_norm'd rows, its residual, then the MoE block
+// layer runs block il on the rows held in ws.x: the mixer its Memory kind
+// names (attention or Gated DeltaNet) on the attn_norm'd rows, its
+// residual, then the feed-forward block its FFN kind names (MoE or dense)
 // on the FFNNorm'd rows and its residual (src/models/<arch>.cpp).
 func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 	p, ws, b := m.p, &m.ws, &m.Blocks[il]
@@ -368,9 +409,10 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 		rmsNorm(ws.xn[i*d:(i+1)*d], ws.x[i*d:(i+1)*d], b.AttnNorm, p.NormEps)
 	}
 	var err error
-	if b.Attn != nil {
+	switch b.Memory {
+	case MemoryKV:
 		err = m.attnLayer(il, b.Attn, rows)
-	} else {
+	case MemoryRecurrent:
 		ws.touched = true // recurrent states change from here on
 		err = m.deltaNetLayer(il, b.Linear, rows)
 	}
@@ -383,7 +425,10 @@ func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
 	for i := range n {
 		rmsNorm(ws.xn[i*d:(i+1)*d], ws.x[i*d:(i+1)*d], b.FFNNorm, p.NormEps)
 	}
-	return m.moe(ctx, il, &b.MoE, rows)
+	if b.FFN == FFNDense {
+		return m.dense(b.Dense, n)
+	}
+	return m.moe(ctx, il, b.MoE, rows)
 }
 
 // proj is one matrix product of a parallel region: y [n x w.Rows] = x .
@@ -444,25 +489,8 @@ func (m *Model) projectAll(x []float32, n int, jobs ...proj) error {
 		}
 		return nil
 	}
-	// Guided chunks over the jobs' rows taken as one range [0, total),
-	// cut at job boundaries.
-	minRows := max(1, total*minChunkCost/cost)
-	ws.chunks = ws.chunks[:0]
+	ws.planChunks(jobs, total, max(1, total*minChunkCost/cost), threads)
 	tmp := 0
-	j, base := 0, 0 // job of row r, and its first row in [0, total)
-	for r := 0; r < total; {
-		size := max(minRows, (total-r)/(2*threads))
-		end := min(total, r+size)
-		for r < end {
-			for r >= base+jobs[j].w.Rows {
-				base += jobs[j].w.Rows
-				j++
-			}
-			hi := min(end, base+jobs[j].w.Rows)
-			ws.chunks = append(ws.chunks, chunk{int32(j), int32(r - base), int32(hi - base)})
-			r = hi
-		}
-	}
 	if n > 1 {
 		tmp = n * total
 	}
@@ -500,6 +528,27 @@ func (m *Model) projectAll(x []float32, n int, jobs ...proj) error {
 		}
 	})
 	return ws.err
+}
+
+// planChunks sets ws.chunks to guided chunks over the jobs' rows taken as
+// one range [0, total), cut at job boundaries: each a 1/(2*threads) share
+// of the rows left, at least minRows.
+func (ws *workspace) planChunks(jobs []proj, total, minRows, threads int) {
+	ws.chunks = ws.chunks[:0]
+	j, base := 0, 0 // job of row r, and its first row in [0, total)
+	for r := 0; r < total; {
+		size := max(minRows, (total-r)/(2*threads))
+		end := min(total, r+size)
+		for r < end {
+			for r >= base+jobs[j].w.Rows {
+				base += jobs[j].w.Rows
+				j++
+			}
+			hi := min(end, base+jobs[j].w.Rows)
+			ws.chunks = append(ws.chunks, chunk{int32(j), int32(r - base), int32(hi - base)})
+			r = hi
+		}
+	}
 }
 
 // fail records the first error of a parallel region in ws.err.

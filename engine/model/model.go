@@ -5,15 +5,20 @@
 // 3f545beccee69d9975f466ec7e45fd9aacd8ba90).
 //
 // An architecture is one file (qwen3moe.go, qwen35moe.go) that registers
-// how to read its hyperparameters and name its tensors; the blocks it fills
-// in are shared: token embedding; per layer RMSNorm -> a token mixer
-// (Attention: GQA softmax attention with an F32 KV cache, per-head q/k
-// RMSNorm, NEOX or IMROPE rotary embedding, optionally gated; or
-// GatedDeltaNet: causal depthwise convolution and the gated delta rule
-// over a recurrent state) -> residual -> RMSNorm -> MoE (softmax router,
-// top-k, renormalised weights, SwiGLU experts through an expert.Computer,
-// weighted sum in the router's slot order, optional sigmoid-gated shared
-// expert) -> residual; final RMSNorm and output head.
+// how to read its hyperparameters and tensors and chooses, per layer, the
+// kinds of the shared blocks it fills in (arch, Block): the memory kind,
+// which is the token mixer's (MemoryKV: Attention, GQA softmax attention
+// with an F32 KV cache, per-head q/k RMSNorm, NEOX or IMROPE rotary
+// embedding, optionally gated; MemoryRecurrent: GatedDeltaNet, causal
+// depthwise convolution and the gated delta rule over a recurrent state),
+// and the feed-forward kind (FFNMoE: MoE, its Router such as
+// SoftmaxTopKNorm, SwiGLU experts through an expert.Computer, weighted sum
+// in the router's slot order, optional shared expert, ungated or
+// sigmoid-gated; FFNDense: one SwiGLU FeedForward). Forward runs token
+// embedding; per layer RMSNorm -> mixer -> residual -> RMSNorm ->
+// feed-forward -> residual; final RMSNorm and output head. The writer of
+// each architecture's files (test and benchmark models) is its file in
+// engine/modelgen; docs/architecture.md lists what adding one takes.
 //
 // Every weight matrix product goes through quant.MatMul, which converts the
 // activation to the weight type's vec_dot_type exactly as ggml-cpu does
@@ -32,27 +37,86 @@ import (
 // Weight is a Rows x Cols matrix of type Type as stored in GGUF (ggml ne =
 // [Cols, Rows]): row r at byte offset r*Type.RowBytes(Cols) of Data.
 type Weight struct {
-	Name       string
-	Type       quant.Type
-	Rows, Cols int
-	Data       []byte
+	Name       string     // the GGUF tensor's name, for errors
+	Type       quant.Type // the ggml type of Data
+	Rows, Cols int        // elements: Rows rows of Cols each
+	Data       []byte     // Rows x Type.RowBytes(Cols) bytes, a view into the file
 }
 
 // Bytes returns the size of the weight in bytes.
 func (w *Weight) Bytes() int { return len(w.Data) }
 
 // Block is one layer, fields named after its GGUF tensors
-// (blk.N.<name>.weight). Exactly one of Attn and Linear is set: a softmax
-// attention layer with a KV cache, or a Gated DeltaNet layer with a
-// recurrent state. Norm weights are dequantized to float32.
+// (blk.N.<name>.weight). Its two kinds are chosen per layer by the
+// architecture's loader and fixed at Load: Memory says which token mixer
+// the layer runs and so which per-sequence memory it keeps (exactly one of
+// Attn and Linear is set), FFN which feed-forward block follows it
+// (exactly one of MoE and Dense is set). Norm weights are dequantized to
+// float32.
 type Block struct {
 	AttnNorm []float32      // attn_norm [Embd]
-	Attn     *Attention     // attention (qwen3moe; qwen35moe full-attention layers)
-	Linear   *GatedDeltaNet // linear attention (qwen35moe recurrent layers)
+	Attn     *Attention     // attention (qwen3moe; qwen35moe full-attention layers): Memory == MemoryKV
+	Linear   *GatedDeltaNet // linear attention (qwen35moe recurrent layers): Memory == MemoryRecurrent
+	// Memory is the kind of per-sequence memory the layer's mixer keeps.
+	Memory MemoryKind
 	// FFNNorm is ffn_norm (qwen3moe) or post_attention_norm (qwen35moe)
-	// [Embd]: the norm before the MoE block.
+	// [Embd]: the norm before the feed-forward block.
 	FFNNorm []float32
-	MoE     MoE
+	// FFN is the kind of the layer's feed-forward block.
+	FFN   FFNKind
+	MoE   *MoE         // routed experts: FFN == FFNMoE
+	Dense *FeedForward // ffn_gate, ffn_up, ffn_down: FFN == FFNDense
+}
+
+// MemoryKind is the per-sequence memory a layer keeps (llama.cpp
+// src/llama-memory-hybrid.cpp at commit 3f545bec: llama_kv_cache for
+// attention layers, llama_memory_recurrent for the others).
+type MemoryKind uint8
+
+const (
+	// MemoryKV: a softmax attention layer (Block.Attn) keeping every
+	// position's keys and values, F32, grown on demand; a Sequence can be
+	// truncated to any earlier length.
+	MemoryKV MemoryKind = iota
+	// MemoryRecurrent: a Gated DeltaNet layer (Block.Linear) keeping a
+	// fixed-size state (the last SSMConv-1 convolution inputs and the delta
+	// rule matrices) that holds no history: a Sequence can only be reset.
+	MemoryRecurrent
+)
+
+// String returns "kv" or "recurrent".
+func (k MemoryKind) String() string {
+	switch k {
+	case MemoryKV:
+		return "kv"
+	case MemoryRecurrent:
+		return "recurrent"
+	}
+	return fmt.Sprintf("MemoryKind(%d)", uint8(k))
+}
+
+// FFNKind is a layer's feed-forward block.
+type FFNKind uint8
+
+const (
+	// FFNMoE: a mixture of experts (Block.MoE): router, routed experts
+	// computed by the Model's expert.Computer, optional shared expert.
+	FFNMoE FFNKind = iota
+	// FFNDense: one SwiGLU feed-forward network on the backbone
+	// (Block.Dense); the layer has no routed experts (its expert.Layer is
+	// nil).
+	FFNDense
+)
+
+// String returns "moe" or "dense".
+func (k FFNKind) String() string {
+	switch k {
+	case FFNMoE:
+		return "moe"
+	case FFNDense:
+		return "dense"
+	}
+	return fmt.Sprintf("FFNKind(%d)", uint8(k))
 }
 
 // Model is a loaded model of one of the registered architectures
@@ -68,22 +132,23 @@ type Model struct {
 	Output     Weight    // output Vocab x Embd; token_embd when the file has no output.weight
 	Blocks     []Block   // blk.0 .. blk.(Layers-1)
 
-	local    *expert.Local
-	experts  expert.Computer
-	sharedFF int  // largest shared-expert FFN length (0: none)
-	gated    bool // some attention layer is Gated
-	threads  int
-	ws       workspace
-	team     team // Forward's helper goroutines
+	local   *expert.Local
+	experts expert.Computer
+	ffnFF   int  // largest shared-expert or dense FFN length (0: none)
+	gated   bool // some attention layer is Gated
+	threads int
+	ws      workspace
+	team    team // Forward's helper goroutines
 }
 
 // Params returns the model's hyperparameters.
 func (m *Model) Params() Params { return m.p }
 
 // Load builds a Model over f. The file's general.architecture chooses the
-// architecture (Architectures); every tensor must be present with a
-// supported type and the shape the hyperparameters imply. Errors wrap
-// ErrArchitecture, ErrMetadata or ErrTensor and name the key or tensor.
+// architecture (Architectures), which chooses each layer's kinds (Block);
+// every tensor must be present with a supported type and the shape the
+// hyperparameters imply. Errors wrap ErrArchitecture, ErrMetadata or
+// ErrTensor and name the key or tensor.
 func Load(f *gguf.File) (*Model, error) {
 	p, a, l, err := readParams(f)
 	if err != nil {
@@ -103,18 +168,9 @@ func Load(f *gguf.File) (*Model, error) {
 	m.Blocks = make([]Block, p.Layers)
 	layers := make([]*expert.Layer, p.ExpertLayers)
 	for i := range layers {
-		if layers[i], err = loadExperts(f, &p, i); err != nil {
+		if layers[i], err = loadLayer(a, l, &p, i, m.Blocks); err != nil {
 			return nil, err
 		}
-		if i >= p.Layers {
-			continue // an MTP block: only its experts
-		}
-		b := &m.Blocks[i]
-		a.block(l, &p, i, b)
-		if l.err != nil {
-			return nil, l.err
-		}
-		b.MoE.Experts = layers[i]
 	}
 	if m.local, err = expert.NewLocal(layers, 0); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrTensor, err)
@@ -122,14 +178,62 @@ func Load(f *gguf.File) (*Model, error) {
 	m.p = p
 	m.experts = m.local
 	for i := range m.Blocks {
-		if a := m.Blocks[i].Attn; a != nil && a.Gated {
+		b := &m.Blocks[i]
+		if b.Attn != nil && b.Attn.Gated {
 			m.gated = true
 		}
-		if s := m.Blocks[i].MoE.Shared; s != nil {
-			m.sharedFF = max(m.sharedFF, s.Gate.Rows)
+		if b.MoE != nil && b.MoE.Shared != nil {
+			m.ffnFF = max(m.ffnFF, b.MoE.Shared.Gate.Rows)
+		}
+		if b.Dense != nil {
+			m.ffnFF = max(m.ffnFF, b.Dense.Gate.Rows)
 		}
 	}
 	return m, nil
+}
+
+// loadLayer loads layer il of architecture a: its routed experts when the
+// architecture gives it an MoE block (nil for a dense one) and, unless it
+// is an MTP block (il >= p.Layers, only its experts are loaded), its Block
+// in blocks[il] with the kinds the architecture chose.
+func loadLayer(a *arch, l *loader, p *Params, il int, blocks []Block) (*expert.Layer, error) {
+	kind := a.ffn(p, il)
+	var layer *expert.Layer
+	if kind == FFNMoE {
+		var err error
+		if layer, err = loadExperts(l.f, p, il); err != nil {
+			return nil, err
+		}
+	}
+	if il >= p.Layers {
+		return layer, nil
+	}
+	b := &blocks[il]
+	b.Memory, b.FFN = a.memory(l, p, il), kind
+	a.block(l, p, il, b)
+	if l.err != nil {
+		return nil, l.err
+	}
+	if err := b.check(a.name, il); err != nil {
+		return nil, err
+	}
+	if b.MoE != nil {
+		b.MoE.Experts = layer
+	}
+	return layer, nil
+}
+
+// check reports a block whose loader did not fill in what its kinds say
+// (a bug in the architecture's file, not in the model file).
+func (b *Block) check(arch string, il int) error {
+	mixer := (b.Memory == MemoryKV && b.Attn != nil && b.Linear == nil) ||
+		(b.Memory == MemoryRecurrent && b.Linear != nil && b.Attn == nil)
+	ffn := (b.FFN == FFNMoE && b.MoE != nil && b.MoE.Route != nil && b.Dense == nil) ||
+		(b.FFN == FFNDense && b.Dense != nil && b.MoE == nil)
+	if !mixer || !ffn {
+		return fmt.Errorf("model: %s loader: blk.%d does not match its kinds (memory %v, ffn %v)", arch, il, b.Memory, b.FFN)
+	}
+	return nil
 }
 
 // loadExperts checks layer il's routed expert tensors against p (either
@@ -257,9 +361,9 @@ func (m *Model) SetThreads(n int) {
 }
 
 // BytesPerToken returns the bytes of weights one decoded token reads:
-// every attention, linear-attention, router and shared-expert matrix,
-// ExpertsUsed routed experts per layer, the output head and one embedding
-// row. Memory bandwidth / BytesPerToken bounds decode tokens/s.
+// every attention, linear-attention, router, shared-expert and dense FFN
+// matrix, ExpertsUsed routed experts per MoE layer, the output head and one
+// embedding row. Memory bandwidth / BytesPerToken bounds decode tokens/s.
 func (m *Model) BytesPerToken() int64 {
 	var n int64
 	for i := range m.Blocks {
@@ -267,7 +371,9 @@ func (m *Model) BytesPerToken() int64 {
 		for _, w := range b.weights() {
 			n += int64(w.Bytes())
 		}
-		n += int64(m.p.ExpertsUsed * b.MoE.Experts.ExpertBytes())
+		if b.MoE != nil {
+			n += int64(m.p.ExpertsUsed * b.MoE.Experts.ExpertBytes())
+		}
 	}
 	n += int64(m.Output.Bytes())
 	if rb, err := m.TokenEmbd.Type.RowBytes(m.p.Embd); err == nil {
@@ -286,9 +392,14 @@ func (b *Block) weights() []*Weight {
 	if g := b.Linear; g != nil {
 		ws = append(ws, &g.QKV, &g.Gate, &g.Beta, &g.Alpha, &g.Out)
 	}
-	ws = append(ws, &b.MoE.GateInp)
-	if b.MoE.Shared != nil {
-		ws = append(ws, &b.MoE.Shared.Gate, &b.MoE.Shared.Up, &b.MoE.Shared.Down)
+	if b.MoE != nil {
+		ws = append(ws, &b.MoE.GateInp)
+		if s := b.MoE.Shared; s != nil {
+			ws = append(ws, &s.Gate, &s.Up, &s.Down)
+		}
+	}
+	if f := b.Dense; f != nil {
+		ws = append(ws, &f.Gate, &f.Up, &f.Down)
 	}
 	return ws
 }

@@ -11,32 +11,65 @@ import (
 )
 
 // MoE is a layer's mixture-of-experts block (llama.cpp src/llama-graph.cpp
-// build_moe_ffn with LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX and normalised
-// weights):
+// build_moe_ffn at commit 3f545bec), its router function chosen by the
+// architecture (Router):
 //
-//	p = softmax(ffn_gate_inp x);  top-k experts e_s by p (ties: lower id);  w_s = p_{e_s} / sum_s p_{e_s}
-//	out = sum_s w_s expert_{e_s}(x)     (in the router's slot order)
-//	      + sigmoid(ffn_gate_inp_shexp . x) * shexp(x)   when Shared is set
+//	ids, w = Route(ffn_gate_inp x)     e.g. SoftmaxTopKNorm
+//	out = sum_s w_s expert_{ids_s}(x)  (in the router's slot order)
+//	      + shexp(x)                   when Shared is set (SharedExpert)
 //
 // The routed experts are computed by the Model's expert.Computer (locally or
 // by the swarm); the shared expert always on the backbone, while the routed
 // experts are away when the Computer is remote.
 type MoE struct {
 	GateInp Weight        // ffn_gate_inp (router) Experts x Embd, F32 in llama.cpp's quantisations
+	Route   Router        // the router function: logits to experts and weights
 	Experts *expert.Layer // ffn_gate_exps + ffn_up_exps (or ffn_gate_up_exps) and ffn_down_exps
 	Shared  *SharedExpert // nil when the architecture has none
 }
 
-// SharedExpert is the always-on SwiGLU expert of a qwen35moe layer
-// (build_layer_ffn in src/models/qwen35moe.cpp: build_ffn with LLM_FFN_SILU,
-// LLM_FFN_PAR, gated by ggml_sigmoid of a 1-row F32 projection):
+// SharedExpert is the always-on SwiGLU expert of an MoE block (qwen35moe:
+// build_layer_ffn in src/models/qwen35moe.cpp, build_ffn with LLM_FFN_SILU,
+// LLM_FFN_PAR), scaled as Gating says:
 //
-//	shexp(x) = sigmoid(GateInp . x) * Down( silu(Gate x) * (Up x) )
+//	shexp(x) = g(x) * Down( silu(Gate x) * (Up x) )
+//	g(x) = sigmoid(GateInp . x)   SharedSigmoid (GateInp: a 1-row F32 projection)
+//	g(x) = 1                      SharedUngated
 type SharedExpert struct {
-	GateInp []float32 // ffn_gate_inp_shexp [Embd]
-	Gate    Weight    // ffn_gate_shexp SharedFF x Embd
-	Up      Weight    // ffn_up_shexp   SharedFF x Embd
-	Down    Weight    // ffn_down_shexp Embd x SharedFF
+	FeedForward              // ffn_gate_shexp, ffn_up_shexp (SharedFF x Embd), ffn_down_shexp (Embd x SharedFF)
+	Gating      SharedGating // how the output is scaled
+	GateInp     []float32    // ffn_gate_inp_shexp [Embd]; nil unless Gating is SharedSigmoid
+}
+
+// SharedGating is how a shared expert's output is scaled before it is added
+// to the routed experts' sum.
+type SharedGating uint8
+
+const (
+	// SharedUngated: added as is (llama.cpp's deepseek2 ffn_shexp).
+	SharedUngated SharedGating = iota
+	// SharedSigmoid: multiplied by sigmoid(ffn_gate_inp_shexp . x) per row
+	// (qwen2moe, qwen35moe: ggml_sigmoid of build_lora_mm(ffn_gate_inp_shexp)).
+	SharedSigmoid
+)
+
+// moe loads layer il's router (ffn_gate_inp, Experts x Embd) into an MoE
+// block routed by route; the routed experts are set by Load, the shared
+// expert by the architecture (sharedExpert).
+func (l *loader) moe(p *Params, il int, route Router) *MoE {
+	return &MoE{GateInp: l.matrix(blk(il, "ffn_gate_inp.weight"), p.Experts, p.Embd), Route: route}
+}
+
+// sharedExpert loads layer il's shared expert of ff rows gated by g:
+// ffn_gate_inp_shexp ([Embd], SharedSigmoid only), then ffn_gate_shexp,
+// ffn_up_shexp and ffn_down_shexp.
+func (l *loader) sharedExpert(p *Params, il int, ff int, g SharedGating) *SharedExpert {
+	s := &SharedExpert{Gating: g}
+	if g == SharedSigmoid {
+		s.GateInp = l.vector(blk(il, "ffn_gate_inp_shexp.weight"), p.Embd)
+	}
+	s.FeedForward = l.feedForward(p, il, "_shexp", ff)
+	return s
 }
 
 // moe runs layer il's MoE block on ws.xn and adds its output to ws.x (the
@@ -49,7 +82,7 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 		return err
 	}
 	for i := range n {
-		if err := route(ws.router[i*ne:(i+1)*ne], ws.probs, ws.ids[i*k:(i+1)*k], ws.wts[i*k:(i+1)*k]); err != nil {
+		if err := b.Route(ws.router[i*ne:(i+1)*ne], ws.probs, ws.ids[i*k:(i+1)*k], ws.wts[i*k:(i+1)*k]); err != nil {
 			return fmt.Errorf("model: layer %d row %d: %w", il, i, err)
 		}
 	}
@@ -89,7 +122,7 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 		o := eo[i*k*d : (i+1)*k*d]
 		var sh []float32
 		if b.Shared != nil {
-			sh = ws.shOut[i*d : (i+1)*d]
+			sh = ws.ffOut[i*d : (i+1)*d]
 		}
 		for j := range x {
 			acc := float32(w[0] * o[j])
@@ -105,23 +138,21 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 	return nil
 }
 
-// shared computes the shared expert of the n rows of ws.xn into ws.shOut
-// (n x Embd), gate included.
+// shared computes the shared expert of the n rows of ws.xn into ws.ffOut
+// (n x Embd), gating included.
 func (m *Model) shared(s *SharedExpert, n int) error {
-	p, ws := m.p, &m.ws
-	d, ff := p.Embd, s.Gate.Rows
+	if err := m.feedForward(&s.FeedForward, n); err != nil {
+		return err
+	}
+	if s.Gating != SharedSigmoid {
+		return nil
+	}
+	ws, d := &m.ws, m.p.Embd
 	x := ws.xn[:n*d]
-	if err := m.projectAll(x, n, proj{w: &s.Gate, y: ws.shGate[:n*ff]}, proj{w: &s.Up, y: ws.shUp[:n*ff]}); err != nil {
-		return err
-	}
-	expert.SwiGLU(ws.shGate[:n*ff], ws.shGate[:n*ff], ws.shUp[:n*ff])
-	if err := m.project(ws.shGate[:n*ff], n, &s.Down, ws.shOut[:n*d]); err != nil {
-		return err
-	}
 	for i := range n {
 		g := sigmoid(quant.DotF32(s.GateInp, x[i*d:(i+1)*d]))
-		for j, v := range ws.shOut[i*d : (i+1)*d] {
-			ws.shOut[i*d+j] = v * g
+		for j, v := range ws.ffOut[i*d : (i+1)*d] {
+			ws.ffOut[i*d+j] = v * g
 		}
 	}
 	return nil
@@ -137,16 +168,28 @@ const minWeightSum = 6.103515625e-5
 // an arbitrary expert.
 var ErrNonFinite = errors.New("model: non-finite router logits")
 
-// route turns one row's router logits into the top-k experts (by softmax
-// probability, descending; ties: lower id) and their probabilities divided
-// by their float64-accumulated sum (clamped at minWeightSum). probs is
-// scratch of len(logits); len(ids) = len(w) <= len(logits).
+// Router turns one row's router logits (len = Experts) into the row's
+// experts ids and their weights w (len(ids) = len(w) = ExpertsUsed, slot
+// order), using probs (len = Experts) as scratch. An architecture picks one
+// per MoE block at load (MoE.Route); Forward calls it once per row and
+// layer. Errors: ErrNonFinite (wrapped) when a logit is NaN or ±Inf,
+// ErrBatch when the lengths disagree; ids and w are then unspecified.
+type Router func(logits, probs []float32, ids []int32, w []float32) error
+
+var (
+	_ Router = SoftmaxTopK
+	_ Router = SoftmaxTopKNorm
+)
+
+// SoftmaxTopK is the router of llama.cpp's build_moe_ffn with
+// LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX and norm_w = false: p =
+// softmax(logits); the top-k experts by p (descending; ties: lower id) with
+// w_s = p_{ids_s}. See Router for the arguments and errors.
 //
-// Errors: ErrNonFinite (wrapped) when a logit is NaN or ±Inf (a float32 whose
-// 8 exponent bits are all ones, IEEE 754-2008 §3.4); ids and w are then
-// unspecified. Finite logits give finite probabilities in [0, 1] (softmax
-// subtracts the maximum), so every slot then finds an expert.
-func route(logits, probs []float32, ids []int32, w []float32) error {
+// Finite logits give finite probabilities in [0, 1] (softmax subtracts the
+// maximum), so every slot then finds an expert. A logit is non-finite when
+// its 8 exponent bits are all ones (IEEE 754-2008 §3.4).
+func SoftmaxTopK(logits, probs []float32, ids []int32, w []float32) error {
 	for e, v := range logits {
 		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
 			return fmt.Errorf("%w: expert %d logit %v", ErrNonFinite, e, v)
@@ -169,6 +212,18 @@ func route(logits, probs []float32, ids []int32, w []float32) error {
 		ids[s] = int32(best)
 		w[s] = probs[best]
 		probs[best] = -1 // taken
+	}
+	return nil
+}
+
+// SoftmaxTopKNorm is the router of llama.cpp's build_moe_ffn with
+// LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX and norm_w = true (qwen3moe,
+// qwen35moe): SoftmaxTopK's experts, their probabilities divided by their
+// float64-accumulated sum clamped at minWeightSum (ggml_sum_rows,
+// ggml_clamp, ggml_div). See Router for the arguments and errors.
+func SoftmaxTopKNorm(logits, probs []float32, ids []int32, w []float32) error {
+	if err := SoftmaxTopK(logits, probs, ids, w); err != nil {
+		return err
 	}
 	var sum float64
 	for _, v := range w {

@@ -23,13 +23,13 @@ func TestRouteNonFinite(t *testing.T) {
 		{float32(math.Inf(-1)), 0, 1, 2},
 	} {
 		ids, w := make([]int32, 2), make([]float32, 2)
-		if err := route(logits, make([]float32, 4), ids, w); !errors.Is(err, ErrNonFinite) {
-			t.Errorf("route(%v): %v, want ErrNonFinite", logits, err)
+		if err := SoftmaxTopKNorm(logits, make([]float32, 4), ids, w); !errors.Is(err, ErrNonFinite) {
+			t.Errorf("SoftmaxTopKNorm(%v): %v, want ErrNonFinite", logits, err)
 		}
 	}
 	// Extreme finite logits still route (the softmax subtracts the maximum).
 	ids, w := make([]int32, 2), make([]float32, 2)
-	if err := route([]float32{-math.MaxFloat32, math.MaxFloat32, 0, math.MaxFloat32}, make([]float32, 4), ids, w); err != nil ||
+	if err := SoftmaxTopKNorm([]float32{-math.MaxFloat32, math.MaxFloat32, 0, math.MaxFloat32}, make([]float32, 4), ids, w); err != nil ||
 		ids[0] != 1 || ids[1] != 3 || w[0] != 0.5 || w[1] != 0.5 {
 		t.Errorf("extreme logits: ids %v w %v err %v, want [1 3] [0.5 0.5]", ids, w, err)
 	}

@@ -132,11 +132,9 @@ func readParams(f *gguf.File) (Params, *arch, *loader, error) {
 		p.Vocab = int(ti.Dims[1])
 	}
 	p.ExpertLayers = p.Layers
-	if a.params != nil {
-		a.params(l, &p)
-		if l.err != nil {
-			return p, a, l, l.err
-		}
+	a.params(l, &p)
+	if l.err != nil {
+		return p, a, l, l.err
 	}
 	return p, a, l, p.check()
 }

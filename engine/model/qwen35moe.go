@@ -1,6 +1,10 @@
 package model
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+)
 
 // qwen35moe: Qwen3.5 / Qwen3.6 MoE (Qwen3.5-35B-A3B, -122B-A10B,
 // -397B-A17B), llama.cpp src/models/qwen35moe.cpp and
@@ -9,8 +13,8 @@ import "fmt"
 // attention with a recurrent state) unless (il+1) % full_attention_interval
 // == 0 (or as attention.recurrent_layers says), in which case it is gated
 // softmax attention (q and a per-head output gate from one attn_q, q/k
-// RMSNorm, IMROPE); every layer ends in a routed MoE plus a sigmoid-gated
-// shared expert:
+// RMSNorm, IMROPE); every layer ends in a routed MoE (FFNMoE,
+// SoftmaxTopKNorm) plus a sigmoid-gated shared expert (SharedSigmoid):
 //
 //	h  = x + mixer(rmsnorm(x) * attn_norm)
 //	x' = h + moe(n) + sigmoid(ffn_gate_inp_shexp . n) * shexp(n),  n = rmsnorm(h) * post_attention_norm
@@ -20,6 +24,8 @@ import "fmt"
 // run by llama.cpp's main graph, nor here: Forward runs the first
 // block_count - nextn_predict_layers layers, and only the MTP blocks'
 // routed experts are loaded (they belong to the file's expert set).
+//
+// Its generator (the writer of such files) is engine/modelgen/qwen35moe.go.
 func init() {
 	register(&arch{
 		name: "qwen35moe",
@@ -29,6 +35,8 @@ func init() {
 		// more.
 		tensorsPerLayer: 15,
 		params:          qwen35moeParams,
+		memory:          qwen35moeMemory,
+		ffn:             moeEveryLayer,
 		block:           qwen35moeBlock,
 	})
 }
@@ -85,28 +93,7 @@ func qwen35moeParams(l *loader, p *Params) {
 	// Which layers are recurrent: attention.recurrent_layers (one flag per
 	// layer) overrides the interval.
 	if v, ok := l.f.Value(l.key("attention.recurrent_layers")); ok {
-		k := l.key("attention.recurrent_layers")
-		elems, ok := v.Values()
-		if !ok || len(elems) != p.ExpertLayers {
-			bad("%s is %s of %d entries, want an array of %d bools (one per block)", k, v.TypeName(), v.Len(), p.ExpertLayers)
-			return
-		}
-		elems = elems[:p.Layers] // MTP blocks are attention blocks, not run
-		l.recurrent = make([]bool, p.Layers)
-		for il, e := range elems {
-			if f, ok := e.Bool(); ok {
-				l.recurrent[il] = f
-			} else if i, ok := e.Int(); ok {
-				l.recurrent[il] = i != 0
-			} else {
-				bad("%s[%d] is %s, want a bool", k, il, e.TypeName())
-				return
-			}
-			if l.recurrent[il] {
-				p.RecurrentCount++
-			}
-		}
-		p.AttnInterval = 0
+		qwen35moeRecurrentLayers(l, p, v)
 		return
 	}
 	for il := range p.Layers {
@@ -114,6 +101,36 @@ func qwen35moeParams(l *loader, p *Params) {
 			p.RecurrentCount++
 		}
 	}
+}
+
+// qwen35moeRecurrentLayers reads attention.recurrent_layers, v: one bool
+// (or integer) per block of the file, into l.recurrent for the main
+// graph's layers, counts them in p.RecurrentCount and clears
+// p.AttnInterval. Errors (ErrMetadata) fail l.
+func qwen35moeRecurrentLayers(l *loader, p *Params, v gguf.Value) {
+	k := l.key("attention.recurrent_layers")
+	elems, ok := v.Values()
+	if !ok || len(elems) != p.ExpertLayers {
+		l.fail(fmt.Errorf("%w: %s is %s of %d entries, want an array of %d bools (one per block)",
+			ErrMetadata, k, v.TypeName(), v.Len(), p.ExpertLayers))
+		return
+	}
+	elems = elems[:p.Layers] // MTP blocks are attention blocks, not run
+	l.recurrent = make([]bool, p.Layers)
+	for il, e := range elems {
+		if f, ok := e.Bool(); ok {
+			l.recurrent[il] = f
+		} else if i, ok := e.Int(); ok {
+			l.recurrent[il] = i != 0
+		} else {
+			l.fail(fmt.Errorf("%w: %s[%d] is %s, want a bool", ErrMetadata, k, il, e.TypeName()))
+			return
+		}
+		if l.recurrent[il] {
+			p.RecurrentCount++
+		}
+	}
+	p.AttnInterval = 0
 }
 
 // isRecurrent reports whether layer il of p is a Gated DeltaNet layer
@@ -125,48 +142,31 @@ func (l *loader) isRecurrent(p *Params, il int) bool {
 	return (il+1)%p.AttnInterval != 0
 }
 
+// qwen35moeMemory is hparams.is_recr: a Gated DeltaNet layer
+// (MemoryRecurrent) as attention.recurrent_layers says, else unless
+// (il+1) % full_attention_interval == 0.
+func qwen35moeMemory(l *loader, p *Params, il int) MemoryKind {
+	if l.isRecurrent(p, il) {
+		return MemoryRecurrent
+	}
+	return MemoryKV
+}
+
 // qwen35moeBlock loads layer il (load_arch_tensors in qwen35moe.cpp).
 func qwen35moeBlock(l *loader, p *Params, il int, b *Block) {
 	n := func(s string) string { return blk(il, s+".weight") }
-	d := p.Embd
-	b.AttnNorm = l.vector(n("attn_norm"), d)
-	if l.isRecurrent(p, il) {
-		keyDim, valDim := p.SSMState*p.SSMGroups, p.SSMInner
-		conv := 2*keyDim + valDim
-		b.Linear = &GatedDeltaNet{
-			QKV:    l.matrix(n("attn_qkv"), conv, d),
-			Gate:   l.matrix(n("attn_gate"), valDim, d),
-			Conv1D: l.vector(n("ssm_conv1d"), conv*p.SSMConv, uint64(p.SSMConv), uint64(conv)),
-			DTBias: l.vector(blk(il, "ssm_dt.bias"), p.SSMHeads),
-			A:      l.vector(blk(il, "ssm_a"), p.SSMHeads),
-			Beta:   l.matrix(n("ssm_beta"), p.SSMHeads, d),
-			Alpha:  l.matrix(n("ssm_alpha"), p.SSMHeads, d),
-			Norm:   l.vector(n("ssm_norm"), p.SSMState),
-			Out:    l.matrix(n("ssm_out"), d, valDim),
-		}
+	b.AttnNorm = l.vector(n("attn_norm"), p.Embd)
+	if b.Memory == MemoryRecurrent {
+		b.Linear = l.gatedDeltaNet(p, il)
 	} else {
-		b.Attn = &Attention{
-			Q:      l.matrix(n("attn_q"), 2*p.Heads*p.HeadDim, d),
-			K:      l.matrix(n("attn_k"), p.HeadsKV*p.HeadDim, d),
-			V:      l.matrix(n("attn_v"), p.HeadsKV*p.HeadDimV, d),
-			Output: l.matrix(n("attn_output"), d, p.Heads*p.HeadDimV),
-			QNorm:  l.vector(n("attn_q_norm"), p.HeadDim),
-			KNorm:  l.vector(n("attn_k_norm"), p.HeadDim),
-			Gated:  true,
-		}
+		b.Attn = l.attention(p, il, true)
 	}
-	b.FFNNorm = l.vector(n("post_attention_norm"), d)
-	b.MoE.GateInp = l.matrix(n("ffn_gate_inp"), p.Experts, d)
+	b.FFNNorm = l.vector(n("post_attention_norm"), p.Embd)
+	b.MoE = l.moe(p, il, SoftmaxTopKNorm)
 	if p.SharedFF > 0 || l.has(n("ffn_up_shexp")) {
 		if p.SharedFF == 0 { // llama.cpp: n_ff_shexp defaults to n_ff (feed_forward_length)
 			l.uint("feed_forward_length", &p.SharedFF, 0, true)
 		}
-		ff := p.SharedFF
-		b.MoE.Shared = &SharedExpert{
-			GateInp: l.vector(n("ffn_gate_inp_shexp"), d),
-			Gate:    l.matrix(n("ffn_gate_shexp"), ff, d),
-			Up:      l.matrix(n("ffn_up_shexp"), ff, d),
-			Down:    l.matrix(n("ffn_down_shexp"), d, ff),
-		}
+		b.MoE.Shared = l.sharedExpert(p, il, p.SharedFF, SharedSigmoid)
 	}
 }

@@ -55,7 +55,7 @@ func TestRoute(t *testing.T) {
 	// weights 4/7, 3/7.
 	logits := []float32{0, float32(math.Log(2)), float32(math.Log(3)), float32(math.Log(4))}
 	ids, w := make([]int32, 2), make([]float32, 2)
-	route(logits, make([]float32, 4), ids, w)
+	SoftmaxTopKNorm(logits, make([]float32, 4), ids, w)
 	if ids[0] != 3 || ids[1] != 2 {
 		t.Fatalf("ids %v, want [3 2]", ids)
 	}
@@ -63,14 +63,14 @@ func TestRoute(t *testing.T) {
 		t.Errorf("weights %v, want [4/7 3/7]", w)
 	}
 	// Ties go to the lower id, in slot order.
-	route([]float32{1, 5, 5, 5}, make([]float32, 4), ids, w)
+	SoftmaxTopKNorm([]float32{1, 5, 5, 5}, make([]float32, 4), ids, w)
 	if ids[0] != 1 || ids[1] != 2 || w[0] != 0.5 || w[1] != 0.5 {
 		t.Errorf("tie: ids %v weights %v, want [1 2] [0.5 0.5]", ids, w)
 	}
 	// The sum of the selected probabilities is clamped at 6.103515625e-5:
 	// 20000 equal experts, k = 1, p = 5e-5 -> weight 5e-5 / 6.103515625e-5.
 	flat := make([]float32, 20000)
-	route(flat, make([]float32, len(flat)), ids[:1], w[:1])
+	SoftmaxTopKNorm(flat, make([]float32, len(flat)), ids[:1], w[:1])
 	if want := 5e-5 / 6.103515625e-5; ids[0] != 0 || math.Abs(float64(w[0])-want) > 1e-5 {
 		t.Errorf("clamp: id %d weight %v, want 0, %v", ids[0], w[0], want)
 	}

@@ -7,6 +7,12 @@
 // fixtures/README.md and fixtures/qwen35moe/README.md) and a small
 // byte-level BPE vocabulary from tokenizer.DefaultConfig.
 //
+// Each architecture is one file (qwen3moe.go, qwen35moe.go) that registers
+// its generator: the Spec fields it checks, the metadata keys and per-layer
+// tensors it writes; the embedding, output head, tokenizer keys and the
+// drawing of weights are shared. engine/model's file of the same name loads
+// what it writes.
+//
 // The bytes depend only on the Spec: not on GOARCH, GOAMD64, the number of
 // CPUs or the Go version's math/rand/v2 (see stream), as long as the quant
 // package's quantizers are themselves free of fused multiply-adds.
@@ -16,7 +22,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math"
 	"runtime"
 	"strings"
 	"sync"
@@ -29,23 +34,12 @@ import (
 // ErrSpec reports an invalid Spec or unknown preset.
 var ErrSpec = errors.New("modelgen: invalid spec")
 
-// Architectures Build writes (general.architecture).
-const (
-	// ArchQwen3MoE is llama.cpp's qwen3moe: every layer has GQA attention
-	// with q/k norms and a routed MoE FFN. The default (empty Spec.Arch).
-	ArchQwen3MoE = "qwen3moe"
-	// ArchQwen35MoE is llama.cpp's qwen35moe (Qwen3.5 MoE): Gated DeltaNet
-	// ("recurrent") layers with one gated full-attention layer every
-	// Spec.FullAttnInterval layers, and a routed MoE FFN plus a gated shared
-	// expert in every layer.
-	ArchQwen35MoE = "qwen35moe"
-)
-
 // Spec describes a model to generate. Sizes are element counts. The fields
-// marked qwen35moe are ignored for qwen3moe.
+// marked with an architecture are read by that architecture's generator
+// only (its file: qwen3moe.go, qwen35moe.go).
 type Spec struct {
 	Name        string  // general.name
-	Arch        string  // general.architecture: ArchQwen3MoE (also when empty) or ArchQwen35MoE
+	Arch        string  // general.architecture: one of Architectures (ArchQwen3MoE when empty)
 	Layers      int     // block_count
 	Embd        int     // embedding_length (d_model)
 	Heads       int     // attention.head_count
@@ -92,8 +86,8 @@ type Spec struct {
 	// rows are not a multiple of 256 fall back as llama-quantize does:
 	// Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, then F16.
 	Type quant.Type
-	Mix  bool
-	Seed uint64
+	Mix  bool   // the Q4_K_M-like mix (see Type)
+	Seed uint64 // seed of every tensor's random stream
 }
 
 // Presets names the specs Preset knows.
@@ -205,19 +199,24 @@ func (s Spec) ropeDim() int {
 	return s.RopeDim
 }
 
-// Recurrent reports whether layer il is a Gated DeltaNet ("recurrent",
-// llama.cpp's is_recr) layer: for qwen35moe when (il+1) %
-// FullAttnInterval != 0; never for qwen3moe.
+// Recurrent reports whether layer il is a recurrent ("recurrent", llama.cpp's
+// is_recr) layer, as the architecture's generator says: for qwen35moe a
+// Gated DeltaNet layer, when (il+1) % FullAttnInterval != 0; never for
+// qwen3moe or an unknown architecture.
 func (s Spec) Recurrent(il int) bool {
-	return s.arch() == ArchQwen35MoE && s.FullAttnInterval > 0 && (il+1)%s.FullAttnInterval != 0
+	g := generators[s.arch()]
+	return g != nil && g.recurrent != nil && g.recurrent(s, il)
 }
 
+// check validates s: the architecture is registered, the common sizes,
+// the architecture's own fields (generator.check), and that every matrix's
+// rows can be stored in its type. Errors wrap ErrSpec.
 func (s Spec) check() error {
 	bad := func(f string, a ...any) error { return fmt.Errorf("%w: "+f, append([]any{ErrSpec}, a...)...) }
-	arch := s.arch()
+	g := generators[s.arch()]
 	switch {
-	case arch != ArchQwen3MoE && arch != ArchQwen35MoE:
-		return bad("architecture %q: want %s or %s", s.Arch, ArchQwen3MoE, ArchQwen35MoE)
+	case g == nil:
+		return bad("architecture %q: want one of %s", s.Arch, strings.Join(Architectures(), ", "))
 	case s.Layers > MaxLayers:
 		return bad("%d layers: at most %d (llama.cpp's LLAMA_MAX_LAYERS)", s.Layers, MaxLayers)
 	case s.Layers <= 0 || s.Embd <= 0 || s.Heads <= 0 || s.HeadsKV <= 0 || s.HeadDim <= 0:
@@ -231,33 +230,9 @@ func (s Spec) check() error {
 	case !s.Type.Supported():
 		return bad("type %v cannot be computed with", s.Type)
 	}
-	if arch == ArchQwen35MoE {
-		rd := s.ropeDim()
-		switch {
-		case s.FullAttnInterval <= 0:
-			return bad("full_attention_interval %d: want at least 1", s.FullAttnInterval)
-		case s.SSMConv <= 0 || s.SSMState <= 0 || s.SSMGroups <= 0 || s.SSMDtRank <= 0:
-			return bad("ssm conv_kernel %d, state_size %d, group_count %d, time_step_rank %d: want all positive",
-				s.SSMConv, s.SSMState, s.SSMGroups, s.SSMDtRank)
-		case s.SSMDtRank%s.SSMGroups != 0:
-			return bad("ssm time_step_rank (V heads) %d is not a multiple of group_count (K heads) %d", s.SSMDtRank, s.SSMGroups)
-		case s.SSMInner != s.SSMState*s.SSMDtRank:
-			return bad("ssm inner_size %d: want state_size %d * time_step_rank %d = %d", s.SSMInner, s.SSMState, s.SSMDtRank,
-				s.SSMState*s.SSMDtRank)
-		case rd <= 0 || rd%2 != 0 || rd > s.HeadDim:
-			return bad("rope dimension_count %d: want an even count of at most the head dim %d", rd, s.HeadDim)
-		case s.SharedFF <= 0:
-			return bad("shared expert ffn %d: want positive", s.SharedFF)
-		}
-		sum := 0
-		for _, v := range s.RopeSections {
-			if v < 0 {
-				return bad("rope dimension_sections %v: negative section", s.RopeSections)
-			}
-			sum += v
-		}
-		if sum == 0 {
-			return bad("rope dimension_sections %v: all zero", s.RopeSections)
+	if g.check != nil {
+		if err := g.check(s); err != nil {
+			return err
 		}
 	}
 	ts, _ := s.plan(1)
@@ -330,46 +305,12 @@ type outTensor struct {
 }
 
 // plan lists the tensors of s (with a vocabulary of vocab tokens) in file
-// order: the drawn ones and the file's ones. It assumes the sizes checked
-// by check, except the row lengths, which check validates on its result.
+// order: the drawn ones and the file's ones; the architecture's generator
+// adds each layer's. It assumes the sizes checked by check, except the row
+// lengths, which check validates on its result.
 func (s Spec) plan(vocab int) ([]*tensorSpec, []outTensor) {
-	var ts []*tensorSpec
-	var out []outTensor
-	draw := func(name string, t quant.Type, mean, std float32, dims ...int) *tensorSpec {
-		ud := make([]uint64, len(dims))
-		rows := 1
-		for i, v := range dims {
-			ud[i] = uint64(v)
-			if i > 0 {
-				rows *= v
-			}
-		}
-		x := &tensorSpec{name: name, typ: t, dims: ud, rows: rows, cols: dims[0], mean: mean, std: std}
-		ts = append(ts, x)
-		return x
-	}
-	add := func(name string, t quant.Type, mean, std float32, dims ...int) *tensorSpec {
-		x := draw(name, t, mean, std, dims...)
-		out = append(out, outTensor{name: name, typ: t, dims: x.dims, parts: []*tensorSpec{x}})
-		return x
-	}
-	isd := func(n int) float32 { return float32(1 / math.Sqrt(float64(n))) }
+	var p planner
 	d := s.Embd
-	// gateUp adds the routed experts' gate and up matrices, fused or not.
-	// Both are drawn under their separate names, so the bytes agree.
-	gateUp := func(l int, t quant.Type) {
-		gn, un := fmt.Sprintf("blk.%d.ffn_gate_exps.weight", l), fmt.Sprintf("blk.%d.ffn_up_exps.weight", l)
-		if !s.FusedGateUp {
-			add(gn, t, 0, isd(d), d, s.ExpertFF, s.Experts)
-			add(un, t, 0, isd(d), d, s.ExpertFF, s.Experts)
-			return
-		}
-		g := draw(gn, t, 0, isd(d), d, s.ExpertFF, s.Experts)
-		u := draw(un, t, 0, isd(d), d, s.ExpertFF, s.Experts)
-		out = append(out, outTensor{name: fmt.Sprintf("blk.%d.ffn_gate_up_exps.weight", l), typ: t,
-			dims: []uint64{uint64(d), uint64(2 * s.ExpertFF), uint64(s.Experts)}, parts: []*tensorSpec{g, u},
-			experts: s.Experts})
-	}
 	// Scales: the tied output head gives logits of std ~ 0.6*sqrt(d) ~ 10 for
 	// d = 256 (the fixtures' logit std is ~9.7), so greedy steps are decided
 	// by clear margins; the router's logits have std ~1.5 so expert choices
@@ -377,71 +318,16 @@ func (s Spec) plan(vocab int) ([]*tensorSpec, []outTensor) {
 	// the variance-preserving scale and the q/k norm weights ~2.5 (sharper
 	// attention) so that the blocks, not the token's own embedding, decide
 	// the next token: greedy text then varies instead of repeating one token.
-	add("token_embd.weight", s.mixType(d, true), 0, 0.6, d, vocab)
-	add("output_norm.weight", quant.F32, 1, 0.1, d)
+	p.add("token_embd.weight", s.mixType(d, true), 0, 0.6, d, vocab)
+	p.add("output_norm.weight", quant.F32, 1, 0.1, d)
 	if s.UntiedOutput {
-		add("output.weight", s.mixType(d, true), 0, 0.6, d, vocab)
+		p.add("output.weight", s.mixType(d, true), 0, 0.6, d, vocab)
 	}
-	if s.arch() == ArchQwen3MoE {
-		qd, kd := s.Heads*s.HeadDim, s.HeadsKV*s.HeadDim
-		for l := range s.Layers {
-			b := func(n string) string { return fmt.Sprintf("blk.%d.%s.weight", l, n) }
-			late := l >= s.Layers/2
-			add(b("attn_norm"), quant.F32, 1, 0.1, d)
-			add(b("attn_q"), s.mixType(d, false), 0, isd(d), d, qd)
-			add(b("attn_k"), s.mixType(d, false), 0, isd(d), d, kd)
-			add(b("attn_v"), s.mixType(d, late), 0, isd(d), d, kd)
-			add(b("attn_output"), s.mixType(qd, false), 0, 4*isd(qd), qd, d)
-			add(b("attn_q_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
-			add(b("attn_k_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
-			add(b("ffn_norm"), quant.F32, 1, 0.1, d)
-			add(b("ffn_gate_inp"), quant.F32, 0, 1.5*isd(d), d, s.Experts)
-			gateUp(l, s.mixType(d, false))
-			add(b("ffn_down_exps"), s.mixType(s.ExpertFF, late), 0, 4*isd(s.ExpertFF), s.ExpertFF, d, s.Experts)
-		}
-		return ts, out
+	g := generators[s.arch()]
+	for il := range s.Layers {
+		g.layer(s, &p, il)
 	}
-	// qwen35moe, in the order of fixtures/qwen35moe (gguf-py's writer):
-	// shapes of llama.cpp's llama_model_qwen35moe::load_arch_tensors.
-	qd, kd := s.Heads*s.HeadDim, s.HeadsKV*s.HeadDim
-	keyDim, valDim := s.SSMState*s.SSMGroups, s.SSMState*s.SSMDtRank
-	convDim := 2*keyDim + valDim
-	for l := range s.Layers {
-		b := func(n string) string { return fmt.Sprintf("blk.%d.%s.weight", l, n) }
-		more := useMoreBits(l, s.Layers)
-		add(b("attn_norm"), quant.F32, 1, 0.1, d)
-		if s.Recurrent(l) {
-			add(b("attn_qkv"), s.mixType(d, more), 0, isd(d), d, convDim)
-			add(b("attn_gate"), s.mixType(d, false), 0, isd(d), d, valDim)
-			add(b("ssm_conv1d"), quant.F32, 0, 0.3, s.SSMConv, convDim)
-			add(fmt.Sprintf("blk.%d.ssm_dt.bias", l), quant.F32, 0, 0.1, s.SSMDtRank)
-			// ssm_a holds A = -exp(A_log) (negative): uniform in
-			// [-e, -1/e), i.e. A_log uniform-ish in (-1, 1].
-			a := add(fmt.Sprintf("blk.%d.ssm_a", l), quant.F32, 0, 0, s.SSMDtRank)
-			a.uniform, a.lo, a.hi = true, -math.E, -1/math.E
-			add(b("ssm_beta"), s.mixType(d, false), 0, isd(d), d, s.SSMDtRank)
-			add(b("ssm_alpha"), s.mixType(d, false), 0, isd(d), d, s.SSMDtRank)
-			add(b("ssm_norm"), quant.F32, 1, 0.1, s.SSMState)
-			add(b("ssm_out"), s.mixType(valDim, false), 0, 4*isd(valDim), valDim, d)
-		} else {
-			// attn_q: per head HeadDim query rows then HeadDim gate rows.
-			add(b("attn_q"), s.mixType(d, false), 0, isd(d), d, 2*qd)
-			add(b("attn_k"), s.mixType(d, false), 0, isd(d), d, kd)
-			add(b("attn_v"), s.mixType(d, more), 0, isd(d), d, kd)
-			add(b("attn_output"), s.mixType(qd, false), 0, 4*isd(qd), qd, d)
-			add(b("attn_q_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
-			add(b("attn_k_norm"), quant.F32, 2.5, 0.5, s.HeadDim)
-		}
-		add(b("post_attention_norm"), quant.F32, 1, 0.1, d)
-		add(b("ffn_gate_inp"), quant.F32, 0, 1.5*isd(d), d, s.Experts)
-		gateUp(l, s.mixType(d, false))
-		add(b("ffn_down_exps"), s.mixType(s.ExpertFF, more), 0, 4*isd(s.ExpertFF), s.ExpertFF, d, s.Experts)
-		add(b("ffn_gate_inp_shexp"), quant.F32, 0, isd(d), d)
-		add(b("ffn_gate_shexp"), s.mixType(d, false), 0, isd(d), d, s.SharedFF)
-		add(b("ffn_up_shexp"), s.mixType(d, false), 0, isd(d), d, s.SharedFF)
-		add(b("ffn_down_shexp"), s.mixType(s.SharedFF, more), 0, 2*isd(s.SharedFF), s.SharedFF, d)
-	}
-	return ts, out
+	return p.ts, p.out
 }
 
 // Build generates the model described by s into a GGUF writer. Generation
@@ -485,35 +371,7 @@ func Build(s Spec) (*gguf.Writer, error) {
 	w.SetString("general.name", s.Name)
 	w.SetUint32("general.file_type", fileType(s))
 	w.SetUint32("general.quantization_version", 2)
-	w.SetUint32(a+"context_length", uint32(s.Context))
-	w.SetUint32(a+"embedding_length", uint32(s.Embd))
-	w.SetUint32(a+"block_count", uint32(s.Layers))
-	w.SetUint32(a+"attention.head_count", uint32(s.Heads))
-	w.SetUint32(a+"attention.head_count_kv", uint32(s.HeadsKV))
-	w.SetUint32(a+"attention.key_length", uint32(s.HeadDim))
-	w.SetUint32(a+"attention.value_length", uint32(s.HeadDim))
-	if s.arch() == ArchQwen35MoE {
-		w.SetUint32(a+"rope.dimension_count", uint32(s.ropeDim()))
-		sec := make([]int32, len(s.RopeSections))
-		for i, v := range s.RopeSections {
-			sec[i] = int32(v)
-		}
-		w.SetInt32s(a+"rope.dimension_sections", sec)
-	}
-	w.SetFloat32(a+"rope.freq_base", s.RopeBase)
-	w.SetFloat32(a+"attention.layer_norm_rms_epsilon", s.NormEps)
-	w.SetUint32(a+"expert_count", uint32(s.Experts))
-	w.SetUint32(a+"expert_used_count", uint32(s.ExpertsUsed))
-	w.SetUint32(a+"expert_feed_forward_length", uint32(s.ExpertFF))
-	if s.arch() == ArchQwen35MoE {
-		w.SetUint32(a+"expert_shared_feed_forward_length", uint32(s.SharedFF))
-		w.SetUint32(a+"full_attention_interval", uint32(s.FullAttnInterval))
-		w.SetUint32(a+"ssm.conv_kernel", uint32(s.SSMConv))
-		w.SetUint32(a+"ssm.state_size", uint32(s.SSMState))
-		w.SetUint32(a+"ssm.group_count", uint32(s.SSMGroups))
-		w.SetUint32(a+"ssm.time_step_rank", uint32(s.SSMDtRank))
-		w.SetUint32(a+"ssm.inner_size", uint32(s.SSMInner))
-	}
+	generators[s.arch()].metadata(s, w, a)
 	w.SetString("tokenizer.ggml.model", "gpt2")
 	w.SetString("tokenizer.ggml.pre", tc.Pre)
 	w.SetStrings("tokenizer.ggml.tokens", tc.Tokens)
@@ -700,17 +558,12 @@ func Describe(s Spec) string {
 		t = "Q4_K_M mix"
 	}
 	var names []string
-	if s.arch() == ArchQwen35MoE {
-		names = []string{ArchQwen35MoE,
-			fmt.Sprintf("%d layers (full attention every %d)", s.Layers, s.FullAttnInterval), fmt.Sprintf("d %d", s.Embd),
-			fmt.Sprintf("heads %d/%d x %d rope %d", s.Heads, s.HeadsKV, s.HeadDim, s.ropeDim()),
-			fmt.Sprintf("deltanet conv %d heads %d/%d x %d", s.SSMConv, s.SSMGroups, s.SSMDtRank, s.SSMState),
-			fmt.Sprintf("experts %d top-%d ffn %d + shared %d", s.Experts, s.ExpertsUsed, s.ExpertFF, s.SharedFF), t}
+	if g := generators[s.arch()]; g != nil {
+		names = g.describe(s)
 	} else {
-		names = []string{fmt.Sprintf("%d layers", s.Layers), fmt.Sprintf("d %d", s.Embd),
-			fmt.Sprintf("heads %d/%d x %d", s.Heads, s.HeadsKV, s.HeadDim),
-			fmt.Sprintf("experts %d top-%d ffn %d", s.Experts, s.ExpertsUsed, s.ExpertFF), t}
+		names = []string{fmt.Sprintf("unknown architecture %q", s.arch())}
 	}
+	names = append(names, t)
 	if s.FusedGateUp {
 		names = append(names, "fused gate_up")
 	}

@@ -18,6 +18,8 @@ type splice struct {
 	done   chan string // why each direction ended: "" normally, else a splice error reason
 }
 
+// newSplice returns the splice of a worker's connection client and its
+// hub connection hubc.
 func newSplice(g *Gateway, client, hubc net.Conn) *splice {
 	return &splice{g: g, client: client, hubc: hubc, done: make(chan string, 2)}
 }

@@ -39,6 +39,7 @@ type bridge struct {
 	writeErr   atomic.Value // string: why a write to the worker failed
 }
 
+// newBridge returns the bridge of session s between c and link.
 func newBridge(h *Hub, ctx context.Context, s *session, c *websocket.Conn, link net.Conn) *bridge {
 	return &bridge{h: h, ctx: ctx, s: s, c: c, link: link, bw: bufio.NewWriterSize(link, 64<<10),
 		workerEnd: make(chan string, 1), linkEnd: make(chan string, 1)}

@@ -7,6 +7,8 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 )
 
+// flushLoop, every FlushEvery until Close, rejects the RESULTs held past
+// ResultHold and appends the rows due (flushAll).
 func (h *Hub) flushLoop() {
 	t := time.NewTicker(h.cfg.FlushEvery)
 	defer t.Stop()

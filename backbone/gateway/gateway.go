@@ -9,13 +9,10 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -206,122 +203,6 @@ func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, code int, reaso
 	http.Error(w, http.StatusText(code), code)
 }
 
-func (g *Gateway) serveWorker(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet || !isUpgrade(r) {
-		g.refuse(w, r, http.StatusBadRequest, "not_upgrade", errors.New("not a WebSocket upgrade"))
-		return
-	}
-	now := time.Now()
-	pub, nonce, err := wire.VerifyUpgrade(r.Header, r.Method, r.URL.Path, now, g.cfg.MaxSkew)
-	switch {
-	case errors.Is(err, wire.ErrNoSignature):
-		g.refuse(w, r, http.StatusUnauthorized, "unsigned", err)
-		return
-	case errors.Is(err, wire.ErrStale):
-		g.refuse(w, r, http.StatusForbidden, "stale", err)
-		return
-	case err != nil:
-		g.refuse(w, r, http.StatusForbidden, "bad_signature", err)
-		return
-	}
-	worker := hex.EncodeToString(pub)
-	if !g.fresh(worker, nonce, now) {
-		g.refuse(w, r, http.StatusForbidden, "replayed", errors.New("replayed nonce"))
-		return
-	}
-	hc, err := net.DialTimeout("tcp", g.hubAddr, g.cfg.DialTimeout)
-	if err != nil {
-		g.refuse(w, r, http.StatusBadGateway, "hub_unreachable", err)
-		return
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			hc.Close()
-		}
-	}()
-	// Forward the request line and headers, minus any gateway headers the
-	// client tried to set, plus our own.
-	h := r.Header.Clone()
-	for _, k := range []string{hub.HeaderWorker, hub.HeaderGwTime, hub.HeaderGwNonce, hub.HeaderGwMAC} {
-		h.Del(k)
-	}
-	hub.SignGateway(h, g.cfg.Secret, worker, now)
-	h.Set("X-Forwarded-For", hostOnly(r.RemoteAddr))
-	bw := bufio.NewWriter(hc)
-	fmt.Fprintf(bw, "GET %s HTTP/1.1\r\nHost: %s\r\n", r.URL.RequestURI(), r.Host)
-	if err := h.Write(bw); err != nil {
-		g.refuse(w, r, http.StatusBadGateway, "hub_error", err)
-		return
-	}
-	bw.WriteString("\r\n")
-	_ = hc.SetDeadline(now.Add(g.cfg.DialTimeout))
-	if err := bw.Flush(); err != nil {
-		g.refuse(w, r, http.StatusBadGateway, "hub_error", err)
-		return
-	}
-	br := bufio.NewReaderSize(hc, 16<<10)
-	resp, err := http.ReadResponse(br, r)
-	if err != nil {
-		g.refuse(w, r, http.StatusBadGateway, "hub_error", err)
-		return
-	}
-	_ = hc.SetDeadline(time.Time{})
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
-		g.refused.Add(1)
-		g.met.refused.WithLabelValues("hub_refused").Inc()
-		g.log.Warn("gateway: hub refused upgrade", "status", resp.StatusCode)
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(resp.StatusCode)
-		_, _ = w.Write(body)
-		return
-	}
-	hj, isHJ := w.(http.Hijacker)
-	if !isHJ {
-		g.refuse(w, r, http.StatusInternalServerError, "hijack", errors.New("connection cannot be hijacked"))
-		return
-	}
-	cc, crw, err := hj.Hijack()
-	if err != nil {
-		g.refused.Add(1)
-		g.met.refused.WithLabelValues("hijack").Inc()
-		return
-	}
-	ok = true
-	cbw := bufio.NewWriter(cc)
-	fmt.Fprintf(cbw, "HTTP/1.1 101 Switching Protocols\r\n")
-	_ = resp.Header.Write(cbw)
-	cbw.WriteString("\r\n")
-	if n := br.Buffered(); n > 0 { // hub bytes read past the response
-		b, _ := br.Peek(n)
-		cbw.Write(b)
-	}
-	if err := cbw.Flush(); err != nil {
-		cc.Close()
-		hc.Close()
-		return
-	}
-	if n := crw.Reader.Buffered(); n > 0 { // client bytes read past the request
-		b, _ := crw.Reader.Peek(n)
-		if _, err := hc.Write(b); err != nil {
-			cc.Close()
-			hc.Close()
-			return
-		}
-	}
-	g.upgrades.Add(1)
-	g.met.sessions.Inc()
-	g.track(cc, hc, true)
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		g.splice(cc, hc)
-		g.track(cc, hc, false)
-	}()
-}
-
 func (g *Gateway) track(a, b net.Conn, add bool) {
 	g.connsMu.Lock()
 	defer g.connsMu.Unlock()
@@ -333,52 +214,6 @@ func (g *Gateway) track(a, b net.Conn, add bool) {
 		delete(g.conns, b)
 		g.active.Add(-1)
 	}
-}
-
-// splice copies client<->hub until one side ends or idles out, then gives the
-// other direction a short grace period and closes both.
-func (g *Gateway) splice(client, hubc net.Conn) {
-	done := make(chan string, 2) // why each direction ended: "" normally, else a splice error reason
-	cp := func(dst, src net.Conn, n *atomic.Uint64, bytes prometheus.Counter) {
-		reason := ""
-		defer func() {
-			// Pass the end on at once (TCP FIN / TLS close_notify) so the
-			// peer sees it without waiting for the grace period.
-			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-				_ = cw.CloseWrite()
-			}
-			done <- reason
-		}()
-		buf := make([]byte, 64<<10)
-		for {
-			_ = src.SetReadDeadline(time.Now().Add(g.cfg.IdleTimeout))
-			k, err := src.Read(buf)
-			if k > 0 {
-				_ = dst.SetWriteDeadline(time.Now().Add(g.cfg.IdleTimeout))
-				if _, werr := dst.Write(buf[:k]); werr != nil {
-					reason = "write"
-					return
-				}
-				n.Add(uint64(k))
-				bytes.Add(float64(k))
-			}
-			if err != nil {
-				reason = spliceErrorReason(err)
-				return
-			}
-		}
-	}
-	go cp(hubc, client, &g.up, g.met.up)
-	go cp(client, hubc, &g.down, g.met.down)
-	if reason := <-done; reason != "" { // the second direction ends on the grace deadline: not counted
-		g.met.spliceErrors.WithLabelValues(reason).Inc()
-	}
-	grace := time.Now().Add(2 * time.Second)
-	_ = client.SetReadDeadline(grace)
-	_ = hubc.SetReadDeadline(grace)
-	<-done
-	client.Close()
-	hubc.Close()
 }
 
 func hostOnly(addr string) string {

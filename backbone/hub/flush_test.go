@@ -164,10 +164,24 @@ func (f *fleet) dispatchAll(t testing.TB) {
 	}
 }
 
-// endAll closes every worker and waits until each session's final row is
-// in the ledger (Ended).
+// endAll waits until the hub has bridged every DISPATCH sent (a worker
+// closing first would find them undelivered, unmetered), closes every
+// worker and waits until each session's final row is in the ledger
+// (Ended).
 func (f *fleet) endAll(t testing.TB) {
 	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n uint64
+		for _, s := range f.h.Sessions() {
+			n += s.DispatchesSent
+		}
+		if n >= uint64(f.sent.Load()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d DISPATCHes bridged", n, f.sent.Load())
+		}
+	}
 	for _, c := range f.ws {
 		c.Close(websocket.StatusNormalClosure, "bye")
 	}

@@ -566,103 +566,92 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 		return
 	}
 	defer st.Cancel()
-	id, created := newID("cmpl-"), time.Now().Unix()
-	object := "text_completion"
+	rp := &reply{s: s, w: w, ctx: ctx, st: st, chat: chat}
+	rp.id, rp.created = newID("cmpl-"), time.Now().Unix()
+	rp.object = "text_completion"
 	if chat {
-		id, object = newID("chatcmpl-"), "chat.completion"
+		rp.id, rp.object = newID("chatcmpl-"), "chat.completion"
 	}
 	if !p.Stream {
-		var text strings.Builder
-		for {
-			d, err := st.Next(ctx)
-			if err != nil {
-				return // the client went away; Cancel runs
-			}
-			text.WriteString(d.Text)
-			if !d.Done {
-				continue
-			}
-			if d.Finish == FinishError || d.Finish == FinishCancelled {
-				writeError(w, s.finishError(w, d))
-				return
-			}
-			choice := map[string]any{"index": 0, "finish_reason": d.Finish, "logprobs": nil}
-			if chat {
-				choice["message"] = map[string]any{"role": "assistant", "content": text.String()}
-			} else {
-				choice["text"] = text.String()
-			}
-			writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created,
-				"model": s.cfg.ModelID, "choices": []any{choice},
-				"usage": usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}})
+		rp.whole()
+		return
+	}
+	rp.stream(p.StreamOptions != nil && p.StreamOptions.IncludeUsage)
+}
+
+// reply writes one generation request's response from its Stream.
+type reply struct {
+	s       *Server
+	w       http.ResponseWriter
+	ctx     context.Context // the request's: its end cancels the generation
+	st      *Stream
+	chat    bool // a chat completion
+	id      string
+	object  string
+	created int64
+
+	// Streaming only.
+	flusher      http.Flusher // nil when w cannot flush
+	chunkObject  string
+	includeUsage bool // stream_options.include_usage
+}
+
+// whole waits for the generation to end and writes it as one JSON object.
+func (rp *reply) whole() {
+	var text strings.Builder
+	for {
+		d, err := rp.st.Next(rp.ctx)
+		if err != nil {
+			return // the client went away; Cancel runs
+		}
+		text.WriteString(d.Text)
+		if !d.Done {
+			continue
+		}
+		if d.Finish == FinishError || d.Finish == FinishCancelled {
+			writeError(rp.w, rp.s.finishError(rp.w, d))
 			return
 		}
+		choice := map[string]any{"index": 0, "finish_reason": d.Finish, "logprobs": nil}
+		if rp.chat {
+			choice["message"] = map[string]any{"role": "assistant", "content": text.String()}
+		} else {
+			choice["text"] = text.String()
+		}
+		writeJSON(rp.w, http.StatusOK, map[string]any{"id": rp.id, "object": rp.object, "created": rp.created,
+			"model": rp.s.cfg.ModelID, "choices": []any{choice},
+			"usage": usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}})
+		return
 	}
+}
 
+// stream writes the generation as server-sent events, a chunk per delta.
+// As OpenAI's: with includeUsage every chunk carries "usage": null but the
+// last one before [DONE], whose choices are empty and whose usage is the
+// request's; without it no chunk has the key.
+func (rp *reply) stream(includeUsage bool) {
 	// The status goes with the first delta: a generation that fails before
 	// its first token (no expert holder) is an HTTP error.
-	first, err := st.Next(ctx)
+	first, err := rp.st.Next(rp.ctx)
 	if err != nil {
 		return
 	}
 	if first.Done && (first.Finish == FinishError || first.Finish == FinishCancelled) && first.Text == "" {
-		writeError(w, s.finishError(w, first))
+		writeError(rp.w, rp.s.finishError(rp.w, first))
 		return
 	}
-	h := w.Header()
+	h := rp.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
-	send := func(v any) bool {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return false
-		}
-		var buf bytes.Buffer
-		buf.Grow(len(b) + 8)
-		buf.WriteString("data: ")
-		buf.Write(b)
-		buf.WriteString("\n\n")
-		if _, err := w.Write(buf.Bytes()); err != nil {
-			return false
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		return true
+	rp.w.WriteHeader(http.StatusOK)
+	rp.flusher, _ = rp.w.(http.Flusher)
+	rp.chunkObject = rp.object
+	if rp.chat {
+		rp.chunkObject = "chat.completion.chunk"
 	}
-	chunkObject := object
-	if chat {
-		chunkObject = "chat.completion.chunk"
-	}
-	// As OpenAI's: with include_usage every chunk carries "usage": null
-	// but the last one before [DONE], whose choices are empty and whose
-	// usage is the request's; without it no chunk has the key.
-	includeUsage := p.StreamOptions != nil && p.StreamOptions.IncludeUsage
-	chunk := func(text string, finish any, first bool) map[string]any {
-		choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
-		if chat {
-			delta := map[string]any{}
-			if first {
-				delta["role"] = "assistant"
-			}
-			if text != "" || first {
-				delta["content"] = text
-			}
-			choice["delta"] = delta
-		} else {
-			choice["text"] = text
-		}
-		c := map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.ModelID,
-			"choices": []any{choice}}
-		if includeUsage {
-			c["usage"] = nil
-		}
-		return c
-	}
-	if chat && !send(chunk("", nil, true)) {
+	rp.includeUsage = includeUsage
+	if rp.chat && !rp.send(rp.chunk("", nil, true)) {
 		return
 	}
 	next := &first
@@ -670,35 +659,86 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 		var d Delta
 		if next != nil {
 			d, next = *next, nil
-		} else if d, err = st.Next(ctx); err != nil {
+		} else if d, err = rp.st.Next(rp.ctx); err != nil {
 			return
 		}
 		if d.Done && (d.Finish == FinishError || d.Finish == FinishCancelled) {
 			if d.Text != "" {
-				send(chunk(d.Text, nil, false))
+				rp.send(rp.chunk(d.Text, nil, false))
 			}
-			send(map[string]any{"error": s.finishError(w, d)})
+			rp.send(map[string]any{"error": rp.s.finishError(rp.w, d)})
 			return
 		}
-		if d.Text != "" && !send(chunk(d.Text, nil, false)) {
+		if d.Text != "" && !rp.send(rp.chunk(d.Text, nil, false)) {
 			return
 		}
 		if !d.Done {
 			continue
 		}
-		if !send(chunk("", d.Finish, false)) {
-			return
-		}
-		if includeUsage {
-			u := usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}
-			if !send(map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.ModelID,
-				"choices": []any{}, "usage": u}) {
-				return
-			}
-		}
-		if _, err := w.Write([]byte("data: [DONE]\n\n")); err == nil && flusher != nil {
-			flusher.Flush()
-		}
+		rp.done(d)
 		return
 	}
+}
+
+// done ends the stream after the last delta d: the finish chunk, the usage
+// chunk (includeUsage) and [DONE].
+func (rp *reply) done(d Delta) {
+	if !rp.send(rp.chunk("", d.Finish, false)) {
+		return
+	}
+	if rp.includeUsage {
+		u := usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}
+		if !rp.send(map[string]any{"id": rp.id, "object": rp.chunkObject, "created": rp.created, "model": rp.s.cfg.ModelID,
+			"choices": []any{}, "usage": u}) {
+			return
+		}
+	}
+	if _, err := rp.w.Write([]byte("data: [DONE]\n\n")); err == nil && rp.flusher != nil {
+		rp.flusher.Flush()
+	}
+}
+
+// send writes v as one event and flushes it; false when the client is
+// gone.
+func (rp *reply) send(v any) bool {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false
+	}
+	var buf bytes.Buffer
+	buf.Grow(len(b) + 8)
+	buf.WriteString("data: ")
+	buf.Write(b)
+	buf.WriteString("\n\n")
+	if _, err := rp.w.Write(buf.Bytes()); err != nil {
+		return false
+	}
+	if rp.flusher != nil {
+		rp.flusher.Flush()
+	}
+	return true
+}
+
+// chunk is a streamed completion object: text as the delta (chat) or
+// text, finish its finish_reason, first whether it opens a chat stream.
+func (rp *reply) chunk(text string, finish any, first bool) map[string]any {
+	choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
+	if rp.chat {
+		delta := map[string]any{}
+		if first {
+			delta["role"] = "assistant"
+		}
+		if text != "" || first {
+			delta["content"] = text
+		}
+		choice["delta"] = delta
+	} else {
+		choice["text"] = text
+	}
+	c := map[string]any{"id": rp.id, "object": rp.chunkObject, "created": rp.created, "model": rp.s.cfg.ModelID,
+		"choices": []any{choice}}
+	if rp.includeUsage {
+		c["usage"] = nil
+	}
+	return c
 }

@@ -64,6 +64,24 @@ func (e *batonExperts) ComputeExperts(ctx context.Context, layer int, hidden []f
 	return err
 }
 
+// scheduler is one lane's continuous batching and its state; its
+// goroutine (loop) is the only one that touches the lane's model. A step
+// is a phase per method: admit, dropCancelled, build, forward, then
+// deliver (or fail).
+type scheduler struct {
+	s   *Server
+	l   *lane
+	ctx context.Context // ends when the server stops
+
+	active  []*seqState
+	free    []*model.Sequence // cleared sequences kept for reuse (their caches stay allocated)
+	rows    []model.Row
+	owners  []*seqState // the sequence of each logits row, in row order
+	logits  []float32
+	seqs    int // sequences with rows in the current step
+	prefill int // prompt rows in the current step
+}
+
 // loop is one lane's scheduler: the only goroutine that touches its model.
 func (s *Server) loop(l *lane) {
 	defer s.running.Done()
@@ -76,191 +94,225 @@ func (s *Server) loop(l *lane) {
 		case <-ctx.Done():
 		}
 	}()
+	(&scheduler{s: s, l: l, ctx: ctx}).run()
+}
 
-	var (
-		active []*seqState
-		free   []*model.Sequence // cleared sequences kept for reuse (their caches stay allocated)
-		rows   []model.Row
-		owners []*seqState // the sequence of each logits row, in row order
-		logits []float32
-	)
-	vocab := s.p.Vocab
-	release := func(a *seqState) {
-		// Keep short sequences for reuse; a long one's cache (it grows by
-		// doubling) is left to the garbage collector so a burst of long
-		// requests does not pin its memory.
-		if a.seq.Len() <= poolMaxPositions && len(free) < s.cfg.MaxSeqs && a.seq.Truncate(0) == nil {
-			free = append(free, a.seq)
-		}
-		a.seq = nil
-	}
-	// compact drops the released states and publishes the active count.
-	compact := func() {
-		kept := active[:0]
-		for _, a := range active {
-			if a.seq != nil {
-				kept = append(kept, a)
-			}
-		}
-		clear(active[len(kept):])
-		active = kept
-		s.mu.Lock()
-		s.active += len(active) - l.active
-		l.active = len(active)
-		s.met.active.Set(float64(s.active))
-		s.mu.Unlock()
-	}
-	end := func(a *seqState, text, reason string, err error) {
-		a.st.finishText(text, reason, err)
-		s.met.finished.WithLabelValues(reason).Inc()
-		release(a)
-	}
-
+// run steps until the server stops; then it ends the active requests with
+// ErrClosed.
+func (sc *scheduler) run() {
+	s := sc.s
 	for {
-		// Admit queued requests into free slots, at most this lane's even
-		// share of all the work.
-		s.mu.Lock()
-		share := (len(s.queue) + s.active + len(s.lanes) - 1) / len(s.lanes)
-		n := max(0, min(len(s.queue), l.maxSeqs-len(active), share-len(active)))
-		admitted := s.queue[:n]
-		s.queue = append([]*Stream(nil), s.queue[n:]...)
-		s.active += n
-		l.active = len(active) + n
-		s.met.queueDepth.Set(float64(len(s.queue)))
-		s.mu.Unlock()
-		for _, st := range admitted {
-			var seq *model.Sequence
-			if k := len(free); k > 0 {
-				seq, free = free[k-1], free[:k-1]
-			} else {
-				seq = l.m.NewSequence()
-			}
-			var stops []string
-			for _, x := range st.job.Stop {
-				if x != "" {
-					stops = append(stops, x)
-				}
-			}
-			active = append(active, &seqState{st: st, seq: seq, sampler: model.NewSampler(st.job.Sampler),
-				dec: s.tok.NewDecoder(false), stop: stopMatcher{stops: stops}})
-		}
-
-		// Drop the cancelled.
-		for _, a := range active {
-			if err := a.st.isCancelled(); err != nil {
-				end(a, "", FinishCancelled, err)
-			}
-		}
-		compact()
-
-		if len(active) == 0 {
+		sc.admit()
+		sc.dropCancelled()
+		if len(sc.active) == 0 {
 			select {
 			case <-s.stop:
 				return
-			case <-l.wake:
+			case <-sc.l.wake:
 				continue
 			}
 		}
 		select {
 		case <-s.stop:
-			for _, a := range active {
-				end(a, "", FinishError, ErrClosed)
+			for _, a := range sc.active {
+				sc.end(a, "", FinishError, ErrClosed)
 			}
-			compact()
+			sc.compact()
 			return
 		default:
 		}
-
-		// Build the step: one decode row per generating sequence, then
-		// prompt chunks in admission order. MaxSeqs <= MaxBatchRows, so a
-		// prefilling sequence always gets at least one row.
-		rows, owners = rows[:0], owners[:0]
-		budget := s.cfg.MaxBatchRows
-		seqs := 0
-		for _, a := range active {
-			a.inStep, a.chunk = false, 0
-			if a.decoding && budget > 0 {
-				rows = append(rows, model.Row{Seq: a.seq, Token: a.next, Pos: a.seq.Len(), Logits: true})
-				owners = append(owners, a)
-				a.inStep = true
-				budget--
-				seqs++
-			}
-		}
-		prefill := 0
-		for _, a := range active {
-			if a.decoding || budget == 0 {
-				continue
-			}
-			p := a.st.job.Prompt
-			c := min(budget, len(p)-a.fed)
-			for i := range c {
-				pos := a.fed + i
-				last := pos == len(p)-1
-				rows = append(rows, model.Row{Seq: a.seq, Token: p[pos], Pos: pos, Logits: last})
-				if last {
-					owners = append(owners, a)
-				}
-			}
-			a.chunk, a.inStep = c, true
-			budget -= c
-			prefill += c
-			seqs++
-		}
-		if need := len(owners) * vocab; cap(logits) < need {
-			logits = make([]float32, need)
-		}
+		sc.build()
 		start := time.Now()
-		if l.baton != nil {
-			if l.baton.acquire(ctx) == nil {
-				l.holdsCPU = true
-			}
-		}
-		err := l.m.Forward(ctx, rows, logits[:len(owners)*vocab])
-		if l.holdsCPU {
-			l.baton.release()
-			l.holdsCPU = false
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				err = ErrClosed
-			} else {
-				s.log.Error("serve: forward step failed", "rows", len(rows), "err", err)
-				err = fmt.Errorf("forward: %w", err)
-			}
-			for _, a := range active {
-				if a.inStep {
-					end(a, "", FinishError, err)
-				}
-			}
-			compact()
+		if err := sc.forward(); err != nil {
+			sc.fail(err)
 			continue
 		}
-		for _, a := range active {
-			a.fed += a.chunk
-			if a.fed == len(a.st.job.Prompt) {
-				a.decoding = true
+		sc.deliver(start)
+	}
+}
+
+// release gives up a's sequence. Short sequences are kept for reuse; a
+// long one's cache (it grows by doubling) is left to the garbage collector
+// so a burst of long requests does not pin its memory.
+func (sc *scheduler) release(a *seqState) {
+	if a.seq.Len() <= poolMaxPositions && len(sc.free) < sc.s.cfg.MaxSeqs && a.seq.Truncate(0) == nil {
+		sc.free = append(sc.free, a.seq)
+	}
+	a.seq = nil
+}
+
+// compact drops the released states and publishes the active count.
+func (sc *scheduler) compact() {
+	s, l := sc.s, sc.l
+	kept := sc.active[:0]
+	for _, a := range sc.active {
+		if a.seq != nil {
+			kept = append(kept, a)
+		}
+	}
+	clear(sc.active[len(kept):])
+	sc.active = kept
+	s.mu.Lock()
+	s.active += len(sc.active) - l.active
+	l.active = len(sc.active)
+	s.met.active.Set(float64(s.active))
+	s.mu.Unlock()
+}
+
+// end finishes a's request and releases its sequence.
+func (sc *scheduler) end(a *seqState, text, reason string, err error) {
+	a.st.finishText(text, reason, err)
+	sc.s.met.finished.WithLabelValues(reason).Inc()
+	sc.release(a)
+}
+
+// admit moves queued requests into free slots, at most this lane's even
+// share of all the work.
+func (sc *scheduler) admit() {
+	s, l := sc.s, sc.l
+	s.mu.Lock()
+	share := (len(s.queue) + s.active + len(s.lanes) - 1) / len(s.lanes)
+	n := max(0, min(len(s.queue), l.maxSeqs-len(sc.active), share-len(sc.active)))
+	admitted := s.queue[:n]
+	s.queue = append([]*Stream(nil), s.queue[n:]...)
+	s.active += n
+	l.active = len(sc.active) + n
+	s.met.queueDepth.Set(float64(len(s.queue)))
+	s.mu.Unlock()
+	for _, st := range admitted {
+		var seq *model.Sequence
+		if k := len(sc.free); k > 0 {
+			seq, sc.free = sc.free[k-1], sc.free[:k-1]
+		} else {
+			seq = l.m.NewSequence()
+		}
+		var stops []string
+		for _, x := range st.job.Stop {
+			if x != "" {
+				stops = append(stops, x)
 			}
 		}
-		// Counted before the tokens are delivered, so a client that has
-		// read its last token sees it in the metrics.
-		s.met.steps.Inc()
-		s.met.stepSeconds.Observe(time.Since(start).Seconds())
-		s.met.batchRows.Observe(float64(len(rows)))
-		s.met.batchSeqs.Observe(float64(seqs))
-		s.met.promptTokens.Add(float64(prefill))
-		s.met.generatedTokens.Add(float64(len(owners)))
-		for i, a := range owners {
-			s.sample(a, logits[i*vocab:(i+1)*vocab], end)
-		}
-		compact()
+		sc.active = append(sc.active, &seqState{st: st, seq: seq, sampler: model.NewSampler(st.job.Sampler),
+			dec: s.tok.NewDecoder(false), stop: stopMatcher{stops: stops}})
 	}
+}
+
+// dropCancelled ends the cancelled requests.
+func (sc *scheduler) dropCancelled() {
+	for _, a := range sc.active {
+		if err := a.st.isCancelled(); err != nil {
+			sc.end(a, "", FinishCancelled, err)
+		}
+	}
+	sc.compact()
+}
+
+// build lays out the step: one decode row per generating sequence, then
+// prompt chunks in admission order. MaxSeqs <= MaxBatchRows, so a
+// prefilling sequence always gets at least one row.
+func (sc *scheduler) build() {
+	sc.rows, sc.owners = sc.rows[:0], sc.owners[:0]
+	budget := sc.s.cfg.MaxBatchRows
+	sc.seqs = 0
+	for _, a := range sc.active {
+		a.inStep, a.chunk = false, 0
+		if a.decoding && budget > 0 {
+			sc.rows = append(sc.rows, model.Row{Seq: a.seq, Token: a.next, Pos: a.seq.Len(), Logits: true})
+			sc.owners = append(sc.owners, a)
+			a.inStep = true
+			budget--
+			sc.seqs++
+		}
+	}
+	sc.prefill = 0
+	for _, a := range sc.active {
+		if a.decoding || budget == 0 {
+			continue
+		}
+		p := a.st.job.Prompt
+		c := min(budget, len(p)-a.fed)
+		for i := range c {
+			pos := a.fed + i
+			last := pos == len(p)-1
+			sc.rows = append(sc.rows, model.Row{Seq: a.seq, Token: p[pos], Pos: pos, Logits: last})
+			if last {
+				sc.owners = append(sc.owners, a)
+			}
+		}
+		a.chunk, a.inStep = c, true
+		budget -= c
+		sc.prefill += c
+		sc.seqs++
+	}
+	if need := len(sc.owners) * sc.s.p.Vocab; cap(sc.logits) < need {
+		sc.logits = make([]float32, need)
+	}
+}
+
+// forward runs the step through the model, holding the lanes' baton
+// (with lanes) except while an expert call is out.
+func (sc *scheduler) forward() error {
+	l := sc.l
+	if l.baton != nil {
+		if l.baton.acquire(sc.ctx) == nil {
+			l.holdsCPU = true
+		}
+	}
+	err := l.m.Forward(sc.ctx, sc.rows, sc.logits[:len(sc.owners)*sc.s.p.Vocab])
+	if l.holdsCPU {
+		l.baton.release()
+		l.holdsCPU = false
+	}
+	return err
+}
+
+// fail ends the requests of a step whose forward failed with err
+// (ErrClosed when the server is stopping).
+func (sc *scheduler) fail(err error) {
+	if sc.ctx.Err() != nil {
+		err = ErrClosed
+	} else {
+		sc.s.log.Error("serve: forward step failed", "rows", len(sc.rows), "err", err)
+		err = fmt.Errorf("forward: %w", err)
+	}
+	for _, a := range sc.active {
+		if a.inStep {
+			sc.end(a, "", FinishError, err)
+		}
+	}
+	sc.compact()
+}
+
+// deliver advances the prompts fed, counts the step (begun at start) and
+// samples and delivers each logits row's token.
+func (sc *scheduler) deliver(start time.Time) {
+	s := sc.s
+	for _, a := range sc.active {
+		a.fed += a.chunk
+		if a.fed == len(a.st.job.Prompt) {
+			a.decoding = true
+		}
+	}
+	// Counted before the tokens are delivered, so a client that has
+	// read its last token sees it in the metrics.
+	s.met.steps.Inc()
+	s.met.stepSeconds.Observe(time.Since(start).Seconds())
+	s.met.batchRows.Observe(float64(len(sc.rows)))
+	s.met.batchSeqs.Observe(float64(sc.seqs))
+	s.met.promptTokens.Add(float64(sc.prefill))
+	s.met.generatedTokens.Add(float64(len(sc.owners)))
+	vocab := s.p.Vocab
+	for i, a := range sc.owners {
+		sc.sample(a, sc.logits[i*vocab:(i+1)*vocab])
+	}
+	sc.compact()
 }
 
 // sample draws a's next token from its logits row and delivers its text,
 // ending the request on an end-of-generation token, a stop string, its
 // MaxTokens or a full context.
-func (s *Server) sample(a *seqState, logits []float32, end func(*seqState, string, string, error)) {
+func (sc *scheduler) sample(a *seqState, logits []float32) {
+	s := sc.s
 	t := a.sampler.Sample(logits)
 	a.gen++
 	var out string
@@ -291,7 +343,7 @@ func (s *Server) sample(a *seqState, logits []float32, end func(*seqState, strin
 	}
 	a.st.emit(out, t)
 	if reason != "" {
-		end(a, "", reason, nil)
+		sc.end(a, "", reason, nil)
 		return
 	}
 	a.next = t

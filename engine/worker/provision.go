@@ -153,14 +153,8 @@ func (w *Worker) fetch(ctx context.Context, a *wire.Assign, e wire.Assigned, ev 
 		next := off
 		failed := false
 		for off < size && !failed {
-			for len(requested) < w.cfg.DownloadWindow && next < size {
-				n := min(chunk, size-next)
-				if err := send((&wire.ChunkReq{Layer: e.Layer, Expert: e.Expert, Offset: uint64(next), Len: uint32(n)}).Append(nil)); err != nil {
-					return nil, err
-				}
-				w.chunkReqs.Add(1)
-				requested[uint64(next)] = true
-				next += n
+			if next, err = w.requestChunks(e, requested, next, size, chunk, send); err != nil {
+				return nil, err
 			}
 			var m dlEvent
 			select {
@@ -200,19 +194,10 @@ func (w *Worker) fetch(ctx context.Context, a *wire.Assign, e wire.Assigned, ev 
 			w.chunksGot.Add(1)
 		}
 		if failed {
-			// Drain what is still in flight so it is not taken for the retry.
-			for len(requested) > 0 {
-				select {
-				case <-ctx.Done():
-					return nil, nil
-				case m := <-ev:
-					if m.assign != nil {
-						return m.assign, errSuperseded
-					}
-					if m.chunk != nil && int(m.chunk.Layer) == l && int(m.chunk.Expert) == x {
-						delete(requested, m.chunk.Offset)
-					}
-				}
+			if newer, ok := drainChunks(ctx, ev, l, x, requested); !ok {
+				return nil, nil
+			} else if newer != nil {
+				return newer, errSuperseded
 			}
 			continue
 		}
@@ -223,16 +208,54 @@ func (w *Worker) fetch(ctx context.Context, a *wire.Assign, e wire.Assigned, ev 
 			}
 			return nil, nil
 		}
-		w.progress(a) // before the backbone hears of it: stats never lag the HOLDINGS
-		sum := e.SHA256
-		msg := (&wire.Holdings{Quota: uint64(st.Quota()), Add: []wire.Holding{{Layer: e.Layer, Expert: e.Expert, SHA256: sum}}}).Append(nil)
-		if err := send(msg); err != nil {
-			return nil, err
-		}
-		return nil, nil
+		return nil, w.held(a, e, send)
 	}
 	st.Abort(l, x)
 	return nil, nil
+}
+
+// requestChunks sends CHUNK_REQs of expert e (chunk bytes each, up to
+// size) from offset next on while fewer than DownloadWindow are in flight
+// (requested); it returns the next offset to request.
+func (w *Worker) requestChunks(e wire.Assigned, requested map[uint64]bool, next, size, chunk int64, send func([]byte) error) (int64, error) {
+	for len(requested) < w.cfg.DownloadWindow && next < size {
+		n := min(chunk, size-next)
+		if err := send((&wire.ChunkReq{Layer: e.Layer, Expert: e.Expert, Offset: uint64(next), Len: uint32(n)}).Append(nil)); err != nil {
+			return next, err
+		}
+		w.chunkReqs.Add(1)
+		requested[uint64(next)] = true
+		next += n
+	}
+	return next, nil
+}
+
+// drainChunks waits for the chunks of expert x of layer l still requested,
+// so that they are not taken for a retry. It returns a newer ASSIGN that
+// arrived meanwhile, or ok false when ctx ended.
+func drainChunks(ctx context.Context, ev <-chan dlEvent, l, x int, requested map[uint64]bool) (newer *wire.Assign, ok bool) {
+	for len(requested) > 0 {
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case m := <-ev:
+			if m.assign != nil {
+				return m.assign, true
+			}
+			if m.chunk != nil && int(m.chunk.Layer) == l && int(m.chunk.Expert) == x {
+				delete(requested, m.chunk.Offset)
+			}
+		}
+	}
+	return nil, true
+}
+
+// held announces expert e of a, just committed: the progress first (stats
+// never lag the HOLDINGS), then a HOLDINGS adding it.
+func (w *Worker) held(a *wire.Assign, e wire.Assigned, send func([]byte) error) error {
+	w.progress(a) // before the backbone hears of it: stats never lag the HOLDINGS
+	msg := (&wire.Holdings{Quota: uint64(w.store.Quota()), Add: []wire.Holding{{Layer: e.Layer, Expert: e.Expert, SHA256: e.SHA256}}}).Append(nil)
+	return send(msg)
 }
 
 func hkey(l, e int) uint64 { return uint64(l)<<32 | uint64(uint32(e)) }

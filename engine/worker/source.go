@@ -115,17 +115,10 @@ func (w *Worker) fetchSource(ctx context.Context, a *wire.Assign, e wire.Assigne
 		if errors.As(err, &perm) || fails >= w.cfg.SourceAttempts {
 			return nil, nil // skipped; its verified part stays
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if newer, ok := backoff(ctx, ev, delay); !ok {
 			return nil, nil
-		case m := <-ev:
-			t.Stop()
-			if m.assign != nil {
-				return m.assign, errSuperseded
-			}
-		case <-t.C:
+		} else if newer != nil {
+			return newer, errSuperseded
 		}
 		delay = min(2*delay, 30*time.Second)
 	}
@@ -133,12 +126,23 @@ func (w *Worker) fetchSource(ctx context.Context, a *wire.Assign, e wire.Assigne
 		w.setErr("commit: " + err.Error())
 		return nil, nil
 	}
-	w.progress(a) // before the backbone hears of it: stats never lag the HOLDINGS
-	msg := (&wire.Holdings{Quota: uint64(st.Quota()), Add: []wire.Holding{{Layer: e.Layer, Expert: e.Expert, SHA256: e.SHA256}}}).Append(nil)
-	if err := send(msg); err != nil {
-		return nil, err
+	return nil, w.held(a, e, send)
+}
+
+// backoff waits delay before a retry. It returns a newer ASSIGN that
+// arrived meanwhile (ending the wait), or ok false when ctx ended; another
+// provisioning event ends the wait too.
+func backoff(ctx context.Context, ev <-chan dlEvent, delay time.Duration) (newer *wire.Assign, ok bool) {
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil, false
+	case m := <-ev:
+		return m.assign, true
+	case <-t.C:
+		return nil, true
 	}
-	return nil, nil
 }
 
 // chunker cuts the bytes of one expert file, arriving in order from

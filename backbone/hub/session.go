@@ -1,0 +1,251 @@
+package hub
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/ledger"
+	"github.com/kvasir-ai/kvasir/engine/wire"
+)
+
+// SessionStats is a snapshot of one session's counts; bytes are whole
+// WebSocket message bytes.
+type SessionStats struct {
+	ID, WorkerID    string
+	Started         time.Time
+	Ended           bool   // the session ended and its Final ledger row is appended (at once without a ledger)
+	Reason          string // why it ended ("" while open)
+	ToWorker        uint64 // all bytes backbone -> worker
+	FromWorker      uint64 // all bytes worker -> backbone
+	CreditOut       uint64 // DISPATCH bytes (creditable; settled or not, never forfeited ones)
+	CreditIn        uint64 // accepted RESULT bytes (creditable; settled or not, never forfeited ones)
+	Unsettled       uint64 // creditable bytes (of CreditOut + CreditIn) not yet settled into the ledger
+	Rejected        uint64 // bytes never credited: worker bytes refused, late, malformed or never accepted, and forfeited bytes
+	Forfeited       uint64 // creditable bytes (included in Rejected) forfeited by a LinkForfeit
+	ForfeitReason   string // the backbone's reason ("" without a forfeit)
+	Pending         uint64 // RESULT bytes awaiting the backbone's verdict
+	Messages        uint64 // messages bridged, both ways
+	DispatchesSent  uint64 // DISPATCH messages to the worker
+	ResultsReceived uint64 // RESULT messages from the worker
+}
+
+type pendingResult struct {
+	bytes uint64
+	at    time.Time
+}
+
+// bucket is creditable bytes metered at about the same time, not yet
+// settled: first and at are when the first and the last of them were
+// metered (a bucket takes bytes for at most the session's merge period
+// after first, so under steady work new buckets open and the old ones
+// settle on time) and seq the session's RESULT count when the last of them
+// was metered.
+type bucket struct {
+	first   time.Time
+	at      time.Time
+	seq     uint64
+	out, in uint64
+}
+
+// session holds one bridged connection's counts.
+type session struct {
+	id, worker string
+	started    time.Time
+	cancel     context.CancelFunc
+	merge      time.Duration // bytes metered within this of a bucket's first bytes join it
+
+	mu                               sync.Mutex
+	ended                            bool
+	reason                           string
+	toW, fromW, msgs, nDisp, nResult uint64
+	lastResult                       time.Time // when the last RESULT arrived (session start before any)
+	creditOut, creditIn, rejected    uint64
+	pending                          map[uint64]pendingResult
+	unsettled                        []bucket // oldest first
+	settled                          struct{ out, in uint64 }
+	forfeited                        bool
+	forfeitReason                    string
+	forfeitBytes                     uint64
+	flushed                          counts        // in rows the ledger acknowledged
+	queued                           counts        // in rows created (acknowledged, or the unacked one)
+	unacked                          *ledger.Entry // the row in flight, sent again unchanged until acknowledged
+	seq                              uint64        // rows created (ledger.Entry.Seq of the last)
+	finalWritten                     bool
+	retired                          bool // ended, and its final row appended (or there is no ledger)
+}
+
+// counts are cumulative ledger amounts of a session.
+type counts struct{ creditIn, creditOut, rejected uint64 }
+
+// creditLocked meters creditable bytes (out: DISPATCH, in: accepted
+// RESULT) as unsettled, or as rejected once the session is forfeited;
+// s.mu is held.
+func (s *session) creditLocked(out, in uint64) {
+	if s.forfeited {
+		s.rejected += out + in
+		s.forfeitBytes += out + in
+		return
+	}
+	s.creditOut += out
+	s.creditIn += in
+	s.addUnsettledLocked(time.Now(), out, in)
+}
+
+// addUnsettledLocked adds creditable bytes metered at now to the newest
+// bucket while that bucket's first bytes are younger than the merge period
+// (never measured from its newest bytes: a bucket fed by steady work would
+// then stay open, and never settle, for as long as the work lasts), else
+// to a new bucket; s.mu is held.
+func (s *session) addUnsettledLocked(now time.Time, out, in uint64) {
+	if n := len(s.unsettled); n > 0 && now.Sub(s.unsettled[n-1].first) < s.merge {
+		b := &s.unsettled[n-1]
+		b.at, b.seq = now, s.nResult
+		b.out += out
+		b.in += in
+		return
+	}
+	s.unsettled = append(s.unsettled, bucket{first: now, at: now, seq: s.nResult, out: out, in: in})
+}
+
+// settleLocked moves into the settled totals the unsettled buckets, oldest
+// first, whose newest bytes are at least delay old and
+// either followed by at least results RESULTs or, when the session has
+// received no RESULT for delay (paused or idle: the results that would
+// fill the window are not coming), with no further condition; all of them
+// when all is set (the session ended, not forfeited). s.mu is held.
+func (s *session) settleLocked(now time.Time, delay time.Duration, results int, all bool) {
+	idle := now.Sub(s.lastResult) >= delay
+	i := 0
+	for ; i < len(s.unsettled); i++ {
+		b := s.unsettled[i]
+		if !all && (now.Sub(b.at) < delay || (!idle && s.nResult-b.seq < uint64(max(results, 0)))) {
+			break
+		}
+		s.settled.out += b.out
+		s.settled.in += b.in
+	}
+	s.unsettled = s.unsettled[i:]
+}
+
+// forfeit rejects every unsettled creditable byte of the session, and every
+// later one; it returns the bytes it rejected now.
+func (s *session) forfeit(reason string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n uint64
+	for _, b := range s.unsettled {
+		s.creditOut -= b.out
+		s.creditIn -= b.in
+		n += b.out + b.in
+	}
+	s.unsettled = nil
+	s.rejected += n
+	s.forfeitBytes += n
+	if !s.forfeited {
+		s.forfeited, s.forfeitReason = true, reason
+	}
+	return n
+}
+
+func (s *session) fromWorker(msg []byte, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fromW += uint64(n)
+	s.msgs++
+	if msg == nil {
+		s.rejected += uint64(n)
+		return
+	}
+	t, req, ok := wire.PeekRequest(msg)
+	switch {
+	case ok && t == wire.TypeResult:
+		p := s.pending[req]
+		p.bytes += uint64(n)
+		p.at = time.Now()
+		s.pending[req] = p
+		s.nResult++
+		s.lastResult = p.at
+	case t == wire.TypeResult || t == wire.TypeDispatch: // short RESULT, or a worker sending DISPATCH
+		s.rejected += uint64(n)
+	default:
+		if _, err := wire.Peek(msg); err != nil || !workerControl(t) {
+			s.rejected += uint64(n) // garbage, or a frame only the backbone sends
+		}
+	}
+}
+
+// workerControl reports whether t is a control frame a worker may send: overhead,
+// neither credited nor rejected (docs/accounting.md).
+func workerControl(t wire.Type) bool {
+	switch t {
+	case wire.TypeHello, wire.TypeError, wire.TypePing, wire.TypePong, wire.TypePause,
+		wire.TypeChunkReq, wire.TypeHoldings:
+		return true
+	}
+	return false
+}
+
+func (s *session) toWorker(msg []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.toW += uint64(len(msg))
+	s.msgs++
+	if t, _ := wire.Peek(msg); t == wire.TypeDispatch {
+		s.creditLocked(uint64(len(msg)), 0)
+		s.nDisp++
+	}
+}
+
+func (s *session) verdict(req uint64, accepted bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.pending[req]
+	if !ok {
+		return
+	}
+	delete(s.pending, req)
+	if accepted {
+		s.creditLocked(0, p.bytes)
+	} else {
+		s.rejected += p.bytes
+	}
+}
+
+// expire rejects pending results received before cutoff.
+func (s *session) expire(cutoff time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for req, p := range s.pending {
+		if p.at.Before(cutoff) {
+			s.rejected += p.bytes
+			delete(s.pending, req)
+		}
+	}
+}
+
+func (s *session) end(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended, s.reason = true, reason
+	for req, p := range s.pending {
+		s.rejected += p.bytes
+		delete(s.pending, req)
+	}
+}
+
+func (s *session) snapshot() SessionStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var pend, unsettled uint64
+	for _, p := range s.pending {
+		pend += p.bytes
+	}
+	for _, b := range s.unsettled {
+		unsettled += b.out + b.in
+	}
+	return SessionStats{ID: s.id, WorkerID: s.worker, Started: s.started, Ended: s.retired, Reason: s.reason,
+		ToWorker: s.toW, FromWorker: s.fromW, CreditOut: s.creditOut, CreditIn: s.creditIn, Unsettled: unsettled,
+		Rejected: s.rejected, Forfeited: s.forfeitBytes, ForfeitReason: s.forfeitReason, Pending: pend,
+		Messages: s.msgs, DispatchesSent: s.nDisp, ResultsReceived: s.nResult}
+}

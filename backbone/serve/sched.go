@@ -21,8 +21,9 @@ type seqState struct {
 	sampler  *model.Sampler
 	dec      *tokenizer.Decoder
 	stop     stopMatcher
-	gen      int  // tokens sampled
-	inStep   bool // has rows in the current step
+	gen      int       // tokens sampled
+	inStep   bool      // has rows in the current step
+	raw      []float32 // the logits row before logit_bias, when logprobs are asked
 }
 
 // poolMaxPositions: sequences that used at most this many positions are
@@ -261,7 +262,19 @@ func (s *Server) loop(l *lane) {
 // ending the request on an end-of-generation token, a stop string, its
 // MaxTokens or a full context.
 func (s *Server) sample(a *seqState, logits []float32, end func(*seqState, string, string, error)) {
+	j := &a.st.job
+	raw := logits // the model's row, for the log-probabilities
+	if j.Logprobs {
+		a.raw = append(a.raw[:0], logits...)
+		raw = a.raw
+	}
+	applyBias(logits, j.LogitBias)
 	t := a.sampler.Sample(logits)
+	var lp *TokenLogprob
+	if j.Logprobs && !s.tok.IsEOG(t) {
+		v := logprobsOf(raw, t, j.TopLogprobs)
+		lp = &v
+	}
 	a.gen++
 	var out string
 	reason := ""
@@ -289,7 +302,7 @@ func (s *Server) sample(a *seqState, logits []float32, end func(*seqState, strin
 			}
 		}
 	}
-	a.st.emit(out, t)
+	a.st.emit(out, t, lp)
 	if reason != "" {
 		end(a, "", reason, nil)
 		return

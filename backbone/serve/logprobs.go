@@ -1,9 +1,11 @@
 package serve
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -137,21 +139,43 @@ func (rs *response) logprobsObject(lps []TokenLogprob) any {
 		return map[string]any{"content": content}
 	}
 	tokens := make([]string, len(lps))
+	raw := make([]string, len(lps))
 	values := make([]float64, len(lps))
 	tops := make([]any, len(lps))
 	offsets := make([]int, len(lps))
 	for i, lp := range lps {
-		tokens[i], values[i], offsets[i] = piece(lp.Token), lp.Logprob, rs.offset
-		rs.offset += len(tokens[i])
+		raw[i] = piece(lp.Token)
+		tokens[i], values[i], offsets[i] = tokenText(raw[i]), lp.Logprob, rs.offset
+		rs.offset += len(raw[i])
 		top := make(map[string]float64, len(lp.Top))
 		for _, a := range lp.Top {
-			if _, dup := top[piece(a.Token)]; !dup {
-				top[piece(a.Token)] = a.Logprob
+			if k := tokenText(piece(a.Token)); !hasKey(top, k) {
+				top[k] = a.Logprob
 			}
 		}
 		tops[i] = top
 	}
 	return map[string]any{"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+}
+
+// tokenText is a token's text as the completions logprobs show it: the
+// text itself when it is valid UTF-8, else "bytes:" and its bytes as \xNN
+// escapes (OpenAI's form for a token holding part of a character).
+func tokenText(piece string) string {
+	if utf8.ValidString(piece) {
+		return piece
+	}
+	var b strings.Builder
+	b.WriteString("bytes:")
+	for i := range len(piece) {
+		fmt.Fprintf(&b, "\\x%02x", piece[i])
+	}
+	return b.String()
+}
+
+func hasKey(m map[string]float64, k string) bool {
+	_, ok := m[k]
+	return ok
 }
 
 // chatEntry is one chat logprobs entry; "bytes" are the token's UTF-8

@@ -214,8 +214,10 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
+		// The rest of the body is not read: close the connection after the
+		// answer (net/http would otherwise try to read and discard it).
+		w.Header().Set("Connection", "close")
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "body_too_large",
@@ -227,6 +229,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 		}
 		return nil, badRequest("", "invalid_body", "reading the body: %v", err)
 	}
+	_ = rc.SetReadDeadline(time.Time{})
 	return b, nil
 }
 

@@ -29,6 +29,7 @@ func init() {
 	register("serve", "OpenAI-compatible HTTP API with continuous batching (experts local or over the swarm)", func(args []string) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
+		go func() { <-ctx.Done(); stop() }() // a second signal ends the process at once
 		return serveMain(ctx, args, os.Stderr, nil)
 	})
 }
@@ -286,17 +287,13 @@ func serveAPI(ctx context.Context, lm *run.Model, ex *serveExperts, o serveOptio
 	case err := <-served:
 		return err
 	}
-	// Let in-flight requests finish for a while, then end the rest.
+	// Let in-flight requests finish for a while, then end the rest
+	// (serve.Server.Shutdown).
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	go func() {
-		<-sctx.Done()
-		s.Close() // ends the remaining streams so their handlers return
-	}()
-	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	if err := s.Shutdown(sctx, hs); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
-	_ = hs.Close()
 	return nil
 }
 

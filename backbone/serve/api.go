@@ -9,9 +9,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -101,6 +101,15 @@ func (s *Server) Handler() http.Handler {
 type statusWriter struct {
 	http.ResponseWriter
 	code int
+	gone bool // the client went away before the response was complete: counted as 499
+}
+
+// clientGone marks w's request as ended by its client (counted as 499,
+// whatever status was already sent).
+func clientGone(w http.ResponseWriter) {
+	if sw, ok := w.(*statusWriter); ok {
+		sw.gone = true
+	}
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -116,6 +125,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	}
 	return w.ResponseWriter.Write(b)
 }
+
+// Unwrap lets http.ResponseController reach the connection's deadlines.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *statusWriter) Flush() {
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
@@ -135,6 +147,9 @@ func (s *Server) count(endpoint string, h http.HandlerFunc) http.HandlerFunc {
 		}
 		if sw.code == 0 {
 			sw.code = http.StatusOK
+		}
+		if sw.gone {
+			sw.code = statusClientClosed
 		}
 		s.met.httpRequests.WithLabelValues(endpoint, strconv.Itoa(sw.code)).Inc()
 	}
@@ -215,7 +230,7 @@ func (l *stopList) UnmarshalJSON(b []byte) error {
 	}
 	var many []string
 	if err := json.Unmarshal(b, &many); err != nil {
-		return errors.New("stop must be a string or an array of strings")
+		return &json.UnmarshalTypeError{Value: jsonKind(bytes.TrimSpace(b)), Type: reflect.TypeFor[stopList]()}
 	}
 	*l = many
 	return nil
@@ -223,16 +238,21 @@ func (l *stopList) UnmarshalJSON(b []byte) error {
 
 // genParams are the sampling fields shared by both endpoints.
 type genParams struct {
-	Model               *string   `json:"model"`
-	MaxTokens           *int      `json:"max_tokens"`
-	MaxCompletionTokens *int      `json:"max_completion_tokens"`
-	Temperature         *float64  `json:"temperature"`
-	TopP                *float64  `json:"top_p"`
-	TopK                *int      `json:"top_k"` // extension (llama.cpp, vLLM)
-	Seed                *int64    `json:"seed"`
-	Stop                *stopList `json:"stop"`
-	N                   *int      `json:"n"`
-	Stream              bool      `json:"stream"`
+	Model               *string            `json:"model"`
+	MaxTokens           *intParam          `json:"max_tokens"`
+	MaxCompletionTokens *intParam          `json:"max_completion_tokens"`
+	Temperature         *float64           `json:"temperature"`
+	TopP                *float64           `json:"top_p"`
+	TopK                *intParam          `json:"top_k"` // extension (llama.cpp, vLLM)
+	Seed                *intParam          `json:"seed"`
+	Stop                *stopList          `json:"stop"`
+	N                   *intParam          `json:"n"`
+	LogitBias           map[string]float64 `json:"logit_bias"`
+	PresencePenalty     *float64           `json:"presence_penalty"`  // 0 only
+	FrequencyPenalty    *float64           `json:"frequency_penalty"` // 0 only
+	User                *string            `json:"user"`              // accepted, not used
+	Metadata            map[string]string  `json:"metadata"`          // accepted, not used
+	Stream              bool               `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -247,17 +267,24 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 	if p.N != nil && *p.N != 1 {
 		return Job{}, badRequest("n", "unsupported_value", "n must be 1 (got %d)", *p.N)
 	}
+	if e := checkPenalties(p); e != nil {
+		return Job{}, e
+	}
 	if len(prompt) == 0 {
 		return Job{}, badRequest("prompt", "empty_prompt", "the prompt encodes to no tokens")
 	}
 	if len(prompt) > s.p.Context {
-		return Job{}, badRequest("prompt", "context_length_exceeded",
-			"this model's maximum context length is %d tokens; the prompt has %d tokens", s.p.Context, len(prompt))
+		return Job{}, s.contextError(len(prompt), true)
 	}
 	j := Job{Prompt: prompt, Sampler: model.SamplerOptions{Temperature: 1, TopP: 1}}
-	mt := p.MaxTokens
+	bias, e := s.logitBias(p.LogitBias)
+	if e != nil {
+		return Job{}, e
+	}
+	j.LogitBias = bias
+	mt := intPtr(p.MaxTokens)
 	if mt == nil {
-		mt = p.MaxCompletionTokens
+		mt = intPtr(p.MaxCompletionTokens)
 	}
 	switch {
 	case mt != nil && *mt < 1:
@@ -285,7 +312,7 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 		if *k < 0 {
 			return Job{}, badRequest("top_k", "invalid_value", "top_k must be >= 0 (got %d)", *k)
 		}
-		j.Sampler.TopK = *k
+		j.Sampler.TopK = int(*k)
 	}
 	if p.Seed != nil {
 		j.Sampler.Seed = uint64(*p.Seed)
@@ -305,39 +332,11 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 	return j, nil
 }
 
-// readBody reads a POST body of at most MaxBodyBytes (405 / 413 otherwise).
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	if r.Method != http.MethodPost {
-		return nil, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST")
-	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "body_too_large",
-				"the request body exceeds %d bytes", MaxBodyBytes)
-		}
-		return nil, badRequest("", "invalid_body", "reading the body: %v", err)
-	}
-	return b, nil
-}
-
-// decodeJSON parses one JSON value into v (400 on failure).
-func decodeJSON(b []byte, v any) *apiError {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(v); err != nil {
-		return badRequest("", "invalid_json", "could not parse the JSON body: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return badRequest("", "invalid_json", "could not parse the JSON body: data after the JSON value")
-	}
-	return nil
-}
-
 type completionRequest struct {
 	genParams
-	Prompt json.RawMessage `json:"prompt"`
-	Echo   bool            `json:"echo"`
+	Prompt   json.RawMessage `json:"prompt"`
+	Echo     bool            `json:"echo"`
+	Logprobs *intParam       `json:"logprobs"` // 0..MaxLogprobsCompletions alternatives per token
 }
 
 // prompt parses the "prompt" field: a string, or an array holding one
@@ -348,14 +347,14 @@ func (s *Server) completionPrompt(raw json.RawMessage) ([]int32, *apiError) {
 	}
 	var text string
 	if err := json.Unmarshal(raw, &text); err == nil {
-		return s.tok.Tokenize(text, true, false), nil
+		return s.encodePrompt(text)
 	}
 	var texts []string
 	if err := json.Unmarshal(raw, &texts); err == nil {
 		if len(texts) != 1 {
 			return nil, badRequest("prompt", "unsupported_value", "exactly one prompt per request is supported (got %d)", len(texts))
 		}
-		return s.tok.Tokenize(texts[0], true, false), nil
+		return s.encodePrompt(texts[0])
 	}
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {
@@ -398,6 +397,12 @@ func (s *Server) parseCompletion(body []byte) (Job, *genParams, *apiError) {
 	if e != nil {
 		return Job{}, nil, e
 	}
+	if req.Logprobs != nil {
+		if *req.Logprobs < 0 || *req.Logprobs > MaxLogprobsCompletions {
+			return Job{}, nil, badRequest("logprobs", "invalid_value", "logprobs must be in [0, %d] (got %d)", MaxLogprobsCompletions, *req.Logprobs)
+		}
+		j.Logprobs, j.TopLogprobs = true, int(*req.Logprobs)
+	}
 	return j, &req.genParams, nil
 }
 
@@ -406,17 +411,30 @@ func (s *Server) parseCompletion(body []byte) (Job, *genParams, *apiError) {
 // chat.completion objects), or writes the error.
 func (s *Server) handleGenerate(parse func([]byte) (Job, *genParams, *apiError), chat bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		body, e := readBody(w, r)
-		if e == nil {
-			var j Job
-			var p *genParams
-			if j, p, e = parse(body); e == nil {
-				s.run(w, r, j, p, chat)
-				return
-			}
+		j, p, e := s.readParse(w, r, parse)
+		if e != nil {
+			s.writeTimeout(w)
+			writeError(w, e)
+			return
 		}
-		writeError(w, e)
+		s.run(w, r, j, p, chat)
 	}
+}
+
+// readParse reads and parses a body holding one of the ParseSlots, so that
+// at most ParseSlots bodies (each at most MaxBodyBytes, its tokens at most
+// the context) are in memory at once.
+func (s *Server) readParse(w http.ResponseWriter, r *http.Request, parse func([]byte) (Job, *genParams, *apiError)) (Job, *genParams, *apiError) {
+	release, e := s.acquireParse(w, r)
+	if e != nil {
+		return Job{}, nil, e
+	}
+	defer release()
+	body, e := s.readBody(w, r)
+	if e != nil {
+		return Job{}, nil, e
+	}
+	return parse(body)
 }
 
 // chatMessage is one entry of "messages": content is a string, null, or an
@@ -424,11 +442,14 @@ func (s *Server) handleGenerate(parse func([]byte) (Job, *genParams, *apiError),
 type chatMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
+	Name    *string         `json:"name"` // accepted, not rendered (ChatML has no names)
 }
 
 type chatRequest struct {
 	genParams
-	Messages []chatMessage `json:"messages"`
+	Messages    []chatMessage `json:"messages"`
+	Logprobs    *bool         `json:"logprobs"`
+	TopLogprobs *intParam     `json:"top_logprobs"` // 0..MaxLogprobsChat, needs logprobs
 }
 
 func messageText(raw json.RawMessage) (string, error) {
@@ -476,6 +497,7 @@ func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
 		return Job{}, nil, badRequest("messages", "missing_required_parameter", "messages must be a non-empty array")
 	}
 	msgs := make([]Message, len(req.Messages))
+	nbytes := 0
 	for i, m := range req.Messages {
 		switch m.Role {
 		case "system", "developer", "user", "assistant", "tool":
@@ -488,6 +510,10 @@ func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
 			return Job{}, nil, badRequest(fmt.Sprintf("messages[%d].content", i), "invalid_type", "%v", err)
 		}
 		msgs[i] = Message{Role: m.Role, Content: text}
+		nbytes += len(text)
+	}
+	if s.tooLong(nbytes, s.p.Context) {
+		return Job{}, nil, s.contextError(nbytes, false)
 	}
 	prompt, err := s.cfg.Chat.Apply(msgs)
 	if err != nil {
@@ -495,6 +521,9 @@ func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
 	}
 	j, e := s.job(&req.genParams, prompt, 0)
 	if e != nil {
+		return Job{}, nil, e
+	}
+	if e := chatLogprobs(&j, req.Logprobs, req.TopLogprobs); e != nil {
 		return Job{}, nil, e
 	}
 	return j, &req.genParams, nil
@@ -556,174 +585,124 @@ func (s *Server) finishError(w http.ResponseWriter, d Delta) *apiError {
 
 // run submits j and writes the response: one JSON object, or server-sent
 // events when p.Stream. The request's context cancels the generation (a
-// client disconnect), as does an error writing the stream.
+// client disconnect), as does an error or a timeout (WriteTimeout) writing
+// the response. A stream that fails after its first token, or is ended by
+// the server's shutdown, ends with an error event and [DONE].
 func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams, chat bool) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	st, err := s.Submit(ctx, j)
 	if err != nil {
+		s.writeTimeout(w)
 		writeError(w, s.submitError(w, err))
 		return
 	}
 	defer st.Cancel()
-	rp := &reply{s: s, w: w, ctx: ctx, st: st, chat: chat}
-	rp.id, rp.created = newID("cmpl-"), time.Now().Unix()
-	rp.object = "text_completion"
+	rs := &response{s: s, w: w, chat: chat, logprobs: j.Logprobs, id: newID("cmpl-"), created: time.Now().Unix(),
+		object: "text_completion"}
 	if chat {
-		rp.id, rp.object = newID("chatcmpl-"), "chat.completion"
+		rs.id, rs.object = newID("chatcmpl-"), "chat.completion"
 	}
 	if !p.Stream {
-		rp.whole()
+		rs.whole(ctx, st)
 		return
 	}
-	rp.stream(p.StreamOptions != nil && p.StreamOptions.IncludeUsage)
+	// The status goes with the first delta: a generation that fails before
+	// its first token (no expert holder) is an HTTP error.
+	first, err := st.Next(ctx)
+	if err != nil {
+		clientGone(w)
+		return
+	}
+	if first.Done && (first.Finish == FinishError || first.Finish == FinishCancelled) && first.Text == "" {
+		s.writeTimeout(w)
+		writeError(w, s.finishError(w, first))
+		return
+	}
+	rs.includeUsage = p.StreamOptions != nil && p.StreamOptions.IncludeUsage
+	rs.stream(ctx, st, first)
 }
 
-// reply writes one generation request's response from its Stream.
-type reply struct {
-	s       *Server
-	w       http.ResponseWriter
-	ctx     context.Context // the request's: its end cancels the generation
-	st      *Stream
-	chat    bool // a chat completion
-	id      string
-	object  string
-	created int64
-
-	// Streaming only.
-	flusher      http.Flusher // nil when w cannot flush
-	chunkObject  string
-	includeUsage bool // stream_options.include_usage
+// response writes one request's answer.
+type response struct {
+	s            *Server
+	w            http.ResponseWriter
+	chat         bool
+	logprobs     bool // Job.Logprobs
+	id, object   string
+	created      int64
+	includeUsage bool
+	offset       int // text_offset of the next completion token
 }
 
-// whole waits for the generation to end and writes it as one JSON object.
-func (rp *reply) whole() {
+// whole waits for the end of the generation and writes one JSON object.
+func (rs *response) whole(ctx context.Context, st *Stream) {
 	var text strings.Builder
+	var lps []TokenLogprob
 	for {
-		d, err := rp.st.Next(rp.ctx)
+		d, err := st.Next(ctx)
 		if err != nil {
+			clientGone(rs.w)
 			return // the client went away; Cancel runs
 		}
 		text.WriteString(d.Text)
+		lps = append(lps, d.Logprobs...)
 		if !d.Done {
 			continue
 		}
+		rs.s.writeTimeout(rs.w)
 		if d.Finish == FinishError || d.Finish == FinishCancelled {
-			writeError(rp.w, rp.s.finishError(rp.w, d))
+			writeError(rs.w, rs.s.finishError(rs.w, d))
 			return
 		}
-		choice := map[string]any{"index": 0, "finish_reason": d.Finish, "logprobs": nil}
-		if rp.chat {
+		choice := map[string]any{"index": 0, "finish_reason": d.Finish, "logprobs": rs.logprobsObject(lps)}
+		if rs.chat {
 			choice["message"] = map[string]any{"role": "assistant", "content": text.String()}
 		} else {
 			choice["text"] = text.String()
 		}
-		writeJSON(rp.w, http.StatusOK, map[string]any{"id": rp.id, "object": rp.object, "created": rp.created,
-			"model": rp.s.cfg.ModelID, "choices": []any{choice},
+		writeJSON(rs.w, http.StatusOK, map[string]any{"id": rs.id, "object": rs.object, "created": rs.created,
+			"model": rs.s.cfg.ModelID, "choices": []any{choice},
 			"usage": usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}})
 		return
 	}
 }
 
-// stream writes the generation as server-sent events, a chunk per delta.
-// As OpenAI's: with includeUsage every chunk carries "usage": null but the
-// last one before [DONE], whose choices are empty and whose usage is the
-// request's; without it no chunk has the key.
-func (rp *reply) stream(includeUsage bool) {
-	// The status goes with the first delta: a generation that fails before
-	// its first token (no expert holder) is an HTTP error.
-	first, err := rp.st.Next(rp.ctx)
-	if err != nil {
-		return
-	}
-	if first.Done && (first.Finish == FinishError || first.Finish == FinishCancelled) && first.Text == "" {
-		writeError(rp.w, rp.s.finishError(rp.w, first))
-		return
-	}
-	h := rp.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	rp.w.WriteHeader(http.StatusOK)
-	rp.flusher, _ = rp.w.(http.Flusher)
-	rp.chunkObject = rp.object
-	if rp.chat {
-		rp.chunkObject = "chat.completion.chunk"
-	}
-	rp.includeUsage = includeUsage
-	if rp.chat && !rp.send(rp.chunk("", nil, true)) {
-		return
-	}
-	next := &first
-	for {
-		var d Delta
-		if next != nil {
-			d, next = *next, nil
-		} else if d, err = rp.st.Next(rp.ctx); err != nil {
-			return
-		}
-		if d.Done && (d.Finish == FinishError || d.Finish == FinishCancelled) {
-			if d.Text != "" {
-				rp.send(rp.chunk(d.Text, nil, false))
-			}
-			rp.send(map[string]any{"error": rp.s.finishError(rp.w, d)})
-			return
-		}
-		if d.Text != "" && !rp.send(rp.chunk(d.Text, nil, false)) {
-			return
-		}
-		if !d.Done {
-			continue
-		}
-		rp.done(d)
-		return
-	}
-}
-
-// done ends the stream after the last delta d: the finish chunk, the usage
-// chunk (includeUsage) and [DONE].
-func (rp *reply) done(d Delta) {
-	if !rp.send(rp.chunk("", d.Finish, false)) {
-		return
-	}
-	if rp.includeUsage {
-		u := usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}
-		if !rp.send(map[string]any{"id": rp.id, "object": rp.chunkObject, "created": rp.created, "model": rp.s.cfg.ModelID,
-			"choices": []any{}, "usage": u}) {
-			return
+// send writes one server-sent event (v as JSON, or the raw [DONE]) within
+// WriteTimeout; false when the client cannot take it.
+func (rs *response) send(v any) bool {
+	var b []byte
+	if raw, ok := v.(string); ok {
+		b = []byte(raw)
+	} else {
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			return false
 		}
 	}
-	if _, err := rp.w.Write([]byte("data: [DONE]\n\n")); err == nil && rp.flusher != nil {
-		rp.flusher.Flush()
-	}
-}
-
-// send writes v as one event and flushes it; false when the client is
-// gone.
-func (rp *reply) send(v any) bool {
-	b, err := json.Marshal(v)
-	if err != nil {
+	buf := make([]byte, 0, len(b)+8)
+	buf = append(buf, "data: "...)
+	buf = append(buf, b...)
+	buf = append(buf, "\n\n"...)
+	rs.s.writeTimeout(rs.w)
+	if _, err := rs.w.Write(buf); err != nil {
+		clientGone(rs.w)
 		return false
 	}
-	var buf bytes.Buffer
-	buf.Grow(len(b) + 8)
-	buf.WriteString("data: ")
-	buf.Write(b)
-	buf.WriteString("\n\n")
-	if _, err := rp.w.Write(buf.Bytes()); err != nil {
+	if err := http.NewResponseController(rs.w).Flush(); err != nil {
+		clientGone(rs.w)
 		return false
-	}
-	if rp.flusher != nil {
-		rp.flusher.Flush()
 	}
 	return true
 }
 
-// chunk is a streamed completion object: text as the delta (chat) or
-// text, finish its finish_reason, first whether it opens a chat stream.
-func (rp *reply) chunk(text string, finish any, first bool) map[string]any {
-	choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
-	if rp.chat {
+// chunk is one streamed object. As OpenAI's: with include_usage every
+// chunk carries "usage": null but the last one before [DONE], whose choices
+// are empty and whose usage is the request's; without it no chunk has the
+// key.
+func (rs *response) chunk(text string, finish any, first bool, lps []TokenLogprob) map[string]any {
+	choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": rs.logprobsObject(lps)}
+	if rs.chat {
 		delta := map[string]any{}
 		if first {
 			delta["role"] = "assistant"
@@ -735,10 +714,68 @@ func (rp *reply) chunk(text string, finish any, first bool) map[string]any {
 	} else {
 		choice["text"] = text
 	}
-	c := map[string]any{"id": rp.id, "object": rp.chunkObject, "created": rp.created, "model": rp.s.cfg.ModelID,
+	object := rs.object
+	if rs.chat {
+		object = "chat.completion.chunk"
+	}
+	c := map[string]any{"id": rs.id, "object": object, "created": rs.created, "model": rs.s.cfg.ModelID,
 		"choices": []any{choice}}
-	if rp.includeUsage {
+	if rs.includeUsage {
 		c["usage"] = nil
 	}
 	return c
+}
+
+// stream writes the generation as server-sent events, starting with first.
+func (rs *response) stream(ctx context.Context, st *Stream, first Delta) {
+	h := rs.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	rs.s.writeTimeout(rs.w)
+	rs.w.WriteHeader(http.StatusOK)
+	if rs.chat && !rs.send(rs.chunk("", nil, true, nil)) {
+		return
+	}
+	next := &first
+	for {
+		var d Delta
+		if next != nil {
+			d, next = *next, nil
+		} else {
+			var err error
+			if d, err = st.Next(ctx); err != nil {
+				clientGone(rs.w)
+				return
+			}
+		}
+		if d.Done && (d.Finish == FinishError || d.Finish == FinishCancelled) {
+			if (d.Text != "" || len(d.Logprobs) > 0) && !rs.send(rs.chunk(d.Text, nil, false, d.Logprobs)) {
+				return
+			}
+			if rs.send(map[string]any{"error": rs.s.finishError(rs.w, d)}) {
+				rs.send("[DONE]")
+			}
+			return
+		}
+		if (d.Text != "" || len(d.Logprobs) > 0) && !rs.send(rs.chunk(d.Text, nil, false, d.Logprobs)) {
+			return
+		}
+		if !d.Done {
+			continue
+		}
+		if !rs.send(rs.chunk("", d.Finish, false, nil)) {
+			return
+		}
+		if rs.includeUsage {
+			u := usage{d.PromptTokens, d.CompletionTokens, d.PromptTokens + d.CompletionTokens}
+			c := rs.chunk("", nil, false, nil)
+			c["choices"], c["usage"] = []any{}, u
+			if !rs.send(c) {
+				return
+			}
+		}
+		rs.send("[DONE]")
+		return
+	}
 }

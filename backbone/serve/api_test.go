@@ -314,7 +314,7 @@ func TestErrorShapes(t *testing.T) {
 		{"temperature", "POST", "/v1/completions", `{"prompt":"x","temperature":2.5}`, 400, "invalid_value", "temperature"},
 		{"top_p", "POST", "/v1/completions", `{"prompt":"x","top_p":0}`, 400, "invalid_value", "top_p"},
 		{"n", "POST", "/v1/completions", `{"prompt":"x","n":2}`, 400, "unsupported_value", "n"},
-		{"stop type", "POST", "/v1/completions", `{"prompt":"x","stop":5}`, 400, "invalid_json", ""},
+		{"stop type", "POST", "/v1/completions", `{"prompt":"x","stop":5}`, 400, "invalid_type", "stop"},
 		{"no messages", "POST", "/v1/chat/completions", `{"messages":[]}`, 400, "missing_required_parameter", "messages"},
 		{"image part", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "invalid_type", "messages[0].content"},
 		{"empty role", "POST", "/v1/chat/completions", `{"messages":[{"role":"","content":"x"}]}`, 400, "invalid_value", "messages[0].role"},

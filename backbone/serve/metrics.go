@@ -1,9 +1,11 @@
 package serve
 
 import (
+	"errors"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 )
@@ -57,6 +59,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.batchSeqs, m.queueDepth, m.active, m.finished, m.rejected, m.httpRequests} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
+		}
+	}
+	// The Go runtime (go_*) and process (process_*: RSS, CPU, open fds)
+	// series, unless the registry has them already.
+	for _, c := range []prometheus.Collector{collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return nil, err
+			}
 		}
 	}
 	return m, nil

@@ -21,8 +21,9 @@ type seqState struct {
 	sampler  *model.Sampler
 	dec      *tokenizer.Decoder
 	stop     stopMatcher
-	gen      int  // tokens sampled
-	inStep   bool // has rows in the current step
+	gen      int       // tokens sampled
+	inStep   bool      // has rows in the current step
+	raw      []float32 // the logits row before logit_bias, when logprobs are asked
 }
 
 // poolMaxPositions: sequences that used at most this many positions are
@@ -313,7 +314,19 @@ func (sc *scheduler) deliver(start time.Time) {
 // MaxTokens or a full context.
 func (sc *scheduler) sample(a *seqState, logits []float32) {
 	s := sc.s
+	j := &a.st.job
+	raw := logits // the model's row, for the log-probabilities
+	if j.Logprobs {
+		a.raw = append(a.raw[:0], logits...)
+		raw = a.raw
+	}
+	applyBias(logits, j.LogitBias)
 	t := a.sampler.Sample(logits)
+	var lp *TokenLogprob
+	if j.Logprobs && !s.tok.IsEOG(t) {
+		v := logprobsOf(raw, t, j.TopLogprobs)
+		lp = &v
+	}
 	a.gen++
 	var out string
 	reason := ""
@@ -341,7 +354,7 @@ func (sc *scheduler) sample(a *seqState, logits []float32) {
 			}
 		}
 	}
-	a.st.emit(out, t)
+	a.st.emit(out, t, lp)
 	if reason != "" {
 		sc.end(a, "", reason, nil)
 		return

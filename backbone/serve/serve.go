@@ -22,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -109,6 +111,20 @@ type Config struct {
 	// is also a prometheus.Gatherer); default a new prometheus.Registry.
 	Registry prometheus.Registerer
 	Logger   *slog.Logger
+
+	// BodyTimeout bounds reading a request body (408 after it); default
+	// DefaultBodyTimeout.
+	BodyTimeout time.Duration
+	// WriteTimeout bounds each write of a response (a non-streamed body,
+	// one event of a stream); a client that does not read is dropped and
+	// its generation cancelled. Default DefaultWriteTimeout.
+	WriteTimeout time.Duration
+	// ParseSlots bounds the requests whose bodies are read and parsed at
+	// once (each body <= MaxBodyBytes, its tokens <= the context); default
+	// max(4, 2 x GOMAXPROCS). A request waits ParseWait (default
+	// DefaultParseWait) for a slot, then gets 429.
+	ParseSlots int
+	ParseWait  time.Duration
 }
 
 // Server is the scheduler plus the HTTP API. Create with New, then Start;
@@ -122,14 +138,17 @@ type Server struct {
 	gather prometheus.Gatherer
 	log    *slog.Logger
 
-	mu      sync.Mutex
-	queue   []*Stream
-	active  int // sequences admitted and not yet released, all lanes
-	closed  bool
-	started bool
-	stop    chan struct{}
-	done    chan struct{}
-	running sync.WaitGroup // lane goroutines
+	parse chan struct{} // ParseSlots tokens
+
+	mu       sync.Mutex
+	queue    []*Stream
+	active   int // sequences admitted and not yet released, all lanes
+	closed   bool
+	draining bool // Drain: no new requests, the queue ended; active ones run on
+	started  bool
+	stop     chan struct{}
+	done     chan struct{}
+	running  sync.WaitGroup // lane goroutines
 }
 
 // lane is one model instance and the goroutine that decodes its share of
@@ -195,7 +214,19 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, p: p, tok: cfg.Tokenizer, log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.BodyTimeout, DefaultBodyTimeout)
+	def(&cfg.WriteTimeout, DefaultWriteTimeout)
+	def(&cfg.ParseWait, DefaultParseWait)
+	if cfg.ParseSlots <= 0 {
+		cfg.ParseSlots = defaultParseSlots(runtime.GOMAXPROCS(0))
+	}
+	s := &Server{cfg: cfg, p: p, tok: cfg.Tokenizer, log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{}),
+		parse: make(chan struct{}, cfg.ParseSlots)}
 	models := append([]*model.Model{cfg.Model}, cfg.Lanes...)
 	per := (cfg.MaxSeqs + len(models) - 1) / len(models)
 	var b *baton
@@ -273,6 +304,52 @@ func (s *Server) Close() error {
 	return nil
 }
 
+// Drain stops taking requests (Submit returns ErrClosed: 503
+// shutting_down) and ends the queued ones with ErrClosed; the sequences
+// being decoded run on until they finish or Close ends them.
+func (s *Server) Drain() {
+	s.mu.Lock()
+	s.draining = true
+	queued := s.queue
+	s.queue = nil
+	s.met.queueDepth.Set(0)
+	s.mu.Unlock()
+	for _, st := range queued {
+		st.finish(FinishError, ErrClosed)
+	}
+}
+
+// ShutdownGrace bounds how long Shutdown waits, after ending the remaining
+// generations, for their handlers to write the last event or the 503.
+const ShutdownGrace = 5 * time.Second
+
+// Shutdown is the drain a SIGTERM starts (docs/serve.md, "Shutdown"): the
+// listener closes, queued requests get 503 shutting_down at once, active
+// generations run on until ctx ends; then the rest end: a stream with an
+// error event (shutting_down) and [DONE], a non-streamed request with 503.
+// It returns once every handler returned (at most ShutdownGrace after
+// ctx), closing hs, and Closes s.
+func (s *Server) Shutdown(ctx context.Context, hs *http.Server) error {
+	s.Drain()
+	done := make(chan error, 1)
+	go func() { done <- hs.Shutdown(context.Background()) }()
+	select {
+	case err := <-done:
+		s.Close()
+		return err
+	case <-ctx.Done():
+	}
+	s.Close()
+	t := time.NewTimer(ShutdownGrace)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return hs.Close()
+	}
+}
+
 // Stats is a snapshot of the scheduler's load.
 type Stats struct {
 	Queued int // requests waiting for a slot
@@ -292,6 +369,13 @@ type Job struct {
 	MaxTokens int                  // tokens to generate at most (>= 1); generation also ends at the context length
 	Sampler   model.SamplerOptions // Temperature 0: greedy
 	Stop      []string             // stop strings (trimmed from the output, as OpenAI does); "" entries are ignored
+	// Logprobs asks for each sampled token's log-probability
+	// (Delta.Logprobs) with its TopLogprobs most likely alternatives.
+	Logprobs    bool
+	TopLogprobs int
+	// LogitBias is added to the logits of these token ids before sampling
+	// (not to the reported log-probabilities).
+	LogitBias map[int32]float32
 }
 
 // Submit queues j and returns its Stream. The request leaves the batch when
@@ -305,7 +389,7 @@ func (s *Server) Submit(ctx context.Context, j Job) (*Stream, error) {
 	st := newStream(ctx, j)
 	s.mu.Lock()
 	switch {
-	case s.closed:
+	case s.closed || s.draining:
 		s.mu.Unlock()
 		return nil, ErrClosed
 	case len(s.queue) >= s.cfg.QueueSize+max(0, s.cfg.MaxSeqs-s.active):
@@ -365,8 +449,11 @@ const (
 // (valid UTF-8, stop strings trimmed) and, on the last one, Done with the
 // finish reason and counts.
 type Delta struct {
-	Text             string
-	Tokens           []int32 // tokens sampled since the last Delta (including an end-of-generation token)
+	Text   string
+	Tokens []int32 // tokens sampled since the last Delta (including an end-of-generation token)
+	// Logprobs holds, when the Job asked (Job.Logprobs), one entry per
+	// sampled token since the last Delta but end-of-generation tokens.
+	Logprobs         []TokenLogprob
 	Done             bool
 	Finish           string // one of the Finish constants when Done
 	Err              error  // set when Finish is FinishError or FinishCancelled
@@ -385,6 +472,7 @@ type Stream struct {
 	mu        sync.Mutex
 	text      []byte
 	tokens    []int32
+	logprobs  []TokenLogprob
 	generated int
 	done      bool
 	reason    string
@@ -404,9 +492,9 @@ func (st *Stream) Next(ctx context.Context) (Delta, error) {
 	for {
 		st.mu.Lock()
 		if len(st.text) > 0 || len(st.tokens) > 0 || st.done {
-			d := Delta{Text: string(st.text), Tokens: st.tokens, Done: st.done, Finish: st.reason, Err: st.err,
-				PromptTokens: len(st.job.Prompt), CompletionTokens: st.generated}
-			st.text, st.tokens = st.text[:0], nil
+			d := Delta{Text: string(st.text), Tokens: st.tokens, Logprobs: st.logprobs, Done: st.done, Finish: st.reason,
+				Err: st.err, PromptTokens: len(st.job.Prompt), CompletionTokens: st.generated}
+			st.text, st.tokens, st.logprobs = st.text[:0], nil, nil
 			st.mu.Unlock()
 			return d, nil
 		}
@@ -436,11 +524,15 @@ func (st *Stream) isCancelled() error {
 	return st.ctx.Err()
 }
 
-// emit appends scheduler output and wakes the reader.
-func (st *Stream) emit(text string, tok int32) {
+// emit appends scheduler output (lp: the token's log-probabilities, or
+// nil) and wakes the reader.
+func (st *Stream) emit(text string, tok int32, lp *TokenLogprob) {
 	st.mu.Lock()
 	st.text = append(st.text, text...)
 	st.tokens = append(st.tokens, tok)
+	if lp != nil {
+		st.logprobs = append(st.logprobs, *lp)
+	}
 	st.generated++
 	st.mu.Unlock()
 	st.signal()

@@ -109,6 +109,8 @@ type Config struct {
 // use by multiple goroutines.
 type Tokenizer struct {
 	tokens   []string
+	// maxTokBytes is the longest token text in bytes (MaxTokenBytes).
+	maxTokBytes int
 	types    []int32
 	textToID map[string]int32
 	// merges maps a pair of token ids (left<<32 | right) to its rank and the
@@ -200,6 +202,7 @@ func New(c Config) (*Tokenizer, error) {
 			return nil, fmt.Errorf("%w: duplicate token %q has ids %d and %d", ErrConfig, t.tokens[i], j, i)
 		}
 		t.textToID[t.tokens[i]] = int32(i)
+		t.maxTokBytes = max(t.maxTokBytes, len(t.tokens[i]))
 	}
 	// Tokens that look like end-of-turn / fill-in-the-middle markers are
 	// control tokens whatever their stored type (llama_vocab::impl::load,
@@ -286,6 +289,15 @@ func (t *Tokenizer) buildEOG() {
 
 // VocabSize returns the number of tokens; valid ids are [0, VocabSize()).
 func (t *Tokenizer) VocabSize() int { return len(t.tokens) }
+
+// MaxTokenBytes returns the length in bytes of the vocabulary's longest
+// token text (stored form: at least the bytes it decodes to, since every
+// GPT-2 alphabet character stands for one byte). Every token Tokenize
+// emits covers at least one and at most MaxTokenBytes bytes of the
+// (UTF-8-normalised, never shorter) input, so a text of b bytes encodes to
+// at least ceil(b / MaxTokenBytes) tokens: a bound that lets a server
+// refuse an over-long prompt without tokenizing it.
+func (t *Tokenizer) MaxTokenBytes() int { return t.maxTokBytes }
 
 // Pre returns the pre-tokenizer name (PreGPT2 or PreQwen2).
 func (t *Tokenizer) Pre() string { return t.preName }

@@ -1,0 +1,286 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults of the request limits (Config.BodyTimeout, WriteTimeout,
+// ParseSlots, ParseWait).
+const (
+	// DefaultBodyTimeout bounds reading one request body.
+	DefaultBodyTimeout = 30 * time.Second
+	// DefaultWriteTimeout bounds one write of a response: a whole
+	// non-streamed body, or one event of a stream. A client that stops
+	// reading is dropped after it, and its generation cancelled.
+	DefaultWriteTimeout = 30 * time.Second
+	// DefaultParseWait is how long a request waits for a parse slot
+	// before it is refused with 429.
+	DefaultParseWait = 10 * time.Second
+)
+
+// defaultParseSlots is Config.ParseSlots' default: bodies read and parsed
+// (tokenized) at once.
+func defaultParseSlots(procs int) int { return max(4, 2*procs) }
+
+// intParam is an integer request field. It also accepts a JSON number
+// with an integral value ("max_tokens": 5.0, as some clients send); any
+// other value is a type error naming the field.
+type intParam int64
+
+func (v *intParam) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 || !(b[0] == '-' || (b[0] >= '0' && b[0] <= '9')) {
+		return &json.UnmarshalTypeError{Value: jsonKind(b), Type: reflect.TypeFor[intParam]()}
+	}
+	if i, err := strconv.ParseInt(string(b), 10, 64); err == nil {
+		*v = intParam(i)
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil || f != math.Trunc(f) || math.Abs(f) > 1<<53 {
+		return &json.UnmarshalTypeError{Value: "number " + string(b), Type: reflect.TypeFor[intParam]()}
+	}
+	*v = intParam(f)
+	return nil
+}
+
+// intPtr returns *p as an int, or nil.
+func intPtr(p *intParam) *int {
+	if p == nil {
+		return nil
+	}
+	i := int(*p)
+	return &i
+}
+
+// jsonKind names the JSON kind of the raw value b for an error message.
+func jsonKind(b []byte) string {
+	if len(b) == 0 {
+		return "nothing"
+	}
+	switch b[0] {
+	case '"':
+		return "string"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+// typeWant says in words which JSON a Go field type takes.
+func typeWant(t reflect.Type) string {
+	switch t {
+	case reflect.TypeFor[intParam]():
+		return "an integer"
+	case reflect.TypeFor[stopList]():
+		return "a string or an array of strings"
+	}
+	if t == nil {
+		return "another type"
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return typeWant(t.Elem())
+	}
+	return "another type"
+}
+
+// unsupportedFields are OpenAI request fields this server knows and does
+// not implement, with the reason given in the 400.
+var unsupportedFields = map[string]string{
+	"tools":               "tool calling is not supported",
+	"tool_choice":         "tool calling is not supported",
+	"functions":           "function calling is not supported",
+	"function_call":       "function calling is not supported",
+	"parallel_tool_calls": "tool calling is not supported",
+	"response_format":     "structured output (response_format) is not supported",
+	"suffix":              "suffix (insertion) is not supported",
+	"best_of":             "best_of is not supported",
+	"audio":               "audio output is not supported",
+	"modalities":          "only text output is supported",
+	"prediction":          "predicted outputs are not supported",
+	"reasoning_effort":    "reasoning_effort is not supported",
+	"tool_calls":          "tool calling is not supported",
+	"tool_call_id":        "tool calling is not supported",
+	"web_search_options":  "web search is not supported",
+}
+
+// decodeJSON parses exactly one JSON value into v, refusing unknown fields.
+// Errors are 400s: invalid_json (not JSON, or data after it), invalid_type
+// naming the field, unsupported_parameter naming the field.
+func decodeJSON(b []byte, v any) *apiError {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return badRequest("", "invalid_json", "could not parse the JSON body: data after the JSON value")
+	}
+	return nil
+}
+
+// jsonError maps a decoding error to its 400.
+func jsonError(err error) *apiError {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := strings.TrimPrefix(te.Field, "genParams.") // the embedded struct's Go name
+		if field == "" {
+			return badRequest("", "invalid_type", "the body must be a JSON object, not a %s", te.Value)
+		}
+		return badRequest(field, "invalid_type", "%s must be %s, not a %s", field, typeWant(te.Type), te.Value)
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return badRequest("", "invalid_json", "could not parse the JSON body: %v (at byte %d)", se, se.Offset)
+	}
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		name, _ = strconv.Unquote(name)
+		if why, known := unsupportedFields[name]; known {
+			return badRequest(name, "unsupported_parameter", "%s: %s by this server", name, why)
+		}
+		return badRequest(name, "unsupported_parameter", "unknown parameter %q", name)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return badRequest("", "invalid_json", "could not parse the JSON body: it ends early")
+	}
+	return badRequest("", "invalid_json", "could not parse the JSON body: %v", err)
+}
+
+// acquireParse takes one of the ParseSlots for reading and parsing a body,
+// waiting at most ParseWait; the 429 says when to retry. release is
+// non-nil exactly when the error is nil.
+func (s *Server) acquireParse(w http.ResponseWriter, r *http.Request) (release func(), e *apiError) {
+	select {
+	case s.parse <- struct{}{}:
+		return func() { <-s.parse }, nil
+	default:
+	}
+	t := time.NewTimer(s.cfg.ParseWait)
+	defer t.Stop()
+	select {
+	case s.parse <- struct{}{}:
+		return func() { <-s.parse }, nil
+	case <-r.Context().Done():
+		return nil, newAPIError(statusClientClosed, "invalid_request_error", "", "cancelled", "the client went away")
+	case <-t.C:
+		secs := max(1, int(math.Ceil(s.cfg.RetryAfter.Seconds())))
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		s.met.rejected.Inc()
+		return nil, newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "too_many_requests",
+			"%d requests are being read and parsed; retry after %d s", cap(s.parse), secs)
+	}
+}
+
+// statusClientClosed is the status recorded (and, where anything can still
+// be written, sent) for a request whose client went away: nginx's 499.
+const statusClientClosed = 499
+
+// readBody reads a POST body of at most MaxBodyBytes within BodyTimeout
+// (405, 413, 408 otherwise).
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	if r.Method != http.MethodPost {
+		return nil, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST")
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		// The rest of the body is not read: close the connection after the
+		// answer (net/http would otherwise try to read and discard it).
+		w.Header().Set("Connection", "close")
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "body_too_large",
+				"the request body exceeds %d bytes", MaxBodyBytes)
+		}
+		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+			return nil, newAPIError(http.StatusRequestTimeout, "invalid_request_error", "", "body_timeout",
+				"the request body did not arrive within %v", s.cfg.BodyTimeout)
+		}
+		return nil, badRequest("", "invalid_body", "reading the body: %v", err)
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return b, nil
+}
+
+func isTimeout(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// tooLong reports whether text certainly encodes to more than limit
+// tokens, without tokenizing it: every token covers at most
+// Tokenizer.MaxTokenBytes bytes.
+func (s *Server) tooLong(nbytes, limit int) bool {
+	mb := max(1, s.tok.MaxTokenBytes())
+	return nbytes > limit*mb
+}
+
+// contextError is the 400 for a prompt longer than the context.
+func (s *Server) contextError(n int, exact bool) *apiError {
+	if !exact {
+		return badRequest("prompt", "context_length_exceeded",
+			"this model's maximum context length is %d tokens; the prompt is longer (%d bytes, at least %d tokens)",
+			s.p.Context, n, (n+s.tok.MaxTokenBytes()-1)/max(1, s.tok.MaxTokenBytes()))
+	}
+	return badRequest("prompt", "context_length_exceeded",
+		"this model's maximum context length is %d tokens; the prompt has %d tokens", s.p.Context, n)
+}
+
+// encodePrompt tokenizes a completion prompt text, refusing one that
+// certainly exceeds the context before spending memory on it.
+func (s *Server) encodePrompt(text string) ([]int32, *apiError) {
+	if s.tooLong(len(text), s.p.Context) {
+		return nil, s.contextError(len(text), false)
+	}
+	return s.tok.Tokenize(text, true, false), nil
+}
+
+// writeTimeout sets the deadline for the next write on w.
+func (s *Server) writeTimeout(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+}
+
+// checkPenalties accepts presence and frequency penalties of 0 (what
+// clients send by default) and refuses others.
+func checkPenalties(p *genParams) *apiError {
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{{"presence_penalty", p.PresencePenalty}, {"frequency_penalty", p.FrequencyPenalty}} {
+		if f.v != nil && *f.v != 0 {
+			return badRequest(f.name, "unsupported_value", "%s is not supported (only 0; got %v)", f.name, *f.v)
+		}
+	}
+	return nil
+}

@@ -74,6 +74,7 @@ type Gateway struct {
 	wg                          sync.WaitGroup
 	connsMu                     sync.Mutex
 	conns                       map[net.Conn]struct{}
+	closing                     bool // Close began: no new splice is tracked
 }
 
 // New validates cfg and returns a Gateway that is not yet listening.
@@ -155,6 +156,7 @@ func (g *Gateway) Addr() string { return g.ln.Addr().String() }
 func (g *Gateway) Close() error {
 	err := g.srv.Close()
 	g.connsMu.Lock()
+	g.closing = true
 	for c := range g.conns {
 		c.Close()
 	}
@@ -203,17 +205,27 @@ func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, code int, reaso
 	http.Error(w, http.StatusText(code), code)
 }
 
-func (g *Gateway) track(a, b net.Conn, add bool) {
+// track adds (add) or removes a splice's two connections. Adding also
+// counts the splice in g.wg, under the same lock Close takes, so a splice
+// either is cut and waited for by Close or is refused here (false) once
+// Close began; without this an upgrade hijacked while Close ran could
+// outlive it, and wg.Add could race wg.Wait.
+func (g *Gateway) track(a, b net.Conn, add bool) bool {
 	g.connsMu.Lock()
 	defer g.connsMu.Unlock()
 	if add {
+		if g.closing {
+			return false
+		}
 		g.conns[a], g.conns[b] = struct{}{}, struct{}{}
 		g.active.Add(1)
+		g.wg.Add(1)
 	} else {
 		delete(g.conns, a)
 		delete(g.conns, b)
 		g.active.Add(-1)
 	}
+	return true
 }
 
 func hostOnly(addr string) string {

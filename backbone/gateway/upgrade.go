@@ -33,8 +33,11 @@ func (g *Gateway) serveWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	g.upgrades.Add(1)
 	g.met.sessions.Inc()
-	g.track(cc, hc, true)
-	g.wg.Add(1)
+	if !g.track(cc, hc, true) { // Close ran meanwhile: cut the splice before it starts
+		cc.Close()
+		hc.Close()
+		return
+	}
 	go func() {
 		defer g.wg.Done()
 		newSplice(g, cc, hc).run()

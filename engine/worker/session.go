@@ -77,6 +77,11 @@ func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
 	w.mu.Lock()
 	w.sendNow = s.send
 	w.mu.Unlock()
+	defer func() { // before the HOLDINGS send below can fail: nil between sessions
+		w.mu.Lock()
+		w.sendNow = nil
+		w.mu.Unlock()
+	}()
 	if w.store != nil {
 		// Changes between HELLO and now (SetQuota, DeleteSlice) found no
 		// session to announce them on: announce the difference.
@@ -86,11 +91,6 @@ func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
 			}
 		}
 	}
-	defer func() {
-		w.mu.Lock()
-		w.sendNow = nil
-		w.mu.Unlock()
-	}()
 	dlDone := make(chan struct{})
 	if w.store != nil {
 		go s.downloadLoop(dlDone)

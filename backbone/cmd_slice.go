@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/moeshape"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 )
 
@@ -116,9 +117,8 @@ func sliceMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer f.Close()
-	arch := f.Architecture()
-	nl, _ := f.Uint(arch + ".block_count")
-	ne, _ := f.Uint(arch + ".expert_count")
+	sh, _ := moeshape.Read(f)
+	nl, ne := sh.Layers, sh.Experts
 	if nl == 0 || ne == 0 || nl > slice.MaxLayers || ne > slice.MaxExperts {
 		fmt.Fprintf(stderr, "slice: %s: block_count %d, expert_count %d: not a Mixture-of-Experts model this can slice\n", *modelPath, nl, ne)
 		return 1
@@ -166,9 +166,8 @@ func sliceBackboneOnly(modelPath, out, hotLayers, hotExperts, sourceURL, chunk, 
 		return 1
 	}
 	defer f.Close()
-	arch := f.Architecture()
-	nl, _ := f.Uint(arch + ".block_count")
-	ne, _ := f.Uint(arch + ".expert_count")
+	sh, _ := moeshape.Read(f)
+	nl, ne := sh.Layers, sh.Experts
 	if nl == 0 || ne == 0 || nl > slice.MaxLayers || ne > slice.MaxExperts {
 		fmt.Fprintf(stderr, "slice: %s: block_count %d, expert_count %d: not a Mixture-of-Experts model\n", modelPath, nl, ne)
 		return 1

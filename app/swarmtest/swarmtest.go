@@ -33,6 +33,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/moeshape"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 )
@@ -90,11 +91,14 @@ func Start(dir string, creditEvery time.Duration) (_ *Swarm, err error) {
 	}
 	s.closes = append(s.closes, s.full.Close)
 	m := s.full.Manifest()
-	k, err := s.file.Uint(m.Architecture + ".expert_used_count")
+	sh, err := moeshape.Read(s.file)
+	if err == nil && sh.ExpertsUsed == 0 {
+		err = fmt.Errorf("swarmtest: %s: no %s.%s", modelPath, sh.Arch, moeshape.KeyExpertUsed)
+	}
 	if err != nil {
 		return nil, err
 	}
-	s.Model = dispatch.Model{ID: m.ModelID, D: m.DModel, K: int(k), NLayer: m.NLayer, NExpert: m.NExpert}
+	s.Model = dispatch.Model{ID: m.ModelID, D: m.DModel, K: moeshape.Int(sh.ExpertsUsed), NLayer: m.NLayer, NExpert: m.NExpert}
 	s.SliceDir = filepath.Join(dir, "slice")
 	if _, err := slice.Cut(s.file, []int{0}, nil, s.SliceDir); err != nil {
 		return nil, err

@@ -21,12 +21,12 @@ import "github.com/kvasir-ai/kvasir/engine/gguf"
 
 // The metadata keys of a Shape, without the "<arch>." prefix.
 const (
-	KeyBlockCount   = "block_count"
-	KeyExpertCount  = "expert_count"
-	KeyExpertUsed   = "expert_used_count"
-	KeyEmbedding    = "embedding_length"
-	KeyExpertFFN    = "expert_feed_forward_length"
-	KeyNextNLayers  = "nextn_predict_layers"
+	KeyBlockCount  = "block_count"
+	KeyExpertCount = "expert_count"
+	KeyExpertUsed  = "expert_used_count"
+	KeyEmbedding   = "embedding_length"
+	KeyExpertFFN   = "expert_feed_forward_length"
+	KeyNextNLayers = "nextn_predict_layers"
 )
 
 // Shape is the Mixture-of-Experts shape of a model as its metadata states

@@ -66,7 +66,7 @@ func checkAPIFlags(o *serveOptions) error {
 	if o.maxBatch < 1 || o.maxSeqs < 1 || o.queue < 0 || o.lanes < 1 || o.lanes > 16 {
 		return errors.New("a non-positive --max-batch/--max-seqs, a negative --queue, or --lanes outside 1..16")
 	}
-	if n, err := parseBytes(o.stateMemory); err != nil || n <= 0 {
+	if n, err := run.ParseBytes(o.stateMemory); err != nil || n <= 0 {
 		return fmt.Errorf("--max-state-memory %q: want a positive byte count with an optional KiB/MiB/GiB suffix", o.stateMemory)
 	}
 	return nil
@@ -247,7 +247,7 @@ func serveAPI(ctx context.Context, lm *run.Model, ex *serveExperts, o serveOptio
 			return err
 		}
 	}
-	stateMemory, _ := parseBytes(o.stateMemory) // checked by checkAPIFlags
+	stateMemory, _ := run.ParseBytes(o.stateMemory) // checked by checkAPIFlags
 	queue := o.queue
 	if queue == 0 {
 		queue = -1 // serve.Config: 0 means the default, negative means none

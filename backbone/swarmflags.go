@@ -51,7 +51,7 @@ func addSwarmFlags(fs *flag.FlagSet) *swarmFlags {
 
 // check validates the parsed flags; the error names the bad flag.
 func (sf *swarmFlags) check() error {
-	n, err := parseBytes(sf.rate)
+	n, err := run.ParseBytes(sf.rate)
 	if err != nil {
 		return fmt.Errorf("--provision-rate: %w", err)
 	}

@@ -1,4 +1,5 @@
-// Package swarmtest (a test helper; no binary imports it) starts a
+// Package swarmtest (a test harness, imported by _test.go files only:
+// TestImportArrows checks it) starts a
 // complete kvasir swarm in one process on
 // loopback, for the app's end-to-end tests and its screenshot: a backbone
 // dispatcher over the generated tiny qwen3moe model (engine/modelgen), the

@@ -75,7 +75,7 @@ func ledgerMain(args []string, stdout, stderr io.Writer) int {
 	}
 	out := ledgerJSON{Workers: []ledgerWorkerJSON{}}
 	for _, t := range tot {
-		out.Workers = append(out.Workers, ledgerWorkerJSON{ID: t.ID, Address: addressOf(t.ID), Bytes: t.Bytes, RejectedBytes: t.RejectedBytes, Sessions: t.Sessions})
+		out.Workers = append(out.Workers, ledgerWorkerJSON{ID: t.ID, Address: wallet.AddressOfHex(t.ID), Bytes: t.Bytes, RejectedBytes: t.RejectedBytes, Sessions: t.Sessions})
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -98,14 +98,6 @@ func ledgerMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-func addressOf(workerHex string) string {
-	pub, err := hex.DecodeString(workerHex)
-	if err != nil || len(pub) != 32 {
-		return ""
-	}
-	return wallet.Address(pub)
 }
 
 // walletsMain implements
@@ -154,7 +146,7 @@ func walletsMain(args []string, stdout, stderr io.Writer) int {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "ADDRESS\tUNITS\tCREDITED\tREJECTED BYTES\tSTATEMENTS\t")
 	for _, w := range ws {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t\n", addressOf(w.Worker), walletapi.FormatUnits(w.Bytes), walletapi.FormatKVR(w.NKVR), w.RejectedBytes, w.Statements)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t\n", wallet.AddressOfHex(w.Worker), walletapi.FormatUnits(w.Bytes), walletapi.FormatKVR(w.NKVR), w.RejectedBytes, w.Statements)
 	}
 	if err := tw.Flush(); err != nil {
 		return 1

@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -173,45 +172,15 @@ func addCreditFlags(fs *flag.FlagSet) *creditFlags {
 	}
 }
 
-// start opens the wallets store and credits from the hub's ledger at
-// hubAddr ("host:port" or a URL) every --credit-every until ctx is done,
-// signing its ledger requests with the shared hub secret, and registers
-// the crediting metrics on c.registry (when set). It returns the handlers
-// to mount on the gateway (nil when --wallets is empty) and a function
-// that stops crediting and closes the store.
+// start is credit.StartFromHub with the flags: crediting from the hub
+// at hubAddr into --wallets every --credit-every, its metrics on
+// c.registry; it returns the handlers to mount on the gateway and a
+// function that stops crediting.
 func (c *creditFlags) start(ctx context.Context, hubAddr string, secret []byte, logf func(string, ...any)) (map[string]http.Handler, func(), error) {
-	if *c.wallets == "" {
-		return nil, func() {}, nil
-	}
-	base := hubAddr
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	src := &ledger.Client{BaseURL: base, Sign: func(r *http.Request) error {
+	sign := func(r *http.Request) error {
 		hub.SignGateway(r.Header, secret, "", time.Now())
 		return nil
-	}}
-	svc, err := credit.Open(credit.Config{Path: *c.wallets, Source: src, RateNKVRPerByte: *c.rate})
-	if err != nil {
-		return nil, nil, err
 	}
-	if c.registry != nil {
-		if err := c.registry.Register(svc.Collector()); err != nil {
-			svc.Close()
-			return nil, nil, err
-		}
-	}
-	logf("wallets on %s (%s)", svc.Store().Kind(), redactDSN(*c.wallets))
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = svc.Run(ctx, *c.every, logf)
-	}()
-	stop := func() {
-		cancel()
-		<-done
-		svc.Close()
-	}
-	return map[string]http.Handler{"/v1/wallet/": svc.Handler(credit.HandlerOptions{})}, stop, nil
+	return credit.StartFromHub(ctx, credit.HubConfig{Wallets: *c.wallets, Hub: hubAddr, Sign: sign,
+		RateNKVRPerByte: *c.rate, Every: *c.every, Registry: c.registry, Logf: logf})
 }

@@ -408,6 +408,7 @@ type countingWriter struct {
 	n *atomic.Int64
 }
 
+// Write writes p and counts what was written.
 func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.ResponseWriter.Write(p)
 	c.n.Add(int64(n))

@@ -15,8 +15,8 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/kvasir-ai/kvasir/app"
-	"github.com/kvasir-ai/kvasir/app/swarmtest"
 	"github.com/kvasir-ai/kvasir/assets"
+	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/wallet"
 	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 )

@@ -3,7 +3,7 @@
 # (inside a D-Bus session when dbus-run-session exists: a desktop with a
 # session bus but no tray host, so closing the window must quit the app),
 # as a first run (an empty config folder, the default gateway pointed at
-# a loopback swarm: app/swarmtest's TLS gateway, hub, ledger, crediting,
+# a loopback swarm: backbone/swarmtest's TLS gateway, hub, ledger, crediting,
 # dispatcher with load; a real node with an SQLite wallet downloading its
 # experts), let it work, then screenshot the screen with ImageMagick's
 # `import`, check it is not blank and shows non-zero throughput, the live

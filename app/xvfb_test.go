@@ -20,7 +20,7 @@ import (
 	"github.com/kvasir-ai/kvasir/app/instance"
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
-	"github.com/kvasir-ai/kvasir/app/swarmtest"
+	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/wallet"
 )
 
@@ -104,7 +104,7 @@ func xvfbShot(path string) int {
 }
 
 // xvfbSwarmShot is xvfbShot against a real loopback swarm
-// (app/swarmtest: TLS gateway, hub, ledger, crediting, dispatcher
+// (backbone/swarmtest: TLS gateway, hub, ledger, crediting, dispatcher
 // with load) and a real node (SQLite wallet, the default key store),
 // started as a first run of the app: no saved settings (xvfb.sh gives it
 // an empty XDG_CONFIG_HOME), the default gateway pointed at the swarm

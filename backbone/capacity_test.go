@@ -305,7 +305,7 @@ func TestDemoCapacity(t *testing.T) {
 	const prompt, n = "Capacity from the swarm", 16
 	out := runBackbone(t, 180*time.Second, "demo", "--json", "--capacity", "--max-tokens", strconv.Itoa(n),
 		"--prompt", prompt, "--min-deadline", "3s")
-	var r demoResult
+	var r demo.Result
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}

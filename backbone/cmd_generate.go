@@ -40,38 +40,9 @@ type generateResult struct {
 	PeakRSSBytes int64 `json:"peak_rss_bytes"`
 
 	// With --dispatch-listen only (swarm decode):
-	ExpertsRemote *uint64      `json:"experts_remote,omitempty"` // (row, slot) expert outputs computed by workers
-	ExpertsLocal  *uint64      `json:"experts_local,omitempty"`  // (row, slot) outputs computed here (unheld, failed or late)
-	Workers       []workerJSON `json:"workers,omitempty"`        // one entry per worker session, live ones first
-}
-
-// workerJSON is one worker session in generate's and demo's JSON, from the
-// dispatcher's dispatch.WorkerStats. Bytes are whole messages of the session
-// (control frames included), as the backbone counted them.
-type workerJSON struct {
-	ID        string  `json:"id"`      // hex ed25519 public key
-	Session   string  `json:"session"` // hub session id
-	Connected bool    `json:"connected"`
-	Reason    string  `json:"reason,omitempty"` // why an ended session ended
-	Holdings  int     `json:"holdings"`         // (layer, expert) pairs accepted
-	Requests  uint64  `json:"requests"`         // DISPATCH frames sent
-	Rows      uint64  `json:"rows"`             // hidden rows in accepted RESULTs
-	Pairs     uint64  `json:"pairs"`            // (row, slot) outputs accepted
-	Timeouts  uint64  `json:"timeouts"`         // requests past their deadline
-	BytesIn   uint64  `json:"bytes_in"`         // worker -> backbone
-	BytesOut  uint64  `json:"bytes_out"`        // backbone -> worker
-	RTTp50ms  float64 `json:"rtt_p50_ms"`
-	RTTp99ms  float64 `json:"rtt_p99_ms"`
-}
-
-func workersJSON(st dispatch.Stats) []workerJSON {
-	out := make([]workerJSON, 0, len(st.Workers))
-	for _, w := range st.Workers {
-		out = append(out, workerJSON{ID: w.ID, Session: w.Session, Connected: w.Connected, Reason: w.Reason,
-			Holdings: w.Holdings, Requests: w.Requests, Rows: w.Rows, Pairs: w.Pairs, Timeouts: w.Timeouts,
-			BytesIn: w.BytesIn, BytesOut: w.BytesOut, RTTp50ms: w.RTTp50ms, RTTp99ms: w.RTTp99ms})
-	}
-	return out
+	ExpertsRemote *uint64          `json:"experts_remote,omitempty"` // (row, slot) expert outputs computed by workers
+	ExpertsLocal  *uint64          `json:"experts_local,omitempty"`  // (row, slot) outputs computed here (unheld, failed or late)
+	Workers       []run.WorkerJSON `json:"workers,omitempty"`        // one entry per worker session, live ones first
 }
 
 // generateMain is generateMainContext without cancellation.
@@ -93,7 +64,7 @@ func generateMain(args []string, stdout, stderr io.Writer) int {
 // HOST:PORT" to stderr; port 0 picks one), the decode starts once
 // --wait-workers workers are connected, and whatever no worker holds is
 // computed locally. With --provision, workers that announce a quota are
-// assigned experts and download them from the model file (swarmFlags).
+// assigned experts and download them from the model file (run.SwarmFlags).
 // A backbone-only --model (backbone slice --backbone-only) needs
 // --dispatch-listen: its experts are computed only by workers, and a step
 // that finds no worker holding an expert waits --holder-wait, then fails
@@ -115,11 +86,11 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	dispatchListen := fs.String("dispatch-listen", "", "compute experts over the swarm: listen here (LAN host:port) for the hub's worker links")
 	waitWorkers := fs.Int("wait-workers", 0, "with --dispatch-listen: wait for N workers before decoding")
 	waitTimeout := fs.Duration("wait-timeout", 2*time.Minute, "how long --wait-workers waits")
-	sf := addSwarmFlags(fs)
+	sf := run.AddSwarmFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := sf.check(); err != nil {
+	if err := sf.Check(); err != nil {
 		fmt.Fprintln(stderr, "generate:", err)
 		return 2
 	}
@@ -170,8 +141,8 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	var d *dispatch.Dispatcher
 	if *dispatchListen != "" {
 		log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		sc := sf.config(*dispatchListen, log)
-		sc.Workers, sc.Listening = *waitWorkers, announceListening(stderr, "generate", lm)
+		sc := sf.Config(*dispatchListen, log)
+		sc.Workers, sc.Listening = *waitWorkers, run.AnnounceListening(stderr, "generate", lm)
 		wctx, cancel := context.WithTimeout(ctx, *waitTimeout)
 		d, err = run.StartSwarm(wctx, lm, sc)
 		cancel()
@@ -187,10 +158,10 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		return fail(err)
 	}
 	res := &generateResult{Result: *dr}
-	res.RSSBytes, res.PeakRSSBytes = processRSS()
+	res.RSSBytes, res.PeakRSSBytes = run.ProcessRSS()
 	if d != nil {
 		st := d.Stats()
-		res.ExpertsRemote, res.ExpertsLocal, res.Workers = &st.ExpertsRemote, &st.ExpertsLocal, workersJSON(st)
+		res.ExpertsRemote, res.ExpertsLocal, res.Workers = &st.ExpertsRemote, &st.ExpertsLocal, run.WorkersJSON(st)
 	}
 	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(res); err != nil {

@@ -54,7 +54,7 @@ func runHub(args []string) int {
 			return 1
 		}
 		defer l.Close()
-		fmt.Fprintf(os.Stderr, "hub: ledger on %s (%s)\n", l.Store().Kind(), redactDSN(*ledgerFile))
+		fmt.Fprintf(os.Stderr, "hub: ledger on %s (%s)\n", l.Store().Kind(), pgstore.RedactPath(*ledgerFile))
 		cfg.Meter = l
 		cfg.Extra = map[string]http.Handler{ledger.Path: ledger.Handler(l, func(r *http.Request) bool { return hub.Authorized(r, secret) })}
 	}
@@ -90,15 +90,6 @@ func runHub(args []string) int {
 			fmt.Fprintf(os.Stderr, "hub: %d open sessions\n", open)
 		}
 	}
-}
-
-// redactDSN hides the password of a postgres:// URL (a file path is
-// returned as it is).
-func redactDSN(path string) string {
-	if pgstore.IsURL(path) {
-		return pgstore.Redact(path)
-	}
-	return path
 }
 
 // loadSecret reads the gateway<->hub secret from path, $KVASIR_HUB_SECRET_FILE

@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -75,7 +74,7 @@ func ledgerMain(args []string, stdout, stderr io.Writer) int {
 	}
 	out := ledgerJSON{Workers: []ledgerWorkerJSON{}}
 	for _, t := range tot {
-		out.Workers = append(out.Workers, ledgerWorkerJSON{ID: t.ID, Address: addressOf(t.ID), Bytes: t.Bytes, RejectedBytes: t.RejectedBytes, Sessions: t.Sessions})
+		out.Workers = append(out.Workers, ledgerWorkerJSON{ID: t.ID, Address: wallet.AddressOfHex(t.ID), Bytes: t.Bytes, RejectedBytes: t.RejectedBytes, Sessions: t.Sessions})
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -98,14 +97,6 @@ func ledgerMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-func addressOf(workerHex string) string {
-	pub, err := hex.DecodeString(workerHex)
-	if err != nil || len(pub) != 32 {
-		return ""
-	}
-	return wallet.Address(pub)
 }
 
 // walletsMain implements
@@ -154,7 +145,7 @@ func walletsMain(args []string, stdout, stderr io.Writer) int {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "ADDRESS\tUNITS\tCREDITED\tREJECTED BYTES\tSTATEMENTS\t")
 	for _, w := range ws {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t\n", addressOf(w.Worker), walletapi.FormatUnits(w.Bytes), walletapi.FormatKVR(w.NKVR), w.RejectedBytes, w.Statements)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t\n", wallet.AddressOfHex(w.Worker), walletapi.FormatUnits(w.Bytes), walletapi.FormatKVR(w.NKVR), w.RejectedBytes, w.Statements)
 	}
 	if err := tw.Flush(); err != nil {
 		return 1
@@ -181,45 +172,15 @@ func addCreditFlags(fs *flag.FlagSet) *creditFlags {
 	}
 }
 
-// start opens the wallets store and credits from the hub's ledger at
-// hubAddr ("host:port" or a URL) every --credit-every until ctx is done,
-// signing its ledger requests with the shared hub secret, and registers
-// the crediting metrics on c.registry (when set). It returns the handlers
-// to mount on the gateway (nil when --wallets is empty) and a function
-// that stops crediting and closes the store.
+// start is credit.StartFromHub with the flags: crediting from the hub
+// at hubAddr into --wallets every --credit-every, its metrics on
+// c.registry; it returns the handlers to mount on the gateway and a
+// function that stops crediting.
 func (c *creditFlags) start(ctx context.Context, hubAddr string, secret []byte, logf func(string, ...any)) (map[string]http.Handler, func(), error) {
-	if *c.wallets == "" {
-		return nil, func() {}, nil
-	}
-	base := hubAddr
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	src := &ledger.Client{BaseURL: base, Sign: func(r *http.Request) error {
+	sign := func(r *http.Request) error {
 		hub.SignGateway(r.Header, secret, "", time.Now())
 		return nil
-	}}
-	svc, err := credit.Open(credit.Config{Path: *c.wallets, Source: src, RateNKVRPerByte: *c.rate})
-	if err != nil {
-		return nil, nil, err
 	}
-	if c.registry != nil {
-		if err := c.registry.Register(svc.Collector()); err != nil {
-			svc.Close()
-			return nil, nil, err
-		}
-	}
-	logf("wallets on %s (%s)", svc.Store().Kind(), redactDSN(*c.wallets))
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = svc.Run(ctx, *c.every, logf)
-	}()
-	stop := func() {
-		cancel()
-		<-done
-		svc.Close()
-	}
-	return map[string]http.Handler{"/v1/wallet/": svc.Handler(credit.HandlerOptions{})}, stop, nil
+	return credit.StartFromHub(ctx, credit.HubConfig{Wallets: *c.wallets, Hub: hubAddr, Sign: sign,
+		RateNKVRPerByte: *c.rate, Every: *c.every, Registry: c.registry, Logf: logf})
 }

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
-	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/moeshape"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 )
 
@@ -18,50 +18,6 @@ func init() {
 	register("slice", "cut a worker's expert slice (or a backbone-only file) from a GGUF, or check a slice directory", func(args []string) int {
 		return sliceMain(args, os.Stdout, os.Stderr)
 	})
-	// Serve slice directories in `backbone worker --slice DIR`; GGUF files
-	// keep the loader cmd_worker.go defines.
-	fromFile := loadWorkerSlice
-	loadWorkerSlice = func(path string, layers []int, threads int) (*workerSlice, error) {
-		if st, err := os.Stat(path); err != nil || !st.IsDir() {
-			return fromFile(path, layers, threads)
-		}
-		return loadSliceDir(path, layers, threads, os.Stderr)
-	}
-}
-
-// loadSliceDir opens the slice directory dir (verifying every expert's
-// hash), reports experts left out to warn, and serves the held experts of
-// the given layers (nil: all) with the manifest's model id.
-func loadSliceDir(dir string, layers []int, threads int, warn io.Writer) (*workerSlice, error) {
-	s, err := slice.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	for _, b := range s.Bad() {
-		fmt.Fprintf(warn, "worker: not serving layer %d expert %d: %v\n", b.Layer, b.Expert, b.Err)
-	}
-	ls := s.Layers()
-	hs := s.Holdings()
-	if layers != nil {
-		ls = make([]*expert.Layer, len(ls))
-		hs = nil
-		for _, l := range layers {
-			if l >= 0 && l < len(ls) {
-				ls[l] = s.Layers()[l]
-			}
-		}
-		for _, h := range s.Holdings() {
-			if slices.Contains(layers, int(h.Layer)) {
-				hs = append(hs, h)
-			}
-		}
-	}
-	comp, err := expert.NewLocal(ls, threads)
-	if err != nil {
-		s.Close()
-		return nil, err
-	}
-	return &workerSlice{Computer: comp, Holdings: hs, ModelID: s.ModelID(), Close: s.Close}, nil
 }
 
 // sliceMain implements
@@ -116,9 +72,8 @@ func sliceMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer f.Close()
-	arch := f.Architecture()
-	nl, _ := f.Uint(arch + ".block_count")
-	ne, _ := f.Uint(arch + ".expert_count")
+	sh, _ := moeshape.Read(f)
+	nl, ne := sh.Layers, sh.Experts
 	if nl == 0 || ne == 0 || nl > slice.MaxLayers || ne > slice.MaxExperts {
 		fmt.Fprintf(stderr, "slice: %s: block_count %d, expert_count %d: not a Mixture-of-Experts model this can slice\n", *modelPath, nl, ne)
 		return 1
@@ -155,7 +110,7 @@ func sliceBackboneOnly(modelPath, out, hotLayers, hotExperts, sourceURL, chunk, 
 		fmt.Fprintf(stderr, "slice: --source-url %q: want an http:// or https:// URL\n", sourceURL)
 		return 2
 	}
-	cs, err := parseBytes(chunk)
+	cs, err := run.ParseBytes(chunk)
 	if err != nil {
 		fmt.Fprintln(stderr, "slice: --chunk-size:", err)
 		return 2
@@ -166,9 +121,8 @@ func sliceBackboneOnly(modelPath, out, hotLayers, hotExperts, sourceURL, chunk, 
 		return 1
 	}
 	defer f.Close()
-	arch := f.Architecture()
-	nl, _ := f.Uint(arch + ".block_count")
-	ne, _ := f.Uint(arch + ".expert_count")
+	sh, _ := moeshape.Read(f)
+	nl, ne := sh.Layers, sh.Experts
 	if nl == 0 || ne == 0 || nl > slice.MaxLayers || ne > slice.MaxExperts {
 		fmt.Fprintf(stderr, "slice: %s: block_count %d, expert_count %d: not a Mixture-of-Experts model\n", modelPath, nl, ne)
 		return 1

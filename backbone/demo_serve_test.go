@@ -224,7 +224,7 @@ func TestDemoProvision(t *testing.T) {
 	const prompt, n = "Experts travel to the workers", 16
 	out := runBackbone(t, 120*time.Second, "demo", "--json", "--provision", "--max-tokens", strconv.Itoa(n),
 		"--prompt", prompt, "--min-deadline", "3s")
-	var r demoResult
+	var r demo.Result
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}

@@ -30,7 +30,7 @@ func TestDemoProcess(t *testing.T) {
 	const prompt, n = "The demo decodes", 24
 	out := runBackbone(t, 120*time.Second, "demo", "--json", "--dir", dir, "--max-tokens", strconv.Itoa(n), "--prompt", prompt,
 		"--min-deadline", "3s") // a loaded machine must not turn a slow answer into a local computation
-	var r demoResult
+	var r demo.Result
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}

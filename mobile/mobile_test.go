@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/app/node"
-	"github.com/kvasir-ai/kvasir/app/swarmtest"
+	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/wallet"
 )
 

@@ -340,6 +340,17 @@ func Address(pub ed25519.PublicKey) string {
 	return AddressPrefix + strings.ToLower(b32.EncodeToString(append(payload, c[:4]...)))
 }
 
+// AddressOfHex returns the wallet address of a worker id, its ed25519
+// public key in hex (as ledgers and wallets files store it), or "" when
+// the id is not 32 bytes of hex.
+func AddressOfHex(workerHex string) string {
+	pub, err := hex.DecodeString(workerHex)
+	if err != nil || len(pub) != ed25519.PublicKeySize {
+		return ""
+	}
+	return Address(pub)
+}
+
 // ParseAddress checks an address and returns its 20-byte key hash. It
 // returns ErrAddress for a wrong prefix, length, alphabet or checksum.
 func ParseAddress(s string) ([]byte, error) {

@@ -98,7 +98,7 @@ func Open(cfg Config) (*Service, error) {
 	s, err := New(st, cfg)
 	if err != nil {
 		st.Close()
-		return nil, fmt.Errorf("credit: open %s: %w", pgstoreRedact(cfg.Path), err)
+		return nil, fmt.Errorf("credit: open %s: %w", pgstore.RedactPath(cfg.Path), err)
 	}
 	return s, nil
 }
@@ -125,13 +125,6 @@ func New(st Store, cfg Config) (*Service, error) {
 	}
 	return &Service{st: st, src: cfg.Source, rate: cfg.RateNKVRPerByte, batch: cfg.Batch, now: time.Now,
 		key: ed25519.NewKeyFromSeed(seed)}, nil
-}
-
-func pgstoreRedact(path string) string {
-	if pgstore.IsURL(path) {
-		return pgstore.Redact(path)
-	}
-	return path
 }
 
 // OpenReadOnly opens an existing wallets store to read it (PublicKey,
@@ -163,7 +156,7 @@ func OpenReadOnly(path string) (*Service, error) {
 	}
 	if err != nil || len(seed) != ed25519.SeedSize {
 		st.Close()
-		return nil, fmt.Errorf("%w: %s: no valid signing seed (%v)", ErrSchema, pgstoreRedact(path), err)
+		return nil, fmt.Errorf("%w: %s: no valid signing seed (%v)", ErrSchema, pgstore.RedactPath(path), err)
 	}
 	return &Service{st: st, rate: walletapi.DefaultRateNKVRPerByte, batch: DefaultBatch, now: time.Now,
 		key: ed25519.NewKeyFromSeed(seed)}, nil

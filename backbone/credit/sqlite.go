@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/sqlitestore"
 	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
@@ -47,36 +48,26 @@ type sqliteStore struct {
 	db *sql.DB
 }
 
-// openSQLite opens or creates the wallets file at path. The file is first
-// checked through a read-only connection (dbfile.Check): a corrupt file, a
-// file of another kind (application_id, tables) or of a newer schema is
-// refused with an error wrapping ErrSchema and the dbfile error, and left
-// byte for byte as it was. A new or empty file gets the schema,
-// user_version = SchemaVersion and application_id =
-// dbfile.AppIDGatewayWallets; a wallets file written before application
-// ids (id 0, version 1, exactly its four tables) is adopted by setting the
-// id.
+// sqliteFile is the wallets SQLite file, created 0600, its schema
+// (idempotent) applied on every open.
+var sqliteFile = sqlitestore.File{Kind: dbfile.GatewayWallets, Prefix: "credit", ErrSchema: ErrSchema, Schema: schema,
+	Create: true, Reapply: true}
+
+// openSQLite opens or creates the wallets file at path
+// (sqlitestore.File.Open). The file is first checked through a read-only
+// connection (dbfile.Check): a corrupt file, a file of another kind
+// (application_id, tables) or of a newer schema is refused with an error
+// wrapping ErrSchema and the dbfile error, and left byte for byte as it
+// was. A new or empty file gets the schema, user_version = SchemaVersion
+// and application_id = dbfile.AppIDGatewayWallets; a wallets file written
+// before application ids (id 0, version 1, exactly its four tables) is
+// adopted by setting the id.
 func openSQLite(path string) (*sqliteStore, error) {
-	if _, err := dbfile.Check(path, dbfile.GatewayWallets); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
-	}
-	if err := dbfile.CreateEmpty(path); err != nil {
-		return nil, fmt.Errorf("credit: create %s: %w", path, err)
-	}
-	dsn, err := dbfile.DSN(path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")
+	db, err := sqliteFile.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("credit: %w", err)
+		return nil, err
 	}
-	db, err := dbfile.Open(dsn) // this build's SQLite driver (cgo or pure Go)
-	if err != nil {
-		return nil, fmt.Errorf("credit: open %s: %w", path, err)
-	}
-	s := &sqliteStore{db: db}
-	if err := s.init(); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("credit: open %s: %w", path, err)
-	}
-	return s, nil
+	return &sqliteStore{db: db}, nil
 }
 
 // openSQLiteReadOnly opens an existing wallets file to read it; it never
@@ -85,39 +76,11 @@ func openSQLite(path string) (*sqliteStore, error) {
 // dbfile.ErrNotExist; an empty, corrupt, foreign or newer file one
 // wrapping ErrSchema and the dbfile error.
 func openSQLiteReadOnly(path string) (*sqliteStore, error) {
-	db, checkErr, err := dbfile.OpenReadOnly(path, dbfile.GatewayWallets)
+	db, err := sqliteFile.OpenReadOnly(path)
 	if err != nil {
-		if checkErr && !errors.Is(err, dbfile.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %w", ErrSchema, err)
-		}
-		return nil, fmt.Errorf("credit: %w", err)
+		return nil, err
 	}
 	return &sqliteStore{db: db}, nil
-}
-
-func (s *sqliteStore) init() error {
-	tx, err := s.db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	var v int
-	if err := tx.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
-		return err
-	}
-	if v > SchemaVersion { // another process may have written it since the check
-		return fmt.Errorf("%w: file has version %d, this program knows %d", ErrSchema, v, SchemaVersion)
-	}
-	if _, err := tx.Exec(schema); err != nil {
-		return fmt.Errorf("%w: %v", ErrSchema, err)
-	}
-	if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, SchemaVersion)); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(dbfile.GatewayWallets.SetAppID()); err != nil {
-		return err
-	}
-	return tx.Commit()
 }
 
 // Kind implements Store.

@@ -2,7 +2,11 @@
 // gateway and the workers are the backbone binary's own subcommands
 // (backbone hub, gateway, worker) started as children, and the backbone side
 // (the dispatcher and the model) stays in the calling process. `backbone
-// demo` and the swarm tests of package main use it.
+// demo` and the swarm tests of package main use it: Run is the whole demo
+// (a local and a swarm decode of the embedded tiny model, the ledger and
+// the credits per worker), Serve the demo swarm behind the
+// OpenAI-compatible API, Print the report; StartSwarm and Proc are the
+// processes underneath.
 //
 // Every child is started with a parent-death signal where the OS has one
 // (Linux: SIGTERM when the parent dies, even by SIGKILL), is stopped with

@@ -3,11 +3,11 @@ package ledger
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/sqlitestore"
 	"github.com/kvasir-ai/kvasir/wallet/dbfile"
 )
 
@@ -42,34 +42,28 @@ type sqliteStore struct {
 	db *sql.DB
 }
 
+// sqliteFile is the ledger's SQLite file: the schema on a new or empty
+// file, then a check that the entries table has the ledger's columns.
+var sqliteFile = sqlitestore.File{Kind: dbfile.Ledger, Prefix: "ledger", ErrSchema: ErrSchema, Schema: schema,
+	Verify: `SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time FROM entries LIMIT 0`}
+
 // OpenSQLite opens (creating if needed) the ledger in the SQLite file at
-// path for appending. The file is first checked through a read-only
-// connection (dbfile.Check): a corrupt file, a file of another kind
-// (application_id, tables) or of a newer schema is refused with an error
-// wrapping ErrSchema and the dbfile error (dbfile.ErrCorrupt, ErrForeign,
-// ErrNewerSchema), and is left byte for byte as it was. A new or empty file
-// gets the schema, user_version = SchemaVersion and application_id =
-// dbfile.AppIDLedger; a ledger written before application ids (id 0,
-// version 1, exactly the entries table) is adopted by setting the id.
+// path for appending (sqlitestore.File.Open). The file is first checked
+// through a read-only connection (dbfile.Check): a corrupt file, a file of
+// another kind (application_id, tables) or of a newer schema is refused
+// with an error wrapping ErrSchema and the dbfile error (dbfile.ErrCorrupt,
+// ErrForeign, ErrNewerSchema), and is left byte for byte as it was. A new
+// or empty file gets the schema, user_version = SchemaVersion and
+// application_id = dbfile.AppIDLedger; a ledger written before application
+// ids (id 0, version 1, exactly the entries table) is adopted by setting
+// the id. A pre-existing entries table of another shape is refused
+// (ErrSchema).
 func OpenSQLite(path string) (*Ledger, error) {
-	info, err := dbfile.Check(path, dbfile.Ledger)
+	db, err := sqliteFile.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSchema, err)
+		return nil, err
 	}
-	dsn, err := dbfile.DSN(path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")
-	if err != nil {
-		return nil, fmt.Errorf("ledger: %w", err)
-	}
-	db, err := dbfile.Open(dsn) // this build's SQLite driver (cgo or pure Go)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
-	}
-	s := &sqliteStore{db: db}
-	if err := s.init(info.State); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
-	}
-	return &Ledger{st: s, db: db}, nil
+	return &Ledger{st: &sqliteStore{db: db}, db: db}, nil
 }
 
 // OpenSQLiteReadOnly opens an existing SQLite ledger for reading only; it
@@ -78,46 +72,11 @@ func OpenSQLite(path string) (*Ledger, error) {
 // dbfile.ErrNotExist; an empty file, a corrupt one, one of another kind or
 // of a newer schema an error wrapping ErrSchema and the dbfile error.
 func OpenSQLiteReadOnly(path string) (*Ledger, error) {
-	db, checkErr, err := dbfile.OpenReadOnly(path, dbfile.Ledger)
+	db, err := sqliteFile.OpenReadOnly(path)
 	if err != nil {
-		if checkErr && !errors.Is(err, dbfile.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %w", ErrSchema, err)
-		}
-		return nil, fmt.Errorf("ledger: %w", err)
+		return nil, err
 	}
 	return &Ledger{st: &sqliteStore{db: db}, db: db}, nil
-}
-
-func (s *sqliteStore) init(state dbfile.State) error {
-	tx, err := s.db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	var v int
-	if err := tx.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
-		return err
-	}
-	// Another process may have created the file since the check.
-	if state != dbfile.Current || v == 0 {
-		if v > SchemaVersion {
-			return fmt.Errorf("%w: file has schema version %d, this program knows %d", ErrSchema, v, SchemaVersion)
-		}
-		if _, err := tx.Exec(schema); err != nil {
-			return fmt.Errorf("%w: %v", ErrSchema, err)
-		}
-		if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, SchemaVersion)); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(dbfile.Ledger.SetAppID()); err != nil {
-			return err
-		}
-	}
-	// A pre-existing table named entries with another shape fails here.
-	if _, err := tx.Exec(`SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time FROM entries LIMIT 0`); err != nil {
-		return fmt.Errorf("%w: %v", ErrSchema, err)
-	}
-	return tx.Commit()
 }
 
 // Kind implements Store.

@@ -50,6 +50,15 @@ func IsURL(s string) bool {
 	return strings.HasPrefix(l, "postgres://") || strings.HasPrefix(l, "postgresql://")
 }
 
+// RedactPath returns a store's path for logs and errors: a PostgreSQL URL
+// Redacted, an SQLite file path as it is.
+func RedactPath(path string) string {
+	if IsURL(path) {
+		return Redact(path)
+	}
+	return path
+}
+
 // Redact returns dsn with any password replaced by "xxxxx", for logs and
 // errors.
 func Redact(dsn string) string {

@@ -2,8 +2,12 @@
 // decode (backbone generate, serve and demo): loading a GGUF model with its
 // tokenizer and swarm identity (Load), starting the swarm's dispatcher for
 // it and waiting for workers (StartSwarm), and decoding one prompt on one
-// sequence (Decode). The commands in backbone/cmd_*.go parse flags and wire
-// these together; the HTTP API's continuous batching is backbone/serve.
+// sequence (Decode); serving the OpenAI-compatible API over it (ServeAPI,
+// with its experts local or over the swarm, ServeExperts); the flags these
+// commands share (SwarmFlags, AddAPIFlags, ParseBytes) and their reports
+// (WorkersJSON, ProcessRSS). The commands in backbone/cmd_*.go parse flags
+// and wire these together; the HTTP API's continuous batching is
+// backbone/serve.
 //
 // Of the engine's model it uses model.Load, Model.NewSequence, Forward,
 // Params().Vocab, Context, Layers, Embd, Experts and ExpertsUsed, and

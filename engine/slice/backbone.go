@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/moeshape"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
@@ -463,9 +464,8 @@ func ReadBackboneOnly(f *gguf.File) (*BackboneOnly, error) {
 		return nil, bad("chunk_size %d: %v", chunk, err)
 	}
 	bo.ChunkSize = int(chunk)
-	bo.NExpert, _ = intKey(f, arch+".expert_count")
-	bo.DModel, _ = intKey(f, arch+".embedding_length")
-	bo.DFF, _ = intKey(f, arch+".expert_feed_forward_length")
+	sh, _ := moeshape.Read(f) // block_count was read by modelLayers
+	bo.NExpert, bo.DModel, bo.DFF = moeshape.Int(sh.Experts), moeshape.Int(sh.DModel), moeshape.Int(sh.DFF)
 	if bo.NExpert <= 0 || bo.NExpert > MaxExperts || bo.DModel <= 0 || bo.DModel > MaxDim || bo.DFF <= 0 || bo.DFF > MaxDim {
 		return nil, bad("expert_count %d, embedding_length %d, expert_feed_forward_length %d", bo.NExpert, bo.DModel, bo.DFF)
 	}
@@ -538,15 +538,6 @@ func ReadBackboneOnly(f *gguf.File) (*BackboneOnly, error) {
 		bo.Hot = append(bo.Hot, h)
 	}
 	return bo, nil
-}
-
-// intKey reads an unsigned metadata integer as an int (0 when absent).
-func intKey(f *gguf.File, key string) (int, error) {
-	v, err := f.Uint(key)
-	if err != nil || v > 1<<31 {
-		return 0, err
-	}
-	return int(v), nil
 }
 
 // hashTable copies the F32 tensor name holding n SHA-256 sums (ne [8, n]).

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/moeshape"
 )
 
 // Catalog is the backbone's view of every expert of a model for
@@ -44,18 +45,17 @@ type Sums struct {
 // modelLayers returns f's general.architecture and its block_count (the
 // layer count, 1..MaxLayers). Errors wrap ErrModel.
 func modelLayers(f *gguf.File) (arch string, nl int, err error) {
-	arch = f.Architecture()
-	if arch == "" {
+	sh, err := moeshape.Read(f)
+	if sh.Arch == "" {
 		return "", 0, fmt.Errorf("%w: no general.architecture", ErrModel)
 	}
-	n, err := f.Uint(arch + ".block_count")
 	if err != nil {
 		return "", 0, fmt.Errorf("%w: %v", ErrModel, err)
 	}
-	if n == 0 || n > MaxLayers {
-		return "", 0, fmt.Errorf("%w: block_count %d (1..%d)", ErrModel, n, MaxLayers)
+	if sh.Layers == 0 || sh.Layers > MaxLayers {
+		return "", 0, fmt.Errorf("%w: block_count %d (1..%d)", ErrModel, sh.Layers, MaxLayers)
 	}
-	return arch, int(n), nil
+	return sh.Arch, int(sh.Layers), nil
 }
 
 // NewCatalog returns the catalog of every layer and expert of f, which must

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/moeshape"
 )
 
 // rewriteGGUF returns a copy of f (parsed from memory) with general.architecture
@@ -113,14 +114,11 @@ func TestFusedLayoutSliceIdentical(t *testing.T) {
 	for name, pair := range layoutPairs(t) {
 		t.Run(name, func(t *testing.T) {
 			sep := pair[0]
-			nl, err := sep.Uint("qwen35moe.block_count")
-			if err != nil {
-				t.Fatal(err)
+			sh, err := moeshape.Read(sep)
+			if err != nil || sh.Experts == 0 {
+				t.Fatal(sh, err)
 			}
-			ne, err := sep.Uint("qwen35moe.expert_count")
-			if err != nil {
-				t.Fatal(err)
-			}
+			nl, ne := sh.Layers, sh.Experts
 			layers := []int{0, int(nl) - 1}
 			experts, err := ParseList(fmt.Sprintf("0-2,%d", ne-1), int(ne))
 			if err != nil {

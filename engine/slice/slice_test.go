@@ -21,6 +21,7 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/moeshape"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
@@ -340,9 +341,8 @@ func TestCutWholeModelBytes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			arch := f.Architecture()
-			nl, _ := f.Uint(arch + ".block_count")
-			ne, _ := f.Uint(arch + ".expert_count")
+			sh, _ := moeshape.Read(f)
+			nl, ne := sh.Layers, sh.Experts
 			if s.Bytes() != want || man.Bytes() != want || len(s.Holdings()) != int(nl*ne) {
 				t.Fatalf("slice %d bytes, manifest %d, holdings %d; GGUF expert tensors %d bytes, %d experts",
 					s.Bytes(), man.Bytes(), len(s.Holdings()), want, nl*ne)

@@ -1,4 +1,4 @@
-package main
+package run
 
 import (
 	"errors"
@@ -10,15 +10,14 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
-	"github.com/kvasir-ai/kvasir/backbone/run"
 )
 
-// swarmFlags are the dispatcher flags that generate, serve and demo share:
+// SwarmFlags are the dispatcher flags that generate, serve and demo share:
 // the deadline floor, provisioning (issue 6), verification (issue 11), the
 // model source and the holder wait (issue 12).
-type swarmFlags struct {
+type SwarmFlags struct {
 	minDeadline time.Duration
-	provision   bool
+	Provision   bool   // --provision
 	rate        string // --provision-rate as given
 	rateBytes   int64  // parsed by check: bytes/s, 0 unlimited
 
@@ -28,42 +27,42 @@ type swarmFlags struct {
 	banFile   string        // --ban-file
 	banFor    time.Duration // --ban-for
 
-	modelSource string        // --model-source: URL workers fetch expert bytes from
-	holderWait  time.Duration // --holder-wait
+	ModelSource string        // --model-source: URL workers fetch expert bytes from
+	HolderWait  time.Duration // --holder-wait
 }
 
-// addSwarmFlags registers --min-deadline, --provision, --provision-rate,
+// AddSwarmFlags registers --min-deadline, --provision, --provision-rate,
 // the --check-* and --ban-* flags, --model-source and --holder-wait on fs.
-func addSwarmFlags(fs *flag.FlagSet) *swarmFlags {
-	sf := &swarmFlags{}
+func AddSwarmFlags(fs *flag.FlagSet) *SwarmFlags {
+	sf := &SwarmFlags{}
 	fs.DurationVar(&sf.minDeadline, "min-deadline", 0, "with a swarm: lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
-	fs.BoolVar(&sf.provision, "provision", false, "with a swarm: provision workers started with --quota (and an empty --slice dir): assign them experts and send the experts' bytes from the model file")
+	fs.BoolVar(&sf.Provision, "provision", false, "with a swarm: provision workers started with --quota (and an empty --slice dir): assign them experts and send the experts' bytes from the model file")
 	fs.StringVar(&sf.rate, "provision-rate", "0", "with --provision: bytes/s of expert data sent to one worker, with optional KiB/MiB/GiB suffix (0: unlimited)")
 	fs.IntVar(&sf.probation, "check-probation", dispatch.DefaultProbation, "with a swarm: results of each worker session verified (recomputed locally) before sampling starts; 0: none")
 	fs.Float64Var(&sf.checkRate, "check-rate", dispatch.DefaultCheckRate, "with a swarm: fraction of later results verified, drawn per request; 0: none")
 	fs.Float64Var(&sf.tolerance, "check-tolerance", dispatch.DefaultTolerance, "with a swarm: relative bound per output row for workers declaring a non-CPU backend (CPU: exact bits); negative: accept CPU workers only")
 	fs.StringVar(&sf.banFile, "ban-file", dispatch.DefaultBanFile(), "with a swarm: worker keys caught lying, kept across restarts (\"\": in memory only)")
 	fs.DurationVar(&sf.banFor, "ban-for", dispatch.DefaultBanFor, "with a swarm: how long a worker key caught lying is refused")
-	fs.StringVar(&sf.modelSource, "model-source", "", "with --provision: http(s) URL of the full model GGUF; workers fetch their experts' byte ranges from it (a backbone-only --model: default its stored URL)")
-	fs.DurationVar(&sf.holderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
+	fs.StringVar(&sf.ModelSource, "model-source", "", "with --provision: http(s) URL of the full model GGUF; workers fetch their experts' byte ranges from it (a backbone-only --model: default its stored URL)")
+	fs.DurationVar(&sf.HolderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
 	return sf
 }
 
-// check validates the parsed flags; the error names the bad flag.
-func (sf *swarmFlags) check() error {
-	n, err := parseBytes(sf.rate)
+// Check validates the parsed flags; the error names the bad flag.
+func (sf *SwarmFlags) Check() error {
+	n, err := ParseBytes(sf.rate)
 	if err != nil {
 		return fmt.Errorf("--provision-rate: %w", err)
 	}
 	sf.rateBytes = n
-	if sf.modelSource != "" && !strings.HasPrefix(sf.modelSource, "http://") && !strings.HasPrefix(sf.modelSource, "https://") {
-		return fmt.Errorf("--model-source %q: want an http:// or https:// URL", sf.modelSource)
+	if sf.ModelSource != "" && !strings.HasPrefix(sf.ModelSource, "http://") && !strings.HasPrefix(sf.ModelSource, "https://") {
+		return fmt.Errorf("--model-source %q: want an http:// or https:// URL", sf.ModelSource)
 	}
-	if sf.modelSource != "" && !sf.provision {
+	if sf.ModelSource != "" && !sf.Provision {
 		return errors.New("--model-source needs --provision")
 	}
-	if sf.holderWait <= 0 {
-		return fmt.Errorf("--holder-wait %v: want > 0", sf.holderWait)
+	if sf.HolderWait <= 0 {
+		return fmt.Errorf("--holder-wait %v: want > 0", sf.HolderWait)
 	}
 	if sf.probation < 0 || sf.checkRate < 0 || sf.checkRate > 1 || sf.tolerance == 0 || sf.banFor <= 0 {
 		return fmt.Errorf("--check-probation >= 0, --check-rate in [0, 1], --check-tolerance != 0 and --ban-for > 0 (got %d, %g, %g, %v)",
@@ -72,16 +71,16 @@ func (sf *swarmFlags) check() error {
 	return nil
 }
 
-// config is the run.SwarmConfig of the flags for a dispatcher on listen
+// config is the SwarmConfig of the flags for a dispatcher on listen
 // logging to log; the caller adds Workers and Listening.
-func (sf *swarmFlags) config(listen string, log *slog.Logger) run.SwarmConfig {
-	return run.SwarmConfig{Listen: listen, Logger: log, MinDeadline: sf.minDeadline,
-		Provision: sf.provision, ProvisionRate: sf.rateBytes, Source: sf.modelSource, HolderWait: sf.holderWait, Tune: sf.tune}
+func (sf *SwarmFlags) Config(listen string, log *slog.Logger) SwarmConfig {
+	return SwarmConfig{Listen: listen, Logger: log, MinDeadline: sf.minDeadline,
+		Provision: sf.Provision, ProvisionRate: sf.rateBytes, Source: sf.ModelSource, HolderWait: sf.HolderWait, Tune: sf.tune}
 }
 
 // tune sets the verification flags on the dispatcher's configuration (0
 // means "none" on the command line, a default in dispatch.Config).
-func (sf *swarmFlags) tune(c *dispatch.Config) {
+func (sf *SwarmFlags) tune(c *dispatch.Config) {
 	c.Probation, c.CheckRate, c.Tolerance = sf.probation, sf.checkRate, sf.tolerance
 	if sf.probation == 0 {
 		c.Probation = -1
@@ -92,10 +91,10 @@ func (sf *swarmFlags) tune(c *dispatch.Config) {
 	c.BanFile, c.BanFor = sf.banFile, sf.banFor
 }
 
-// announceListening returns a run.SwarmConfig.Listening that prints "CMD:
+// announceListening returns a SwarmConfig.Listening that prints "CMD:
 // dispatch listening on HOST:PORT (model id ...)" to w (the line tests and
 // scripts wait for).
-func announceListening(w io.Writer, cmd string, lm *run.Model) func(addr string) {
+func AnnounceListening(w io.Writer, cmd string, lm *Model) func(addr string) {
 	return func(addr string) {
 		fmt.Fprintf(w, "%s: dispatch listening on %s (model id %q)\n", cmd, addr, lm.ID())
 	}

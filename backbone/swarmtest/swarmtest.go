@@ -1,4 +1,5 @@
-// Package swarmtest (a test helper; no binary imports it) starts a
+// Package swarmtest (a test harness, imported by _test.go files only:
+// TestImportArrows checks it) starts a
 // complete kvasir swarm in one process on
 // loopback, for the app's end-to-end tests and its screenshot: a backbone
 // dispatcher over the generated tiny qwen3moe model (engine/modelgen), the
@@ -34,6 +35,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/moeshape"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 )
 
@@ -90,11 +92,14 @@ func Start(dir string, creditEvery time.Duration) (_ *Swarm, err error) {
 	}
 	s.closes = append(s.closes, s.full.Close)
 	m := s.full.Manifest()
-	k, err := s.file.Uint(m.Architecture + ".expert_used_count")
+	sh, err := moeshape.Read(s.file)
+	if err == nil && sh.ExpertsUsed == 0 {
+		err = fmt.Errorf("swarmtest: %s: no %s.%s", modelPath, sh.Arch, moeshape.KeyExpertUsed)
+	}
 	if err != nil {
 		return nil, err
 	}
-	s.Model = dispatch.Model{ID: m.ModelID, D: m.DModel, K: int(k), NLayer: m.NLayer, NExpert: m.NExpert}
+	s.Model = dispatch.Model{ID: m.ModelID, D: m.DModel, K: moeshape.Int(sh.ExpertsUsed), NLayer: m.NLayer, NExpert: m.NExpert}
 	s.SliceDir = filepath.Join(dir, "slice")
 	if _, err := slice.Cut(s.file, []int{0}, nil, s.SliceDir); err != nil {
 		return nil, err

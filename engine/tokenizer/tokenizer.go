@@ -108,11 +108,11 @@ type Config struct {
 // Tokenizer encodes text to token ids and back. It is safe for concurrent
 // use by multiple goroutines.
 type Tokenizer struct {
-	tokens   []string
+	tokens []string
 	// maxTokBytes is the longest token text in bytes (MaxTokenBytes).
 	maxTokBytes int
-	types    []int32
-	textToID map[string]int32
+	types       []int32
+	textToID    map[string]int32
 	// merges maps a pair of token ids (left<<32 | right) to its rank and the
 	// id of the concatenated text (-1 if that text is not a token).
 	merges      map[uint64]merge

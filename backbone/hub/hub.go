@@ -4,8 +4,10 @@
 // meters the bytes it bridges per session into the contribution ledger.
 //
 // Metering (docs/protocol.md, backbone/ledger): every WebSocket message is
-// counted whole, both ways. Backbone->worker DISPATCH messages are creditable
-// (BytesOut). A worker's RESULT is held as pending under its request id until
+// counted whole, both ways. Backbone->worker DISPATCH (and DISPATCH_DIGEST)
+// messages are creditable (BytesOut). A worker's RESULT (or DIGEST, metered
+// as the bytes of the RESULT it stands for, wire.DigestCredit) is held as
+// pending under its request id until
 // the backbone sends LinkAccepted (creditable BytesIn) or LinkRejected, or
 // ResultHold passes, or the session ends (both: RejectedBytes). Worker
 // messages that are not valid frames are rejected at once. Other control
@@ -785,16 +787,24 @@ func (s *session) fromWorker(msg []byte, n int) {
 		return
 	}
 	t, req, ok := wire.PeekRequest(msg)
+	if t == wire.TypeDigest {
+		// A DIGEST stands for the RESULT the worker computed: metered as
+		// that RESULT's bytes (docs/accounting.md, "Quorum").
+		var size int
+		req, size, ok = wire.DigestCredit(msg)
+		n = size
+	}
 	switch {
-	case ok && t == wire.TypeResult:
+	case ok && (t == wire.TypeResult || t == wire.TypeDigest):
 		p := s.pending[req]
 		p.bytes += uint64(n)
 		p.at = time.Now()
 		s.pending[req] = p
 		s.nResult++
 		s.lastResult = p.at
-	case t == wire.TypeResult || t == wire.TypeDispatch: // short RESULT, or a worker sending DISPATCH
-		s.rejected += uint64(n)
+	case t == wire.TypeResult || t == wire.TypeDigest || t == wire.TypeDispatch || t == wire.TypeDispatchDigest:
+		// a short RESULT or DIGEST, or a worker sending DISPATCH
+		s.rejected += uint64(len(msg))
 	default:
 		if _, err := wire.Peek(msg); err != nil || !workerControl(t) {
 			s.rejected += uint64(n) // garbage, or a frame only the backbone sends
@@ -818,7 +828,7 @@ func (s *session) toWorker(msg []byte) {
 	defer s.mu.Unlock()
 	s.toW += uint64(len(msg))
 	s.msgs++
-	if t, _ := wire.Peek(msg); t == wire.TypeDispatch {
+	if t, _ := wire.Peek(msg); t == wire.TypeDispatch || t == wire.TypeDispatchDigest {
 		s.creditLocked(uint64(len(msg)), 0)
 		s.nDisp++
 	}

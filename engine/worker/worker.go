@@ -101,8 +101,9 @@ type Config struct {
 	ModelID    string             // model identity announced in HELLO
 	Backend    string             // e.g. "cpu"
 	Threads    int                // compute threads, for the backbone's information
-	// OnServed, if set, is called after each RESULT is sent with the session
-	// id and that request's DISPATCH and RESULT message sizes in bytes.
+	// OnServed, if set, is called after each RESULT (or DIGEST) is sent
+	// with the session id and that request's DISPATCH and RESULT message
+	// sizes in bytes (for a DIGEST: the RESULT it stands for, as metered).
 	OnServed func(session string, bytesIn, bytesOut uint64)
 
 	// SliceDir, when set, makes the worker keep its experts in this slice
@@ -750,15 +751,27 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, inBytes int, sessi
 		return send((&wire.Error{Request: d.Request, Code: wire.CodeInternal, Message: err.Error()}).Append(nil))
 	}
 	msg := (&wire.Result{Request: d.Request, M: m, D: d.D, Out: out}).Append(make([]byte, 0, wire.ResultSize(m, d.D)))
+	served, what := uint64(len(msg)), "RESULT"
+	if d.Digest {
+		msg, what = digestOf(d.Request, m, d.D, msg), "DIGEST"
+	}
 	if err := send(msg); err != nil {
-		return fmt.Errorf("RESULT: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	w.rows.Add(uint64(d.N))
 	w.reqs.Add(1)
 	if w.cfg.OnServed != nil {
-		w.cfg.OnServed(session, uint64(inBytes), uint64(len(msg)))
+		w.cfg.OnServed(session, uint64(inBytes), served)
 	}
 	return nil
+}
+
+// digestOf answers a DISPATCH_DIGEST (quorum verification, protocol 4): the
+// DIGEST of the RESULT message result the worker computed. The hub meters
+// an accepted DIGEST as the bytes of that RESULT (docs/accounting.md), so
+// OnServed counts those.
+func digestOf(req uint64, m, d int, result []byte) []byte {
+	return (&wire.Digest{Request: req, M: m, D: d, Sum: wire.ResultDigest(result)}).Append(nil)
 }
 
 func clipReason(s string) string {

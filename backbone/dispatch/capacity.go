@@ -72,6 +72,7 @@ type waiting struct {
 	not   []*conn  // workers not to ask (a dispute's parties and failed arbiters)
 	disp  *dispute // the pairs are a dispute's: the answer is an arbiter's
 	idx   []int    // with disp: the pairs' indices in the disputed jobs
+	q     *qgroup  // the pairs are a quorum group's: it needs another holder
 }
 
 // dispute is a twin request whose outputs differ from its twin's.
@@ -477,6 +478,17 @@ func (cl *call) awaitHolders() error {
 		sent := false
 		for _, w := range pending {
 			if w.disp != nil && w.disp.done {
+				continue
+			}
+			if w.q != nil {
+				if w.q.decided {
+					continue
+				}
+				if cl.askMore(w.q, idx, allowFailed) {
+					w.q.waiting, sent = false, true
+				} else {
+					cl.missing = append(cl.missing, w)
+				}
 				continue
 			}
 			rest, ok := cl.resend(idx, w, allowFailed)

@@ -76,6 +76,7 @@ type demoResult struct {
 	// expert outputs computed by workers and here.
 	ExpertsRemote   uint64       `json:"experts_remote"`
 	ExpertsLocal    uint64       `json:"experts_local"`
+	Verify          string       `json:"verify"` // the verification policy (--verify)
 	RateNKVRPerByte uint64       `json:"rate_nkvr_per_byte"`
 	LedgerLastID    int64        `json:"ledger_last_id"` // the gateway credited up to this ledger row
 	Workers         []demoWorker `json:"workers"`
@@ -593,7 +594,7 @@ func runDemo(ctx context.Context, o demoOptions, stderr io.Writer) (_ *demoResul
 		LocalTokens: local.Tokens, TokensEqual: slices.Equal(swarm.Tokens, local.Tokens),
 		LogitsEqual: swarm.LogitsSHA256 == local.LogitsSHA256, LocalTokS: local.DecodeTokS,
 		SwarmTokS: swarm.DecodeTokS, ExpertsRemote: st.ExpertsRemote, ExpertsLocal: st.ExpertsLocal,
-		RateNKVRPerByte: o.rate}
+		RateNKVRPerByte: o.rate, Verify: string(st.Verify)}
 	if o.dir != "" {
 		res.Dir = o.dir
 	}

@@ -30,10 +30,13 @@ type swarmFlags struct {
 
 	modelSource string        // --model-source: URL workers fetch expert bytes from
 	holderWait  time.Duration // --holder-wait
+
+	verify dispatch.VerifyMode // --verify: spot | quorum (issue 20)
 }
 
 // addSwarmFlags registers --min-deadline, --provision, --provision-rate,
-// the --check-* and --ban-* flags, --model-source and --holder-wait on fs.
+// the --check-* and --ban-* flags, --model-source, --holder-wait and
+// --verify on fs.
 func addSwarmFlags(fs *flag.FlagSet) *swarmFlags {
 	sf := &swarmFlags{}
 	fs.DurationVar(&sf.minDeadline, "min-deadline", 0, "with a swarm: lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
@@ -45,6 +48,11 @@ func addSwarmFlags(fs *flag.FlagSet) *swarmFlags {
 	fs.StringVar(&sf.banFile, "ban-file", dispatch.DefaultBanFile(), "with a swarm: worker keys caught lying, kept across restarts (\"\": in memory only)")
 	fs.DurationVar(&sf.banFor, "ban-for", dispatch.DefaultBanFor, "with a swarm: how long a worker key caught lying is refused")
 	fs.StringVar(&sf.modelSource, "model-source", "", "with --provision: http(s) URL of the full model GGUF; workers fetch their experts' byte ranges from it (a backbone-only --model: default its stored URL)")
+	fs.Func("verify", "with a swarm: verification policy: spot (probation and random --check-rate checks: a liar is caught and loses its pay, an unchecked wrong answer is used) or quorum (every answer confirmed by a second holder under another key, or computed here: no single liar changes a token; 2x worker compute). Default spot; quorum is recommended for a public network (docs/accounting.md)", func(s string) error {
+		v, err := dispatch.ParseVerifyMode(s)
+		sf.verify = v
+		return err
+	})
 	fs.DurationVar(&sf.holderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
 	return sf
 }
@@ -90,6 +98,7 @@ func (sf *swarmFlags) tune(c *dispatch.Config) {
 		c.CheckRate = -1
 	}
 	c.BanFile, c.BanFor = sf.banFile, sf.banFor
+	c.Verify = sf.verify
 }
 
 // announceListening returns a run.SwarmConfig.Listening that prints "CMD:

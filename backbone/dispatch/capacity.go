@@ -600,6 +600,9 @@ type Coverage struct {
 	// MinReplicas is the fewest workers holding a pair the backbone
 	// cannot compute; -1 when it computes every pair.
 	MinReplicas int
+	// Verify is the verification policy (Config.Verify): under quorum a
+	// pair needs two holders (keys) for a worker's output to be used.
+	Verify VerifyMode
 }
 
 // Coverage returns which experts are covered now, and by how many workers.
@@ -608,7 +611,7 @@ func (d *Dispatcher) Coverage() Coverage {
 	d.mu.Lock()
 	idx := d.index
 	d.mu.Unlock()
-	cv := Coverage{Experts: m.NLayer * m.NExpert, MinReplicas: -1}
+	cv := Coverage{Experts: m.NLayer * m.NExpert, MinReplicas: -1, Verify: d.cfg.Verify}
 	for l := 0; l < m.NLayer; l++ {
 		for e := 0; e < m.NExpert; e++ {
 			n := len(idx[key(l, e)])

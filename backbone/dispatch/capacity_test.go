@@ -38,7 +38,7 @@ func capacityStack(t *testing.T, wait time.Duration, mod func(*dispatch.Config))
 
 // startKeyed runs an in-process worker with a fresh key serving hs with
 // comp ("cpu" backend: held to exact bits) and returns its hex key.
-func (s *stack) startHolder(t *testing.T, comp expert.Computer, layers ...int) (string, context.CancelFunc) {
+func (s *stack) startHolder(t testing.TB, comp expert.Computer, layers ...int) (string, context.CancelFunc) {
 	t.Helper()
 	pub, key, _ := ed25519.GenerateKey(nil)
 	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,

@@ -139,8 +139,9 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 		}
 	}
 	var verify []*job // first requests chosen for a check: their references are computed now
+	var audits []*qgroup
 	if d.quorum() {
-		local = cl.startQuorum(idx)
+		local, audits = cl.startQuorum(idx)
 	}
 	for _, c := range order {
 		check := c.chooseCheck()
@@ -163,10 +164,13 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 	// Compute locally while the workers compute: the unheld pairs and the
 	// references of the checked requests, in one batch.
 	batch := local
-	if len(verify) > 0 {
+	if len(verify) > 0 || len(audits) > 0 {
 		batch = append([]pair(nil), local...)
 		for _, j := range verify {
 			batch = append(batch, j.pairs...)
+		}
+		for _, g := range audits {
+			batch = append(batch, g.pairs...)
 		}
 	}
 	if len(batch) > 0 {
@@ -185,6 +189,10 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 		for _, j := range verify {
 			j.ref = tmp[off : off+len(j.pairs)*D]
 			off += len(j.pairs) * D
+		}
+		for _, g := range audits {
+			g.auditRef = tmp[off : off+len(g.pairs)*D]
+			off += len(g.pairs) * D
 		}
 	}
 	for {

@@ -134,8 +134,10 @@ type Config struct {
 	// Verify is the verification policy: VerifySpot ("" too: probation
 	// and random checks, the fields above) or VerifyQuorum (quorum.go:
 	// every answer confirmed by a second holder under another key, or
-	// computed here; Probation and CheckRate are not used, Replicas is at
-	// least 2 and every expert is replicated).
+	// computed here; Probation is not used, CheckRate is the share of
+	// requests whose agreed outputs are also compared with Fallback's
+	// (audits: two colluding holders that agree on a lie are caught),
+	// Replicas is at least 2 and every expert is replicated).
 	Verify VerifyMode
 	// BanFor is how long a worker key caught returning a wrong result (or
 	// a result for a request it was never sent) is refused; default
@@ -195,8 +197,8 @@ type Dispatcher struct {
 	crossChecks, disputes, unverified, holderWaits, noHolder atomic.Uint64
 	holderWaitNanos                                          atomic.Int64
 	// Quorum (quorum.go).
-	quorumReqs, quorumAgreed, quorumLocal, quorumDisputes, quorumAsks, digests atomic.Uint64
-	planUncovered, planNeed, planQuota                                         atomic.Int64
+	quorumReqs, quorumAgreed, quorumLocal, quorumDisputes, quorumAsks, quorumAudits, digests atomic.Uint64
+	planUncovered, planNeed, planQuota                                                       atomic.Int64
 
 	usage []atomic.Uint64 // (row, slot) pairs routed per (layer, expert): layer*NExpert + expert
 	rows  []atomic.Uint64 // rows routed per layer

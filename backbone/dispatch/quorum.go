@@ -81,6 +81,10 @@ type qgroup struct {
 	ref     []float32 // the backbone's outputs when it decided
 	waiting bool      // queued in call.missing for a holder
 	dispute bool      // two complete opinions disagreed
+	// audit: drawn (CheckRate) for a comparison of the agreed outputs with
+	// the backbone's own, computed in the step's local batch (auditRef).
+	audit    bool
+	auditRef []float32
 }
 
 // ask is one opinion on all of a group's pairs: a DIGEST from one worker,
@@ -129,7 +133,7 @@ func (cl *call) draw(idx map[uint64][]*conn, e int) (a, b *conn) {
 // the top of the file). Pairs with fewer than two holder keys are
 // returned as local when Fallback computes them; the others start a
 // group that asks for more holders, or waits for them.
-func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair) {
+func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair, audits []*qgroup) {
 	d := cl.d
 	type duo struct{ a, b *conn }
 	draws := map[int]duo{}
@@ -162,6 +166,11 @@ func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair) {
 	for _, dw := range order {
 		for _, part := range d.splitPairs(by[dw]) {
 			g := cl.newGroup(part)
+			if p := d.cfg.CheckRate; dw.b != nil && p > 0 && cl.allLocal(part) && (p >= 1 || rand.Float64() < p) {
+				g.audit = true
+				audits = append(audits, g)
+				d.quorumAudits.Add(1)
+			}
 			cl.sendAsk(g, []*conn{dw.a}, [][]int{seq(len(part))}, false)
 			if dw.b != nil {
 				cl.sendAsk(g, []*conn{dw.b}, [][]int{seq(len(part))}, dw.a.tol == 0 && dw.b.tol == 0)
@@ -173,7 +182,7 @@ func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair) {
 	if len(orphans) > 0 {
 		cl.advance(cl.newGroup(orphans))
 	}
-	return local
+	return local, audits
 }
 
 func seq(n int) []int {
@@ -421,6 +430,13 @@ func (cl *call) tryDecide(g *qgroup) bool {
 		for _, o := range done {
 			if o != f && cl.agree(f, o) {
 				d := cl.d
+				if g.auditRef != nil && !cl.matches(f, g.auditRef) {
+					// Two holders agree on outputs that are not the
+					// backbone's: colluders, caught by the audit.
+					d.log.Warn("dispatch: quorum audit: agreeing holders differ from the backbone's outputs", "layer", cl.layer, "pairs", len(g.pairs))
+					cl.decideRef(g, g.auditRef)
+					return true
+				}
 				g.decided, g.win = true, f
 				cl.scatter(g.pairs, f.out)
 				d.remote.Add(uint64(len(g.pairs)))
@@ -443,12 +459,36 @@ func (cl *call) tryDecide(g *qgroup) bool {
 // decideLocal decides g with the backbone's own outputs for its pairs.
 func (cl *call) decideLocal(g *qgroup) error {
 	d := cl.d
+	if g.auditRef != nil {
+		cl.decideRef(g, g.auditRef)
+		return nil
+	}
 	t0 := time.Now()
 	ref, err := d.computePairs(cl.ctx, cl.layer, cl.hidden, cl.ids, cl.k, g.pairs)
 	if err != nil {
 		return err
 	}
 	d.checkNanos.Add(int64(time.Since(t0)))
+	cl.decideRef(g, ref)
+	return nil
+}
+
+// matches reports whether the full opinion f agrees with the backbone's
+// outputs ref row by row (within f's tolerance; bits for CPU backends).
+func (cl *call) matches(f *ask, ref []float32) bool {
+	D := cl.d.cfg.Model.D
+	for i := 0; i*D < len(ref); i++ {
+		if !rowsAgree(f.out[i*D:(i+1)*D], ref[i*D:(i+1)*D], f.tol) {
+			return false
+		}
+	}
+	return true
+}
+
+// decideRef decides g with the backbone's outputs ref and judges the
+// opinions in.
+func (cl *call) decideRef(g *qgroup, ref []float32) {
+	d := cl.d
 	g.decided, g.ref = true, ref
 	cl.scatter(g.pairs, ref)
 	cl.nLocal += len(g.pairs)
@@ -458,7 +498,6 @@ func (cl *call) decideLocal(g *qgroup) error {
 			cl.judge(g, a)
 		}
 	}
-	return nil
 }
 
 // judge gives the jobs of a complete opinion a their verdicts against g's

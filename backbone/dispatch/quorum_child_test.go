@@ -46,6 +46,7 @@ func TestQuorumLiarsFixtureDecode(t *testing.T) {
 				c.Fallback = local
 				c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
 				c.Verify = dispatch.VerifyQuorum
+				c.CheckRate = 0 // the default: 1 request in 20 audited against the backbone's outputs
 				c.BanFile = filepath.Join(t.TempDir(), "bans.json")
 			})
 			env := func(key string, extra map[string]string) map[string]string {

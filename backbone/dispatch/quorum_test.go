@@ -123,3 +123,35 @@ func TestQuorumArbiter(t *testing.T) {
 		t.Fatalf("one holder under quorum: %v", err)
 	}
 }
+
+// TestQuorumColludersAudited: two holders that agree on the same wrong
+// outputs (colluders) pass the quorum itself; with audits (CheckRate 1
+// here) the agreed outputs are compared with the backbone's, the outputs
+// stay bit-identical and both are caught. Without audits (CheckRate off)
+// their lie is used: what c colluding holders can do (docs/accounting.md).
+func TestQuorumColludersAudited(t *testing.T) {
+	m := testModel()
+	liar := func() *scaled { return &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 1e-3} }
+	s := newStack(t, m, 0, quorumCfg(func(c *dispatch.Config) { c.CheckRate = 1 }))
+	s.startHolder(t, liar(), 0, 1, 2, 3)
+	s.startHolder(t, liar(), 0, 1, 2, 3)
+	s.waitWorkers(t, 2)
+	rng := rand.New(rand.NewPCG(9, 10))
+	s.run(t, randomCall(t, m, rng, 1, 4))
+	if st := s.disp.Stats(); st.Caught != 2 || st.QuorumAudits == 0 || st.ExpertsRemote != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	s2 := newStack(t, m, 0, quorumCfg(func(c *dispatch.Config) { c.CheckRate = -1 }))
+	s2.startHolder(t, liar(), 0, 1, 2, 3)
+	s2.startHolder(t, liar(), 0, 1, 2, 3)
+	s2.waitWorkers(t, 2)
+	c := randomCall(t, m, rng, 1, 4)
+	out := make([]float32, len(c.want))
+	if err := s2.disp.ComputeExperts(t.Context(), c.layer, c.hidden, c.ids, c.n, c.k, out); err != nil {
+		t.Fatal(err)
+	}
+	if fbits(out[0]) == fbits(c.want[0]) || s2.disp.Stats().Caught != 0 {
+		t.Fatal("two agreeing colluders without audits: expected their (wrong) outputs to be used, unnoticed")
+	}
+}

@@ -80,6 +80,7 @@ type Stats struct {
 	QuorumLocal    uint64     // quorum requests decided by the backbone's own computation (a disagreement, a missing answer, one holder)
 	QuorumDisputes uint64     // quorum requests whose opinions disagreed
 	QuorumAsks     uint64     // further opinions asked (a missing or disputed answer on a backbone that cannot compute the pairs)
+	QuorumAudits   uint64     // quorum requests drawn (CheckRate) to have their agreed outputs compared with the backbone's
 	Digests        uint64     // DIGEST answers received
 }
 
@@ -119,7 +120,7 @@ func (d *Dispatcher) Stats() Stats {
 		HolderWaits: d.holderWaits.Load(), HolderWaitTime: time.Duration(d.holderWaitNanos.Load()), NoHolderFailures: d.noHolder.Load(),
 		PlanUncovered: int(d.planUncovered.Load()), PlanNeedBytes: d.planNeed.Load(), PlanQuotaBytes: d.planQuota.Load(),
 		Verify: d.cfg.Verify, QuorumRequests: d.quorumReqs.Load(), QuorumAgreed: d.quorumAgreed.Load(), QuorumLocal: d.quorumLocal.Load(),
-		QuorumDisputes: d.quorumDisputes.Load(), QuorumAsks: d.quorumAsks.Load(), Digests: d.digests.Load()}
+		QuorumDisputes: d.quorumDisputes.Load(), QuorumAsks: d.quorumAsks.Load(), QuorumAudits: d.quorumAudits.Load(), Digests: d.digests.Load()}
 	for _, c := range live {
 		st.Workers = append(st.Workers, c.stats())
 	}

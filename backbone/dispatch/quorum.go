@@ -1,8 +1,6 @@
 package dispatch
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -163,6 +161,14 @@ func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair, audits []*qgr
 			}
 		}
 	}
+	// Every first holder's request goes out before any second holder's: a
+	// worker that is A of one request and B of another computes and uploads
+	// its RESULT first, and its digest while that RESULT is on the way.
+	type start struct {
+		g  *qgroup
+		dw duo
+	}
+	var starts []start
 	for _, dw := range order {
 		for _, part := range d.splitPairs(by[dw]) {
 			g := cl.newGroup(part)
@@ -172,12 +178,15 @@ func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair, audits []*qgr
 				d.quorumAudits.Add(1)
 			}
 			cl.sendAsk(g, []*conn{dw.a}, [][]int{seq(len(part))}, false)
-			if dw.b != nil {
-				cl.sendAsk(g, []*conn{dw.b}, [][]int{seq(len(part))}, dw.a.tol == 0 && dw.b.tol == 0)
-				d.quorumReqs.Add(1)
-			}
-			cl.advance(g)
+			starts = append(starts, start{g, dw})
 		}
+	}
+	for _, st := range starts {
+		if b := st.dw.b; b != nil {
+			cl.sendAsk(st.g, []*conn{b}, [][]int{seq(len(st.g.pairs))}, st.dw.a.tol == 0 && b.tol == 0)
+			d.quorumReqs.Add(1)
+		}
+		cl.advance(st.g)
 	}
 	if len(orphans) > 0 {
 		cl.advance(cl.newGroup(orphans))
@@ -387,13 +396,7 @@ func (cl *call) sumOf(a *ask) [32]byte {
 }
 
 // payloadSum is wire.ResultDigest of a RESULT carrying out (rows of d).
-func payloadSum(out []float32, d int) [32]byte {
-	b := make([]byte, 8, 8+4*len(out))
-	binary.LittleEndian.PutUint32(b, uint32(len(out)/d))
-	binary.LittleEndian.PutUint32(b[4:], uint32(d))
-	b = wire.AppendFloats(b, out)
-	return sha256.Sum256(b)
-}
+func payloadSum(out []float32, d int) [32]byte { return wire.OutputsDigest(len(out)/d, d, out) }
 
 // agree reports whether opinion o agrees with the full opinion f: a digest
 // equals the digest of f's outputs (f exact), full outputs agree per row

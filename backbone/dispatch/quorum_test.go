@@ -155,3 +155,23 @@ func TestQuorumColludersAudited(t *testing.T) {
 		t.Fatal("two agreeing colluders without audits: expected their (wrong) outputs to be used, unnoticed")
 	}
 }
+
+// TestVerifyMode: the policy's names, the default, and a refused one.
+func TestVerifyMode(t *testing.T) {
+	for in, want := range map[string]dispatch.VerifyMode{"": dispatch.VerifySpot, "spot": dispatch.VerifySpot, "quorum": dispatch.VerifyQuorum} {
+		if got, err := dispatch.ParseVerifyMode(in); err != nil || got != want {
+			t.Fatalf("%q: %q %v", in, got, err)
+		}
+	}
+	if _, err := dispatch.ParseVerifyMode("majority"); err == nil {
+		t.Fatal("majority accepted")
+	}
+	m := testModel()
+	if _, err := dispatch.New(dispatch.Config{Model: m, Fallback: &fakeExperts{d: m.D, nExpert: m.NExpert}, Verify: "x"}); err == nil {
+		t.Fatal("New accepted Verify x")
+	}
+	d, err := dispatch.New(dispatch.Config{Model: m, Fallback: &fakeExperts{d: m.D, nExpert: m.NExpert}})
+	if err != nil || d.Verify() != dispatch.VerifySpot || d.Coverage().Verify != dispatch.VerifySpot {
+		t.Fatalf("default: %v", err)
+	}
+}

@@ -119,6 +119,29 @@ func ResultDigest(result []byte) [32]byte {
 	return sha256.Sum256(result[HeaderSize+8:])
 }
 
+// OutputsDigest returns ResultDigest of a RESULT of m rows of d floats
+// carrying out, without encoding the RESULT: the SHA-256 of m u32 | d u32
+// | out, streamed through a small buffer.
+func OutputsDigest(m, d int, out []float32) [32]byte {
+	h := sha256.New()
+	buf := make([]byte, 0, 64<<10)
+	buf = le.AppendUint32(buf, uint32(m))
+	buf = le.AppendUint32(buf, uint32(d))
+	for len(out) > 0 {
+		n := min(len(out), (cap(buf)-len(buf))/4)
+		buf = AppendFloats(buf, out[:n])
+		out = out[n:]
+		h.Write(buf)
+		buf = buf[:0]
+	}
+	if len(buf) > 0 {
+		h.Write(buf)
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
 // DigestCredit returns the size of the RESULT a DIGEST message stands for,
 // ResultSize(m, d), after checking the header and the DIGEST's exact
 // length; ok is false for any other message or a size above MaxMessage.

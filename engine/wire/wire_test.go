@@ -256,8 +256,15 @@ func TestDigest(t *testing.T) {
 	r1 := (&Result{Request: 7, M: 1, D: 3, Out: out}).Append(nil)
 	r2 := (&Result{Request: 8, M: 1, D: 3, Out: out}).Append(nil)
 	sum := ResultDigest(r1)
-	if sum != ResultDigest(r2) || sum != sha256.Sum256(r1[12:]) {
+	if sum != ResultDigest(r2) || sum != sha256.Sum256(r1[12:]) || sum != OutputsDigest(1, 3, out) {
 		t.Fatal("ResultDigest depends on the request id or hashes other bytes")
+	}
+	big := make([]float32, 3*40000) // more than one 64 KiB buffer
+	for i := range big {
+		big[i] = float32(i) * 0.5
+	}
+	if OutputsDigest(40000, 3, big) != ResultDigest((&Result{Request: 1, M: 40000, D: 3, Out: big}).Append(nil)) {
+		t.Fatal("OutputsDigest differs from ResultDigest over several buffers")
 	}
 	r3 := (&Result{Request: 7, M: 1, D: 3, Out: []float32{1, -2, math.Nextafter32(0.5, 1)}}).Append(nil)
 	if ResultDigest(r3) == sum {

@@ -750,10 +750,12 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, inBytes int, sessi
 		w.mu.Unlock()
 		return send((&wire.Error{Request: d.Request, Code: wire.CodeInternal, Message: err.Error()}).Append(nil))
 	}
-	msg := (&wire.Result{Request: d.Request, M: m, D: d.D, Out: out}).Append(make([]byte, 0, wire.ResultSize(m, d.D)))
-	served, what := uint64(len(msg)), "RESULT"
+	var msg []byte
+	served, what := uint64(wire.ResultSize(m, d.D)), "RESULT"
 	if d.Digest {
-		msg, what = digestOf(d.Request, m, d.D, msg), "DIGEST"
+		msg, what = digestOf(d.Request, m, d.D, out), "DIGEST"
+	} else {
+		msg = (&wire.Result{Request: d.Request, M: m, D: d.D, Out: out}).Append(make([]byte, 0, wire.ResultSize(m, d.D)))
 	}
 	if err := send(msg); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
@@ -767,11 +769,11 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, inBytes int, sessi
 }
 
 // digestOf answers a DISPATCH_DIGEST (quorum verification, protocol 4): the
-// DIGEST of the RESULT message result the worker computed. The hub meters
-// an accepted DIGEST as the bytes of that RESULT (docs/accounting.md), so
+// DIGEST of the RESULT carrying out (m rows of d). The hub meters an
+// accepted DIGEST as the bytes of that RESULT (docs/accounting.md), so
 // OnServed counts those.
-func digestOf(req uint64, m, d int, result []byte) []byte {
-	return (&wire.Digest{Request: req, M: m, D: d, Sum: wire.ResultDigest(result)}).Append(nil)
+func digestOf(req uint64, m, d int, out []float32) []byte {
+	return (&wire.Digest{Request: req, M: m, D: d, Sum: wire.OutputsDigest(m, d, out)}).Append(nil)
 }
 
 func clipReason(s string) string {

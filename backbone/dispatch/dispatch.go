@@ -29,6 +29,13 @@
 // disagreement), and a pair no connected worker holds waits for a holder up
 // to Config.HolderWait, after which the call fails with a *MissingError
 // (ErrNoHolder): never with a wrong or made-up output.
+//
+// Quorum (issue 20, quorum.go): with Config.Verify = VerifyQuorum every
+// request goes to two holders under different keys, the second answering
+// with a DIGEST (wire 4) when both are CPU backends, and an answer is used
+// only when the two agree; a disagreement or a missing answer is decided by
+// Fallback or, for pairs it cannot compute, by further holders; the liar is
+// handled as above. No single dishonest worker can change an output.
 package dispatch
 
 import (

@@ -22,7 +22,8 @@ import (
 //
 // In every case the liar is caught (forfeit, ban) and the gateway credits
 // it 0 nKVR, while the honest workers are credited. The backbone computes
-// every expert, so disagreements are decided by its own outputs.
+// every expert, so disagreements are decided by its own outputs; in the
+// backbone-only variants it computes none, and a third holder decides.
 func TestQuorumLiarsFixtureDecode(t *testing.T) {
 	const name = "tiny-qwen3moe-Q8_0.gguf"
 	const steps = 16
@@ -31,12 +32,15 @@ func TestQuorumLiarsFixtureDecode(t *testing.T) {
 	p := ref.Params()
 	wantLogits, wantToks := decode(t, ref, prompt, steps)
 	for _, tc := range []struct {
-		name string
-		env  map[string]string
+		name         string
+		env          map[string]string
+		backboneOnly bool // the backbone computes no expert: a third holder decides
 	}{
-		{"always", map[string]string{"KVASIR_LIE": "always"}},
-		{"patient", map[string]string{"KVASIR_LIE": "after:32:every:20:one"}},
-		{"split", map[string]string{"KVASIR_SPLIT": "1"}},
+		{"always", map[string]string{"KVASIR_LIE": "always"}, false},
+		{"patient", map[string]string{"KVASIR_LIE": "after:32:every:20:one"}, false},
+		{"split", map[string]string{"KVASIR_SPLIT": "1"}, false},
+		{"patient-backbone-only", map[string]string{"KVASIR_LIE": "after:32:every:20:one"}, true},
+		{"split-backbone-only", map[string]string{"KVASIR_SPLIT": "1"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bb := loadFixture(t, name)
@@ -48,6 +52,9 @@ func TestQuorumLiarsFixtureDecode(t *testing.T) {
 				c.Verify = dispatch.VerifyQuorum
 				c.CheckRate = 0 // the default: 1 request in 20 audited against the backbone's outputs
 				c.BanFile = filepath.Join(t.TempDir(), "bans.json")
+				if tc.backboneOnly {
+					c.LocalHeld = func(l, e int) bool { return false }
+				}
 			})
 			env := func(key string, extra map[string]string) map[string]string {
 				e := map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": "fixture:" + name, "KVASIR_LAYERS": "0,1,2,3"}
@@ -78,7 +85,8 @@ func TestQuorumLiarsFixtureDecode(t *testing.T) {
 				}
 			}
 			st := s.disp.Stats()
-			if st.Caught != 1 || liar.lies.Load() < 1 || st.QuorumDisputes < 1 || st.Digests == 0 {
+			if st.Caught != 1 || liar.lies.Load() < 1 || st.QuorumDisputes < 1 || st.Digests == 0 ||
+				(tc.backboneOnly && (st.ExpertsLocal != 0 || st.QuorumAsks == 0)) {
 				t.Fatalf("caught %d, liar lied %d times, disputes %d, digests %d", st.Caught, liar.lies.Load(), st.QuorumDisputes, st.Digests)
 			}
 			if w, ok := workerByID(st, liarID); !ok || w.Connected || !strings.Contains(w.Reason, "verification failed") {
@@ -94,8 +102,8 @@ func TestQuorumLiarsFixtureDecode(t *testing.T) {
 					t.Fatalf("honest %s credited nothing", id[:8])
 				}
 			}
-			t.Logf("%s: tokens identical; liar lied %d times, caught; %d outputs remote, %d local; %d quorum requests, %d agreed, %d decided locally, %d digests; honest credited %d and %d nKVR",
-				tc.name, liar.lies.Load(), st.ExpertsRemote, st.ExpertsLocal, st.QuorumRequests, st.QuorumAgreed, st.QuorumLocal, st.Digests,
+			t.Logf("%s: tokens identical; liar lied %d times, caught; %d outputs remote, %d local; %d quorum requests, %d agreed, %d decided locally, %d further asks, %d digests; honest credited %d and %d nKVR",
+				tc.name, liar.lies.Load(), st.ExpertsRemote, st.ExpertsLocal, st.QuorumRequests, st.QuorumAgreed, st.QuorumLocal, st.QuorumAsks, st.Digests,
 				nkvr[honestIDs[0]], nkvr[honestIDs[1]])
 		})
 	}

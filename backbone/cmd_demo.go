@@ -158,7 +158,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var o demoOptions
 	fs.StringVar(&o.prompt, "prompt", "Once upon a time, in a swarm of experts,", "prompt text")
 	fs.IntVar(&o.maxTokens, "max-tokens", 32, "tokens to generate")
-	fs.IntVar(&o.workers, "workers", 2, "worker processes; layer l is served by worker l mod N")
+	fs.IntVar(&o.workers, "workers", 2, "worker processes; layer l is served by worker l mod N (--verify quorum: every worker serves every layer)")
 	fs.IntVar(&o.workerThreads, "worker-threads", 1, "compute threads per worker")
 	fs.IntVar(&o.threads, "threads", 0, "backbone goroutines for matrix products (0: all CPUs)")
 	fs.Uint64Var(&o.rate, "rate-nkvr-per-byte", walletapi.DefaultRateNKVRPerByte, "the gateway's price in nKVR per creditable byte")
@@ -273,7 +273,11 @@ func startDemoSwarm(ctx context.Context, o demoOptions, dir string, log io.Write
 		name := fmt.Sprintf("worker-%d", i)
 		var ls []int
 		if !o.swarm.provision {
-			for l := i; l < p.ExpertLayers; l += o.workers {
+			first, step := i, o.workers
+			if o.swarm.verify == dispatch.VerifyQuorum { // two holders of every expert: each worker holds every layer
+				first, step = 0, 1
+			}
+			for l := first; l < p.ExpertLayers; l += step {
 				ls = append(ls, l)
 			}
 			if _, err := slice.Cut(s.lm.File(), ls, nil, filepath.Join(dir, "slice-"+strconv.Itoa(i))); err != nil {

@@ -58,7 +58,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var asJSON, serveAPI bool
 	fs.StringVar(&o.Prompt, "prompt", "Once upon a time, in a swarm of experts,", "prompt text")
 	fs.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens to generate")
-	fs.IntVar(&o.Workers, "workers", 2, "worker processes; layer l is served by worker l mod N")
+	fs.IntVar(&o.Workers, "workers", 2, "worker processes; layer l is served by worker l mod N (--verify quorum: every worker serves every layer)")
 	fs.IntVar(&o.WorkerThreads, "worker-threads", 1, "compute threads per worker")
 	fs.IntVar(&o.Threads, "threads", 0, "backbone goroutines for matrix products (0: all CPUs)")
 	fs.Uint64Var(&o.Rate, "rate-nkvr-per-byte", walletapi.DefaultRateNKVRPerByte, "the gateway's price in nKVR per creditable byte")

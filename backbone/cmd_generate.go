@@ -43,6 +43,7 @@ type generateResult struct {
 	ExpertsRemote *uint64          `json:"experts_remote,omitempty"` // (row, slot) expert outputs computed by workers
 	ExpertsLocal  *uint64          `json:"experts_local,omitempty"`  // (row, slot) outputs computed here (unheld, failed or late)
 	Workers       []run.WorkerJSON `json:"workers,omitempty"`        // one entry per worker session, live ones first
+	Verify        string           `json:"verify,omitempty"`         // the verification policy (--verify)
 }
 
 // generateMain is generateMainContext without cancellation.
@@ -161,7 +162,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	res.RSSBytes, res.PeakRSSBytes = run.ProcessRSS()
 	if d != nil {
 		st := d.Stats()
-		res.ExpertsRemote, res.ExpertsLocal, res.Workers = &st.ExpertsRemote, &st.ExpertsLocal, run.WorkersJSON(st)
+		res.ExpertsRemote, res.ExpertsLocal, res.Workers, res.Verify = &st.ExpertsRemote, &st.ExpertsLocal, run.WorkersJSON(st), string(st.Verify)
 	}
 	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(res); err != nil {
@@ -172,7 +173,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	fmt.Fprintf(stdout, "\n\nprefill: %d tokens, %.1f tok/s; decode: %d tokens, %.1f tok/s\n",
 		len(res.PromptTokens), res.PrefillTokS, len(res.Tokens), res.DecodeTokS)
 	if d != nil {
-		fmt.Fprintf(stdout, "experts: %d remote, %d local\n", *res.ExpertsRemote, *res.ExpertsLocal)
+		fmt.Fprintf(stdout, "experts: %d remote, %d local (verify: %s)\n", *res.ExpertsRemote, *res.ExpertsLocal, res.Verify)
 		for _, w := range res.Workers {
 			fmt.Fprintf(stdout, "worker %.16s… rows %d, bytes in %d out %d, rtt p50 %.2f ms p99 %.2f ms\n",
 				w.ID, w.Rows, w.BytesIn, w.BytesOut, w.RTTp50ms, w.RTTp99ms)

@@ -162,6 +162,7 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   run expert ./engine/expert 'BenchmarkLocalQwen3_30B' 2s
   real_shape
   run dispatch-rtt ./backbone/dispatch 'BenchmarkDispatchRTT13ms' 2s
+  run dispatch-quorum ./backbone/dispatch 'BenchmarkQuorumRTT13ms' 2s 3
   run dispatch-decode ./backbone/dispatch 'BenchmarkFixtureDecode' 2s
   run swarm-decode ./backbone 'BenchmarkSwarmDecode13ms' 1s 3 KVASIR_BENCH_Q30=1
   run gateway ./backbone/gateway 'BenchmarkSplice|BenchmarkRoundTrip' 500ms 3

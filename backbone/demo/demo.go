@@ -65,6 +65,7 @@ type Result struct {
 	// expert outputs computed by workers and here.
 	ExpertsRemote   uint64   `json:"experts_remote"`
 	ExpertsLocal    uint64   `json:"experts_local"`
+	Verify          string   `json:"verify"` // the verification policy (--verify)
 	RateNKVRPerByte uint64   `json:"rate_nkvr_per_byte"`
 	LedgerLastID    int64    `json:"ledger_last_id"` // the gateway credited up to this ledger row
 	Workers         []Worker `json:"workers"`
@@ -171,7 +172,11 @@ func startFull(ctx context.Context, o Options, dir string, log io.Writer) (_ *fu
 		name := fmt.Sprintf("worker-%d", i)
 		var ls []int
 		if !o.Swarm.Provision {
-			for l := i; l < p.ExpertLayers; l += o.Workers {
+			first, step := i, o.Workers
+			if o.Swarm.Verify == dispatch.VerifyQuorum { // two holders of every expert: each worker holds every layer
+				first, step = 0, 1
+			}
+			for l := first; l < p.ExpertLayers; l += step {
 				ls = append(ls, l)
 			}
 			if _, err := slice.Cut(s.lm.File(), ls, nil, filepath.Join(dir, "slice-"+strconv.Itoa(i))); err != nil {
@@ -505,7 +510,7 @@ func Run(ctx context.Context, o Options, stderr io.Writer) (_ *Result, err error
 		LocalTokens: local.Tokens, TokensEqual: slices.Equal(swarm.Tokens, local.Tokens),
 		LogitsEqual: swarm.LogitsSHA256 == local.LogitsSHA256, LocalTokS: local.DecodeTokS,
 		SwarmTokS: swarm.DecodeTokS, ExpertsRemote: st.ExpertsRemote, ExpertsLocal: st.ExpertsLocal,
-		RateNKVRPerByte: o.Rate}
+		RateNKVRPerByte: o.Rate, Verify: string(st.Verify)}
 	if o.Dir != "" {
 		res.Dir = o.Dir
 	}

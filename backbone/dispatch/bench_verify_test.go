@@ -170,3 +170,60 @@ func BenchmarkDetection(b *testing.B) {
 	b.ReportMetric(forfeited/n, "forfeited-B/catch")
 	b.ReportMetric(settled/n, "credited-B/catch")
 }
+
+// BenchmarkQuorumRTT13ms compares the verification policies' throughput
+// and bytes (issue 20) on Qwen3-30B-A3B's shapes (d 2048, top-8 of 128
+// experts; one MoE layer's expert call per step) with an injected 13 ms
+// round trip (6.5 ms each way between gateway and hub) and two workers
+// ("cpu" backends, behind the TLS gateway and the hub) holding every
+// expert, at 1, 64 and 256 rows (sequences) per step. spot: the default
+// probation (32) and check rate (0.05), the pairs split between the two
+// workers; quorum: every request to both, one answering with a DIGEST.
+// The workers compute the cheap fake function, so the time is the
+// protocol's (what the swarm adds to a decode whose workers compute on
+// other machines); under quorum the workers compute twice the pairs by
+// design. Reported: tok/s (rows per second), down-B/tok and up-B/tok
+// (backbone -> workers and workers -> backbone message bytes per row, for
+// this one layer: a model multiplies them by its MoE layers) and local%
+// (outputs the backbone computed: late answers, checks do not count).
+func BenchmarkQuorumRTT13ms(b *testing.B) {
+	m := dispatch.Model{ID: "bench", D: 2048, K: 8, NLayer: 1, NExpert: 128}
+	for _, mode := range []dispatch.VerifyMode{dispatch.VerifySpot, dispatch.VerifyQuorum} {
+		s := newStack(b, m, benchDelay, func(c *dispatch.Config) {
+			c.Verify, c.Probation, c.CheckRate = mode, 0, 0 // the defaults
+		})
+		s.startHolder(b, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
+		s.startHolder(b, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
+		s.waitWorkers(b, 2)
+		rng := rand.New(rand.NewPCG(43, 44))
+		bytes := func() (down, up uint64) {
+			for _, w := range s.disp.Stats().Workers {
+				down += w.BytesOut
+				up += w.BytesIn
+			}
+			return down, up
+		}
+		for _, n := range []int{1, 64, 256} {
+			c := randomCall(b, m, rng, 0, n)
+			out := make([]float32, len(c.want))
+			b.Run(fmt.Sprintf("%s/rows=%d", mode, n), func(b *testing.B) {
+				st0 := s.disp.Stats()
+				d0, u0 := bytes()
+				for i := 0; i < b.N; i++ {
+					if err := s.disp.ComputeExperts(context.Background(), 0, c.hidden, c.ids, n, m.K, out); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				st := s.disp.Stats()
+				d1, u1 := bytes()
+				toks := float64(n) * float64(b.N)
+				b.ReportMetric(toks/b.Elapsed().Seconds(), "tok/s")
+				b.ReportMetric(float64(d1-d0)/toks, "down-B/tok")
+				b.ReportMetric(float64(u1-u0)/toks, "up-B/tok")
+				local, remote := st.ExpertsLocal-st0.ExpertsLocal, st.ExpertsRemote-st0.ExpertsRemote
+				b.ReportMetric(100*float64(local)/float64(max(1, local+remote)), "local%")
+			})
+		}
+	}
+}

@@ -32,12 +32,21 @@ type job struct {
 	twin *job
 	rep  *reply
 	arb  *arbPart
+	// Quorum (quorum.go): the ask this job answers for and the indices of
+	// its pairs in the group; digest: sent as DISPATCH_DIGEST; wantSum:
+	// the reader hashes its RESULT payload (wire.ResultDigest).
+	qa      *ask
+	qi      []int
+	digest  bool
+	wantSum bool
 }
 
 // reply is a worker's answer to a job, or why there is none.
 type reply struct {
-	out []float32 // len(pairs) x D on success
-	err error
+	out    []float32 // len(pairs) x D on success (nil for a DIGEST)
+	sum    [32]byte  // a DIGEST's, or the RESULT payload's digest when the job wanted it
+	hasSum bool
+	err    error
 }
 
 // deliver hands j its reply (exactly once) and wakes the waiting call.
@@ -71,6 +80,7 @@ type call struct {
 	waitStart time.Time
 	held      []*job
 	disputes  []*dispute
+	groups    []*qgroup // quorum requests (quorum.go)
 }
 
 // ComputeExperts implements expert.Computer (see its contract): out[r][s] is
@@ -109,7 +119,7 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 	var local []pair
 	byConn := map[*conn][]pair{}
 	var order []*conn
-	for r := 0; r < n; r++ {
+	for r := 0; r < n && !d.quorum(); r++ {
 		for s := 0; s < k; s++ {
 			e := int(ids[r*k+s])
 			hs := idx[key(layer, e)]
@@ -129,6 +139,10 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 		}
 	}
 	var verify []*job // first requests chosen for a check: their references are computed now
+	var audits []*qgroup
+	if d.quorum() {
+		local, audits = cl.startQuorum(idx)
+	}
 	for _, c := range order {
 		check := c.chooseCheck()
 		if check && !cl.allLocal(byConn[c]) {
@@ -150,10 +164,13 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 	// Compute locally while the workers compute: the unheld pairs and the
 	// references of the checked requests, in one batch.
 	batch := local
-	if len(verify) > 0 {
+	if len(verify) > 0 || len(audits) > 0 {
 		batch = append([]pair(nil), local...)
 		for _, j := range verify {
 			batch = append(batch, j.pairs...)
+		}
+		for _, g := range audits {
+			batch = append(batch, g.pairs...)
 		}
 	}
 	if len(batch) > 0 {
@@ -172,6 +189,10 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 		for _, j := range verify {
 			j.ref = tmp[off : off+len(j.pairs)*D]
 			off += len(j.pairs) * D
+		}
+		for _, g := range audits {
+			g.auditRef = tmp[off : off+len(g.pairs)*D]
+			off += len(g.pairs) * D
 		}
 	}
 	for {
@@ -237,7 +258,7 @@ func (cl *call) send(j *job) error {
 	}
 	j.req = d.reqs.Add(1)
 	msg := make([]byte, 0, wire.DispatchSize(len(rows), D, cl.k))
-	msg = (&wire.Dispatch{Request: j.req, Layer: uint16(cl.layer), N: len(rows), D: D, K: cl.k}).Append(msg)
+	msg = (&wire.Dispatch{Request: j.req, Layer: uint16(cl.layer), N: len(rows), D: D, K: cl.k, Digest: j.digest}).Append(msg)
 	for _, r := range rows {
 		msg = wire.AppendFloats(msg, cl.hidden[int(r)*D:(int(r)+1)*D])
 	}
@@ -253,7 +274,11 @@ func (cl *call) send(j *job) error {
 		}
 	}
 	j.bytes = len(msg)
-	deadline := j.c.deadline(d.cfg, len(msg)+wire.ResultSize(len(j.pairs), D))
+	answer := wire.ResultSize(len(j.pairs), D)
+	if j.digest {
+		answer = wire.DigestSize
+	}
+	deadline := j.c.deadline(d.cfg, len(msg)+answer)
 	j.nrows = len(rows)
 	j.sent = time.Now()
 	j.end = j.sent.Add(deadline)
@@ -331,6 +356,8 @@ func (cl *call) waitAll() error {
 func (cl *call) resolve(j *job, rep reply) error {
 	d := cl.d
 	switch {
+	case j.qa != nil:
+		return cl.resolveQuorum(j, rep)
 	case j.twin != nil:
 		cl.resolveTwin(j, rep)
 		return nil
@@ -480,6 +507,7 @@ func (cl *call) abandon() {
 		}
 	}
 	cl.held = nil
+	cl.abandonGroups()
 	for _, dp := range slices.Clone(cl.disputes) {
 		cl.finalize(dp)
 	}

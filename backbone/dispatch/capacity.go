@@ -72,6 +72,7 @@ type waiting struct {
 	not   []*conn  // workers not to ask (a dispute's parties and failed arbiters)
 	disp  *dispute // the pairs are a dispute's: the answer is an arbiter's
 	idx   []int    // with disp: the pairs' indices in the disputed jobs
+	q     *qgroup  // the pairs are a quorum group's: it needs another holder
 }
 
 // dispute is a twin request whose outputs differ from its twin's.
@@ -479,6 +480,17 @@ func (cl *call) awaitHolders() error {
 			if w.disp != nil && w.disp.done {
 				continue
 			}
+			if w.q != nil {
+				if w.q.decided {
+					continue
+				}
+				if cl.askMore(w.q, idx, allowFailed) {
+					w.q.waiting, sent = false, true
+				} else {
+					cl.missing = append(cl.missing, w)
+				}
+				continue
+			}
 			rest, ok := cl.resend(idx, w, allowFailed)
 			sent = sent || ok
 			if len(rest.pairs) > 0 {
@@ -588,6 +600,9 @@ type Coverage struct {
 	// MinReplicas is the fewest workers holding a pair the backbone
 	// cannot compute; -1 when it computes every pair.
 	MinReplicas int
+	// Verify is the verification policy (Config.Verify): under quorum a
+	// pair needs two holders (keys) for a worker's output to be used.
+	Verify VerifyMode
 }
 
 // Coverage returns which experts are covered now, and by how many workers.
@@ -596,7 +611,7 @@ func (d *Dispatcher) Coverage() Coverage {
 	d.mu.Lock()
 	idx := d.index
 	d.mu.Unlock()
-	cv := Coverage{Experts: m.NLayer * m.NExpert, MinReplicas: -1}
+	cv := Coverage{Experts: m.NLayer * m.NExpert, MinReplicas: -1, Verify: d.cfg.Verify}
 	for l := 0; l < m.NLayer; l++ {
 		for e := 0; e < m.NExpert; e++ {
 			n := len(idx[key(l, e)])

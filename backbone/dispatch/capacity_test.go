@@ -38,7 +38,7 @@ func capacityStack(t *testing.T, wait time.Duration, mod func(*dispatch.Config))
 
 // startKeyed runs an in-process worker with a fresh key serving hs with
 // comp ("cpu" backend: held to exact bits) and returns its hex key.
-func (s *stack) startHolder(t *testing.T, comp expert.Computer, layers ...int) (string, context.CancelFunc) {
+func (s *stack) startHolder(t testing.TB, comp expert.Computer, layers ...int) (string, context.CancelFunc) {
 	t.Helper()
 	pub, key, _ := ed25519.GenerateKey(nil)
 	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
@@ -272,7 +272,7 @@ func TestOldProtocolRefused(t *testing.T) {
 	}
 	defer c.CloseNow()
 	msg := (&wire.Hello{Key: key.Public().(ed25519.PublicKey), ModelID: s.model.ID}).Append(nil)
-	msg[1], msg[2] = 2, 0
+	msg[1], msg[2] = 3, 0 // a version 3 worker (before DIGEST)
 	if err := c.Write(context.Background(), websocket.MessageBinary, msg); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestOldProtocolRefused(t *testing.T) {
 	_, _, err = c.Read(ctx)
 	var ce websocket.CloseError
 	if !errors.As(err, &ce) || ce.Code != websocket.StatusPolicyViolation ||
-		!strings.Contains(ce.Reason, "protocol version 2, this backbone speaks 3") {
+		!strings.Contains(ce.Reason, "protocol version 3, this backbone speaks 4") {
 		t.Fatalf("old HELLO: %v", err)
 	}
 }

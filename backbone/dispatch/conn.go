@@ -63,6 +63,7 @@ type conn struct {
 
 	reqsSent, rows, pairs, results, timeouts, late atomic.Uint64
 	nonFinite                                      atomic.Uint64 // RESULTs refused for a NaN or Inf value
+	digests                                        atomic.Uint64 // DIGESTs received (quorum)
 	bytesIn, bytesOut                              atomic.Uint64
 	assignedBytes, assigns, chunkReqs, chunkBytes  atomic.Uint64
 	quotaNow                                       atomic.Uint64 // quota, for stats (which may run under d.mu)
@@ -221,50 +222,9 @@ func (c *conn) handle(msg []byte) string {
 	}
 	switch f := f.(type) {
 	case *wire.Result:
-		now := time.Now()
-		c.mu.Lock()
-		j := c.pending[f.Request]
-		_, late := c.expired[f.Request]
-		closed := c.closed
-		if j != nil {
-			delete(c.pending, f.Request)
-		}
-		c.mu.Unlock()
-		switch {
-		case j == nil && (late || closed):
-			c.late.Add(1)
-			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
-			return ""
-		case j == nil:
-			// Request ids are never reused and each is answered once: a
-			// RESULT for one that is neither pending nor given up on
-			// (never sent here, or answered already) is made-up work.
-			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
-			c.punish(fmt.Sprintf("RESULT for request %d, never sent to this session", f.Request), "a result for work not asked for")
-			return ""
-		case f.M != len(j.pairs):
-			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
-			j.deliver(reply{err: fmt.Errorf("result has %d rows, want %d", f.M, len(j.pairs))})
-			return fmt.Sprintf("RESULT for request %d has %d rows, want %d", f.Request, f.M, len(j.pairs))
-		}
-		if i := firstNonFinite(f.Out); i >= 0 {
-			// A hostile or broken worker: never credit it, never let a NaN
-			// or Inf reach the decode (the router would panic on it).
-			c.nonFinite.Add(1)
-			c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, f.Request))
-			j.deliver(reply{err: fmt.Errorf("result value %d is not finite (%v)", i, f.Out[i])})
-			return fmt.Sprintf("RESULT for request %d has a non-finite value at %d (%v)", f.Request, i, f.Out[i])
-		}
-		c.addRTT(now.Sub(j.sent), j.bytes+len(msg))
-		c.results.Add(1)
-		c.rows.Add(uint64(j.nrows))
-		c.pairs.Add(uint64(f.M))
-		if j.check {
-			c.verifying.Add(1) // the verdict comes after the comparison (call.resolve)
-		} else {
-			c.sendCtl(wire.LinkAccepted, wire.AppendLinkRequest(nil, f.Request))
-		}
-		j.deliver(reply{out: f.Out})
+		return c.answer(msg, f.Request, f.M, f.Out, nil)
+	case *wire.Digest:
+		return c.answer(msg, f.Request, f.M, nil, &f.Sum)
 	case *wire.Error:
 		if f.Request != 0 {
 			if j := c.take(f.Request, false); j != nil {
@@ -294,6 +254,74 @@ func (c *conn) handle(msg []byte) string {
 	default:
 		return "unexpected " + f.Type().String() + " from worker"
 	}
+	return ""
+}
+
+// answer takes a RESULT (out) or a DIGEST (sum) for request req with m
+// outputs; msg is the whole message. It returns a reason to close the
+// session, or "".
+func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byte) string {
+	what := "RESULT"
+	if sum != nil {
+		what = "DIGEST"
+	}
+	now := time.Now()
+	c.mu.Lock()
+	j := c.pending[req]
+	_, late := c.expired[req]
+	closed := c.closed
+	if j != nil {
+		delete(c.pending, req)
+	}
+	c.mu.Unlock()
+	switch {
+	case j == nil && (late || closed):
+		c.late.Add(1)
+		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))
+		return ""
+	case j == nil:
+		// Request ids are never reused and each is answered once: a
+		// RESULT for one that is neither pending nor given up on
+		// (never sent here, or answered already) is made-up work.
+		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))
+		c.punish(fmt.Sprintf("%s for request %d, never sent to this session", what, req), "a result for work not asked for")
+		return ""
+	case m != len(j.pairs):
+		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))
+		j.deliver(reply{err: fmt.Errorf("result has %d rows, want %d", m, len(j.pairs))})
+		return fmt.Sprintf("%s for request %d has %d rows, want %d", what, req, m, len(j.pairs))
+	case j.digest != (sum != nil):
+		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))
+		j.deliver(reply{err: fmt.Errorf("a %s answers a %s", what, wire.Type(msg[3]))})
+		return fmt.Sprintf("%s for request %d, which asked for the other answer", what, req)
+	}
+	if i := firstNonFinite(out); i >= 0 {
+		// A hostile or broken worker: never credit it, never let a NaN
+		// or Inf reach the decode (the router would panic on it).
+		c.nonFinite.Add(1)
+		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))
+		j.deliver(reply{err: fmt.Errorf("result value %d is not finite (%v)", i, out[i])})
+		return fmt.Sprintf("RESULT for request %d has a non-finite value at %d (%v)", req, i, out[i])
+	}
+	c.addRTT(now.Sub(j.sent), j.bytes+len(msg))
+	c.results.Add(1)
+	c.rows.Add(uint64(j.nrows))
+	c.pairs.Add(uint64(m))
+	if j.check {
+		c.verifying.Add(1) // the verdict comes after the comparison (call.resolve)
+	} else {
+		c.sendCtl(wire.LinkAccepted, wire.AppendLinkRequest(nil, req))
+	}
+	rep := reply{out: out}
+	switch {
+	case sum != nil:
+		rep.sum, rep.hasSum = *sum, true
+	case j.wantSum:
+		// Hashed here, on the session's reader, in parallel with the
+		// other workers' answers: the call compares 32 bytes.
+		rep.sum, rep.hasSum = wire.ResultDigest(msg), true
+	}
+	j.deliver(rep)
 	return ""
 }
 

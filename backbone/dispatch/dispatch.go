@@ -29,6 +29,13 @@
 // disagreement), and a pair no connected worker holds waits for a holder up
 // to Config.HolderWait, after which the call fails with a *MissingError
 // (ErrNoHolder): never with a wrong or made-up output.
+//
+// Quorum (issue 20, quorum.go): with Config.Verify = VerifyQuorum every
+// request goes to two holders under different keys, the second answering
+// with a DIGEST (wire 4) when both are CPU backends, and an answer is used
+// only when the two agree; a disagreement or a missing answer is decided by
+// Fallback or, for pairs it cannot compute, by further holders; the liar is
+// handled as above. No single dishonest worker can change an output.
 package dispatch
 
 import (
@@ -131,6 +138,14 @@ type Config struct {
 	// memory only. Bans, when set, is used instead.
 	BanFile string
 	Bans    *Bans
+	// Verify is the verification policy: VerifySpot ("" too: probation
+	// and random checks, the fields above) or VerifyQuorum (quorum.go:
+	// every answer confirmed by a second holder under another key, or
+	// computed here; Probation is not used, CheckRate is the share of
+	// requests whose agreed outputs are also compared with Fallback's
+	// (audits: two colluding holders that agree on a lie are caught),
+	// Replicas is at least 2 and every expert is replicated).
+	Verify VerifyMode
 	// BanFor is how long a worker key caught returning a wrong result (or
 	// a result for a request it was never sent) is refused; default
 	// DefaultBanFor.
@@ -188,7 +203,9 @@ type Dispatcher struct {
 	// Capacity (capacity.go).
 	crossChecks, disputes, unverified, holderWaits, noHolder atomic.Uint64
 	holderWaitNanos                                          atomic.Int64
-	planUncovered, planNeed, planQuota                       atomic.Int64
+	// Quorum (quorum.go).
+	quorumReqs, quorumAgreed, quorumLocal, quorumDisputes, quorumAsks, quorumAudits, digests atomic.Uint64
+	planUncovered, planNeed, planQuota                                                       atomic.Int64
 
 	usage []atomic.Uint64 // (row, slot) pairs routed per (layer, expert): layer*NExpert + expert
 	rows  []atomic.Uint64 // rows routed per layer
@@ -247,6 +264,14 @@ func New(cfg Config) (*Dispatcher, error) {
 		cfg.Tolerance = DefaultTolerance
 	}
 	def(&cfg.BanFor, DefaultBanFor)
+	v, err := ParseVerifyMode(string(cfg.Verify))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Verify = v
+	if v == VerifyQuorum {
+		cfg.Replicas = max(cfg.Replicas, 2)
+	}
 	if maxFramePairs(m.D) < 1 || maxFrameRows(m.D, m.K) < 1 {
 		return nil, fmt.Errorf("%w: d %d, k %d: one row does not fit a %d-byte frame", ErrShape, m.D, m.K, wire.MaxMessage)
 	}

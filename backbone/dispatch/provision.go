@@ -39,7 +39,9 @@ import (
 //     again holders, then previous assignments, then the most free quota.
 //     Only routed experts are replicated, or every expert with
 //     Config.LocalHeld (workers are then the only copies, and replicas are
-//     what failover and verification by replica comparison use).
+//     what failover and verification by replica comparison use) or under
+//     quorum verification (an expert with one holder is computed by the
+//     backbone, or waits for a second holder).
 //
 // The sum of a worker's assigned expert sizes never exceeds its quota.
 
@@ -168,7 +170,7 @@ func (d *Dispatcher) plan() {
 	sort.SliceStable(cands, func(i, j int) bool { return use(cands[i]) > use(cands[j]) })
 	size := func(k uint64) int64 { return cat.Size(int(k>>32), int(uint32(k))) }
 	replicate := func(k uint64) bool { return use(k) > 0 }
-	if d.cfg.LocalHeld != nil {
+	if d.cfg.LocalHeld != nil || d.quorum() {
 		replicate = func(uint64) bool { return true }
 	}
 	pl := place(in, cands, size, d.cfg.Replicas, replicate)

@@ -35,6 +35,7 @@ type WorkerStats struct {
 	Mismatches     uint64    // checked results that differed (the session is then closed and the key banned)
 	Probation      bool      // fewer than Config.Probation checks passed: every result is checked
 	Tolerance      float64   // relative bound per output row its checks use; 0: exact bits (a CPU backend)
+	Digests        uint64    // DIGESTs it answered (quorum: it was the second holder of a request)
 }
 
 // Stats is a snapshot of the dispatcher.
@@ -71,6 +72,16 @@ type Stats struct {
 	// provisioning workers' quotas, summed.
 	PlanUncovered                 int
 	PlanNeedBytes, PlanQuotaBytes int64
+
+	// Quorum (quorum.go).
+	Verify         VerifyMode // the verification policy: spot or quorum
+	QuorumRequests uint64     // requests sent to two holders
+	QuorumAgreed   uint64     // quorum requests decided by two agreeing opinions (outputs used)
+	QuorumLocal    uint64     // quorum requests decided by the backbone's own computation (a disagreement, a missing answer, one holder)
+	QuorumDisputes uint64     // quorum requests whose opinions disagreed
+	QuorumAsks     uint64     // further opinions asked (a missing or disputed answer on a backbone that cannot compute the pairs)
+	QuorumAudits   uint64     // quorum requests drawn (CheckRate) to have their agreed outputs compared with the backbone's
+	Digests        uint64     // DIGEST answers received
 }
 
 func (c *conn) stats() WorkerStats {
@@ -88,7 +99,7 @@ func (c *conn) stats() WorkerStats {
 		Quota: quota, Assigned: assigned, AssignedBytes: c.assignedBytes.Load(), Assigns: c.assigns.Load(),
 		ChunkReqs: c.chunkReqs.Load(), ChunkBytes: c.chunkBytes.Load(),
 		Checks: c.checks.Load(), Mismatches: c.mismatches.Load(), Probation: c.passed.Load() < uint64(c.d.cfg.Probation),
-		Tolerance: c.tol}
+		Tolerance: c.tol, Digests: c.digests.Load()}
 }
 
 // Stats returns counters and per-worker statistics: connected sessions
@@ -107,7 +118,9 @@ func (d *Dispatcher) Stats() Stats {
 		Failovers: d.failovers.Load(), ReplicaPairs: d.replicaPairs.Load(), Splits: d.splits.Load(),
 		CrossChecks: d.crossChecks.Load(), Disputes: d.disputes.Load(), Unverified: d.unverified.Load(),
 		HolderWaits: d.holderWaits.Load(), HolderWaitTime: time.Duration(d.holderWaitNanos.Load()), NoHolderFailures: d.noHolder.Load(),
-		PlanUncovered: int(d.planUncovered.Load()), PlanNeedBytes: d.planNeed.Load(), PlanQuotaBytes: d.planQuota.Load()}
+		PlanUncovered: int(d.planUncovered.Load()), PlanNeedBytes: d.planNeed.Load(), PlanQuotaBytes: d.planQuota.Load(),
+		Verify: d.cfg.Verify, QuorumRequests: d.quorumReqs.Load(), QuorumAgreed: d.quorumAgreed.Load(), QuorumLocal: d.quorumLocal.Load(),
+		QuorumDisputes: d.quorumDisputes.Load(), QuorumAsks: d.quorumAsks.Load(), QuorumAudits: d.quorumAudits.Load(), Digests: d.digests.Load()}
 	for _, c := range live {
 		st.Workers = append(st.Workers, c.stats())
 	}

@@ -38,7 +38,10 @@ import (
 //	KVASIR_DELAY               sleep per computation (time.ParseDuration)
 //	KVASIR_BACKEND             HELLO backend (default "cpu-test": exact bits)
 //	KVASIR_LIE                 "" honest; "always"; "after:N:every:M": honest for N results, then each M-th result is
-//	                           scaled by 1.01 (finite, plausible, wrong)
+//	                           scaled by 1.01 (finite, plausible, wrong); "after:N:every:M:one": the same, but only
+//	                           its first float is changed, by 0.1 %
+//	KVASIR_SPLIT               "1": a hand-driven client that answers every DISPATCH_DIGEST with the correct DIGEST
+//	                           and every DISPATCH with a RESULT whose first float is 0.1 % off (quorum)
 //	KVASIR_FORGE               "1": a hand-driven client that answers its first DISPATCH honestly and then sends a
 //	                           RESULT for a request it was never sent
 //
@@ -108,6 +111,7 @@ func trustChild() int {
 			fmt.Fprintln(os.Stderr, "KVASIR_LIE:", err)
 			return 1
 		}
+		lc.one = strings.HasSuffix(mode, ":one")
 	}
 	backend := os.Getenv("KVASIR_BACKEND")
 	if backend == "" {
@@ -115,6 +119,9 @@ func trustChild() int {
 	}
 	if os.Getenv("KVASIR_FORGE") == "1" {
 		return forge(key, pool, hs, modelID, lc, say)
+	}
+	if os.Getenv("KVASIR_SPLIT") == "1" {
+		return splitLiar(key, pool, hs, modelID, lc, say)
 	}
 	w, err := worker.New(worker.Config{GatewayURL: os.Getenv("KVASIR_GATEWAY"), Key: key, RootCAs: pool,
 		Computer: lc, Holdings: hs, ModelID: modelID, Backend: backend, Threads: 1, Logger: quiet,
@@ -148,6 +155,7 @@ type lyingComputer struct {
 	inner        expert.Computer
 	delay        time.Duration
 	after, every int64
+	one          bool // change only out[0], by 0.1 %
 	n            atomic.Int64
 	say          func(string, ...any)
 }
@@ -162,8 +170,12 @@ func (l *lyingComputer) ComputeExperts(ctx context.Context, layer int, hidden []
 	}
 	i := l.n.Add(1) // 1-based result number
 	if l.every > 0 && i > l.after && (i-l.after)%l.every == 0 {
-		for j := range out {
-			out[j] *= 1.01
+		if l.one {
+			out[0] *= 1.001
+		} else {
+			for j := range out {
+				out[j] *= 1.01
+			}
 		}
 		l.say("LIE")
 	}
@@ -314,4 +326,75 @@ func (p *trustProc) said(prefix string) (string, bool) {
 func newKey() (seedHex, id string) {
 	_, priv, _ := ed25519.GenerateKey(nil)
 	return hex.EncodeToString(priv.Seed()), hex.EncodeToString(priv.Public().(ed25519.PublicKey))
+}
+
+// splitLiar is a hand-driven worker (protocol 4) that answers every
+// DISPATCH_DIGEST honestly, with the DIGEST of the correct RESULT, and
+// every DISPATCH with a RESULT whose first float is 0.1 % off: under
+// quorum its digests confirm honest answers while its own answers are
+// wrong.
+func splitLiar(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any)) int {
+	u := os.Getenv("KVASIR_GATEWAY") + wire.WorkerPath
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	ctx := context.Background()
+	c, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: client,
+		HTTPHeader: wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c.SetReadLimit(wire.MaxMessage)
+	hello := &wire.Hello{Key: key.Public().(ed25519.PublicKey), ModelID: modelID, Backend: "cpu-test", Holdings: hs}
+	if err := c.Write(ctx, websocket.MessageBinary, hello.Append(nil)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var lim *wire.Limits
+	for {
+		_, msg, err := c.Read(ctx)
+		if err != nil {
+			var ce websocket.CloseError
+			if errors.As(err, &ce) {
+				say("CLOSED %d %s", ce.Code, ce.Reason)
+			} else {
+				say("CLOSED 0 %v", err)
+			}
+			return 0
+		}
+		f, err := wire.Decode(msg, lim)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		switch f := f.(type) {
+		case *wire.Welcome:
+			lim = &wire.Limits{D: int(f.D), K: int(f.K), NLayer: int(f.NLayer), NExpert: int(f.NExpert)}
+			say("CONNECTED")
+		case *wire.Dispatch:
+			var xs []float32
+			var es []int32
+			for r := 0; r < f.N; r++ {
+				for s := 0; s < f.K; s++ {
+					if id := f.IDs[r*f.K+s]; id != -1 {
+						xs = append(xs, f.Hidden[r*f.D:(r+1)*f.D]...)
+						es = append(es, id)
+					}
+				}
+			}
+			res := &wire.Result{Request: f.Request, M: len(es), D: f.D, Out: make([]float32, len(es)*f.D)}
+			if err := comp.ComputeExperts(ctx, int(f.Layer), xs, es, len(es), 1, res.Out); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			out := res.Append(nil)
+			if f.Digest {
+				out = (&wire.Digest{Request: f.Request, M: res.M, D: res.D, Sum: wire.ResultDigest(out)}).Append(nil)
+			} else {
+				res.Out[0] *= 1.001
+				out = res.Append(nil)
+				say("LIE")
+			}
+			_ = c.Write(ctx, websocket.MessageBinary, out)
+		}
+	}
 }

@@ -4,8 +4,10 @@
 // meters the bytes it bridges per session into the contribution ledger.
 //
 // Metering (docs/protocol.md, backbone/ledger): every WebSocket message is
-// counted whole, both ways. Backbone->worker DISPATCH messages are creditable
-// (BytesOut). A worker's RESULT is held as pending under its request id until
+// counted whole, both ways. Backbone->worker DISPATCH (and DISPATCH_DIGEST)
+// messages are creditable (BytesOut). A worker's RESULT (or DIGEST, metered
+// as the bytes of the RESULT it stands for, wire.DigestCredit) is held as
+// pending under its request id until
 // the backbone sends LinkAccepted (creditable BytesIn) or LinkRejected, or
 // ResultHold passes, or the session ends (both: RejectedBytes). Worker
 // messages that are not valid frames are rejected at once. Other control

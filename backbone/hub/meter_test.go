@@ -92,20 +92,29 @@ func TestMetering(t *testing.T) {
 	res5 := (&wire.Result{Request: 5, M: 2, D: 3, Out: make([]float32, 6)}).Append(nil) // 20+24 = 44: accepted
 	res6 := (&wire.Result{Request: 6, M: 1, D: 3, Out: make([]float32, 3)}).Append(nil) // 20+12 = 32: rejected
 	garbage := []byte("garbage!!")                                                      // 9: rejected
+	// DIGESTs (52 bytes each) are metered as the RESULT they stand for.
+	dig7 := (&wire.Digest{Request: 7, M: 2, D: 3}).Append(nil) // stands for 44: accepted
+	dig8 := (&wire.Digest{Request: 8, M: 1, D: 3}).Append(nil) // stands for 32: rejected
 	send(ping)
 	send(res5)
 	send(res6)
 	send(garbage)
-	disp := (&wire.Dispatch{Request: 5, Layer: 0, N: 1, D: 3, K: 2, Hidden: []float32{1, 2, 3}, IDs: []int32{0, 1}}).Append(nil) // 24+12+8 = 44
-	welcome := (&wire.Welcome{Session: "x", D: 3, K: 2, NLayer: 1, NExpert: 2}).Append(nil)                                      // overhead
+	send(dig7)
+	send(dig8)
+	disp := (&wire.Dispatch{Request: 5, Layer: 0, N: 1, D: 3, K: 2, Hidden: []float32{1, 2, 3}, IDs: []int32{0, 1}}).Append(nil)                     // 24+12+8 = 44
+	dispDigest := (&wire.Dispatch{Request: 7, Layer: 0, N: 1, D: 3, K: 2, Hidden: []float32{1, 2, 3}, IDs: []int32{0, 1}, Digest: true}).Append(nil) // 44
+	welcome := (&wire.Welcome{Session: "x", D: 3, K: 2, NLayer: 1, NExpert: 2}).Append(nil)                                                          // overhead
 	bw := bufio.NewWriter(link)
 	_ = wire.WriteLink(bw, wire.LinkData, welcome)
 	_ = wire.WriteLink(bw, wire.LinkData, disp)
+	_ = wire.WriteLink(bw, wire.LinkData, dispDigest)
 	_ = wire.WriteLink(bw, wire.LinkAccepted, wire.AppendLinkRequest(nil, 5))
+	_ = wire.WriteLink(bw, wire.LinkAccepted, wire.AppendLinkRequest(nil, 7))
+	_ = wire.WriteLink(bw, wire.LinkRejected, wire.AppendLinkRequest(nil, 8))
 	_ = wire.WriteLink(bw, wire.LinkRejected, wire.AppendLinkRequest(nil, 6))
 	_ = wire.WriteLink(bw, wire.LinkAccepted, wire.AppendLinkRequest(nil, 99)) // unknown: ignored
 	_ = bw.Flush()
-	for _, want := range [][]byte{welcome, disp} {
+	for _, want := range [][]byte{welcome, disp, dispDigest} {
 		_, got, err := c.Read(ctx)
 		if err != nil || string(got) != string(want) {
 			t.Fatalf("worker got % x %v", got, err)
@@ -121,8 +130,8 @@ func TestMetering(t *testing.T) {
 		ss := h.Sessions()
 		if len(ss) == 1 && ss[0].Ended {
 			s := ss[0]
-			if s.CreditIn != 44 || s.CreditOut != 44 || s.Rejected != 32+9 || s.Pending != 0 ||
-				s.FromWorker != 12+44+32+9 || s.ToWorker != uint64(len(welcome))+44 {
+			if s.CreditIn != 44+44 || s.CreditOut != 44+44 || s.Rejected != 32+9+32 || s.Pending != 0 ||
+				s.FromWorker != 12+44+32+9+2*wire.DigestSize || s.ToWorker != uint64(len(welcome))+44+44 {
 				t.Fatalf("session %+v", s)
 			}
 			break
@@ -144,7 +153,7 @@ func TestMetering(t *testing.T) {
 	for _, e := range es {
 		in, out, rej = in+e.BytesIn, out+e.BytesOut, rej+e.RejectedBytes
 	}
-	if in != 44 || out != 44 || rej != 41 || len(totals) != 1 {
+	if in != 88 || out != 88 || rej != 73 || len(totals) != 1 {
 		t.Fatalf("ledger in %d out %d rejected %d totals %+v", in, out, rej, totals)
 	}
 }

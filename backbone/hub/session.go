@@ -158,16 +158,24 @@ func (s *session) fromWorker(msg []byte, n int) {
 		return
 	}
 	t, req, ok := wire.PeekRequest(msg)
+	if t == wire.TypeDigest {
+		// A DIGEST stands for the RESULT the worker computed: metered as
+		// that RESULT's bytes (docs/accounting.md, "Quorum").
+		var size int
+		req, size, ok = wire.DigestCredit(msg)
+		n = size
+	}
 	switch {
-	case ok && t == wire.TypeResult:
+	case ok && (t == wire.TypeResult || t == wire.TypeDigest):
 		p := s.pending[req]
 		p.bytes += uint64(n)
 		p.at = time.Now()
 		s.pending[req] = p
 		s.nResult++
 		s.lastResult = p.at
-	case t == wire.TypeResult || t == wire.TypeDispatch: // short RESULT, or a worker sending DISPATCH
-		s.rejected += uint64(n)
+	case t == wire.TypeResult || t == wire.TypeDigest || t == wire.TypeDispatch || t == wire.TypeDispatchDigest:
+		// a short RESULT or DIGEST, or a worker sending DISPATCH
+		s.rejected += uint64(len(msg))
 	default:
 		if _, err := wire.Peek(msg); err != nil || !workerControl(t) {
 			s.rejected += uint64(n) // garbage, or a frame only the backbone sends
@@ -191,7 +199,7 @@ func (s *session) toWorker(msg []byte) {
 	defer s.mu.Unlock()
 	s.toW += uint64(len(msg))
 	s.msgs++
-	if t, _ := wire.Peek(msg); t == wire.TypeDispatch {
+	if t, _ := wire.Peek(msg); t == wire.TypeDispatch || t == wire.TypeDispatchDigest {
 		s.creditLocked(uint64(len(msg)), 0)
 		s.nDisp++
 	}

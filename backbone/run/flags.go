@@ -29,10 +29,13 @@ type SwarmFlags struct {
 
 	ModelSource string        // --model-source: URL workers fetch expert bytes from
 	HolderWait  time.Duration // --holder-wait
+
+	Verify dispatch.VerifyMode // --verify: spot | quorum (issue 20)
 }
 
 // AddSwarmFlags registers --min-deadline, --provision, --provision-rate,
-// the --check-* and --ban-* flags, --model-source and --holder-wait on fs.
+// the --check-* and --ban-* flags, --model-source, --holder-wait and
+// --verify on fs.
 func AddSwarmFlags(fs *flag.FlagSet) *SwarmFlags {
 	sf := &SwarmFlags{}
 	fs.DurationVar(&sf.minDeadline, "min-deadline", 0, "with a swarm: lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
@@ -44,6 +47,11 @@ func AddSwarmFlags(fs *flag.FlagSet) *SwarmFlags {
 	fs.StringVar(&sf.banFile, "ban-file", dispatch.DefaultBanFile(), "with a swarm: worker keys caught lying, kept across restarts (\"\": in memory only)")
 	fs.DurationVar(&sf.banFor, "ban-for", dispatch.DefaultBanFor, "with a swarm: how long a worker key caught lying is refused")
 	fs.StringVar(&sf.ModelSource, "model-source", "", "with --provision: http(s) URL of the full model GGUF; workers fetch their experts' byte ranges from it (a backbone-only --model: default its stored URL)")
+	fs.Func("verify", "with a swarm: verification policy: spot (probation and random --check-rate checks: a liar is caught and loses its pay, an unchecked wrong answer is used) or quorum (every answer confirmed by a second holder under another key, or computed here: no single liar changes a token; 2x worker compute). Default spot; quorum is recommended for a public network (docs/accounting.md)", func(s string) error {
+		v, err := dispatch.ParseVerifyMode(s)
+		sf.Verify = v
+		return err
+	})
 	fs.DurationVar(&sf.HolderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
 	return sf
 }
@@ -89,6 +97,7 @@ func (sf *SwarmFlags) tune(c *dispatch.Config) {
 		c.CheckRate = -1
 	}
 	c.BanFile, c.BanFor = sf.banFile, sf.banFor
+	c.Verify = sf.Verify
 }
 
 // announceListening returns a SwarmConfig.Listening that prints "CMD:

@@ -198,7 +198,8 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
 
 // modelObject is the served model as /v1/models lists it; with a swarm it
 // carries "kvasir_coverage": which routed experts are computed where
-// (dispatch.Coverage).
+// (dispatch.Coverage), and "kvasir_verify": the verification policy
+// (--verify: spot or quorum).
 func (s *Server) modelObject() map[string]any {
 	o := map[string]any{"id": s.cfg.ModelID, "object": "model", "created": 0, "owned_by": "kvasir",
 		"context_length": s.p.Context}
@@ -206,6 +207,7 @@ func (s *Server) modelObject() map[string]any {
 		cv := s.cfg.Coverage()
 		o["kvasir_coverage"] = map[string]any{"experts": cv.Experts, "local": cv.Local, "covered": cv.Covered,
 			"missing": cv.Missing, "by_replicas": cv.ByReplicas, "min_replicas": cv.MinReplicas}
+		o["kvasir_verify"] = string(cv.Verify)
 	}
 	return o
 }

@@ -102,6 +102,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 //	kvasir_swarm_holder_wait_seconds_total        time steps spent waiting for holders
 //	kvasir_swarm_no_holder_failures_total         steps failed after the wait (HTTP 503)
 //	kvasir_swarm_plan_uncovered_experts           experts the assignment could not place (quotas too small)
+//	kvasir_swarm_verify_info{policy}              1 for the verification policy (--verify): spot | quorum (issue 20)
+//	kvasir_swarm_quorum_requests_total{outcome}   quorum requests: sent (to two holders), agreed, local (decided by the backbone), disputed
+//	kvasir_swarm_quorum_asks_total                further opinions asked (a missing or disputed answer, no local copy)
+//	kvasir_swarm_digests_total                    DIGEST answers received
 //
 // worker is the first 16 hex digits of the worker's public key. Sessions
 // that ended stay (the dispatcher keeps up to 256) so their counters do not
@@ -115,6 +119,7 @@ type SwarmCollector struct {
 	banned, failovers                              *prometheus.Desc
 	crossChecks, disputes, unverified              *prometheus.Desc
 	holderWaits, holderWaitSecs, noHolder, planUnc *prometheus.Desc
+	verify, quorum, quorumAsks, digests            *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*SwarmCollector)(nil)
@@ -152,6 +157,10 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 		holderWaitSecs: d("holder_wait_seconds_total", "Time expert calls spent waiting for holders, seconds."),
 		noHolder:       d("no_holder_failures_total", "Expert calls failed because no worker held an expert within the holder wait."),
 		planUnc:        d("plan_uncovered_experts", "Experts the last assignment could not give to any worker (the quotas are too small)."),
+		verify:         d("verify_info", "1 for the verification policy in use (--verify).", "policy"),
+		quorum:         d("quorum_requests_total", "Quorum requests, by outcome: sent (to two holders), agreed (two opinions agreed), local (decided by the backbone's computation), disputed (opinions differed).", "outcome"),
+		quorumAsks:     d("quorum_asks_total", "Further opinions asked under quorum (a missing or disputed answer the backbone cannot compute)."),
+		digests:        d("digests_total", "DIGEST answers received (quorum)."),
 	}
 }
 
@@ -159,7 +168,8 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
 		c.wLate, c.wBytes, c.wRTT, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
-		c.banned, c.failovers, c.crossChecks, c.disputes, c.unverified, c.holderWaits, c.holderWaitSecs, c.noHolder, c.planUnc} {
+		c.banned, c.failovers, c.crossChecks, c.disputes, c.unverified, c.holderWaits, c.holderWaitSecs, c.noHolder, c.planUnc,
+		c.verify, c.quorum, c.quorumAsks, c.digests} {
 		ch <- d
 	}
 }
@@ -192,6 +202,15 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.holderWaitSecs, prometheus.CounterValue, st.HolderWaitTime.Seconds())
 	cv(c.noHolder, st.NoHolderFailures)
 	emit(c.planUnc, prometheus.GaugeValue, float64(st.PlanUncovered))
+	if st.Verify != "" {
+		emit(c.verify, prometheus.GaugeValue, 1, string(st.Verify))
+	}
+	cv(c.quorum, st.QuorumRequests, "sent")
+	cv(c.quorum, st.QuorumAgreed, "agreed")
+	cv(c.quorum, st.QuorumLocal, "local")
+	cv(c.quorum, st.QuorumDisputes, "disputed")
+	cv(c.quorumAsks, st.QuorumAsks)
+	cv(c.digests, st.Digests)
 	seen := map[[2]string]bool{}
 	for _, w := range st.Workers {
 		id := w.ID

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -40,8 +41,9 @@ type Limits struct {
 	Holds func(layer, expert int) bool
 }
 
-// Frame is one decoded protocol frame: *Hello, *Welcome, *Dispatch, *Result,
-// *Error, *Ping, *Pong, *Pause, *Assign, *ChunkReq, *Chunk or *Holdings.
+// Frame is one decoded protocol frame: *Hello, *Welcome, *Dispatch (also a
+// DISPATCH_DIGEST), *Result, *Digest, *Error, *Ping, *Pong, *Pause,
+// *Assign, *ChunkReq, *Chunk or *Holdings.
 type Frame interface {
 	// Type is the frame's type byte.
 	Type() Type
@@ -82,13 +84,78 @@ type Welcome struct {
 // Dispatch asks a worker to compute the experts of one layer for N rows.
 // Hidden is N x D float32 row-major; IDs is N x K int32 row-major, where -1
 // marks a slot this worker must not compute. The RESULT carries one output
-// row (D floats) per id != -1, in row-major (row, slot) order.
+// row (D floats) per id != -1, in row-major (row, slot) order. With
+// Digest set the frame is a DISPATCH_DIGEST: the worker answers with a
+// DIGEST of that RESULT instead.
 type Dispatch struct {
 	Request uint64
 	Layer   uint16
 	N, D, K int
 	Hidden  []float32
 	IDs     []int32
+	Digest  bool // a DISPATCH_DIGEST: answer with DIGEST
+}
+
+// Digest is a worker's answer to a DISPATCH_DIGEST: M and D of the RESULT
+// it stands for and the SHA-256 of that RESULT's payload after the request
+// id (ResultDigest).
+type Digest struct {
+	Request uint64
+	M, D    int
+	Sum     [32]byte
+}
+
+// DigestSize is the encoded size in bytes of a DIGEST: 4 + 8 + 4 + 4 + 32.
+const DigestSize = HeaderSize + 48
+
+// ResultDigest returns the digest a DIGEST carries for a RESULT message
+// (header included): the SHA-256 of its bytes after the request id, m u32
+// | d u32 | out. A RESULT for another request id with the same outputs has
+// the same digest.
+func ResultDigest(result []byte) [32]byte {
+	if len(result) < HeaderSize+8 {
+		return sha256.Sum256(nil)
+	}
+	return sha256.Sum256(result[HeaderSize+8:])
+}
+
+// OutputsDigest returns ResultDigest of a RESULT of m rows of d floats
+// carrying out, without encoding the RESULT: the SHA-256 of m u32 | d u32
+// | out, streamed through a small buffer.
+func OutputsDigest(m, d int, out []float32) [32]byte {
+	h := sha256.New()
+	buf := make([]byte, 0, 64<<10)
+	buf = le.AppendUint32(buf, uint32(m))
+	buf = le.AppendUint32(buf, uint32(d))
+	for len(out) > 0 {
+		n := min(len(out), (cap(buf)-len(buf))/4)
+		buf = AppendFloats(buf, out[:n])
+		out = out[n:]
+		h.Write(buf)
+		buf = buf[:0]
+	}
+	if len(buf) > 0 {
+		h.Write(buf)
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
+// DigestCredit returns the size of the RESULT a DIGEST message stands for,
+// ResultSize(m, d), after checking the header and the DIGEST's exact
+// length; ok is false for any other message or a size above MaxMessage.
+// The hub meters an accepted DIGEST as that many bytes.
+func DigestCredit(msg []byte) (req uint64, size int, ok bool) {
+	if t, err := Peek(msg); err != nil || t != TypeDigest || len(msg) != DigestSize {
+		return 0, 0, false
+	}
+	m, d := uint64(le.Uint32(msg[HeaderSize+8:])), uint64(le.Uint32(msg[HeaderSize+12:]))
+	n := uint64(ResultSize(0, 0)) + 4*m*d // m, d < 2^32: no overflow
+	if m == 0 || d == 0 || n > MaxMessage {
+		return 0, 0, false
+	}
+	return le.Uint64(msg[HeaderSize:]), int(n), true
 }
 
 // Result is a worker's answer: M output rows of D float32, M being the count
@@ -121,8 +188,16 @@ func (*Hello) Type() Type { return TypeHello }
 // Type returns TypeWelcome.
 func (*Welcome) Type() Type { return TypeWelcome }
 
-// Type returns TypeDispatch.
-func (*Dispatch) Type() Type { return TypeDispatch }
+// Type returns TypeDispatch, or TypeDispatchDigest with Digest set.
+func (d *Dispatch) Type() Type {
+	if d.Digest {
+		return TypeDispatchDigest
+	}
+	return TypeDispatch
+}
+
+// Type returns TypeDigest.
+func (*Digest) Type() Type { return TypeDigest }
 
 // Type returns TypeResult.
 func (*Result) Type() Type { return TypeResult }
@@ -203,9 +278,10 @@ func DispatchSize(n, d, k int) int { return HeaderSize + 20 + 4*n*d + 4*n*k }
 // floats: 4 + 16 + 4*m*d.
 func ResultSize(m, d int) int { return HeaderSize + 16 + 4*m*d }
 
-// Append encodes the DISPATCH; Hidden must hold N*D and IDs N*K values.
+// Append encodes the DISPATCH (or DISPATCH_DIGEST); Hidden must hold N*D
+// and IDs N*K values.
 func (d *Dispatch) Append(b []byte) []byte {
-	b = appendHeader(b, TypeDispatch)
+	b = appendHeader(b, d.Type())
 	b = le.AppendUint64(b, d.Request)
 	b = le.AppendUint16(b, d.Layer)
 	b = le.AppendUint32(b, uint32(d.N))
@@ -225,6 +301,15 @@ func (r *Result) Append(b []byte) []byte {
 	b = le.AppendUint32(b, uint32(r.M))
 	b = le.AppendUint32(b, uint32(r.D))
 	return AppendFloats(b, r.Out)
+}
+
+// Append encodes the DIGEST.
+func (g *Digest) Append(b []byte) []byte {
+	b = appendHeader(b, TypeDigest)
+	b = le.AppendUint64(b, g.Request)
+	b = le.AppendUint32(b, uint32(g.M))
+	b = le.AppendUint32(b, uint32(g.D))
+	return append(b, g.Sum[:]...)
 }
 
 // Append encodes the ERROR; a message longer than MaxErrorMsg is truncated.
@@ -288,15 +373,16 @@ func Peek(msg []byte) (Type, error) {
 	return Type(msg[3]), nil
 }
 
-// PeekRequest returns the request id of a DISPATCH, RESULT or ERROR message
-// after checking its header; ok is false for other types or short messages.
+// PeekRequest returns the request id of a DISPATCH, DISPATCH_DIGEST,
+// RESULT, DIGEST or ERROR message after checking its header; ok is false
+// for other types or short messages.
 func PeekRequest(msg []byte) (t Type, req uint64, ok bool) {
 	t, err := Peek(msg)
 	if err != nil || len(msg) < HeaderSize+8 {
 		return t, 0, false
 	}
 	switch t {
-	case TypeDispatch, TypeResult, TypeError:
+	case TypeDispatch, TypeDispatchDigest, TypeResult, TypeDigest, TypeError:
 		return t, le.Uint64(msg[HeaderSize:]), true
 	}
 	return t, 0, false
@@ -402,10 +488,16 @@ func Decode(msg []byte, lim *Limits) (Frame, error) {
 			err = fmt.Errorf("%w: welcome d=%d k=%d n_layer=%d n_expert=%d", ErrRange, w.D, w.K, w.NLayer, w.NExpert)
 		}
 		f = w
-	case TypeDispatch:
-		f, err = decodeDispatch(r, lim)
+	case TypeDispatch, TypeDispatchDigest:
+		var d *Dispatch
+		if d, err = decodeDispatch(r, lim); d != nil {
+			d.Digest = t == TypeDispatchDigest
+		}
+		f = d
 	case TypeResult:
 		f, err = decodeResult(r, lim)
+	case TypeDigest:
+		f, err = decodeDigest(r, lim)
 	case TypeError:
 		e := &Error{Request: r.u64("request"), Code: r.u16("code")}
 		e.Message = r.str(MaxErrorMsg, "message")
@@ -584,4 +676,23 @@ func decodeResult(r *reader, lim *Limits) (*Result, error) {
 		res.Out[i] = math.Float32frombits(le.Uint32(ob[4*i:]))
 	}
 	return res, nil
+}
+
+func decodeDigest(r *reader, lim *Limits) (*Digest, error) {
+	g := &Digest{Request: r.u64("request")}
+	m, dd := r.u32("m"), r.u32("d")
+	sum := r.take(32, "sha256")
+	if r.err != nil {
+		return nil, r.err
+	}
+	if lim.D <= 0 || int64(dd) != int64(lim.D) {
+		return nil, fmt.Errorf("%w: digest d=%d, model d=%d", ErrShape, dd, lim.D)
+	}
+	if m == 0 || (lim.MaxRows > 0 && lim.K > 0 && int64(m) > int64(lim.MaxRows)*int64(lim.K)) ||
+		uint64(ResultSize(0, 0))+4*uint64(m)*uint64(dd) > MaxMessage {
+		return nil, fmt.Errorf("%w: digest m=%d", ErrShape, m)
+	}
+	g.M, g.D = int(m), int(dd)
+	copy(g.Sum[:], sum)
+	return g, nil
 }

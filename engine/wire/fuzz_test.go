@@ -50,3 +50,27 @@ func FuzzReadLink(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDigestCredit checks the hub's DIGEST metering never panics, and that
+// whatever it meters is a DIGEST Decode accepts with that size (at a d and
+// m the decoder's limits allow).
+func FuzzDigestCredit(f *testing.F) {
+	f.Add((&Digest{Request: 3, M: 2, D: 3}).Append(nil))
+	f.Add((&Digest{Request: 3, M: 1 << 20, D: 1 << 12}).Append(nil))
+	f.Add((&Result{Request: 3, M: 1, D: 3, Out: make([]float32, 3)}).Append(nil))
+	f.Add([]byte{Magic, byte(Version), 0, byte(TypeDigest)})
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		req, n, ok := DigestCredit(msg)
+		if !ok {
+			return
+		}
+		fr, err := Decode(msg, &Limits{D: int(le.Uint32(msg[HeaderSize+12:]))})
+		if err != nil {
+			t.Fatalf("DigestCredit metered %d bytes of a DIGEST Decode refuses: %v", n, err)
+		}
+		g := fr.(*Digest)
+		if g.Request != req || ResultSize(g.M, g.D) != n || n > MaxMessage {
+			t.Fatalf("metered %d for req %d, decoded %+v", n, req, g)
+		}
+	})
+}

@@ -29,6 +29,8 @@
 //	  |--- HOLDINGS (quota, added experts with sha256, dropped experts) -------------------->|
 //	  |<-- DISPATCH (req, layer, n x d hidden, n x k ids; -1 = not yours) -------------------|
 //	  |--- RESULT (req, m x d outputs, m = ids != -1, row-major (row, slot) order) --------->|
+//	  |<-- DISPATCH_DIGEST (as DISPATCH; quorum: a second holder's copy) --------------------|
+//	  |--- DIGEST (req, m, d, sha256 of the RESULT payload it stands for) ------------------>|
 //	  |                                  |                           |<-- ACCEPTED(req) -------| (link only)
 //	  |                                  |                           |<-- FORFEIT (reason) ----| (link only: a caught worker)
 //	  |--- PING (t) every 20 s -------------------------------------------------------------->|
@@ -36,8 +38,8 @@
 //	  |--- PAUSE (1) / PAUSE (0): takes no new work / takes work again --------------------->|
 //	  |<-> ERROR (req, code, message) either way; the backbone closes a session on any bad frame
 //
-// The gateway never parses frames; the hub reads only the 4-byte header and a
-// RESULT's request id to meter bytes.
+// The gateway never parses frames; the hub reads only the 4-byte header, a
+// RESULT's or DIGEST's request id and a DIGEST's m and d to meter bytes.
 package wire
 
 // Version is the protocol version carried in every frame header and in the
@@ -60,7 +62,14 @@ package wire
 //	             requests) instead of with CHUNK_REQ. Version 2 peers are
 //	             refused (ErrVersion; the backbone's refusal names both
 //	             versions).
-const Version uint16 = 3
+//	4 (2026-12): quorum verification (issue 20): frame DISPATCH_DIGEST
+//	             (0x0D, the layout of DISPATCH: compute the same outputs,
+//	             answer with their digest) and DIGEST (0x0E: req u64 | m u32
+//	             | d u32 | sha256 [32]u8, the SHA-256 of the m u32 | d u32 |
+//	             out bytes of the RESULT the worker would have sent). Other
+//	             frames are unchanged. Version 3 peers are refused
+//	             (ErrVersion; the backbone's refusal names both versions).
+const Version uint16 = 4
 
 // Magic is the first byte of every frame.
 const Magic byte = 0x6B
@@ -124,6 +133,17 @@ const (
 	// TypeHoldings (worker -> backbone) updates what the worker holds and
 	// its quota: experts added (downloaded and verified) and dropped.
 	TypeHoldings Type = 0x0C // quota u64 | n_add u32 | n_add x (layer u16 | expert u32 | sha256 [32]u8) | n_drop u32 | n_drop x (layer u16 | expert u32)
+	// TypeDispatchDigest (backbone -> worker, version 4) is a DISPATCH
+	// (same payload, decoded as a *Dispatch with Digest set) whose outputs
+	// the worker computes as usual but answers with a DIGEST instead of a
+	// RESULT: the backbone compares it with another holder's RESULT for
+	// the same pairs (quorum verification).
+	TypeDispatchDigest Type = 0x0D // the payload of DISPATCH
+	// TypeDigest (worker -> backbone, version 4) answers a DISPATCH_DIGEST:
+	// the SHA-256 (FIPS 180-4) of the bytes m u32 | d u32 | out [m*d]f32 of
+	// the RESULT the worker would have sent (its payload after the request
+	// id; ResultDigest).
+	TypeDigest Type = 0x0E // req u64 | m u32 | d u32 | sha256 [32]u8
 )
 
 // Error codes carried by ERROR frames.
@@ -166,6 +186,10 @@ func (t Type) String() string {
 		return "CHUNK"
 	case TypeHoldings:
 		return "HOLDINGS"
+	case TypeDispatchDigest:
+		return "DISPATCH_DIGEST"
+	case TypeDigest:
+		return "DIGEST"
 	}
 	const hex = "0123456789ABCDEF"
 	return "TYPE(0x" + string([]byte{hex[t>>4], hex[t&15]}) + ")"

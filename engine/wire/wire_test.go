@@ -27,6 +27,8 @@ func sampleFrames() []Frame {
 		&Dispatch{Request: 42, Layer: 2, N: 2, D: 3, K: 2,
 			Hidden: []float32{1, -2, 3.5, float32(math.Inf(1)), 0, -0.25}, IDs: []int32{5, -1, 0, 7}},
 		&Result{Request: 42, M: 3, D: 3, Out: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9}},
+		&Dispatch{Request: 43, Layer: 1, N: 1, D: 3, K: 2, Hidden: []float32{0.5, 0, -1}, IDs: []int32{-1, 3}, Digest: true},
+		&Digest{Request: 43, M: 1, D: 3, Sum: sha256.Sum256([]byte("result"))},
 		&Error{Request: 9, Code: CodeNotHeld, Message: "nope"},
 		&Ping{Time: 123456789},
 		&Pong{Time: -5},
@@ -69,14 +71,14 @@ func TestRoundTrip(t *testing.T) {
 // layouts written next to the type constants (worked by hand).
 func TestEncodingBytes(t *testing.T) {
 	ping := (&Ping{Time: 0x0102030405060708}).Append(nil)
-	want := []byte{0x6B, 3, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
+	want := []byte{0x6B, 4, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
 	if !bytes.Equal(ping, want) {
 		t.Fatalf("ping = % x, want % x", ping, want)
 	}
 	// DISPATCH req=1 layer=2 n=1 d=1 k=1 hidden=[1.0] ids=[-1]:
 	// 1.0f = 0x3F800000, -1 = 0xFFFFFFFF.
 	d := (&Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 1, Hidden: []float32{1}, IDs: []int32{-1}}).Append(nil)
-	want = []byte{0x6B, 3, 0, 0x03,
+	want = []byte{0x6B, 4, 0, 0x03,
 		1, 0, 0, 0, 0, 0, 0, 0, // req
 		2, 0, // layer
 		1, 0, 0, 0, // n
@@ -243,5 +245,69 @@ func TestLinkVersion2(t *testing.T) {
 	}
 	if _, _, err := ReadLinkPreamble(bytes.NewReader(append([]byte("XXXX"), 2, 0, 0, 0, 0, 0))); !errors.Is(err, ErrLink) || errors.Is(err, ErrLinkVersion) {
 		t.Fatalf("bad magic: %v", err)
+	}
+}
+
+// TestDigest: the DIGEST layout byte by byte, ResultDigest over the RESULT
+// payload after the request id (the same for another request id),
+// DigestCredit's metering size and its refusals, and the decoder's.
+func TestDigest(t *testing.T) {
+	out := []float32{1, -2, 0.5}
+	r1 := (&Result{Request: 7, M: 1, D: 3, Out: out}).Append(nil)
+	r2 := (&Result{Request: 8, M: 1, D: 3, Out: out}).Append(nil)
+	sum := ResultDigest(r1)
+	if sum != ResultDigest(r2) || sum != sha256.Sum256(r1[12:]) || sum != OutputsDigest(1, 3, out) {
+		t.Fatal("ResultDigest depends on the request id or hashes other bytes")
+	}
+	big := make([]float32, 3*40000) // more than one 64 KiB buffer
+	for i := range big {
+		big[i] = float32(i) * 0.5
+	}
+	if OutputsDigest(40000, 3, big) != ResultDigest((&Result{Request: 1, M: 40000, D: 3, Out: big}).Append(nil)) {
+		t.Fatal("OutputsDigest differs from ResultDigest over several buffers")
+	}
+	r3 := (&Result{Request: 7, M: 1, D: 3, Out: []float32{1, -2, math.Nextafter32(0.5, 1)}}).Append(nil)
+	if ResultDigest(r3) == sum {
+		t.Fatal("one ulp does not change the digest")
+	}
+	g := (&Digest{Request: 0x0102, M: 2, D: 3, Sum: sum}).Append(nil)
+	want := append([]byte{0x6B, 4, 0, 0x0E, 2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}, sum[:]...)
+	if !bytes.Equal(g, want) || len(g) != DigestSize {
+		t.Fatalf("digest = % x\nwant     % x", g, want)
+	}
+	if req, n, ok := DigestCredit(g); !ok || req != 0x0102 || n != ResultSize(2, 3) {
+		t.Fatalf("DigestCredit = %d %d %v", req, n, ok)
+	}
+	for name, msg := range map[string][]byte{
+		"short":    g[:len(g)-1],
+		"long":     append(append([]byte(nil), g...), 0),
+		"result":   r1,
+		"m=0":      (&Digest{Request: 1, M: 0, D: 3}).Append(nil),
+		"too big":  (&Digest{Request: 1, M: 1 << 20, D: 1 << 10}).Append(nil),
+		"bad type": append([]byte{0x6B, 4, 0, 0x04}, g[4:]...),
+	} {
+		if _, _, ok := DigestCredit(msg); ok {
+			t.Errorf("DigestCredit accepted %s", name)
+		}
+	}
+	lim := testLimits()
+	if _, err := Decode((&Digest{Request: 1, M: 1, D: 4}).Append(nil), lim); !errors.Is(err, ErrShape) {
+		t.Fatalf("digest of another d: %v", err)
+	}
+	if _, err := Decode((&Digest{Request: 1, M: 33, D: 3}).Append(nil), lim); !errors.Is(err, ErrShape) {
+		t.Fatalf("digest m > MaxRows*K: %v", err)
+	}
+	if _, err := Decode(g[:len(g)-1], lim); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("short digest: %v", err)
+	}
+	if typ, req, ok := PeekRequest(g); !ok || typ != TypeDigest || req != 0x0102 {
+		t.Fatalf("PeekRequest = %s %d %v", typ, req, ok)
+	}
+	dd := (&Dispatch{Request: 9, Layer: 1, N: 1, D: 3, K: 2, Hidden: make([]float32, 3), IDs: []int32{1, -1}, Digest: true}).Append(nil)
+	if typ, req, ok := PeekRequest(dd); !ok || typ != TypeDispatchDigest || req != 9 || len(dd) != DispatchSize(1, 3, 2) {
+		t.Fatalf("PeekRequest(DISPATCH_DIGEST) = %s %d %v", typ, req, ok)
+	}
+	if TypeDigest.String() != "DIGEST" || TypeDispatchDigest.String() != "DISPATCH_DIGEST" {
+		t.Fatal("type names")
 	}
 }

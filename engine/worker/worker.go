@@ -100,8 +100,9 @@ type Config struct {
 	ModelID    string             // model identity announced in HELLO
 	Backend    string             // e.g. "cpu"
 	Threads    int                // compute threads, for the backbone's information
-	// OnServed, if set, is called after each RESULT is sent with the session
-	// id and that request's DISPATCH and RESULT message sizes in bytes.
+	// OnServed, if set, is called after each RESULT (or DIGEST) is sent
+	// with the session id and that request's DISPATCH and RESULT message
+	// sizes in bytes (for a DIGEST: the RESULT it stands for, as metered).
 	OnServed func(session string, bytesIn, bytesOut uint64)
 
 	// SliceDir, when set, makes the worker keep its experts in this slice
@@ -486,16 +487,30 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, inBytes int, sessi
 		w.mu.Unlock()
 		return send((&wire.Error{Request: d.Request, Code: wire.CodeInternal, Message: err.Error()}).Append(nil))
 	}
-	msg := (&wire.Result{Request: d.Request, M: m, D: d.D, Out: out}).Append(make([]byte, 0, wire.ResultSize(m, d.D)))
+	var msg []byte
+	served, what := uint64(wire.ResultSize(m, d.D)), "RESULT"
+	if d.Digest {
+		msg, what = digestOf(d.Request, m, d.D, out), "DIGEST"
+	} else {
+		msg = (&wire.Result{Request: d.Request, M: m, D: d.D, Out: out}).Append(make([]byte, 0, wire.ResultSize(m, d.D)))
+	}
 	if err := send(msg); err != nil {
-		return fmt.Errorf("RESULT: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	w.rows.Add(uint64(d.N))
 	w.reqs.Add(1)
 	if w.cfg.OnServed != nil {
-		w.cfg.OnServed(session, uint64(inBytes), uint64(len(msg)))
+		w.cfg.OnServed(session, uint64(inBytes), served)
 	}
 	return nil
+}
+
+// digestOf answers a DISPATCH_DIGEST (quorum verification, protocol 4): the
+// DIGEST of the RESULT carrying out (m rows of d). The hub meters an
+// accepted DIGEST as the bytes of that RESULT (docs/accounting.md), so
+// OnServed counts those.
+func digestOf(req uint64, m, d int, out []float32) []byte {
+	return (&wire.Digest{Request: req, M: m, D: d, Sum: wire.OutputsDigest(m, d, out)}).Append(nil)
 }
 
 func clipReason(s string) string {

@@ -121,7 +121,9 @@ func TestBackoff(t *testing.T) {
 
 // TestServe drives a worker from a hand-written backbone over TLS: unheld
 // experts get ERROR code 3, a DISPATCH gets the RESULT of exactly its
-// requested slots, in (row, slot) order, and OnServed sees the sizes.
+// requested slots, in (row, slot) order, a DISPATCH_DIGEST the DIGEST of
+// the same RESULT, and OnServed sees the sizes (a DIGEST's: the RESULT it
+// stands for).
 func TestServe(t *testing.T) {
 	const d = 3
 	got := make(chan error, 1)
@@ -185,6 +187,20 @@ func TestServe(t *testing.T) {
 					return fmt.Errorf("out[%d] = %v, want %v", i, res.Out[i], want[i])
 				}
 			}
+			// The same request as a DISPATCH_DIGEST (protocol 4): a DIGEST
+			// of the same RESULT payload.
+			sum := wire.ResultDigest(msg)
+			disp.Request, disp.Digest = 9, true
+			if err := send(disp); err != nil {
+				return err
+			}
+			msg, _ = read()
+			if f, err = wire.Decode(msg, lim); err != nil {
+				return err
+			}
+			if g, ok := f.(*wire.Digest); !ok || g.Request != 9 || g.M != 3 || g.D != d || g.Sum != sum || len(msg) != wire.DigestSize {
+				return fmt.Errorf("digest %+v, want sum %x", f, sum)
+			}
 			return nil
 		}()
 		<-release
@@ -219,7 +235,7 @@ func TestServe(t *testing.T) {
 	if v := served.Load(); v != want {
 		t.Fatalf("OnServed %v, want %v", v, want)
 	}
-	if st := w.Stats(); st.Rows != 2 || st.Requests != 1 || st.Session != "s1" {
+	if st := w.Stats(); st.Rows != 4 || st.Requests != 2 || st.Session != "s1" {
 		t.Fatalf("stats %+v", st)
 	}
 }

@@ -38,6 +38,12 @@ type generateResult struct {
 	// backbone's memory, mapped model pages included.
 	RSSBytes     int64 `json:"rss_bytes"`
 	PeakRSSBytes int64 `json:"peak_rss_bytes"`
+	// Resident is how the weights were kept in memory (--resident): mode
+	// (mmap, lock, copy) and bytes made resident.
+	Resident struct {
+		Mode  string `json:"mode"`
+		Bytes uint64 `json:"bytes"`
+	} `json:"resident"`
 
 	// With --dispatch-listen only (swarm decode):
 	ExpertsRemote *uint64          `json:"experts_remote,omitempty"` // (row, slot) expert outputs computed by workers
@@ -75,6 +81,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	modelPath := fs.String("model", "", "GGUF model file (default: the embedded tiny model)")
+	resident := run.AddResidentFlag(fs)
 	prompt := fs.String("prompt", "The capital of France is", "prompt text")
 	maxTokens := fs.Int("max-tokens", 32, "tokens to generate")
 	temp := fs.Float64("temperature", 0, "sampling temperature; 0 = greedy")
@@ -133,6 +140,10 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		return fail(err)
 	}
 	defer lm.Close()
+	rr, err := lm.Resident(*resident, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		return fail(err)
+	}
 	lm.Engine().SetThreads(*threads)
 	if *dispatchListen == "" {
 		if err := lm.CheckLocal(); err != nil {
@@ -160,6 +171,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	res := &generateResult{Result: *dr}
 	res.RSSBytes, res.PeakRSSBytes = run.ProcessRSS()
+	res.Resident.Mode, res.Resident.Bytes = string(rr.Mode), rr.Bytes
 	if d != nil {
 		st := d.Stats()
 		res.ExpertsRemote, res.ExpertsLocal, res.Workers, res.Verify = &st.ExpertsRemote, &st.ExpertsLocal, run.WorkersJSON(st), string(st.Verify)

@@ -40,6 +40,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	var o run.APIOptions
 	so := run.SwarmOptions{Command: "serve"}
 	fs.StringVar(&o.ModelPath, "model", "", "GGUF model file (default: the embedded tiny model)")
+	resident := run.AddResidentFlag(fs)
 	fs.StringVar(&o.HTTPAddr, "http", "127.0.0.1:8080", "HTTP listen address of the API")
 	fs.StringVar(&o.ModelID, "model-id", "", "model name served by /v1/models and accepted in requests (default: general.name); workers announce the file's slice model id regardless")
 	fs.StringVar(&so.Listen, "dispatch-listen", "", "serve experts over the swarm: listen here for the hub's worker links (LAN address)")
@@ -78,6 +79,9 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 		return fail(err)
 	}
 	defer lm.Close()
+	if _, err := lm.Resident(*resident, log); err != nil {
+		return fail(err)
+	}
 	lm.Engine().SetThreads(o.Threads)
 	ex, err := run.ServeExperts(ctx, lm, so, log, stderr)
 	if err != nil {

@@ -1,0 +1,106 @@
+package run
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+)
+
+// ResidentAuto is --resident's default: lock the weights in memory when
+// they fit in the memory available (copy them when locking is not
+// allowed), else leave them mapped with a warning.
+const ResidentAuto = "auto"
+
+// AddResidentFlag registers --resident on fs.
+func AddResidentFlag(fs *flag.FlagSet) *string {
+	return fs.String("resident", ResidentAuto, "how the model's weights stay in memory: auto (lock them when they fit in available memory, else leave them mapped and warn), lock (mlock the mapping: read once, never evicted), copy (into the process's own memory), mmap (page cache only: evicted weights are read from disk again at each step)")
+}
+
+// residentMargin is the memory auto leaves to everything else: the larger
+// of 1 GiB and a tenth of the machine's memory.
+func residentMargin(total uint64) uint64 { return max(1<<30, total/10) }
+
+// Resident applies --resident to the model's weights (every tensor of the
+// file: a backbone computes whatever a step routes to it) and logs what it
+// did. choice is auto, lock, copy or mmap. auto reads MemAvailable and
+// MemTotal from /proc/meminfo: when the weights plus residentMargin fit it
+// locks them, falling back to copy when mlock is refused; otherwise (or
+// without /proc/meminfo) it leaves them mapped and warns. Errors: an
+// unknown choice, or an explicit lock/copy that failed (the weights then
+// stay mapped and valid).
+func (m *Model) Resident(choice string, log *slog.Logger) (gguf.ResidentReport, error) {
+	f := m.File()
+	need := f.ResidentBytes(nil)
+	if choice != ResidentAuto {
+		mode, err := gguf.ParseResidency(choice)
+		if err != nil {
+			return gguf.ResidentReport{}, err
+		}
+		r, err := f.MakeResident(mode, nil)
+		if err == nil {
+			log.Info("weights resident", "how", r.String())
+		}
+		return r, err
+	}
+	avail, total, err := memInfoFn()
+	if err != nil || need+residentMargin(total) > avail {
+		if err == nil {
+			log.Warn("the model's weights do not fit in available memory: left mapped; weights the page cache evicts are read from disk again at each step that needs them (decode slows down). Use a backbone-only file with --dispatch-listen, or more memory",
+				"weights_gb", fmt.Sprintf("%.2f", float64(need)/1e9), "available_gb", fmt.Sprintf("%.2f", float64(avail)/1e9))
+		}
+		return f.MakeResident(gguf.ResidentMapped, nil)
+	}
+	r, err := f.MakeResident(gguf.ResidentLocked, nil)
+	if err != nil {
+		log.Info("locking the weights refused; copying them into process memory", "err", err)
+		if r, err = f.MakeResident(gguf.ResidentCopied, nil); err != nil {
+			log.Warn("weights left mapped", "err", err)
+			return f.MakeResident(gguf.ResidentMapped, nil)
+		}
+	}
+	if r.Bytes > 0 {
+		log.Info("weights resident", "how", r.String())
+	}
+	return r, nil
+}
+
+// memInfoFn is memInfo; tests replace it.
+var memInfoFn = memInfo
+
+// memInfo returns MemAvailable and MemTotal in bytes from /proc/meminfo.
+func memInfo() (avail, total uint64, err error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		var key string
+		var kb uint64
+		fields := bytes.Fields(sc.Bytes())
+		if len(fields) < 2 {
+			continue
+		}
+		key = string(fields[0])
+		if kb, err = strconv.ParseUint(string(fields[1]), 10, 64); err != nil {
+			continue
+		}
+		switch key {
+		case "MemAvailable:":
+			avail = kb << 10
+		case "MemTotal:":
+			total = kb << 10
+		}
+	}
+	if avail == 0 || total == 0 {
+		return 0, 0, errors.New("/proc/meminfo has no MemAvailable or MemTotal")
+	}
+	return avail, total, nil
+}

@@ -1,0 +1,161 @@
+//go:build linux
+
+package gguf
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/quant"
+)
+
+// residentFile writes a GGUF with three F32 tensors of random bytes (two
+// of 300 KiB, one of 3 bytes short of a page multiple) and opens it.
+func residentFile(t *testing.T) (string, *File) {
+	t.Helper()
+	w := NewWriter()
+	w.SetString("general.architecture", "test")
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i, n := range []uint64{75 << 10, 75 << 10, 1023} {
+		data := make([]byte, 4*n)
+		for j := range data {
+			data[j] = byte(rng.Uint32())
+		}
+		if err := w.AddTensor("t"+strconv.Itoa(i), quant.F32, []uint64{n}, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "r.gguf")
+	if err := w.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return path, f
+}
+
+// scribble overwrites the file's tensor data on disk (same inode): a
+// MAP_SHARED mapping sees it, anonymous memory does not.
+func scribble(t *testing.T, path string, f *File) {
+	t.Helper()
+	fd, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	if _, err := fd.WriteAt(bytes.Repeat([]byte{0xAB}, 4096), int64(f.DataOffset)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func vmLocked(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmLck:"); ok {
+			n, _ := strconv.Atoi(strings.Fields(v)[0])
+			return n << 10
+		}
+	}
+	t.Skip("no VmLck in /proc/self/status")
+	return 0
+}
+
+// TestMakeResidentCopy: after ResidentCopied every tensor view taken before
+// still reads the file's bytes, and a later write to the file no longer
+// reaches them (the pages are the process's own); a mapped file, the
+// control, sees the write.
+func TestMakeResidentCopy(t *testing.T) {
+	path, f := residentFile(t)
+	before := map[string][]byte{}
+	for _, ti := range f.Tensors {
+		tn, _ := f.Tensor(ti.Name)
+		before[ti.Name] = bytes.Clone(tn.Data)
+	}
+	t0, _ := f.Tensor("t0")
+	r, err := f.MakeResident(ResidentCopied, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Tensors != 3 || r.Bytes < 4*(150<<10) || r.Bytes > uint64(len(f.data)) {
+		t.Fatalf("report %+v (file %d bytes)", r, len(f.data))
+	}
+	scribble(t, path, f)
+	for _, ti := range f.Tensors {
+		tn, _ := f.Tensor(ti.Name)
+		if !bytes.Equal(tn.Data, before[ti.Name]) {
+			t.Fatalf("%s changed after the copy (the file's write reached it)", ti.Name)
+		}
+	}
+	if !bytes.Equal(t0.Data, before["t0"]) {
+		t.Fatal("a view taken before MakeResident reads other bytes")
+	}
+}
+
+// TestMakeResidentMappedSeesWrites is the control of TestMakeResidentCopy:
+// a file left mapped reflects a write to it.
+func TestMakeResidentMappedSeesWrites(t *testing.T) {
+	path, f := residentFile(t)
+	if _, err := f.MakeResident(ResidentMapped, nil); err != nil {
+		t.Fatal(err)
+	}
+	scribble(t, path, f)
+	tn, _ := f.Tensor("t0")
+	if tn.Data[0] != 0xAB {
+		t.Fatalf("a mapped file did not see the write (byte %#x)", tn.Data[0])
+	}
+}
+
+// TestMakeResidentLock: ResidentLocked pins the selected tensors' pages
+// (VmLck grows by the report's bytes) and keeps their bytes.
+func TestMakeResidentLock(t *testing.T) {
+	_, f := residentFile(t)
+	want, _ := f.Tensor("t1")
+	wantB := bytes.Clone(want.Data)
+	base := vmLocked(t)
+	r, err := f.MakeResident(ResidentLocked, func(ti TensorInfo) bool { return ti.Name == "t1" })
+	if err != nil {
+		t.Skipf("mlock not allowed here (not root, RLIMIT_MEMLOCK): %v", err)
+	}
+	if r.Tensors != 1 || r.Bytes < 4*(75<<10) || r.Bytes > 4*(75<<10)+2*4096 {
+		t.Fatalf("report %+v", r)
+	}
+	if got := vmLocked(t) - base; got < int(r.Bytes) {
+		t.Fatalf("VmLck grew by %d bytes, want %d", got, r.Bytes)
+	}
+	got, _ := f.Tensor("t1")
+	if !bytes.Equal(got.Data, wantB) {
+		t.Fatal("t1 changed")
+	}
+}
+
+// TestMakeResidentErrors: an unknown mode and a closed file are errors;
+// a parsed (not mapped) file is left as it is.
+func TestMakeResidentErrors(t *testing.T) {
+	_, f := residentFile(t)
+	if _, err := f.MakeResident("pin", nil); err == nil {
+		t.Fatal("mode pin accepted")
+	}
+	f.Close()
+	if _, err := f.MakeResident(ResidentCopied, nil); err == nil {
+		t.Fatal("a closed file accepted")
+	}
+	p, err := Parse(oneTensor(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := p.MakeResident(ResidentCopied, nil); err != nil || r.Bytes != 0 {
+		t.Fatalf("parsed file: %+v %v", r, err)
+	}
+}

@@ -159,3 +159,23 @@ func TestMakeResidentErrors(t *testing.T) {
 		t.Fatalf("parsed file: %+v %v", r, err)
 	}
 }
+
+// TestWriterDataSize: DataSize is the written file's data section: its
+// length minus the parsed DataOffset.
+func TestWriterDataSize(t *testing.T) {
+	path, f := residentFile(t)
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewWriter()
+	for _, ti := range f.Tensors {
+		tn, _ := f.Tensor(ti.Name)
+		if err := w.AddTensor(ti.Name, ti.Type, ti.Dims, tn.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := w.DataSize(), uint64(st.Size())-f.DataOffset; got != want {
+		t.Fatalf("DataSize %d, file data section %d", got, want)
+	}
+}

@@ -117,6 +117,21 @@ func (w *Writer) alignment() (uint64, error) {
 
 func padTo(n, align uint64) uint64 { return (n + align - 1) / align * align }
 
+// DataSize returns the bytes of the data section WriteTo writes: every
+// tensor's data padded to the alignment (the header and metadata come on
+// top). A caller writing into memory can size its buffer with it.
+func (w *Writer) DataSize() uint64 {
+	align, err := w.alignment()
+	if err != nil {
+		align = DefaultAlignment
+	}
+	var n uint64
+	for _, t := range w.tensors {
+		n = padTo(n+t.Size, align)
+	}
+	return n
+}
+
 // WriteTo writes the file to out and returns the bytes written. Errors: an
 // invalid metadata value (wrapping ErrKeyType), a bad general.alignment, or
 // out's write error.

@@ -528,6 +528,7 @@ func Bytes(s Spec) ([]byte, error) {
 		return nil, err
 	}
 	var b bytes.Buffer
+	b.Grow(int(w.DataSize()) + 4<<20) // the data plus room for the header and metadata: one allocation, no regrowth
 	if _, err := w.WriteTo(&b); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,182 @@
+#version 450
+// One projection of one expert for a tile of activation rows:
+//
+//	out[r][j] = sum_i W[j][i] * a[r][i],  j in [0, rows), r in [0, cnt)
+//
+// W is a rows x cols matrix of ggml blocks of type TYPE at byte w_off of the
+// expert's weight buffer (row j at w_off + j*row_bytes); a and out are
+// float32 in the scratch buffer. Workgroup (j, t) computes row j for the
+// activation rows [t*TB, t*TB+TB). Each thread dequantises chunks of 32
+// weights (dequantisation formulas of ggml's dequantize_row_* in
+// ggml/src/ggml-quants.c, as engine/quant/dequant.go mirrors them) and
+// multiplies them with the float32 activations; the 64 partial sums of each
+// row are added in shared memory.
+//
+// The activations are float32 values that are already rounded to the
+// weight type's ggml vec_dot_type (Q8_0, Q8_1, Q8_K, F16, BF16 or F32;
+// engine/quant.ConvertActivation's values), so every product equals
+// ggml-cpu's integer block dot product up to float32 rounding.
+#extension GL_GOOGLE_include_directive : require
+layout(local_size_x = 64) in;
+#include "common.glsl"
+
+layout(push_constant) uniform Params {
+    uint w_off;     // byte offset of the matrix in the weight buffer
+    uint rows;      // output rows
+    uint cols;      // elements per row (a multiple of 32)
+    uint row_bytes; // bytes per row
+    uint a_off;     // float index of activation row 0 in s
+    uint o_off;     // float index of output row 0 in s
+    uint cnt;       // activation rows
+    uint pad;
+} p;
+
+#define TB 8
+shared float red[TB][64];
+
+// deq32 dequantises elements [32*c, 32*c+32) of the row at byte rb.
+void deq32(uint rb, uint c, out float v[32]) {
+#if defined(TYPE_F32)
+    uint o = rb + c * 128u;
+    for (uint i = 0u; i < 32u; i++) v[i] = uintBitsToFloat(rd32(o + 4u * i));
+#elif defined(TYPE_F16)
+    uint o = rb + c * 64u;
+    for (uint i = 0u; i < 16u; i++) {
+        vec2 f = unpackHalf2x16(rd32(o + 4u * i));
+        v[2u * i] = f.x;
+        v[2u * i + 1u] = f.y;
+    }
+#elif defined(TYPE_BF16)
+    uint o = rb + c * 64u;
+    for (uint i = 0u; i < 16u; i++) {
+        uint u = rd32(o + 4u * i);
+        v[2u * i] = uintBitsToFloat(u << 16);
+        v[2u * i + 1u] = uintBitsToFloat(u & 0xFFFF0000u);
+    }
+#elif defined(TYPE_Q8_0)
+    // block_q8_0 (34 B): d fp16 | qs[32] int8; x = d*q.
+    uint o = rb + c * 34u;
+    float d = rdf16(o);
+    for (uint i = 0u; i < 32u; i++) v[i] = d * float(rds8(o + 2u + i));
+#elif defined(TYPE_Q4_0)
+    // block_q4_0 (18 B): d fp16 | qs[16]; x[j] = d*((qs[j]&15)-8), x[j+16] = d*((qs[j]>>4)-8).
+    uint o = rb + c * 18u;
+    float d = rdf16(o);
+    for (uint i = 0u; i < 16u; i++) {
+        uint q = rd8(o + 2u + i);
+        v[i] = d * float(int(q & 15u) - 8);
+        v[i + 16u] = d * float(int(q >> 4) - 8);
+    }
+#elif defined(TYPE_Q4_1)
+    // block_q4_1 (20 B): d, m fp16 | qs[16]; x = d*q + m.
+    uint o = rb + c * 20u;
+    float d = rdf16(o), m = rdf16(o + 2u);
+    for (uint i = 0u; i < 16u; i++) {
+        uint q = rd8(o + 4u + i);
+        v[i] = d * float(q & 15u) + m;
+        v[i + 16u] = d * float(q >> 4) + m;
+    }
+#elif defined(TYPE_Q5_0)
+    // block_q5_0 (22 B): d fp16 | qh u32 | qs[16]; 5th bit of x[j] = qh bit j; x = d*(q-16).
+    uint o = rb + c * 22u;
+    float d = rdf16(o);
+    uint qh = rd32(o + 2u);
+    for (uint i = 0u; i < 16u; i++) {
+        uint q = rd8(o + 6u + i);
+        v[i] = d * float(int((q & 15u) | (((qh >> i) & 1u) << 4)) - 16);
+        v[i + 16u] = d * float(int((q >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) - 16);
+    }
+#elif defined(TYPE_Q5_1)
+    // block_q5_1 (24 B): d, m fp16 | qh u32 | qs[16]; x = d*q + m.
+    uint o = rb + c * 24u;
+    float d = rdf16(o), m = rdf16(o + 2u);
+    uint qh = rd32(o + 4u);
+    for (uint i = 0u; i < 16u; i++) {
+        uint q = rd8(o + 8u + i);
+        v[i] = d * float((q & 15u) | (((qh >> i) & 1u) << 4)) + m;
+        v[i + 16u] = d * float((q >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) + m;
+    }
+#elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
+    // block_q4_K (144 B): d, dmin fp16 | scales[12] | qs[128];
+    // block_q5_K (176 B): d, dmin fp16 | scales[12] | qh[32] | qs[128].
+    // Sub-block j (32 values) has a 6-bit scale and min (get_scale_min_k4);
+    // x = d*sc*q - dmin*m, q the low (j even) or high (j odd) nibbles of
+    // qs[32*(j/2) .. +32], plus 16 for Q5_K where qh[l] bit j is set.
+#if defined(TYPE_Q4_K)
+    uint o = rb + (c >> 3) * 144u;
+    uint qo = o + 16u;
+#else
+    uint o = rb + (c >> 3) * 176u;
+    uint qo = o + 48u;
+#endif
+    uint j = c & 7u;
+    float d = rdf16(o), dmin = rdf16(o + 2u);
+    uint sc, mn;
+    if (j < 4u) {
+        sc = rd8(o + 4u + j) & 63u;
+        mn = rd8(o + 8u + j) & 63u;
+    } else {
+        sc = (rd8(o + 8u + j) & 15u) | ((rd8(o + j) >> 6) << 4);
+        mn = (rd8(o + 8u + j) >> 4) | ((rd8(o + 4u + j) >> 6) << 4);
+    }
+    float d1 = d * float(sc), m1 = dmin * float(mn);
+    uint shift = (j & 1u) * 4u;
+    for (uint l = 0u; l < 32u; l++) {
+        uint q = (rd8(qo + 32u * (j >> 1) + l) >> shift) & 15u;
+#if defined(TYPE_Q5_K)
+        q += ((rd8(o + 16u + l) >> j) & 1u) << 4;
+#endif
+        v[l] = d1 * float(q) - m1;
+    }
+#elif defined(TYPE_Q6_K)
+    // block_q6_K (210 B): ql[128] | qh[64] | scales[16] int8 | d fp16.
+    // Chunk c = 4n+k of the block (half n, quarter k): element l (0..31) is
+    // ((ql[64n + l + 32(k&1)] >> 4(k>>1)) & 15 | ((qh[32n+l] >> 2k) & 3) << 4) - 32,
+    // scaled by d*scales[8n + l/16 + 2k].
+    uint o = rb + (c >> 3) * 210u;
+    uint j = c & 7u, n = j >> 2, k = j & 3u;
+    float d = rdf16(o + 208u);
+    float s0 = d * float(rds8(o + 192u + 8u * n + 2u * k));
+    float s1 = d * float(rds8(o + 192u + 8u * n + 2u * k + 1u));
+    uint lo = o + 64u * n + 32u * (k & 1u), hs = 4u * (k >> 1);
+    for (uint l = 0u; l < 32u; l++) {
+        uint ql = (rd8(lo + l) >> hs) & 15u;
+        uint qh = (rd8(o + 128u + 32u * n + l) >> (2u * k)) & 3u;
+        v[l] = (l < 16u ? s0 : s1) * float(int(ql | (qh << 4)) - 32);
+    }
+#else
+#error "TYPE_* not defined"
+#endif
+}
+
+void main() {
+    uint j = gl_WorkGroupID.x;
+    uint r0 = gl_WorkGroupID.y * TB;
+    uint tid = gl_LocalInvocationID.x;
+    uint nr = min(TB, p.cnt - r0);
+    float acc[TB];
+    for (uint r = 0u; r < TB; r++) acc[r] = 0.0;
+    uint rb = p.w_off + j * p.row_bytes;
+    uint chunks = p.cols / 32u;
+    for (uint c = tid; c < chunks; c += 64u) {
+        float v[32];
+        deq32(rb, c, v);
+        for (uint r = 0u; r < nr; r++) {
+            uint a = p.a_off + (r0 + r) * p.cols + c * 32u;
+            float sum = 0.0;
+            for (uint i = 0u; i < 32u; i++) sum += v[i] * s[a + i];
+            acc[r] += sum;
+        }
+    }
+    for (uint r = 0u; r < TB; r++) red[r][tid] = acc[r];
+    barrier();
+    for (uint st = 32u; st > 0u; st >>= 1) {
+        if (tid < st) {
+            for (uint r = 0u; r < TB; r++) red[r][tid] += red[r][tid + st];
+        }
+        barrier();
+    }
+    if (tid < nr) {
+        s[p.o_off + (r0 + tid) * p.rows + j] = red[tid][0];
+    }
+}

@@ -11,6 +11,7 @@ import "C"
 
 import (
 	"context"
+	"encoding/binary"
 	"embed"
 	"fmt"
 	"runtime"
@@ -85,6 +86,8 @@ type Computer struct {
 	cmds   []C.kv_cmd
 	rowsA  []float32 // per input row activations rounded for gate (then up)
 	rowsB  []float32
+	sumsA  []float32 // their Q8_1 block sums s, when gate's activations are Q8_1
+	sumsB  []float32
 	// fault injection for tests: called before each submission.
 	inject func() error
 }
@@ -111,10 +114,12 @@ func swigluMode(t quant.Type) uint32 {
 		return 1
 	case quant.BF16:
 		return 2
-	case quant.Q8_0, quant.Q8_1:
+	case quant.Q8_0:
 		return 3
 	case quant.Q8_K:
 		return 4
+	case quant.Q8_1:
+		return 5
 	}
 	return 0
 }
@@ -411,8 +416,9 @@ func (c *Computer) cpuPairs(ctx context.Context, layer int, hidden []float32, id
 
 // roundRows sets dst (n x d) to the rows of hidden rounded to weight type
 // t's activation type (quant.ConvertActivation, then quant.Dequantize of
-// the converted bytes).
-func roundRows(t quant.Type, hidden []float32, n, d int, dst []float32) error {
+// the converted bytes), and for Q8_1 sums (n x d/32) to the blocks' s
+// fields (fp16(d*sum(q)), which ggml's Q4_1 and Q5_1 dot products use).
+func roundRows(t quant.Type, hidden []float32, n, d int, dst, sums []float32) error {
 	vt := t.VecDotType()
 	if vt == quant.F32 {
 		copy(dst, hidden)
@@ -429,6 +435,11 @@ func roundRows(t quant.Type, hidden []float32, n, d int, dst []float32) error {
 		}
 		if err := quant.Dequantize(vt, buf, dst[r*d:(r+1)*d]); err != nil {
 			return err
+		}
+		if vt == quant.Q8_1 {
+			for b := range d / 32 {
+				sums[r*(d/32)+b] = quant.FP16ToFP32(binary.LittleEndian.Uint16(buf[36*b+2:]))
+			}
 		}
 	}
 	return nil
@@ -447,29 +458,30 @@ func (c *Computer) gpuPairs(layer int, g *gpuLayer, hidden []float32, ids []int3
 	d, dff := l.DModel, l.DFF
 	n := len(hidden) / d
 	c.rowsA = growF(c.rowsA, n*d)
-	if err := roundRows(l.Gate.Type, hidden, n, d, c.rowsA); err != nil {
+	c.sumsA = growF(c.sumsA, n*d/32)
+	if err := roundRows(l.Gate.Type, hidden, n, d, c.rowsA, c.sumsA); err != nil {
 		return c.setFault(err)
 	}
-	rowsU := c.rowsA
+	c.rowsB, c.sumsB = c.rowsA, c.sumsA
 	if !g.sameAct {
-		c.rowsB = growF(c.rowsB, n*d)
-		if err := roundRows(l.Up.Type, hidden, n, d, c.rowsB); err != nil {
+		c.rowsB = make([]float32, n*d)
+		c.sumsB = make([]float32, n*d/32)
+		if err := roundRows(l.Up.Type, hidden, n, d, c.rowsB, c.sumsB); err != nil {
 			return c.setFault(err)
 		}
-		rowsU = c.rowsB
 	}
-	// Pairs per submission: scratch holds xg, xu (np x d each), tg, tu, h
-	// (np x dff each) and y (np x d).
-	per := 4 * (3*d + 3*dff)
+	// Pairs per submission: scratch holds xg, xu (np x d each), their
+	// block sums (np x d/32 each), tg, tu, h (np x dff each), h's block
+	// sums (np x dff/32) and y (np x d).
+	per := 4 * (3*d + 3*dff + d/16 + dff/32)
 	chunk := max(1, maxScratchBytes/per)
 	for lo := 0; lo < len(pairs); lo += chunk {
 		part := pairs[lo:min(len(pairs), lo+chunk)]
-		if err := c.submit(g, rowsU, ids, k, part, out); err != nil {
+		if err := c.submit(g, ids, k, part, out); err != nil {
 			return c.setFault(err)
 		}
 		c.stats.GPUPairs += uint64(len(part))
 	}
-	_ = dff
 	return nil
 }
 
@@ -489,7 +501,7 @@ func growF(s []float32, n int) []float32 {
 
 // submit records and runs one command buffer for pairs (all resident in
 // g) and writes their outputs to out. c.mu is held.
-func (c *Computer) submit(g *gpuLayer, rowsU []float32, ids []int32, k int, pairs []int32, out []float32) error {
+func (c *Computer) submit(g *gpuLayer, ids []int32, k int, pairs []int32, out []float32) error {
 	l := g.l
 	d, dff := l.DModel, l.DFF
 	np := len(pairs)
@@ -514,11 +526,18 @@ func (c *Computer) submit(g *gpuLayer, rowsU []float32, ids []int32, k int, pair
 	if !g.sameAct {
 		xu = xg + np*d
 	}
-	tg := xu + np*d
+	sg := xu + np*d // Q8_1 block sums of xg, xu and h
+	su := sg
+	if !g.sameAct {
+		su = sg + np*d/32
+	}
+	sh := su + np*d/32
+	tg := sh + np*dff/32
 	tu := tg + np*dff
 	hh := tu + np*dff
 	y := hh + np*dff
 	total := y + np*d
+	nb := d / 32 // activation blocks of 32 per input row
 	var errb [C.KV_ERRLEN]C.char
 	sp := C.kv_scratch(c.ctx, C.uint64_t(4*total), &errb[0])
 	if sp == nil {
@@ -528,8 +547,10 @@ func (c *Computer) submit(g *gpuLayer, rowsU []float32, ids []int32, k int, pair
 	for q, p := range order {
 		r := int(p) / k
 		copy(s[xg+q*d:xg+(q+1)*d], c.rowsA[r*d:(r+1)*d])
+		copy(s[sg+q*nb:sg+(q+1)*nb], c.sumsA[r*nb:(r+1)*nb])
 		if !g.sameAct {
-			copy(s[xu+q*d:xu+(q+1)*d], rowsU[r*d:(r+1)*d])
+			copy(s[xu+q*d:xu+(q+1)*d], c.rowsB[r*d:(r+1)*d])
+			copy(s[su+q*nb:su+(q+1)*nb], c.sumsB[r*nb:(r+1)*nb])
 		}
 	}
 	c.cmds = c.cmds[:0]
@@ -554,13 +575,13 @@ func (c *Computer) submit(g *gpuLayer, rowsU []float32, ids []int32, k int, pair
 		}
 		cnt := q1 - q0
 		w := g.buf[e]
-		add(g.gPipe, false, w, [8]uint32{g.gOff, uint32(dff), uint32(d), g.gRB, uint32(xg + q0*d), uint32(tg + q0*dff), uint32(cnt)}, dff, (cnt+tb-1)/tb)
-		add(g.uPipe, false, w, [8]uint32{g.uOff, uint32(dff), uint32(d), g.uRB, uint32(xu + q0*d), uint32(tu + q0*dff), uint32(cnt)}, dff, (cnt+tb-1)/tb)
+		add(g.gPipe, false, w, [8]uint32{g.gOff, uint32(dff), uint32(d), g.gRB, uint32(xg + q0*d), uint32(tg + q0*dff), uint32(cnt), uint32(sg + q0*nb)}, dff, (cnt+tb-1)/tb)
+		add(g.uPipe, false, w, [8]uint32{g.uOff, uint32(dff), uint32(d), g.uRB, uint32(xu + q0*d), uint32(tu + q0*dff), uint32(cnt), uint32(su + q0*nb)}, dff, (cnt+tb-1)/tb)
 	}
 	swiglu := int32(len(kernelTypes))
 	for lo, first := 0, true; lo < np*dff; lo, first = lo+65535*256, false {
 		m := min(np*dff-lo, 65535*256)
-		add(swiglu, first, nil, [8]uint32{uint32(tg + lo), uint32(tu + lo), uint32(hh + lo), uint32(m), g.gMode}, (m+255)/256, 1)
+		add(swiglu, first, nil, [8]uint32{uint32(tg + lo), uint32(tu + lo), uint32(hh + lo), uint32(m), g.gMode, uint32(sh + lo/32)}, (m+255)/256, 1)
 	}
 	first := true
 	for e := range l.NExpert {
@@ -569,7 +590,7 @@ func (c *Computer) submit(g *gpuLayer, rowsU []float32, ids []int32, k int, pair
 			continue
 		}
 		cnt := q1 - q0
-		add(g.dPipe, first, g.buf[e], [8]uint32{g.dOff, uint32(d), uint32(dff), g.dRB, uint32(hh + q0*dff), uint32(y + q0*d), uint32(cnt)}, d, (cnt+tb-1)/tb)
+		add(g.dPipe, first, g.buf[e], [8]uint32{g.dOff, uint32(d), uint32(dff), g.dRB, uint32(hh + q0*dff), uint32(y + q0*d), uint32(cnt), uint32(sh + q0*dff/32)}, d, (cnt+tb-1)/tb)
 		first = false
 	}
 	if c.inject != nil {

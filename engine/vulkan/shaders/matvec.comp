@@ -28,8 +28,11 @@ layout(push_constant) uniform Params {
     uint a_off;     // float index of activation row 0 in s
     uint o_off;     // float index of output row 0 in s
     uint cnt;       // activation rows
-    uint pad;
+    uint s_off;     // Q4_1, Q5_1: float index of the activations' block sums s (Q8_1)
 } p;
+
+// m of the last Q4_1/Q5_1 block deq32 read (its values come without it).
+float blk_m = 0.0;
 
 #define TB 8
 shared float red[TB][64];
@@ -68,13 +71,16 @@ void deq32(uint rb, uint c, out float v[32]) {
         v[i + 16u] = d * float(int(q >> 4) - 8);
     }
 #elif defined(TYPE_Q4_1)
-    // block_q4_1 (20 B): d, m fp16 | qs[16]; x = d*q + m.
+    // block_q4_1 (20 B): d, m fp16 | qs[16]; x = d*q + m. The m part is
+    // added per block as m*s with the activation block's s = fp16(d*sum q)
+    // (block_q8_1), as ggml_vec_dot_q4_1_q8_1 does.
     uint o = rb + c * 20u;
-    float d = rdf16(o), m = rdf16(o + 2u);
+    float d = rdf16(o);
+    blk_m = rdf16(o + 2u);
     for (uint i = 0u; i < 16u; i++) {
         uint q = rd8(o + 4u + i);
-        v[i] = d * float(q & 15u) + m;
-        v[i + 16u] = d * float(q >> 4) + m;
+        v[i] = d * float(q & 15u);
+        v[i + 16u] = d * float(q >> 4);
     }
 #elif defined(TYPE_Q5_0)
     // block_q5_0 (22 B): d fp16 | qh u32 | qs[16]; 5th bit of x[j] = qh bit j; x = d*(q-16).
@@ -87,14 +93,16 @@ void deq32(uint rb, uint c, out float v[32]) {
         v[i + 16u] = d * float(int((q >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) - 16);
     }
 #elif defined(TYPE_Q5_1)
-    // block_q5_1 (24 B): d, m fp16 | qh u32 | qs[16]; x = d*q + m.
+    // block_q5_1 (24 B): d, m fp16 | qh u32 | qs[16]; x = d*q + m (m as
+    // for Q4_1, ggml_vec_dot_q5_1_q8_1).
     uint o = rb + c * 24u;
-    float d = rdf16(o), m = rdf16(o + 2u);
+    float d = rdf16(o);
+    blk_m = rdf16(o + 2u);
     uint qh = rd32(o + 4u);
     for (uint i = 0u; i < 16u; i++) {
         uint q = rd8(o + 8u + i);
-        v[i] = d * float((q & 15u) | (((qh >> i) & 1u) << 4)) + m;
-        v[i + 16u] = d * float((q >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) + m;
+        v[i] = d * float((q & 15u) | (((qh >> i) & 1u) << 4));
+        v[i + 16u] = d * float((q >> 4) | (((qh >> (i + 16u)) & 1u) << 4));
     }
 #elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
     // block_q4_K (144 B): d, dmin fp16 | scales[12] | qs[128];
@@ -165,6 +173,9 @@ void main() {
             uint a = p.a_off + (r0 + r) * p.cols + c * 32u;
             float sum = 0.0;
             for (uint i = 0u; i < 32u; i++) sum += v[i] * s[a + i];
+#if defined(TYPE_Q4_1) || defined(TYPE_Q5_1)
+            sum += blk_m * s[p.s_off + (r0 + r) * chunks + c];
+#endif
             acc[r] += sum;
         }
     }

@@ -14,8 +14,10 @@
 //	mode 0 F32:  x
 //	mode 1 F16:  fp16(x)
 //	mode 2 BF16: bf16(x)
-//	mode 3 Q8_0 and Q8_1 (blocks of 32): d = fp16(amax/127),
+//	mode 3 Q8_0 (blocks of 32): d = fp16(amax/127),
 //	             q = roundeven(x*(127/amax)), value fp16(d)*q
+//	mode 5 Q8_1: as Q8_0, and the block's s = fp16((amax/127)*sum(q))
+//	             is written to s[s_off + block]
 //	mode 4 Q8_K (blocks of 256): m = the first element of largest |x|,
 //	             s = -127/m, q = min(127, roundeven(s*x)), value q/s
 //
@@ -32,6 +34,7 @@ layout(push_constant) uniform Params {
     uint h_off; // float index of h
     uint n;     // elements
     uint mode;
+    uint s_off; // mode 5: float index of the block sums
 } p;
 
 shared float amax[256];
@@ -92,7 +95,7 @@ void main() {
         return;
     }
     // Block maximum of |x| (first index of the largest on ties).
-    uint bs = p.mode == 3u ? 32u : 256u;
+    uint bs = p.mode == 4u ? 256u : 32u;
     amax[tid] = abs(x);
     arg[tid] = tid;
     barrier();
@@ -111,10 +114,20 @@ void main() {
     float am = amax[first];
     barrier();
     float v = 0.0;
-    if (p.mode == 3u) {
+    if (p.mode == 3u || p.mode == 5u) {
         float d = am / 127.0;
         float id = am != 0.0 ? 127.0 / am : 0.0;
-        v = fp16(d) * clamp(roundEven(x * id), -128.0, 127.0);
+        float q = clamp(roundEven(x * id), -128.0, 127.0);
+        v = fp16(d) * q;
+        if (p.mode == 5u) {
+            amax[tid] = q;
+            barrier();
+            for (uint st = 16u; st > 0u; st >>= 1) {
+                if ((tid & 31u) < st) amax[tid] += amax[tid + st];
+                barrier();
+            }
+            if ((tid & 31u) == 0u && in_) s[p.s_off + i / 32u] = fp16(d * amax[tid]);
+        }
     } else if (am != 0.0) {
         // max is read back as a value: the shared x of the arg element.
         amax[tid] = x;

@@ -127,11 +127,13 @@ func runWorker(args []string) int {
 	modelID := fs.String("model-id", "", "model id announced to the backbone (default: the slice's model id, engine/slice.ModelID)")
 	modelTiny := fs.Bool("model-tiny", false, "serve the experts of the embedded tiny model (the default model of backbone generate and demo) instead of --slice")
 	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with optional KiB/MiB/GiB suffix; the backbone assigns experts and the worker downloads them (issue 6)")
+	backend := fs.String("backend", "auto", backendFlagHelp)
 	source := fs.String("model-source", "", "with --quota: http(s) URL of the full model GGUF to download assigned experts from instead of the one the backbone names (a mirror); bytes are verified against the backbone's hashes either way")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *quotaFlag != "" {
+		warnQuotaBackend(*backend)
 		return runSliceWorker(*gw, *slice, *quotaFlag, *caFile, *keyFile, *source, *threads)
 	}
 	if *source != "" {
@@ -180,8 +182,14 @@ func runWorker(args []string) int {
 	if *modelID != "" {
 		sl.ModelID = *modelID
 	}
+	backendName, closeDev, err := applyBackend(*backend, sl)
+	if err != nil {
+		workerErr("", err)
+		return 1
+	}
+	defer closeDev()
 	w, err := worker.New(worker.Config{GatewayURL: *gw, Key: key, RootCAs: pool, Computer: sl.Computer,
-		Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: "cpu-" + runtime.GOARCH, Threads: *threads})
+		Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: backendName, Threads: *threads})
 	if err != nil {
 		workerErr("", err)
 		return 1

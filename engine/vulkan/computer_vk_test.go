@@ -171,7 +171,7 @@ func TestTypes(t *testing.T) {
 	}
 	cfgs = append(cfgs, cfg{quant.Q4_K, quant.Q4_K, quant.Q6_K}, cfg{quant.Q5_K, quant.Q5_K, quant.Q6_K},
 		cfg{quant.Q4_1, quant.Q5_K, quant.Q8_0}, cfg{quant.F16, quant.BF16, quant.Q5_1})
-	const nExpert, d, dff = 6, 512, 256
+	const nExpert, d, dff = 6, 512, 512
 	for i, c := range cfgs {
 		name := fmt.Sprintf("%v-%v-%v", c.g, c.u, c.d)
 		t.Run(name, func(t *testing.T) {

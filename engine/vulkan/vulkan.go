@@ -45,6 +45,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
@@ -223,4 +224,41 @@ type Stats struct {
 	CPUPairs        uint64 // pairs computed by the CPU path (cumulative)
 	Submissions     uint64 // queue submissions of ComputeExperts (cumulative)
 	Fault           string // the device fault that turned the Computer to the CPU; "" if none
+}
+
+// Wrap applies a --backend value to a worker's CPU Computer. For "cpu", or
+// "auto" without a usable GPU, it returns local itself and name ""
+// (the caller keeps its CPU backend name) and logs why through logf;
+// otherwise a Vulkan Computer over local (memBytes: Options.MemoryBytes),
+// its HELLO backend name (BackendName) and its Close. An explicit
+// "vulkan[:N]" that cannot be had is an error; "auto" falls back to the
+// CPU on any Vulkan error. logf may be nil.
+func Wrap(backend string, local *expert.Local, memBytes uint64, logf func(string, ...any)) (comp expert.Computer, name string, closeFn func() error, err error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	noop := func() error { return nil }
+	b, err := ParseBackend(backend)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	dev, ok, reason, err := b.Resolve()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if !ok {
+		logf("backend %s: computing on the CPU (%s)", b, reason)
+		return local, "", noop, nil
+	}
+	c, err := New(local, Options{Device: dev.Index, MemoryBytes: memBytes, Logf: logf})
+	if err != nil {
+		if b.Kind == "vulkan" {
+			return nil, "", nil, err
+		}
+		logf("backend auto: computing on the CPU (%v)", err)
+		return local, "", noop, nil
+	}
+	st := c.Stats()
+	logf("backend %s: %s; %d experts (%d MiB) on the device, %d on the CPU", b, dev, st.ResidentExperts, st.ResidentBytes>>20, st.CPUExperts)
+	return c, BackendName(dev), c.Close, nil
 }

@@ -11,8 +11,8 @@ import "C"
 
 import (
 	"context"
-	"encoding/binary"
 	"embed"
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"sort"

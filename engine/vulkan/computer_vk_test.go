@@ -253,7 +253,7 @@ func TestQuota(t *testing.T) {
 	dev := testDevice(t)
 	rng := rand.New(rand.NewPCG(9, 9))
 	const nExpert, d, dff = 4, 256, 256
-	big := randLayer(t, rng, nExpert, d, dff, quant.F32, quant.F32, quant.F32)     // 768 KiB per expert
+	big := randLayer(t, rng, nExpert, d, dff, quant.F32, quant.F32, quant.F32)      // 768 KiB per expert
 	small := randLayer(t, rng, nExpert, d, dff, quant.Q4_0, quant.Q4_0, quant.Q4_0) // 108 KiB per expert
 	probe, _ := newPair(t, []*expert.Layer{big, small}, Options{Device: dev})
 	bigB, smallB := probe.layers[0].expertBytes, probe.layers[1].expertBytes

@@ -1,0 +1,71 @@
+//go:build linux && cgo && !kvasir_novulkan
+
+package vulkan
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/quant"
+)
+
+// BenchmarkExperts compares the Vulkan Computer (on the first device:
+// lavapipe on a machine without a GPU) with expert.Local on one layer of
+// Qwen3-30B-A3B's expert shape (d 2048, FFN 768) with 8 experts, for a
+// decode step (1 row, top-8: every expert once) and a batch of 16 rows.
+// rows/s counts (row, slot) pairs; weight-GB/s the expert bytes each call
+// must read (each used expert's three matrices once).
+func BenchmarkExperts(b *testing.B) {
+	const nExpert, d, dff = 8, 2048, 768
+	for _, typ := range []quant.Type{quant.Q4_K, quant.Q8_0} {
+		rng := rand.New(rand.NewPCG(1, 2))
+		l := randLayer(b, rng, nExpert, d, dff, typ, typ, typ)
+		local, err := expert.NewLocal([]*expert.Layer{l}, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var gpu *Computer
+		if devs, err := Devices(); err == nil && len(devs) > 0 {
+			if gpu, err = New(local, Options{Device: devs[0].Index}); err != nil {
+				b.Logf("vulkan: %v", err)
+				gpu = nil
+			} else {
+				b.Logf("device %v", gpu.Device())
+			}
+		}
+		for _, n := range []int{1, 16} {
+			const k = 8
+			hidden, ids := randInput(rng, n, k, d, nExpert)
+			out := make([]float32, n*k*d)
+			used := map[int32]bool{}
+			for _, e := range ids {
+				used[e] = true
+			}
+			weightBytes := float64(len(used) * l.ExpertBytes())
+			for _, side := range []struct {
+				name string
+				c    expert.Computer
+			}{{"vulkan", gpu}, {"cpu", local}} {
+				if side.name == "vulkan" && gpu == nil {
+					continue
+				}
+				b.Run(fmt.Sprintf("%v/n=%d/%s", typ, n, side.name), func(b *testing.B) {
+					for b.Loop() {
+						if err := side.c.ComputeExperts(context.Background(), 0, hidden, ids, n, k, out); err != nil {
+							b.Fatal(err)
+						}
+					}
+					sec := b.Elapsed().Seconds() / float64(b.N)
+					b.ReportMetric(float64(n*k)/sec, "rows/s")
+					b.ReportMetric(weightBytes/sec/1e9, "weight-GB/s")
+				})
+			}
+		}
+		if gpu != nil {
+			gpu.Close()
+		}
+	}
+}

@@ -567,7 +567,8 @@ func (c *Computer) submit(g *gpuLayer, ids []int32, k int, pairs []int32, out []
 		cmd.gx, cmd.gy, cmd.gz = C.uint32_t(gx), C.uint32_t(gy), 1
 		c.cmds = append(c.cmds, cmd)
 	}
-	const tb = 8 // activation rows per workgroup (TB in matvec.comp)
+	const tb = 8  // activation rows per workgroup (TB in matvec.comp)
+	const rpw = 8 // weight rows per workgroup (RPW in matvec.comp)
 	for e := range l.NExpert {
 		q0, q1 := int(start[e]), int(start[e+1])
 		if q0 == q1 {
@@ -575,8 +576,8 @@ func (c *Computer) submit(g *gpuLayer, ids []int32, k int, pairs []int32, out []
 		}
 		cnt := q1 - q0
 		w := g.buf[e]
-		add(g.gPipe, false, w, [8]uint32{g.gOff, uint32(dff), uint32(d), g.gRB, uint32(xg + q0*d), uint32(tg + q0*dff), uint32(cnt), uint32(sg + q0*nb)}, dff, (cnt+tb-1)/tb)
-		add(g.uPipe, false, w, [8]uint32{g.uOff, uint32(dff), uint32(d), g.uRB, uint32(xu + q0*d), uint32(tu + q0*dff), uint32(cnt), uint32(su + q0*nb)}, dff, (cnt+tb-1)/tb)
+		add(g.gPipe, false, w, [8]uint32{g.gOff, uint32(dff), uint32(d), g.gRB, uint32(xg + q0*d), uint32(tg + q0*dff), uint32(cnt), uint32(sg + q0*nb)}, (dff+rpw-1)/rpw, (cnt+tb-1)/tb)
+		add(g.uPipe, false, w, [8]uint32{g.uOff, uint32(dff), uint32(d), g.uRB, uint32(xu + q0*d), uint32(tu + q0*dff), uint32(cnt), uint32(su + q0*nb)}, (dff+rpw-1)/rpw, (cnt+tb-1)/tb)
 	}
 	swiglu := int32(len(kernelTypes))
 	for lo, first := 0, true; lo < np*dff; lo, first = lo+65535*256, false {
@@ -590,7 +591,7 @@ func (c *Computer) submit(g *gpuLayer, ids []int32, k int, pairs []int32, out []
 			continue
 		}
 		cnt := q1 - q0
-		add(g.dPipe, first, g.buf[e], [8]uint32{g.dOff, uint32(d), uint32(dff), g.dRB, uint32(hh + q0*dff), uint32(y + q0*d), uint32(cnt), uint32(sh + q0*dff/32)}, d, (cnt+tb-1)/tb)
+		add(g.dPipe, first, g.buf[e], [8]uint32{g.dOff, uint32(d), uint32(dff), g.dRB, uint32(hh + q0*dff), uint32(y + q0*d), uint32(cnt), uint32(sh + q0*dff/32)}, (d+rpw-1)/rpw, (cnt+tb-1)/tb)
 		first = false
 	}
 	if c.inject != nil {

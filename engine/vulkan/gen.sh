@@ -8,7 +8,7 @@ set -eu
 cd "$(dirname "$0")"
 out=${1:-spv}
 mkdir -p "$out"
-flags="--target-env=vulkan1.0 -O -fshader-stage=compute"
+flags="--target-env=vulkan1.1 -O -fshader-stage=compute"
 for t in F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K; do
   glslc $flags -DTYPE_$t -o "$out/matvec_$t.spv" shaders/matvec.comp
 done

@@ -39,6 +39,7 @@ static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct {
 	INSTANCE_FUNCS(DECL)
+	PFN_vkGetPhysicalDeviceProperties2 vkGetPhysicalDeviceProperties2; // Vulkan 1.1; checked in kv_open
 } ifuncs;
 
 typedef struct {
@@ -99,6 +100,7 @@ struct kv_ctx {
 	mblock *blocks;
 	wlist *wbufs;
 	uint64_t dev_bytes;
+	uint32_t subgroup;
 };
 
 static const char *vkres(VkResult r) {
@@ -169,6 +171,7 @@ static int make_instance(VkInstance *inst, ifuncs *fi, char *err) {
 #define LOADI(f) fi->f = (PFN_##f)getInstanceProcAddr(*inst, #f); \
 	if (fi->f == NULL) { snprintf(err, KV_ERRLEN, "Vulkan loader lacks %s", #f); return -1; }
 	INSTANCE_FUNCS(LOADI)
+	fi->vkGetPhysicalDeviceProperties2 = (PFN_vkGetPhysicalDeviceProperties2)getInstanceProcAddr(*inst, "vkGetPhysicalDeviceProperties2");
 	return 0;
 }
 
@@ -318,6 +321,23 @@ kv_ctx *kv_open(int index, int npipe, const void **spv, const size_t *spvlen, ch
 		goto bad;
 	}
 	c->phys = devs[index];
+	// The matvec kernels sum with subgroupAdd: Vulkan 1.1 subgroup
+	// arithmetic in compute shaders.
+	VkPhysicalDeviceProperties props;
+	c->fi.vkGetPhysicalDeviceProperties(c->phys, &props);
+	if (props.apiVersion < VK_API_VERSION_1_1 || c->fi.vkGetPhysicalDeviceProperties2 == NULL) {
+		snprintf(err, KV_ERRLEN, "%s supports Vulkan %u.%u only; the kernels need 1.1", props.deviceName,
+			VK_API_VERSION_MAJOR(props.apiVersion), VK_API_VERSION_MINOR(props.apiVersion));
+		goto bad;
+	}
+	VkPhysicalDeviceSubgroupProperties sub = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+	VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sub};
+	c->fi.vkGetPhysicalDeviceProperties2(c->phys, &p2);
+	if (!(sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) || !(sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT)) {
+		snprintf(err, KV_ERRLEN, "%s has no subgroup arithmetic in compute shaders (the kernels need it)", props.deviceName);
+		goto bad;
+	}
+	c->subgroup = sub.subgroupSize;
 	c->fi.vkGetPhysicalDeviceMemoryProperties(c->phys, &c->memp);
 	c->dev_bytes = local_heap(&c->memp);
 	uint32_t nq = 0;

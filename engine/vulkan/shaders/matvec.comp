@@ -5,18 +5,21 @@
 //
 // W is a rows x cols matrix of ggml blocks of type TYPE at byte w_off of the
 // expert's weight buffer (row j at w_off + j*row_bytes); a and out are
-// float32 in the scratch buffer. Workgroup (j, t) computes row j for the
-// activation rows [t*TB, t*TB+TB). Each thread dequantises chunks of 32
-// weights (dequantisation formulas of ggml's dequantize_row_* in
+// float32 in the scratch buffer. Workgroup (w, t) computes rows
+// [w*RPW, w*RPW+RPW) for the activation rows [t*TB, t*TB+TB), one row per
+// subgroup at a time. Each lane dequantises chunks of 32 weights
+// (dequantisation formulas of ggml's dequantize_row_* in
 // ggml/src/ggml-quants.c, as engine/quant/dequant.go mirrors them) and
-// multiplies them with the float32 activations; the 64 partial sums of each
-// row are added in shared memory.
+// multiplies them with the float32 activations; subgroupAdd sums the
+// lanes' partial dot products (Vulkan 1.1 subgroup arithmetic).
 //
 // The activations are float32 values that are already rounded to the
 // weight type's ggml vec_dot_type (Q8_0, Q8_1, Q8_K, F16, BF16 or F32;
 // engine/quant.ConvertActivation's values), so every product equals
 // ggml-cpu's integer block dot product up to float32 rounding.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 layout(local_size_x = 64) in;
 #include "common.glsl"
 
@@ -34,8 +37,8 @@ layout(push_constant) uniform Params {
 // m of the last Q4_1/Q5_1 block deq32 read (its values come without it).
 float blk_m = 0.0;
 
-#define TB 8
-shared float red[TB][64];
+#define TB 8  // activation rows per workgroup
+#define RPW 8 // weight rows per workgroup
 
 // deq32 dequantises elements [32*c, 32*c+32) of the row at byte rb.
 void deq32(uint rb, uint c, out float v[32]) {
@@ -158,36 +161,39 @@ void deq32(uint rb, uint c, out float v[32]) {
 }
 
 void main() {
-    uint j = gl_WorkGroupID.x;
+    // Subgroup g of the workgroup computes rows j = RPW*wg + g, + NumSubgroups,
+    // ...: its lanes take the row's chunks in turn and subgroupAdd sums
+    // their partial dot products (no shared memory, no barrier).
+    uint lane = gl_SubgroupInvocationID;
     uint r0 = gl_WorkGroupID.y * TB;
-    uint tid = gl_LocalInvocationID.x;
     uint nr = min(TB, p.cnt - r0);
-    float acc[TB];
-    for (uint r = 0u; r < TB; r++) acc[r] = 0.0;
-    uint rb = p.w_off + j * p.row_bytes;
     uint chunks = p.cols / 32u;
-    for (uint c = tid; c < chunks; c += 64u) {
-        float v[32];
-        deq32(rb, c, v);
-        for (uint r = 0u; r < nr; r++) {
-            uint a = p.a_off + (r0 + r) * p.cols + c * 32u;
-            float sum = 0.0;
-            for (uint i = 0u; i < 32u; i++) sum += v[i] * s[a + i];
+    for (uint jj = gl_SubgroupID; jj < RPW; jj += gl_NumSubgroups) {
+        uint j = gl_WorkGroupID.x * RPW + jj;
+        if (j >= p.rows) {
+            break;
+        }
+        float acc[TB];
+        for (uint r = 0u; r < TB; r++) acc[r] = 0.0;
+        uint rb = p.w_off + j * p.row_bytes;
+        for (uint c = lane; c < chunks; c += gl_SubgroupSize) {
+            float v[32];
+            deq32(rb, c, v);
+            for (uint r = 0u; r < nr; r++) {
+                uint a = p.a_off + (r0 + r) * p.cols + c * 32u;
+                float sum = 0.0;
+                for (uint i = 0u; i < 32u; i++) sum += v[i] * s[a + i];
 #if defined(TYPE_Q4_1) || defined(TYPE_Q5_1)
-            sum += blk_m * s[p.s_off + (r0 + r) * chunks + c];
+                sum += blk_m * s[p.s_off + (r0 + r) * chunks + c];
 #endif
-            acc[r] += sum;
+                acc[r] += sum;
+            }
         }
-    }
-    for (uint r = 0u; r < TB; r++) red[r][tid] = acc[r];
-    barrier();
-    for (uint st = 32u; st > 0u; st >>= 1) {
-        if (tid < st) {
-            for (uint r = 0u; r < TB; r++) red[r][tid] += red[r][tid + st];
+        for (uint r = 0u; r < nr; r++) {
+            float t = subgroupAdd(acc[r]);
+            if (lane == 0u) {
+                s[p.o_off + (r0 + r) * p.rows + j] = t;
+            }
         }
-        barrier();
-    }
-    if (tid < nr) {
-        s[p.o_off + (r0 + tid) * p.rows + j] = red[tid][0];
     }
 }

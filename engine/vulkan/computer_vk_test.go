@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
@@ -343,4 +344,55 @@ func TestNoLoader(t *testing.T) {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
 	t.Logf("%s", strings.TrimSpace(strings.Split(string(out), "child ok:")[1][:120]))
+}
+
+// TestFusedGateUp: a layer in the fused ffn_gate_up_exps layout
+// (expert.StackedGateUpLayer, as qwen35moe files may carry it).
+func TestFusedGateUp(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(11, 11))
+	const nExpert, d, dff = 4, 256, 512
+	for _, ty := range []quant.Type{quant.Q4_K, quant.Q8_0} {
+		src := randLayer(t, rng, nExpert, d, dff, ty, ty, quant.Q6_K)
+		var gateUp, down []byte
+		for e := range nExpert {
+			gateUp = append(append(gateUp, src.Gate.Expert[e]...), src.Up.Expert[e]...)
+			down = append(down, src.Down.Expert[e]...)
+		}
+		l, err := expert.StackedGateUpLayer(nExpert, d, dff, ty, gateUp, quant.Q6_K, down)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpu, cpu := newPair(t, []*expert.Layer{l}, Options{Device: dev})
+		hidden, ids := randInput(rng, 7, 2, d, nExpert)
+		compare(t, fmt.Sprintf("fused %v gate_up, Q6_K down", ty), gpu, cpu, 0, d, hidden, ids, 7, 2)
+	}
+}
+
+// TestGenerated: engine/modelgen's tiny preset (qwen3moe, d 256, 8
+// experts of FFN 256) generated with every matrix of each kernel type.
+func TestGenerated(t *testing.T) {
+	dev := testDevice(t)
+	for _, ty := range kernelTypes {
+		t.Run(ty.String(), func(t *testing.T) {
+			f, err := modelgen.PresetFile("tiny", 2, ty)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var layers []*expert.Layer
+			for blk := range 2 {
+				l, err := expert.FromGGUF(f, blk)
+				if err != nil {
+					t.Fatal(err)
+				}
+				layers = append(layers, l)
+			}
+			gpu, cpu := newPair(t, layers, Options{Device: dev})
+			rng := rand.New(rand.NewPCG(uint64(ty), 1))
+			for li, l := range layers {
+				hidden, ids := randInput(rng, 9, 2, l.DModel, l.NExpert)
+				compare(t, fmt.Sprintf("layer %d (%v/%v/%v)", li, l.Gate.Type, l.Up.Type, l.Down.Type), gpu, cpu, li, l.DModel, hidden, ids, 9, 2)
+			}
+		})
+	}
 }

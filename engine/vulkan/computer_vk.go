@@ -126,6 +126,8 @@ func swigluMode(t quant.Type) uint32 {
 
 func align16(n int) int { return (n + 15) &^ 15 }
 
+func align4(n int) int { return (n + 3) &^ 3 }
+
 // New opens device opt.Device and uploads the weights of the experts that
 // local holds (largest experts left out first when they exceed
 // opt.MemoryBytes; experts of a type without a kernel are left out too);
@@ -373,6 +375,7 @@ func (c *Computer) ComputeExperts(ctx context.Context, layer int, hidden []float
 		// A device fault: answer from the CPU path.
 		c.logf("vulkan: %v; computing on the CPU from now on", err)
 		err = c.cpuPairs(ctx, layer, hidden, ids, k, d, gpu, out)
+		c.count(0, len(gpu))
 	}
 	wg.Wait()
 	c.count(0, len(cpu))
@@ -532,7 +535,7 @@ func (c *Computer) submit(g *gpuLayer, ids []int32, k int, pairs []int32, out []
 		su = sg + np*d/32
 	}
 	sh := su + np*d/32
-	tg := sh + np*dff/32
+	tg := align4(sh + np*dff/32) // matvec.comp reads activations as vec4
 	tu := tg + np*dff
 	hh := tu + np*dff
 	y := hh + np*dff

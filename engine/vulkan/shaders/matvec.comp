@@ -20,6 +20,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
 #include "common.glsl"
 
@@ -48,17 +49,17 @@ float blk_m = 0.0;
 void deq32(uint rb, uint c, out float v[32]) {
 #if defined(TYPE_F32)
     uint o = rb + c * 128u;
-    for (uint i = 0u; i < 32u; i++) v[i] = uintBitsToFloat(rd32(o + 4u * i));
+    [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = uintBitsToFloat(rd32(o + 4u * i));
 #elif defined(TYPE_F16)
     uint o = rb + c * 64u;
-    for (uint i = 0u; i < 16u; i++) {
+    [[unroll]] for (uint i = 0u; i < 16u; i++) {
         vec2 f = unpackHalf2x16(rd32(o + 4u * i));
         v[2u * i] = f.x;
         v[2u * i + 1u] = f.y;
     }
 #elif defined(TYPE_BF16)
     uint o = rb + c * 64u;
-    for (uint i = 0u; i < 16u; i++) {
+    [[unroll]] for (uint i = 0u; i < 16u; i++) {
         uint u = rd32(o + 4u * i);
         v[2u * i] = uintBitsToFloat(u << 16);
         v[2u * i + 1u] = uintBitsToFloat(u & 0xFFFF0000u);
@@ -67,12 +68,12 @@ void deq32(uint rb, uint c, out float v[32]) {
     // block_q8_0 (34 B): d fp16 | qs[32] int8; x = d*q.
     uint o = rb + c * 34u;
     float d = rdf16(o);
-    for (uint i = 0u; i < 32u; i++) v[i] = d * float(rds8(o + 2u + i));
+    [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = d * float(rds8(o + 2u + i));
 #elif defined(TYPE_Q4_0)
     // block_q4_0 (18 B): d fp16 | qs[16]; x[j] = d*((qs[j]&15)-8), x[j+16] = d*((qs[j]>>4)-8).
     uint o = rb + c * 18u;
     float d = rdf16(o);
-    for (uint i = 0u; i < 16u; i++) {
+    [[unroll]] for (uint i = 0u; i < 16u; i++) {
         uint q = rd8(o + 2u + i);
         v[i] = d * float(int(q & 15u) - 8);
         v[i + 16u] = d * float(int(q >> 4) - 8);
@@ -84,7 +85,7 @@ void deq32(uint rb, uint c, out float v[32]) {
     uint o = rb + c * 20u;
     float d = rdf16(o);
     blk_m = rdf16(o + 2u);
-    for (uint i = 0u; i < 16u; i++) {
+    [[unroll]] for (uint i = 0u; i < 16u; i++) {
         uint q = rd8(o + 4u + i);
         v[i] = d * float(q & 15u);
         v[i + 16u] = d * float(q >> 4);
@@ -94,7 +95,7 @@ void deq32(uint rb, uint c, out float v[32]) {
     uint o = rb + c * 22u;
     float d = rdf16(o);
     uint qh = rd32(o + 2u);
-    for (uint i = 0u; i < 16u; i++) {
+    [[unroll]] for (uint i = 0u; i < 16u; i++) {
         uint q = rd8(o + 6u + i);
         v[i] = d * float(int((q & 15u) | (((qh >> i) & 1u) << 4)) - 16);
         v[i + 16u] = d * float(int((q >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) - 16);
@@ -106,7 +107,7 @@ void deq32(uint rb, uint c, out float v[32]) {
     float d = rdf16(o);
     blk_m = rdf16(o + 2u);
     uint qh = rd32(o + 4u);
-    for (uint i = 0u; i < 16u; i++) {
+    [[unroll]] for (uint i = 0u; i < 16u; i++) {
         uint q = rd8(o + 8u + i);
         v[i] = d * float((q & 15u) | (((qh >> i) & 1u) << 4));
         v[i + 16u] = d * float((q >> 4) | (((qh >> (i + 16u)) & 1u) << 4));
@@ -139,12 +140,12 @@ void deq32(uint rb, uint c, out float v[32]) {
     // Rows of these types are whole 4-byte words (144 or 176 bytes per
     // 256 elements), so the 32 quant bytes are read as 8 words.
     uint qw = (qo + 32u * (j >> 1)) >> 2;
-    for (uint t = 0u; t < 8u; t++) {
+    [[unroll]] for (uint t = 0u; t < 8u; t++) {
         uint word = w[qw + t];
 #if defined(TYPE_Q5_K)
         uint hword = w[((o + 16u) >> 2) + t];
 #endif
-        for (uint b = 0u; b < 4u; b++) {
+        [[unroll]] for (uint b = 0u; b < 4u; b++) {
             uint q = (word >> (8u * b + shift)) & 15u;
 #if defined(TYPE_Q5_K)
             q += ((hword >> (8u * b + j)) & 1u) << 4;
@@ -163,7 +164,7 @@ void deq32(uint rb, uint c, out float v[32]) {
     float s0 = d * float(rds8(o + 192u + 8u * n + 2u * k));
     float s1 = d * float(rds8(o + 192u + 8u * n + 2u * k + 1u));
     uint lo = o + 64u * n + 32u * (k & 1u), hs = 4u * (k >> 1);
-    for (uint l = 0u; l < 32u; l++) {
+    [[unroll]] for (uint l = 0u; l < 32u; l++) {
         uint ql = (rd8(lo + l) >> hs) & 15u;
         uint qh = (rd8(o + 128u + 32u * n + l) >> (2u * k)) & 3u;
         v[l] = (l < 16u ? s0 : s1) * float(int(ql | (qh << 4)) - 32);
@@ -187,15 +188,18 @@ void main() {
             break;
         }
         float acc[TB];
-        for (uint r = 0u; r < TB; r++) acc[r] = 0.0;
+        [[unroll]] for (uint r = 0u; r < TB; r++) acc[r] = 0.0;
         uint rb = p.w_off + j * p.row_bytes;
         for (uint c = lane; c < chunks; c += gl_SubgroupSize) {
             float v[32];
             deq32(rb, c, v);
-            for (uint r = 0u; r < nr; r++) {
+            [[unroll]] for (uint r = 0u; r < TB; r++) {
+                if (r >= nr) {
+                    break;
+                }
                 uint a4 = (p.a_off + (r0 + r) * p.cols + c * 32u) >> 2;
                 vec4 sum4 = vec4(0.0);
-                for (uint i = 0u; i < 8u; i++) {
+                [[unroll]] for (uint i = 0u; i < 8u; i++) {
                     sum4 += vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]) * s4[a4 + i];
                 }
                 float sum = (sum4.x + sum4.y) + (sum4.z + sum4.w);
@@ -205,7 +209,10 @@ void main() {
                 acc[r] += sum;
             }
         }
-        for (uint r = 0u; r < nr; r++) {
+        [[unroll]] for (uint r = 0u; r < TB; r++) {
+            if (r >= nr) {
+                break;
+            }
             float t = subgroupAdd(acc[r]);
             if (lane == 0u) {
                 s[p.o_off + (r0 + r) * p.rows + j] = t;

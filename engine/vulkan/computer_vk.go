@@ -66,7 +66,7 @@ func Devices() ([]Device, error) {
 		out = append(out, Device{Index: i, Name: C.GoString(&in.name[0]), Type: DeviceType(in._type),
 			VendorID: uint32(in.vendor), DeviceID: uint32(in.device),
 			APIVersion:  fmt.Sprintf("%d.%d.%d", api>>22&0x7f, api>>12&0x3ff, api&0xfff),
-			MemoryBytes: uint64(in.local_bytes)})
+			MemoryBytes: uint64(in.local_bytes), SubgroupArithmetic: in.subgroup_arith != 0})
 	}
 	return out, nil
 }
@@ -90,6 +90,9 @@ type Computer struct {
 	sumsB  []float32
 	// fault injection for tests: called before each submission.
 	inject func() error
+	// rowKernels: the row-per-lane matvec kernels (64 rows per
+	// workgroup) instead of the subgroup ones (8 rows per workgroup).
+	rowKernels bool
 }
 
 var _ expert.Computer = (*Computer)(nil)
@@ -150,10 +153,28 @@ func New(local *expert.Local, opt Options) (*Computer, error) {
 	if c.logf == nil {
 		c.logf = func(string, ...any) {}
 	}
-	// Pipelines: one matvec per kernel type, then SwiGLU.
+	// Pipelines: one matvec per kernel type, then SwiGLU. CPU drivers
+	// (lavapipe runs SIMD lanes of one core) get the row-per-lane kernels,
+	// which read activations at addresses shared by all lanes; GPUs the
+	// subgroup kernels, whose lanes read consecutive blocks of one row.
+	kind := opt.kernel
+	if kind == kernelAuto {
+		kind = kernelSubgroup
+		if c.dev.Type == TypeCPU || !c.dev.SubgroupArithmetic {
+			kind = kernelRow
+		}
+	}
+	if kind == kernelSubgroup && !c.dev.SubgroupArithmetic {
+		return nil, fmt.Errorf("%w: %s has no subgroup arithmetic", ErrDevice, c.dev.Name)
+	}
+	c.rowKernels = kind == kernelRow
+	prefix := "spv/matvec_"
+	if c.rowKernels {
+		prefix = "spv/matvec_row_"
+	}
 	names := make([]string, 0, len(kernelTypes)+1)
 	for _, t := range kernelTypes {
-		names = append(names, "spv/matvec_"+t.String()+".spv")
+		names = append(names, prefix+t.String()+".spv")
 	}
 	names = append(names, "spv/swiglu.spv")
 	ptrs := make([]unsafe.Pointer, len(names))
@@ -570,8 +591,11 @@ func (c *Computer) submit(g *gpuLayer, ids []int32, k int, pairs []int32, out []
 		cmd.gx, cmd.gy, cmd.gz = C.uint32_t(gx), C.uint32_t(gy), 1
 		c.cmds = append(c.cmds, cmd)
 	}
-	const tb = 8  // activation rows per workgroup (TB in matvec.comp)
-	const rpw = 8 // weight rows per workgroup (RPW in matvec.comp)
+	const tb = 8 // activation rows per workgroup (TB in matvec.comp)
+	rpw := 8     // weight rows per workgroup (RPW in matvec.comp)
+	if c.rowKernels {
+		rpw = 64 // local_size_x
+	}
 	for e := range l.NExpert {
 		q0, q1 := int(start[e]), int(start[e+1])
 		if q0 == q1 {

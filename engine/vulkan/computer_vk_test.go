@@ -187,23 +187,44 @@ func TestTypes(t *testing.T) {
 		cfg{quant.Q4_1, quant.Q5_K, quant.Q8_0}, cfg{quant.F16, quant.BF16, quant.Q5_1})
 	const nExpert, d, dff = 6, 512, 512
 	for i, c := range cfgs {
-		name := fmt.Sprintf("%v-%v-%v", c.g, c.u, c.d)
-		t.Run(name, func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(uint64(i), 7))
-			l := randLayer(t, rng, nExpert, d, dff, c.g, c.u, c.d)
-			gpu, cpu := newPair(t, []*expert.Layer{nil, l}, Options{Device: dev})
-			if s := gpu.Stats(); s.ResidentExperts != nExpert {
-				t.Fatalf("stats %+v: want %d resident experts", s, nExpert)
-			}
-			for _, nk := range [][2]int{{1, 2}, {5, 3}, {40, 4}} {
-				hidden, ids := randInput(rng, nk[0], nk[1], d, nExpert)
-				compare(t, fmt.Sprintf("%s n=%d k=%d", name, nk[0], nk[1]), gpu, cpu, 1, d, hidden, ids, nk[0], nk[1])
-			}
-			if s := gpu.Stats(); s.CPUPairs != 0 || s.GPUPairs == 0 || s.Fault != "" {
-				t.Errorf("stats %+v: want all pairs on the GPU", s)
-			}
-		})
+		for _, kern := range testKernels(t, dev) {
+			name := fmt.Sprintf("%v-%v-%v/%s", c.g, c.u, c.d, kern.name)
+			t.Run(name, func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(i), 7))
+				l := randLayer(t, rng, nExpert, d, dff, c.g, c.u, c.d)
+				gpu, cpu := newPair(t, []*expert.Layer{nil, l}, Options{Device: dev, kernel: kern.kind})
+				if s := gpu.Stats(); s.ResidentExperts != nExpert {
+					t.Fatalf("stats %+v: want %d resident experts", s, nExpert)
+				}
+				for _, nk := range [][2]int{{1, 2}, {5, 3}, {40, 4}} {
+					hidden, ids := randInput(rng, nk[0], nk[1], d, nExpert)
+					compare(t, fmt.Sprintf("%s n=%d k=%d", name, nk[0], nk[1]), gpu, cpu, 1, d, hidden, ids, nk[0], nk[1])
+				}
+				if s := gpu.Stats(); s.CPUPairs != 0 || s.GPUPairs == 0 || s.Fault != "" {
+					t.Errorf("stats %+v: want all pairs on the GPU", s)
+				}
+			})
+		}
 	}
+}
+
+type testKernel struct {
+	name string
+	kind kernelKind
+}
+
+// testKernels returns the matvec kernel variants device dev can run: the
+// row-per-lane kernels, and the subgroup ones where it has subgroup
+// arithmetic (lavapipe has), so that both are checked on any driver.
+func testKernels(t testing.TB, dev int) []testKernel {
+	ks := []testKernel{{"row", kernelRow}}
+	devs, _ := Devices()
+	if dev < len(devs) && devs[dev].SubgroupArithmetic {
+		ks = append(ks, testKernel{"subgroup", kernelSubgroup})
+	} else {
+		t.Logf("device %d has no subgroup arithmetic: the subgroup kernels are not tested", dev)
+	}
+	return ks
 }
 
 // fixtureDir is ../shared/fixtures seen from this package.
@@ -249,13 +270,16 @@ func TestFixtures(t *testing.T) {
 			if len(layers) == 0 {
 				t.Fatal("no MoE layers")
 			}
-			gpu, cpu := newPair(t, layers, Options{Device: dev})
-			st := gpu.Stats()
-			t.Logf("%d layers; resident %d experts (%d bytes), CPU %d", len(layers), st.ResidentExperts, st.ResidentBytes, st.CPUExperts)
-			rng := rand.New(rand.NewPCG(3, 3))
-			for li, l := range layers {
-				hidden, ids := randInput(rng, 6, min(4, l.NExpert), l.DModel, l.NExpert)
-				compare(t, fmt.Sprintf("layer %d (%v/%v/%v)", li, l.Gate.Type, l.Up.Type, l.Down.Type), gpu, cpu, li, l.DModel, hidden, ids, 6, min(4, l.NExpert))
+			for _, kern := range testKernels(t, dev) {
+				gpu, cpu := newPair(t, layers, Options{Device: dev, kernel: kern.kind})
+				st := gpu.Stats()
+				t.Logf("%s kernels: %d layers; resident %d experts (%d bytes), CPU %d", kern.name, len(layers), st.ResidentExperts, st.ResidentBytes, st.CPUExperts)
+				rng := rand.New(rand.NewPCG(3, 3))
+				for li, l := range layers {
+					hidden, ids := randInput(rng, 6, min(4, l.NExpert), l.DModel, l.NExpert)
+					compare(t, fmt.Sprintf("%s: layer %d (%v/%v/%v)", kern.name, li, l.Gate.Type, l.Up.Type, l.Down.Type), gpu, cpu, li, l.DModel, hidden, ids, 6, min(4, l.NExpert))
+				}
+				gpu.Close()
 			}
 		})
 	}
@@ -400,11 +424,14 @@ func TestGenerated(t *testing.T) {
 				}
 				layers = append(layers, l)
 			}
-			gpu, cpu := newPair(t, layers, Options{Device: dev})
-			rng := rand.New(rand.NewPCG(uint64(ty), 1))
-			for li, l := range layers {
-				hidden, ids := randInput(rng, 9, 2, l.DModel, l.NExpert)
-				compare(t, fmt.Sprintf("layer %d (%v/%v/%v)", li, l.Gate.Type, l.Up.Type, l.Down.Type), gpu, cpu, li, l.DModel, hidden, ids, 9, 2)
+			for _, kern := range testKernels(t, dev) {
+				gpu, cpu := newPair(t, layers, Options{Device: dev, kernel: kern.kind})
+				rng := rand.New(rand.NewPCG(uint64(ty), 1))
+				for li, l := range layers {
+					hidden, ids := randInput(rng, 9, 2, l.DModel, l.NExpert)
+					compare(t, fmt.Sprintf("%s: layer %d (%v/%v/%v)", kern.name, li, l.Gate.Type, l.Up.Type, l.Down.Type), gpu, cpu, li, l.DModel, hidden, ids, 9, 2)
+				}
+				gpu.Close()
 			}
 		})
 	}

@@ -100,7 +100,6 @@ struct kv_ctx {
 	mblock *blocks;
 	wlist *wbufs;
 	uint64_t dev_bytes;
-	uint32_t subgroup;
 };
 
 static const char *vkres(VkResult r) {
@@ -221,6 +220,14 @@ int kv_devices(kv_devinfo *out, int max, char *err) {
 		d->api = p.apiVersion;
 		d->local_bytes = local_heap(&mp);
 		d->max_alloc = p.limits.maxStorageBufferRange;
+		d->subgroup_arith = 0;
+		if (p.apiVersion >= VK_API_VERSION_1_1 && fi.vkGetPhysicalDeviceProperties2 != NULL) {
+			VkPhysicalDeviceSubgroupProperties sub = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+			VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sub};
+			fi.vkGetPhysicalDeviceProperties2(devs[i], &p2);
+			d->subgroup_arith = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+				(sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+		}
 	}
 	fi.vkDestroyInstance(inst, NULL);
 	return cnt;
@@ -321,8 +328,8 @@ kv_ctx *kv_open(int index, int npipe, const void **spv, const size_t *spvlen, ch
 		goto bad;
 	}
 	c->phys = devs[index];
-	// The matvec kernels sum with subgroupAdd: Vulkan 1.1 subgroup
-	// arithmetic in compute shaders.
+	// The kernels are SPIR-V 1.3 (Vulkan 1.1); the caller picks the
+	// subgroup or the row-per-lane matvec kernels (kv_devinfo.subgroup_arith).
 	VkPhysicalDeviceProperties props;
 	c->fi.vkGetPhysicalDeviceProperties(c->phys, &props);
 	if (props.apiVersion < VK_API_VERSION_1_1 || c->fi.vkGetPhysicalDeviceProperties2 == NULL) {
@@ -330,14 +337,6 @@ kv_ctx *kv_open(int index, int npipe, const void **spv, const size_t *spvlen, ch
 			VK_API_VERSION_MAJOR(props.apiVersion), VK_API_VERSION_MINOR(props.apiVersion));
 		goto bad;
 	}
-	VkPhysicalDeviceSubgroupProperties sub = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
-	VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sub};
-	c->fi.vkGetPhysicalDeviceProperties2(c->phys, &p2);
-	if (!(sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) || !(sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT)) {
-		snprintf(err, KV_ERRLEN, "%s has no subgroup arithmetic in compute shaders (the kernels need it)", props.deviceName);
-		goto bad;
-	}
-	c->subgroup = sub.subgroupSize;
 	c->fi.vkGetPhysicalDeviceMemoryProperties(c->phys, &c->memp);
 	c->dev_bytes = local_heap(&c->memp);
 	uint32_t nq = 0;

@@ -20,6 +20,7 @@ typedef struct {
 	uint32_t vendor, device, api;
 	uint64_t local_bytes; // largest device-local heap
 	uint64_t max_alloc;   // maxStorageBufferRange
+	int subgroup_arith;   // Vulkan 1.1 subgroup arithmetic in compute shaders
 } kv_devinfo;
 
 // One dispatch of a command buffer.

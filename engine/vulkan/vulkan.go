@@ -103,6 +103,9 @@ type Device struct {
 	DeviceID    uint32
 	APIVersion  string // e.g. "1.3.238"
 	MemoryBytes uint64 // size of the largest device-local memory heap
+	// SubgroupArithmetic: the device has Vulkan 1.1 subgroup arithmetic in
+	// compute shaders (the subgroup matvec kernels need it).
+	SubgroupArithmetic bool
 }
 
 // String returns a one-line description: "0: NAME (discrete, 8.0 GiB, Vulkan 1.3.238)".
@@ -120,7 +123,21 @@ type Options struct {
 	// Logf, if set, receives one line per notable event (experts left to
 	// the CPU and why, device faults).
 	Logf func(format string, args ...any)
+
+	// kernel forces the matvec kernels (tests): kernelAuto picks the
+	// row-per-lane kernels for CPU drivers and devices without subgroup
+	// arithmetic, the subgroup kernels otherwise.
+	kernel kernelKind
 }
+
+// kernelKind is a matvec kernel variant (shaders/matvec.comp).
+type kernelKind int
+
+const (
+	kernelAuto     kernelKind = iota
+	kernelSubgroup            // spv/matvec_<T>.spv: a subgroup per row, subgroupAdd
+	kernelRow                 // spv/matvec_row_<T>.spv: a lane per row
+)
 
 // Supported reports whether weights of type t have a GPU kernel (the
 // others are computed per expert by the CPU path).

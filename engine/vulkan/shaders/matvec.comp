@@ -18,9 +18,11 @@
 // engine/quant.ConvertActivation's values), so every product equals
 // ggml-cpu's integer block dot product up to float32 rounding.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#ifndef ROW_PER_LANE
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
-#extension GL_EXT_control_flow_attributes : require
+#endif
 layout(local_size_x = 64) in;
 #include "common.glsl"
 
@@ -174,6 +176,50 @@ void deq32(uint rb, uint c, out float v[32]) {
 #endif
 }
 
+#ifdef ROW_PER_LANE
+// The row-per-lane variant (spv/matvec_row_*.spv, for CPU drivers such as
+// lavapipe and devices without subgroup arithmetic): invocation j of
+// workgroup (w, t) computes the whole row w*64 + j for the activation rows
+// [t*TB, t*TB+TB). All lanes read the same activations (one load for the
+// SIMD group on a CPU driver) and sum their row alone, in chunk order.
+void main() {
+    uint j = gl_GlobalInvocationID.x;
+    if (j >= p.rows) {
+        return;
+    }
+    uint r0 = gl_WorkGroupID.y * TB;
+    uint nr = min(TB, p.cnt - r0);
+    uint chunks = p.cols / 32u;
+    float acc[TB];
+    [[unroll]] for (uint r = 0u; r < TB; r++) acc[r] = 0.0;
+    uint rb = p.w_off + j * p.row_bytes;
+    for (uint c = 0u; c < chunks; c++) {
+        float v[32];
+        deq32(rb, c, v);
+        [[unroll]] for (uint r = 0u; r < TB; r++) {
+            if (r >= nr) {
+                break;
+            }
+            uint a4 = (p.a_off + (r0 + r) * p.cols + c * 32u) >> 2;
+            vec4 sum4 = vec4(0.0);
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                sum4 += vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]) * s4[a4 + i];
+            }
+            float sum = (sum4.x + sum4.y) + (sum4.z + sum4.w);
+#if defined(TYPE_Q4_1) || defined(TYPE_Q5_1)
+            sum += blk_m * s[p.s_off + (r0 + r) * chunks + c];
+#endif
+            acc[r] += sum;
+        }
+    }
+    [[unroll]] for (uint r = 0u; r < TB; r++) {
+        if (r >= nr) {
+            break;
+        }
+        s[p.o_off + (r0 + r) * p.rows + j] = acc[r];
+    }
+}
+#else
 void main() {
     // Subgroup g of the workgroup computes rows j = RPW*wg + g, + NumSubgroups,
     // ...: its lanes take the row's chunks in turn and subgroupAdd sums
@@ -220,3 +266,4 @@ void main() {
         }
     }
 }
+#endif

@@ -9,7 +9,8 @@
 // [w*RPW, w*RPW+RPW) for the activation rows [t*TB, t*TB+TB), one row per
 // subgroup at a time. Each lane dequantises chunks of 32 weights
 // (dequantisation formulas of ggml's dequantize_row_* in
-// ggml/src/ggml-quants.c, as engine/quant/dequant.go mirrors them) and
+// ggml/src/ggml-quants.c @3f545bec, as engine/quant/dequant.go mirrors them;
+// block layouts of ggml-common.h at the same commit) and
 // multiplies them with the float32 activations; subgroupAdd sums the
 // lanes' partial dot products (Vulkan 1.1 subgroup arithmetic).
 //

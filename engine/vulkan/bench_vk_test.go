@@ -15,7 +15,9 @@ import (
 )
 
 // BenchmarkExperts compares the Vulkan Computer (on the first device:
-// lavapipe on a machine without a GPU) with expert.Local on one layer of
+// lavapipe on a machine without a GPU; "vulkan" with the kernels New
+// picks, "vulkan-subgroup" with the subgroup kernels where those are not
+// the pick) with expert.Local on one layer of
 // Qwen3-30B-A3B's expert shape (d 2048, FFN 768) with 8 experts, for a
 // decode step (1 row, top-8: every expert once) and a batch of 16 rows.
 // rows/s counts (row, slot) pairs; weight-GB/s the expert bytes each call
@@ -31,13 +33,18 @@ func BenchmarkExperts(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		var gpu *Computer
+		var gpu, gpuSub *Computer // auto kernels; subgroup kernels
 		if devs, err := Devices(); err == nil && len(devs) > 0 {
 			if gpu, err = New(local, Options{Device: devs[0].Index}); err != nil {
 				b.Logf("vulkan: %v", err)
 				gpu = nil
 			} else {
 				b.Logf("device %v", gpu.Device())
+			}
+			if gpu != nil && gpu.rowKernels && devs[0].SubgroupArithmetic {
+				if gpuSub, err = New(local, Options{Device: devs[0].Index, kernel: kernelSubgroup}); err != nil {
+					gpuSub = nil
+				}
 			}
 		}
 		for _, n := range []int{1, 16} {
@@ -52,8 +59,8 @@ func BenchmarkExperts(b *testing.B) {
 			for _, side := range []struct {
 				name string
 				c    expert.Computer
-			}{{"vulkan", gpu}, {"cpu", local}} {
-				if side.name == "vulkan" && gpu == nil {
+			}{{"vulkan", gpu}, {"vulkan-subgroup", gpuSub}, {"cpu", local}} {
+				if c, ok := side.c.(*Computer); ok && c == nil {
 					continue
 				}
 				b.Run(fmt.Sprintf("%v/n=%d/%s", typ, n, side.name), func(b *testing.B) {
@@ -70,8 +77,10 @@ func BenchmarkExperts(b *testing.B) {
 				})
 			}
 		}
-		if gpu != nil {
-			gpu.Close()
+		for _, g := range []*Computer{gpu, gpuSub} {
+			if g != nil {
+				g.Close()
+			}
 		}
 	}
 }

@@ -34,11 +34,12 @@ func runWorker(args []string) int {
 	modelTiny := fs.Bool("model-tiny", false, "serve the experts of the embedded tiny model (the default model of backbone generate and demo) instead of --slice")
 	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with optional KiB/MiB/GiB suffix; the backbone assigns experts and the worker downloads them (issue 6)")
 	source := fs.String("model-source", "", "with --quota: http(s) URL of the full model GGUF to download assigned experts from instead of the one the backbone names (a mirror); bytes are verified against the backbone's hashes either way")
+	backend := fs.String("backend", "auto", workerrole.BackendFlagHelp)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	c := workerrole.Config{Gateway: *gw, Slice: *slice, Tiny: *modelTiny, CAFile: *caFile, KeyFile: *keyFile,
-		Threads: *threads, ModelID: *modelID, Source: *source}
+		Threads: *threads, ModelID: *modelID, Source: *source, Backend: *backend}
 	if *quotaFlag != "" {
 		quota, err := run.ParseBytes(*quotaFlag)
 		if err != nil || *gw == "" || *slice == "" {

@@ -114,6 +114,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	syncEvery := fs.Duration("sync", 30*time.Second, "how often to fetch credit statements from the gateway")
 	quotaFlag := fs.String("quota", "", "disk quota for experts the backbone assigns, bytes with optional KiB/MiB/GiB suffix: "+
 		"the worker keeps --slice DIR (may start empty) and downloads its assignment; unset: serve --slice as it is")
+	backend := fs.String("backend", "auto", "where a --slice served as it is computes: auto (a GPU through Vulkan if there is one, else the CPU), cpu, vulkan or vulkan:N")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -130,7 +131,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		quota = q
 	}
-	cfg, err := node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, QuotaBytes: quota, DataDir: *data, Threads: *threads, Warn: stderr,
+	cfg, err := node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, QuotaBytes: quota, DataDir: *data, Threads: *threads, Warn: stderr, Backend: *backend,
 		SyncEvery: *syncEvery, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}.WithDefaults()
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)

@@ -95,6 +95,11 @@ type Config struct {
 	// within this many bytes and serves those that verify. 0 serves the
 	// slice directory or GGUF file at SliceDir as it is (LoadSlice).
 	QuotaBytes uint64
+	// Backend says where a slice served as it is (QuotaBytes 0) computes:
+	// "" or "auto" (a GPU through Vulkan if there is one, else the CPU),
+	// "cpu", or "vulkan[:N]" (engine/vulkan; device N of vulkan.Devices).
+	// A provisioned slice (QuotaBytes > 0) computes on the CPU.
+	Backend string
 
 	LoadSlice SliceLoader     // nil: the registered loader
 	KeyStore  wallet.KeyStore // nil: wallet.DefaultKeyStore(DataDir, Warn)
@@ -277,6 +282,13 @@ func Open(cfg Config) (*Node, error) {
 			n.problem = "no slice: " + err.Error()
 			n.info.Problem = n.problem
 			break
+		}
+		if err := applyBackend(cfg.Backend, sl, func(f string, a ...any) { n.log.Info(fmt.Sprintf(f, a...)) }); err != nil {
+			if sl.Close != nil {
+				sl.Close()
+			}
+			n.Close()
+			return nil, err
 		}
 		n.slice = sl
 		n.info = sl.Info

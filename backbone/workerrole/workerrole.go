@@ -57,6 +57,11 @@ type Config struct {
 	Log io.Writer
 	// StatusEvery is the status line period (0: 10 s).
 	StatusEvery time.Duration
+	// Backend is where the experts are computed: "" or "auto" (a GPU
+	// through Vulkan if there is one, else the CPU), "cpu", "vulkan" or
+	// "vulkan:N" (engine/vulkan.ParseBackend). A Quota worker computes on
+	// the CPU.
+	Backend string
 }
 
 // Error is a failure of Run: what led to it (a flag with its value, e.g.
@@ -141,6 +146,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	backend := "cpu-" + runtime.GOARCH
 	if c.Quota > 0 {
+		warnQuotaBackend(c.Backend, c.Log)
 		w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, SliceDir: c.Slice, Quota: c.Quota,
 			Source: c.Source, Backend: backend, Threads: c.Threads})
 		if err != nil {
@@ -178,7 +184,12 @@ func Run(ctx context.Context, c Config) error {
 	if c.ModelID != "" {
 		sl.ModelID = c.ModelID
 	}
-	w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, Computer: sl.Computer,
+	comp, backend, closeDev, err := applyBackend(c.Backend, sl.Computer, c.Log)
+	if err != nil {
+		return &Error{"", err}
+	}
+	defer closeDev()
+	w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, Computer: comp,
 		Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: backend, Threads: c.Threads})
 	if err != nil {
 		return &Error{"", err}

@@ -1,0 +1,119 @@
+package dispatch_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/vulkan"
+	"github.com/kvasir-ai/kvasir/engine/worker"
+)
+
+// vulkanExperts returns a Vulkan Computer (the first device; lavapipe on
+// a machine without a GPU) over local, and its HELLO backend name, or
+// skips.
+func vulkanExperts(t *testing.T, local *expert.Local) (*vulkan.Computer, string) {
+	t.Helper()
+	devs, err := vulkan.Devices()
+	if err != nil || len(devs) == 0 {
+		t.Skipf("no Vulkan device (%v): install mesa-vulkan-drivers for lavapipe", err)
+	}
+	c, err := vulkan.New(local, vulkan.Options{Device: devs[0].Index, Logf: t.Logf})
+	if err != nil {
+		t.Skipf("vulkan: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, vulkan.BackendName(devs[0])
+}
+
+// scaledBy is a Computer whose outputs are inner's times f.
+type scaledBy struct {
+	inner expert.Computer
+	f     float32
+}
+
+func (c scaledBy) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	if err := c.inner.ComputeExperts(ctx, layer, hidden, ids, n, k, out); err != nil {
+		return err
+	}
+	for i := range out {
+		out[i] *= c.f
+	}
+	return nil
+}
+
+// TestVulkanWorkerDecode: a worker computing every expert of the fixture
+// models on a Vulkan device, declaring "vulkan:<device>", serves a greedy
+// decode whose tokens equal the local decode's, with every result checked
+// (within the default tolerance) and accepted; the same worker with its
+// outputs scaled by 1.01 is caught and the decode still equals the local
+// one (the reference replaces its result).
+func TestVulkanWorkerDecode(t *testing.T) {
+	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
+	for _, name := range []string{"tiny-qwen3moe-Q8_0.gguf", "tiny-qwen3moe-Q4_K_M.gguf"} {
+		for _, liar := range []bool{false, true} {
+			sub := name
+			if liar {
+				sub += "/scaled-1.01"
+			}
+			t.Run(sub, func(t *testing.T) {
+				ref := loadFixture(t, name)
+				p := ref.Params()
+				_, wantToks := decode(t, ref, prompt, 6)
+
+				bb := loadFixture(t, name)
+				local := bb.LocalExperts()
+				md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
+				s := newStack(t, md, 0, func(c *dispatch.Config) {
+					c.Fallback = local
+					c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
+					c.Probation, c.CheckRate = 1000, 1 // check every result
+				})
+				wl := loadFixture(t, name).LocalExperts() // the worker's own copy
+				gpu, backend := vulkanExperts(t, wl)
+				var comp expert.Computer = gpu
+				if liar {
+					comp = scaledBy{gpu, 1.01}
+				}
+				_, key, _ := ed25519.GenerateKey(nil)
+				w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
+					Holdings: worker.HoldingsOf(wl, nil), ModelID: md.ID, Backend: backend, Threads: 1, Logger: quiet,
+					BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { defer close(done); _ = w.Run(ctx) }()
+				t.Cleanup(func() { cancel(); <-done })
+				s.waitWorkers(t, 1)
+				bb.SetExperts(s.disp)
+				_, gotToks := decode(t, bb, prompt, 6)
+				for i := range wantToks {
+					if gotToks[i] != wantToks[i] {
+						t.Fatalf("token %d: swarm %d, local %d (tokens %v, want %v)", i, gotToks[i], wantToks[i], gotToks, wantToks)
+					}
+				}
+				st := s.disp.Stats()
+				t.Logf("%s: tokens %v; checks %d mismatches %d caught %d; remote %d local %d",
+					backend, gotToks, st.Checks, st.Mismatches, st.Caught, st.ExpertsRemote, st.ExpertsLocal)
+				if liar {
+					if st.Mismatches == 0 || st.Caught != 1 {
+						t.Fatalf("scaled worker: mismatches %d caught %d, want it caught", st.Mismatches, st.Caught)
+					}
+					return
+				}
+				want := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
+				if st.Mismatches != 0 || st.Checks == 0 || st.ExpertsRemote != want || st.ExpertsLocal != 0 {
+					t.Fatalf("checks %d mismatches %d remote %d local %d (want %d remote)", st.Checks, st.Mismatches, st.ExpertsRemote, st.ExpertsLocal, want)
+				}
+				if gs := gpu.Stats(); gs.GPUPairs == 0 || gs.Fault != "" {
+					t.Fatalf("vulkan stats %+v", gs)
+				}
+			})
+		}
+	}
+}

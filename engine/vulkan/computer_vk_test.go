@@ -1,0 +1,486 @@
+//go:build linux && cgo && !kvasir_novulkan
+
+package vulkan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/quant"
+)
+
+// Tolerances per output row against expert.Local, which rounds the same
+// activations but sums in another order: rows agree to about 1e-7
+// relative, except where a SwiGLU output lies so close to a Q8 rounding
+// boundary that the GPU's float rounding moves it to the neighbouring code
+// (ggml's activation quantisation amplifies a last-bit difference into one
+// code step: up to about 2.5e-3 relative in these small layers). Every row
+// must be within maxRelL2 and minCosine except such rare flips, which must
+// stay within the backbone's default tolerance (1/128) and be at most
+// maxFlipRows of the rows (at least one).
+const (
+	maxRelL2    = 1.0 / 512
+	minCosine   = 0.9999
+	flipRelL2   = 1.0 / 128
+	maxFlipRows = 0.02
+)
+
+// testDevice returns the index of a Vulkan device to test on (the first
+// one; lavapipe on machines without a GPU), or skips.
+func testDevice(t testing.TB) int {
+	t.Helper()
+	devs, err := Devices()
+	if err != nil {
+		t.Skipf("no Vulkan: %v (install mesa-vulkan-drivers for lavapipe)", err)
+	}
+	if len(devs) == 0 {
+		t.Skip("no Vulkan device (install mesa-vulkan-drivers for lavapipe)")
+	}
+	return devs[0].Index
+}
+
+// randLayer returns a layer of nExpert random experts with gate, up and
+// down of the given types (weights N(0, 1/cols), quantised with
+// quant.Quantize).
+func randLayer(t testing.TB, rng *rand.Rand, nExpert, d, dff int, gt, ut, dt quant.Type) *expert.Layer {
+	t.Helper()
+	gen := func(typ quant.Type, rows, cols int) []byte {
+		f := make([]float32, nExpert*rows*cols)
+		sd := 1 / math.Sqrt(float64(cols))
+		for i := range f {
+			f[i] = float32(rng.NormFloat64() * sd)
+		}
+		rb, err := typ.RowBytes(cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, nExpert*rows*rb)
+		if err := quant.Quantize(typ, f, b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	l, err := expert.StackedLayer(nExpert, d, dff, gt, gen(gt, dff, d), ut, gen(ut, dff, d), dt, gen(dt, d, dff))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// rowStats returns the relative L2 error and cosine of got against want.
+func rowStats(got, want []float32) (rel, cos float64) {
+	var dd, ww, gg, gw float64
+	for i := range want {
+		g, w := float64(got[i]), float64(want[i])
+		dd += (g - w) * (g - w)
+		ww += w * w
+		gg += g * g
+		gw += g * w
+	}
+	if ww == 0 {
+		if gg == 0 {
+			return 0, 1
+		}
+		return math.Inf(1), 0
+	}
+	return math.Sqrt(dd / ww), gw / math.Sqrt(gg*ww)
+}
+
+// compare runs both computers on hidden/ids and checks every output row,
+// returning the worst relative L2 error and cosine.
+func compare(t *testing.T, name string, gpu, cpu expert.Computer, layer, d int, hidden []float32, ids []int32, n, k int) (worstRel, worstCos float64) {
+	t.Helper()
+	want := make([]float32, n*k*d)
+	got := make([]float32, n*k*d)
+	if err := cpu.ComputeExperts(context.Background(), layer, hidden, ids, n, k, want); err != nil {
+		t.Fatalf("%s: cpu: %v", name, err)
+	}
+	if err := gpu.ComputeExperts(context.Background(), layer, hidden, ids, n, k, got); err != nil {
+		t.Fatalf("%s: gpu: %v", name, err)
+	}
+	worstCos = 1
+	worstRow, flips := 0, 0
+	for r := range n * k {
+		rel, cos := rowStats(got[r*d:(r+1)*d], want[r*d:(r+1)*d])
+		if rel > worstRel || math.IsNaN(rel) {
+			worstRel, worstRow = rel, r
+		}
+		worstCos = min(worstCos, cos)
+		if !(rel <= maxRelL2) {
+			flips++
+			t.Logf("%s: row %d (expert %d): rel L2 %.3g, cosine %.7f (an activation rounding flip?)", name, r, ids[r], rel, cos)
+		}
+	}
+	t.Logf("%s: %d rows: worst rel L2 %.3g (row %d, expert %d), worst cosine %.7f", name, n*k, worstRel, worstRow, ids[worstRow], worstCos)
+	if !(worstRel <= flipRelL2) || !(worstCos >= minCosine) || float64(flips) > max(1, maxFlipRows*float64(n*k)) {
+		t.Errorf("%s: worst rel L2 %.3g (max %.3g; %d rows above %.3g), worst cosine %.7f (min %.5f)",
+			name, worstRel, flipRelL2, flips, maxRelL2, worstCos, minCosine)
+	}
+	return worstRel, worstCos
+}
+
+func randInput(rng *rand.Rand, n, k, d, nExpert int) ([]float32, []int32) {
+	hidden := make([]float32, n*d)
+	for i := range hidden {
+		hidden[i] = float32(rng.NormFloat64())
+	}
+	ids := make([]int32, n*k)
+	for r := range n {
+		perm := rng.Perm(nExpert)
+		for s := range k {
+			ids[r*k+s] = int32(perm[s])
+		}
+	}
+	return hidden, ids
+}
+
+func newPair(t *testing.T, layers []*expert.Layer, opt Options) (*Computer, *expert.Local) {
+	t.Helper()
+	local, err := expert.NewLocal(layers, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.Logf = t.Logf
+	c, err := New(local, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, local
+}
+
+func TestDevicesList(t *testing.T) {
+	devs, err := Devices()
+	if err != nil {
+		t.Skipf("no Vulkan: %v", err)
+	}
+	for _, d := range devs {
+		t.Logf("%v", d)
+		if d.Name == "" || d.MemoryBytes == 0 {
+			t.Errorf("device %+v: empty name or memory", d)
+		}
+	}
+}
+
+// TestTypes checks every kernel type (gate, up and down of that type, and
+// mixes as Q4_K_M files have them) against expert.Local, for single rows and
+// batches that put more than one tile of rows on an expert.
+func TestTypes(t *testing.T) {
+	dev := testDevice(t)
+	type cfg struct{ g, u, d quant.Type }
+	var cfgs []cfg
+	for _, ty := range kernelTypes {
+		cfgs = append(cfgs, cfg{ty, ty, ty})
+	}
+	cfgs = append(cfgs, cfg{quant.Q4_K, quant.Q4_K, quant.Q6_K}, cfg{quant.Q5_K, quant.Q5_K, quant.Q6_K},
+		cfg{quant.Q4_1, quant.Q5_K, quant.Q8_0}, cfg{quant.F16, quant.BF16, quant.Q5_1})
+	const nExpert, d, dff = 6, 512, 512
+	for i, c := range cfgs {
+		for _, kern := range testKernels(t, dev) {
+			name := fmt.Sprintf("%v-%v-%v/%s", c.g, c.u, c.d, kern.name)
+			t.Run(name, func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(i), 7))
+				l := randLayer(t, rng, nExpert, d, dff, c.g, c.u, c.d)
+				gpu, cpu := newPair(t, []*expert.Layer{nil, l}, Options{Device: dev, kernel: kern.kind})
+				if s := gpu.Stats(); s.ResidentExperts != nExpert {
+					t.Fatalf("stats %+v: want %d resident experts", s, nExpert)
+				}
+				for _, nk := range [][2]int{{1, 2}, {5, 3}, {40, 4}} {
+					hidden, ids := randInput(rng, nk[0], nk[1], d, nExpert)
+					compare(t, fmt.Sprintf("%s n=%d k=%d", name, nk[0], nk[1]), gpu, cpu, 1, d, hidden, ids, nk[0], nk[1])
+				}
+				if s := gpu.Stats(); s.CPUPairs != 0 || s.GPUPairs == 0 || s.Fault != "" {
+					t.Errorf("stats %+v: want all pairs on the GPU", s)
+				}
+			})
+		}
+	}
+}
+
+type testKernel struct {
+	name string
+	kind kernelKind
+}
+
+// testKernels returns the matvec kernel variants device dev can run: the
+// row-per-lane kernels, and the subgroup ones where it has subgroup
+// arithmetic (lavapipe has), so that both are checked on any driver.
+func testKernels(t testing.TB, dev int) []testKernel {
+	ks := []testKernel{{"row", kernelRow}}
+	devs, _ := Devices()
+	if dev < len(devs) && devs[dev].SubgroupArithmetic {
+		ks = append(ks, testKernel{"subgroup", kernelSubgroup})
+	} else {
+		t.Logf("device %d has no subgroup arithmetic: the subgroup kernels are not tested", dev)
+	}
+	return ks
+}
+
+// fixtureDir is ../shared/fixtures seen from this package.
+func fixtureDir(t testing.TB) string {
+	t.Helper()
+	for _, p := range []string{"../../../shared/fixtures", "../../shared/fixtures", os.Getenv("KVASIR_FIXTURES")} {
+		if p == "" {
+			continue
+		}
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			return p
+		}
+	}
+	t.Skip("fixtures (shared/fixtures) not found; set KVASIR_FIXTURES")
+	return ""
+}
+
+// TestFixtures checks every layer of the llama.cpp-made qwen3moe and
+// qwen35moe fixture models.
+func TestFixtures(t *testing.T) {
+	dev := testDevice(t)
+	dir := fixtureDir(t)
+	files := []string{"tiny-qwen3moe-F16.gguf", "tiny-qwen3moe-Q8_0.gguf", "tiny-qwen3moe-Q4_K_M.gguf",
+		"qwen35moe/tiny-qwen35moe-F16.gguf", "qwen35moe/tiny-qwen35moe-Q4_K_M.gguf"}
+	for _, name := range files {
+		t.Run(filepath.Base(name), func(t *testing.T) {
+			f, err := gguf.Open(filepath.Join(dir, name))
+			if err != nil {
+				t.Skipf("fixture: %v", err)
+			}
+			defer f.Close()
+			var layers []*expert.Layer
+			for blk := 0; ; blk++ {
+				l, err := expert.FromGGUF(f, blk)
+				if err != nil {
+					if errors.Is(err, gguf.ErrNoTensor) {
+						break
+					}
+					t.Fatal(err)
+				}
+				layers = append(layers, l)
+			}
+			if len(layers) == 0 {
+				t.Fatal("no MoE layers")
+			}
+			for _, kern := range testKernels(t, dev) {
+				gpu, cpu := newPair(t, layers, Options{Device: dev, kernel: kern.kind})
+				st := gpu.Stats()
+				t.Logf("%s kernels: %d layers; resident %d experts (%d bytes), CPU %d", kern.name, len(layers), st.ResidentExperts, st.ResidentBytes, st.CPUExperts)
+				rng := rand.New(rand.NewPCG(3, 3))
+				for li, l := range layers {
+					hidden, ids := randInput(rng, 6, min(4, l.NExpert), l.DModel, l.NExpert)
+					compare(t, fmt.Sprintf("%s: layer %d (%v/%v/%v)", kern.name, li, l.Gate.Type, l.Up.Type, l.Down.Type), gpu, cpu, li, l.DModel, hidden, ids, 6, min(4, l.NExpert))
+				}
+				gpu.Close()
+			}
+		})
+	}
+}
+
+// TestQuota: with room for only some experts, the largest are left to the
+// CPU, and mixed calls (some pairs on each side) are still right.
+func TestQuota(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(9, 9))
+	const nExpert, d, dff = 4, 256, 256
+	big := randLayer(t, rng, nExpert, d, dff, quant.F32, quant.F32, quant.F32)      // 768 KiB per expert
+	small := randLayer(t, rng, nExpert, d, dff, quant.Q4_0, quant.Q4_0, quant.Q4_0) // 108 KiB per expert
+	probe, _ := newPair(t, []*expert.Layer{big, small}, Options{Device: dev})
+	bigB, smallB := probe.layers[0].expertBytes, probe.layers[1].expertBytes
+	probe.Close()
+	quota := 4*smallB + 2*bigB
+	gpu, cpu := newPair(t, []*expert.Layer{big, small}, Options{Device: dev, MemoryBytes: quota})
+	st := gpu.Stats()
+	if st.ResidentExperts != 6 || st.CPUExperts != 2 || st.ResidentBytes > quota {
+		t.Fatalf("stats %+v with quota %d: want 6 resident, 2 on the CPU", st, quota)
+	}
+	for e := range nExpert {
+		if gpu.layers[1].buf[e] == nil {
+			t.Errorf("small expert %d not resident", e)
+		}
+	}
+	hidden, ids := randInput(rng, 8, 3, d, nExpert)
+	compare(t, "big layer, mixed", gpu, cpu, 0, d, hidden, ids, 8, 3)
+	compare(t, "small layer", gpu, cpu, 1, d, hidden, ids, 8, 3)
+	st = gpu.Stats()
+	if st.CPUPairs == 0 || st.GPUPairs == 0 {
+		t.Errorf("stats %+v: want pairs on both sides", st)
+	}
+}
+
+// TestFault: a failed submission turns the Computer to the CPU path, whose
+// results are expert.Local's bits, for that call and all later ones.
+func TestFault(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(5, 5))
+	const nExpert, d, dff = 4, 256, 256
+	l := randLayer(t, rng, nExpert, d, dff, quant.Q8_0, quant.Q8_0, quant.Q8_0)
+	gpu, cpu := newPair(t, []*expert.Layer{l}, Options{Device: dev})
+	gpu.inject = func() error { return errors.New("VK_ERROR_DEVICE_LOST (injected)") }
+	for range 2 {
+		hidden, ids := randInput(rng, 3, 2, d, nExpert)
+		want := make([]float32, 3*2*d)
+		got := make([]float32, 3*2*d)
+		if err := cpu.ComputeExperts(context.Background(), 0, hidden, ids, 3, 2, want); err != nil {
+			t.Fatal(err)
+		}
+		if err := gpu.ComputeExperts(context.Background(), 0, hidden, ids, 3, 2, got); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("element %d: %v, want the CPU's %v", i, got[i], want[i])
+			}
+		}
+	}
+	st := gpu.Stats()
+	if !strings.Contains(st.Fault, "DEVICE_LOST") {
+		t.Errorf("stats %+v: want the fault recorded", st)
+	}
+	// Errors of the CPU path come through.
+	err := gpu.ComputeExperts(context.Background(), 0, make([]float32, d), []int32{9}, 1, 1, make([]float32, d))
+	if !errors.Is(err, expert.ErrUnknownExpert) {
+		t.Errorf("unknown expert: %v", err)
+	}
+}
+
+// TestNoLoader runs itself in a child process whose KVASIR_VULKAN_LIBRARY
+// names a missing file: Devices and New fail with ErrNoLoader, and "auto"
+// resolves to the CPU.
+func TestNoLoader(t *testing.T) {
+	if os.Getenv("KVASIR_VULKAN_NOLOADER_CHILD") == "1" {
+		_, err := Devices()
+		if !errors.Is(err, ErrNoLoader) {
+			t.Fatalf("Devices: %v, want ErrNoLoader", err)
+		}
+		local, _ := expert.NewLocal(nil, 1)
+		if _, err := New(local, Options{}); !errors.Is(err, ErrNoLoader) {
+			t.Fatalf("New: %v, want ErrNoLoader", err)
+		}
+		if _, ok, reason, err := (Backend{Kind: "auto"}).Resolve(); ok || err != nil || reason == "" {
+			t.Fatalf("auto: ok %v reason %q err %v", ok, reason, err)
+		}
+		if _, _, _, err := (Backend{Kind: "vulkan"}).Resolve(); !errors.Is(err, ErrNoLoader) {
+			t.Fatalf("vulkan: %v", err)
+		}
+		fmt.Println("child ok:", err)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNoLoader$", "-test.v")
+	cmd.Env = append(os.Environ(), "KVASIR_VULKAN_NOLOADER_CHILD=1", "KVASIR_VULKAN_LIBRARY=/nonexistent/libvulkan.so.1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "child ok") {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	t.Logf("%s", strings.TrimSpace(strings.Split(string(out), "child ok:")[1][:120]))
+}
+
+// TestFusedGateUp: a layer in the fused ffn_gate_up_exps layout
+// (expert.StackedGateUpLayer, as qwen35moe files may carry it).
+func TestFusedGateUp(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(11, 11))
+	const nExpert, d, dff = 4, 256, 512
+	for _, ty := range []quant.Type{quant.Q4_K, quant.Q8_0} {
+		src := randLayer(t, rng, nExpert, d, dff, ty, ty, quant.Q6_K)
+		var gateUp, down []byte
+		for e := range nExpert {
+			gateUp = append(append(gateUp, src.Gate.Expert[e]...), src.Up.Expert[e]...)
+			down = append(down, src.Down.Expert[e]...)
+		}
+		l, err := expert.StackedGateUpLayer(nExpert, d, dff, ty, gateUp, quant.Q6_K, down)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpu, cpu := newPair(t, []*expert.Layer{l}, Options{Device: dev})
+		hidden, ids := randInput(rng, 7, 2, d, nExpert)
+		compare(t, fmt.Sprintf("fused %v gate_up, Q6_K down", ty), gpu, cpu, 0, d, hidden, ids, 7, 2)
+	}
+}
+
+// TestGenerated: engine/modelgen's tiny preset (qwen3moe, d 256, 8
+// experts of FFN 256) generated with every matrix of each kernel type.
+func TestGenerated(t *testing.T) {
+	dev := testDevice(t)
+	for _, ty := range kernelTypes {
+		t.Run(ty.String(), func(t *testing.T) {
+			f, err := modelgen.PresetFile("tiny", 2, ty)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var layers []*expert.Layer
+			for blk := range 2 {
+				l, err := expert.FromGGUF(f, blk)
+				if err != nil {
+					t.Fatal(err)
+				}
+				layers = append(layers, l)
+			}
+			for _, kern := range testKernels(t, dev) {
+				gpu, cpu := newPair(t, layers, Options{Device: dev, kernel: kern.kind})
+				rng := rand.New(rand.NewPCG(uint64(ty), 1))
+				for li, l := range layers {
+					hidden, ids := randInput(rng, 9, 2, l.DModel, l.NExpert)
+					compare(t, fmt.Sprintf("%s: layer %d (%v/%v/%v)", kern.name, li, l.Gate.Type, l.Up.Type, l.Down.Type), gpu, cpu, li, l.DModel, hidden, ids, 9, 2)
+				}
+				gpu.Close()
+			}
+		})
+	}
+}
+
+// TestConcurrent: calls from several goroutines (a worker answers
+// DISPATCHes concurrently) each get their own rows' results.
+func TestConcurrent(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(13, 13))
+	const nExpert, d, dff = 4, 256, 256
+	l := randLayer(t, rng, nExpert, d, dff, quant.Q8_0, quant.Q8_0, quant.Q8_0)
+	gpu, cpu := newPair(t, []*expert.Layer{l}, Options{Device: dev})
+	type job struct {
+		hidden []float32
+		ids    []int32
+		want   []float32
+	}
+	var jobs []job
+	for i := range 8 {
+		n := 1 + i%3
+		hidden, ids := randInput(rng, n, 2, d, nExpert)
+		want := make([]float32, n*2*d)
+		if err := cpu.ComputeExperts(context.Background(), 0, hidden, ids, n, 2, want); err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, job{hidden, ids, want})
+	}
+	errs := make(chan error, len(jobs))
+	for _, j := range jobs {
+		go func() {
+			n := len(j.ids) / 2
+			got := make([]float32, len(j.want))
+			if err := gpu.ComputeExperts(context.Background(), 0, j.hidden, j.ids, n, 2, got); err != nil {
+				errs <- err
+				return
+			}
+			for r := range n * 2 {
+				if rel, _ := rowStats(got[r*d:(r+1)*d], j.want[r*d:(r+1)*d]); !(rel <= flipRelL2) {
+					errs <- fmt.Errorf("row %d: rel L2 %.3g", r, rel)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range jobs {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}

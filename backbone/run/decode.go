@@ -75,8 +75,9 @@ type Result struct {
 // o.Draft each forward verifies the sampled token and up to o.DraftMax
 // drafts after it (package spec: same tokens and logits, fewer forwards).
 // The experts are whatever m.Engine() has installed; ctx cancels the
-// forward passes. Errors: the prompt encodes to no tokens, ModeMTP on a
-// model without an MTP head, or those of Forward and of writing to out.
+// forward passes. Errors: the prompt encodes to no tokens, ModeMTP (not
+// run yet) or an unknown mode, or those of Forward, Checkpoint and
+// Truncate and of writing to out.
 func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Result, error) {
 	if out == nil {
 		out = io.Discard
@@ -98,8 +99,10 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 	case spec.ModeNone:
 	case spec.ModeNGram:
 		draft = spec.NGram
+	case spec.ModeMTP:
+		return nil, errors.New("draft mode mtp: this engine does not run the multi-token-prediction head yet (use ngram)")
 	default:
-		return nil, fmt.Errorf("draft mode %q is not available on this model", res.Draft)
+		return nil, fmt.Errorf("draft mode %q: want none, ngram or mtp", res.Draft)
 	}
 	h := sha256.New()
 	res.LogitsSHA256 = hex.EncodeToString(h.Sum(nil))

@@ -87,7 +87,8 @@ func (m *Model) StateBytes() int64 {
 func (s *Sequence) Len() int { return s.n }
 
 // Recurrent reports whether the sequence has recurrent layers
-// (MemoryRecurrent), whose state Truncate can only reset, not rewind.
+// (MemoryRecurrent), whose state Truncate can only reset, or rewind into
+// an open checkpoint (Checkpoint).
 func (s *Sequence) Recurrent() bool { return s.recurrent }
 
 // Truncate drops positions n and later (to rewind or reuse the sequence)

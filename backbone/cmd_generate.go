@@ -16,6 +16,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/spec"
 )
 
 func init() {
@@ -61,6 +62,7 @@ func generateMain(args []string, stdout, stderr io.Writer) int {
 //
 //	backbone generate [--model FILE] --prompt TEXT --max-tokens N --temperature 0
 //	                  [--top-k K --top-p P --seed S --threads T] [--json]
+//	                  [--draft none|ngram|mtp --draft-max K]
 //	                  [--dispatch-listen ADDR --wait-workers N --wait-timeout 2m --min-deadline D
 //	                   --provision --provision-rate BYTES]
 //
@@ -76,6 +78,9 @@ func generateMain(args []string, stdout, stderr io.Writer) int {
 // --dispatch-listen: its experts are computed only by workers, and a step
 // that finds no worker holding an expert waits --holder-wait, then fails
 // the decode with an error naming the layer and experts (exit 1).
+// --draft speculates (package spec): each forward verifies up to
+// --draft-max drafted tokens, with the same output as without; --json
+// reports drafted_tokens, accepted_tokens and decode_forwards.
 // Loading, the swarm and the decode loop are package run's (backbone/run).
 func generateMainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
@@ -94,6 +99,8 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	dispatchListen := fs.String("dispatch-listen", "", "compute experts over the swarm: listen here (LAN host:port) for the hub's worker links")
 	waitWorkers := fs.Int("wait-workers", 0, "with --dispatch-listen: wait for N workers before decoding")
 	waitTimeout := fs.Duration("wait-timeout", 2*time.Minute, "how long --wait-workers waits")
+	draftFlag := fs.String("draft", "none", "speculative drafts verified per forward: none, ngram (prompt lookup) or mtp (the model's multi-token-prediction head); the output is the same")
+	draftMax := fs.Int("draft-max", spec.DefaultMax, "with --draft: most draft tokens per forward")
 	sf := run.AddSwarmFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -102,8 +109,13 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		fmt.Fprintln(stderr, "generate:", err)
 		return 2
 	}
+	draft, derr := spec.ParseMode(*draftFlag)
 	var bad string
 	switch {
+	case derr != nil:
+		bad = "--draft: " + derr.Error()
+	case *draftMax < 1:
+		bad = fmt.Sprintf("--draft-max %d: want >= 1", *draftMax)
 	case fs.NArg() != 0:
 		bad = fmt.Sprintf("unexpected arguments %q (quote the prompt: --prompt \"...\")", fs.Args())
 	case *maxTokens < 0:
@@ -165,7 +177,8 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		lm.Engine().SetExperts(d)
 	}
 	dr, err := run.Decode(ctx, lm, run.DecodeOptions{Prompt: *prompt, MaxTokens: *maxTokens, Special: *special,
-		Sampler: model.SamplerOptions{Temperature: float32(*temp), TopK: *topK, TopP: float32(*topP), Seed: *seed}}, out)
+		Sampler: model.SamplerOptions{Temperature: float32(*temp), TopK: *topK, TopP: float32(*topP), Seed: *seed},
+		Draft:   draft, DraftMax: *draftMax}, out)
 	if err != nil {
 		return fail(err)
 	}
@@ -184,6 +197,10 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	fmt.Fprintf(stdout, "\n\nprefill: %d tokens, %.1f tok/s; decode: %d tokens, %.1f tok/s\n",
 		len(res.PromptTokens), res.PrefillTokS, len(res.Tokens), res.DecodeTokS)
+	if res.Draft != spec.ModeNone {
+		fmt.Fprintf(stdout, "drafts (%s): %d drafted, %d accepted (%.0f%%), %d forwards\n",
+			res.Draft, res.Drafted, res.Accepted, 100*res.AcceptRate(), res.Forwards)
+	}
 	if d != nil {
 		fmt.Fprintf(stdout, "experts: %d remote, %d local (verify: %s)\n", *res.ExpertsRemote, *res.ExpertsLocal, res.Verify)
 		for _, w := range res.Workers {

@@ -127,3 +127,24 @@ func TestGenmodelCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestGenerateDraft: --draft ngram gives the same tokens and logits hash
+// as --draft none and reports its drafts and forwards; a bad --draft or
+// --draft-max is a usage error.
+func TestGenerateDraft(t *testing.T) {
+	prompt := strings.Repeat("x = a + b\ny = a + b\n", 6)
+	plain := runJSON(t, "--prompt", prompt, "--max-tokens", "24")
+	got := runJSON(t, "--prompt", prompt, "--max-tokens", "24", "--draft", "ngram", "--draft-max", "4")
+	if !slices.Equal(got.Tokens, plain.Tokens) || got.LogitsSHA256 != plain.LogitsSHA256 {
+		t.Errorf("tokens %v, want %v", got.Tokens, plain.Tokens)
+	}
+	if plain.Draft != "none" || got.Draft != "ngram" || got.Drafted == 0 || got.Forwards+got.Accepted < len(got.Tokens)-1 {
+		t.Errorf("draft %q/%q, drafted %d, accepted %d, forwards %d", plain.Draft, got.Draft, got.Drafted, got.Accepted, got.Forwards)
+	}
+	for _, args := range [][]string{{"--draft", "eagle"}, {"--draft", "ngram", "--draft-max", "0"}} {
+		var out, errb bytes.Buffer
+		if code := generateMain(args, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--draft") {
+			t.Errorf("%v: exit %d, %q", args, code, errb.String())
+		}
+	}
+}

@@ -6,11 +6,13 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/spec"
 )
 
 // DecodeOptions are the settings of one Decode.
@@ -28,6 +30,13 @@ type DecodeOptions struct {
 	// OnToken, if set, is called after each sampled token (i counts from
 	// 0), before the next forward pass.
 	OnToken func(i int, tok int32)
+	// Draft is the source of speculative drafts (package spec; "" or
+	// spec.ModeNone: plain decoding). Output tokens and logits are the
+	// same with any mode, at any temperature for a given seed.
+	Draft spec.Mode
+	// DraftMax is the most draft tokens verified per forward (<= 0:
+	// spec.DefaultMax).
+	DraftMax int
 }
 
 // Result is what Decode did. Its JSON field names are those of `backbone
@@ -42,42 +51,69 @@ type Result struct {
 	Text string `json:"text"`
 	// PrefillTokS is prompt tokens / prefill seconds.
 	PrefillTokS float64 `json:"prefill_tok_s"`
-	// DecodeTokS is single-token forward passes / their seconds.
+	// DecodeTokS is the tokens the decode forwards produced (every token
+	// but the first, which the prefill's logits give) / those forwards'
+	// seconds; without drafts one token per forward.
 	DecodeTokS float64 `json:"decode_tok_s"`
 	// LogitsSHA256 is the hex SHA-256 over every logits vector the decode
 	// computed (prefill's last row, then each step's; vocab float32 each,
 	// little-endian): equal hashes mean bit-identical logits.
 	LogitsSHA256 string `json:"logits_sha256"`
-	// MaxStepMs is the longest single-token forward pass, ms (a stall shows
+	// MaxStepMs is the longest decode forward pass, ms (a stall shows
 	// here).
 	MaxStepMs float64 `json:"max_step_ms"`
+	// Draft is the draft mode used (DecodeOptions.Draft; "none" without).
+	Draft spec.Mode `json:"draft"`
+	// Drafted and accepted draft tokens and the decode's forward passes.
+	spec.Stats
 }
 
 // Decode prefills o.Prompt in one batch on a new sequence of m, then
-// samples and feeds back one token at a time until o.MaxTokens, an
-// end-of-generation token or the context length, streaming complete UTF-8
-// text to out (nil: nowhere) as it goes. The experts are whatever
-// m.Engine() has installed; ctx cancels the forward passes. Errors: the
-// prompt encodes to no tokens, or those of Forward and of writing to out.
+// samples until o.MaxTokens, an end-of-generation token or the context
+// length, streaming complete UTF-8 text to out (nil: nowhere) as it goes.
+// Without drafts each forward feeds back the one sampled token; with
+// o.Draft each forward verifies the sampled token and up to o.DraftMax
+// drafts after it (package spec: same tokens and logits, fewer forwards).
+// The experts are whatever m.Engine() has installed; ctx cancels the
+// forward passes. Errors: the prompt encodes to no tokens, ModeMTP (not
+// run yet) or an unknown mode, or those of Forward, Checkpoint and
+// Truncate and of writing to out.
 func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Result, error) {
 	if out == nil {
 		out = io.Discard
 	}
 	eng, tok := m.m, m.tok
-	res := &Result{PromptTokens: tok.Tokenize(o.Prompt, true, o.Special), Tokens: []int32{}}
+	res := &Result{PromptTokens: tok.Tokenize(o.Prompt, true, o.Special), Tokens: []int32{}, Draft: o.Draft}
+	if res.Draft == "" {
+		res.Draft = spec.ModeNone
+	}
 	if len(res.PromptTokens) == 0 {
 		return nil, errors.New("the prompt encodes to no tokens")
+	}
+	draftMax := o.DraftMax
+	if draftMax <= 0 {
+		draftMax = spec.DefaultMax
+	}
+	var draft func(dst, hist []int32, max int) []int32
+	switch res.Draft {
+	case spec.ModeNone:
+	case spec.ModeNGram:
+		draft = spec.NGram
+	case spec.ModeMTP:
+		return nil, errors.New("draft mode mtp: this engine does not run the multi-token-prediction head yet (use ngram)")
+	default:
+		return nil, fmt.Errorf("draft mode %q: want none, ngram or mtp", res.Draft)
 	}
 	h := sha256.New()
 	res.LogitsSHA256 = hex.EncodeToString(h.Sum(nil))
 	if o.MaxTokens == 0 {
 		return res, nil
 	}
-	vocab := eng.Params().Vocab
-	logits := make([]float32, vocab)
+	vocab, ctxLen := eng.Params().Vocab, eng.Params().Context
+	logits := make([]float32, (draftMax+1)*vocab)
 	raw := make([]byte, 4*vocab)
-	hashLogits := func() {
-		for i, v := range logits {
+	hashLogits := func(lg []float32) {
+		for i, v := range lg {
 			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
 		}
 		h.Write(raw)
@@ -88,38 +124,93 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 		rows[i] = model.Row{Seq: seq, Token: t, Pos: i, Logits: i == len(rows)-1}
 	}
 	start := time.Now()
-	if err := eng.Forward(ctx, rows, logits); err != nil {
+	if err := eng.Forward(ctx, rows, logits[:vocab]); err != nil {
 		return nil, err
 	}
 	res.PrefillTokS = float64(len(rows)) / time.Since(start).Seconds()
-	hashLogits()
+	hashLogits(logits[:vocab])
 
 	sampler := model.NewSampler(o.Sampler)
 	dec := tok.NewDecoder(false)
-	decodeSteps := 0
 	var decodeTime, maxStep time.Duration
-	for {
-		next := sampler.Sample(logits)
-		res.Tokens = append(res.Tokens, next)
-		if _, err := io.WriteString(out, dec.Add(next)); err != nil {
-			return nil, err
+	hist := append([]int32{}, res.PromptTokens...)
+	var drafts []int32
+	// emit appends a chosen token and reports whether decoding stops at
+	// it: o.MaxTokens, an end-of-generation token, or its position (the
+	// prompt's length plus its index) outside the context.
+	emit := func(t int32) (bool, error) {
+		res.Tokens = append(res.Tokens, t)
+		hist = append(hist, t)
+		if _, err := io.WriteString(out, dec.Add(t)); err != nil {
+			return true, err
 		}
 		if o.OnToken != nil {
-			o.OnToken(len(res.Tokens)-1, next)
+			o.OnToken(len(res.Tokens)-1, t)
 		}
-		if len(res.Tokens) >= o.MaxTokens || tok.IsEOG(next) || seq.Len() >= eng.Params().Context {
+		return len(res.Tokens) >= o.MaxTokens || tok.IsEOG(t) || len(hist)-1 >= ctxLen, nil
+	}
+	next := sampler.Sample(logits[:vocab])
+	for {
+		stop, err := emit(next)
+		if err != nil {
+			return nil, err
+		}
+		if stop {
 			break
 		}
-		row := []model.Row{{Seq: seq, Token: next, Pos: seq.Len(), Logits: true}}
+		// Drafts: at most what MaxTokens and the context leave after next.
+		drafts = drafts[:0]
+		if k := min(draftMax, o.MaxTokens-len(res.Tokens), ctxLen-1-seq.Len()); draft != nil && k > 0 {
+			drafts = draft(drafts, hist, k)
+		}
+		base := seq.Len()
+		rows = rows[:0]
+		rows = append(rows, model.Row{Seq: seq, Token: next, Pos: base, Logits: true})
+		for i, d := range drafts {
+			rows = append(rows, model.Row{Seq: seq, Token: d, Pos: base + 1 + i, Logits: true})
+		}
+		if len(drafts) > 0 {
+			if err := seq.Checkpoint(); err != nil {
+				return nil, err
+			}
+		}
 		t0 := time.Now()
-		if err := eng.Forward(ctx, row, logits); err != nil {
+		if err := eng.Forward(ctx, rows, logits[:len(rows)*vocab]); err != nil {
 			return nil, err
 		}
 		step := time.Since(t0)
 		decodeTime += step
 		maxStep = max(maxStep, step)
-		decodeSteps++
-		hashLogits()
+		res.Forwards++
+		res.Drafted += len(drafts)
+		// Row i's logits choose the token after rows[i]: keep drafts while
+		// they equal the choice, then the choice that differs (or the
+		// choice after the last draft) is the next token.
+		kept := 0
+		for i := range rows {
+			lg := logits[i*vocab : (i+1)*vocab]
+			hashLogits(lg)
+			next = sampler.Sample(lg)
+			if i == len(drafts) || next != drafts[i] {
+				break
+			}
+			kept++
+			res.Accepted++
+			if stop, err = emit(next); err != nil {
+				return nil, err
+			}
+			if stop {
+				break
+			}
+		}
+		if len(drafts) > 0 {
+			if err := seq.Truncate(base + 1 + kept); err != nil {
+				return nil, err
+			}
+		}
+		if stop {
+			break
+		}
 	}
 	if _, err := io.WriteString(out, dec.Flush()); err != nil {
 		return nil, err
@@ -127,8 +218,8 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 	res.Text = tok.Decode(res.Tokens)
 	res.LogitsSHA256 = hex.EncodeToString(h.Sum(nil))
 	res.MaxStepMs = float64(maxStep) / 1e6
-	if decodeSteps > 0 {
-		res.DecodeTokS = float64(decodeSteps) / decodeTime.Seconds()
+	if res.Forwards > 0 {
+		res.DecodeTokS = float64(len(res.Tokens)-1) / decodeTime.Seconds()
 	}
 	return res, nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/spec"
 )
 
 // MaxBodyBytes bounds a request body (bytes); larger bodies get 413.
@@ -238,6 +239,9 @@ func (l *stopList) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// maxDraft bounds a request's draft_max.
+const maxDraft = 64
+
 // genParams are the sampling fields shared by both endpoints.
 type genParams struct {
 	Model               *string            `json:"model"`
@@ -254,6 +258,8 @@ type genParams struct {
 	FrequencyPenalty    *float64           `json:"frequency_penalty"` // 0 only
 	User                *string            `json:"user"`              // accepted, not used
 	Metadata            map[string]string  `json:"metadata"`          // accepted, not used
+	Draft               *string            `json:"draft"`             // extension: none | ngram (Job.Draft)
+	DraftMax            *intParam          `json:"draft_max"`         // extension: drafts per step (Job.DraftMax)
 	Stream              bool               `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -324,6 +330,19 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 		for _, x := range b {
 			j.Sampler.Seed = j.Sampler.Seed<<8 | uint64(x)
 		}
+	}
+	if p.Draft != nil {
+		d, err := spec.ParseMode(*p.Draft)
+		if err != nil || d == spec.ModeMTP {
+			return Job{}, badRequest("draft", "invalid_value", "draft must be none or ngram (got %q)", *p.Draft)
+		}
+		j.Draft = d
+	}
+	if k := p.DraftMax; k != nil {
+		if *k < 1 || *k > maxDraft {
+			return Job{}, badRequest("draft_max", "invalid_value", "draft_max must be in [1, %d] (got %d)", maxDraft, *k)
+		}
+		j.DraftMax = int(*k)
 	}
 	if p.Stop != nil {
 		if len(*p.Stop) > MaxStops {

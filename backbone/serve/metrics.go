@@ -15,6 +15,8 @@ import (
 type metrics struct {
 	promptTokens    prometheus.Counter     // prompt tokens prefilled
 	generatedTokens prometheus.Counter     // tokens sampled
+	draftTokens     prometheus.Counter     // draft tokens verified (Job.Draft)
+	draftAccepted   prometheus.Counter     // draft tokens accepted
 	steps           prometheus.Counter     // Forward calls
 	stepSeconds     prometheus.Histogram   // wall time of one step (Forward + sampling), seconds
 	batchRows       prometheus.Histogram   // rows per step (prefill + decode)
@@ -34,6 +36,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "prompt_tokens_total", Help: "Prompt tokens prefilled."}),
 		generatedTokens: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "generated_tokens_total", Help: "Tokens sampled (completion tokens)."}),
+		draftTokens: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "draft_tokens_total", Help: "Speculative draft tokens verified (requests with draft)."}),
+		draftAccepted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "draft_accepted_tokens_total", Help: "Speculative draft tokens accepted (each one token without its own forward)."}),
 		steps: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "steps_total", Help: "Batched forward steps run."}),
 		stepSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
@@ -55,7 +61,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "http_requests_total", Help: "HTTP requests by endpoint and status code."}, []string{"endpoint", "code"}),
 	}
-	for _, c := range []prometheus.Collector{m.promptTokens, m.generatedTokens, m.steps, m.stepSeconds, m.batchRows,
+	for _, c := range []prometheus.Collector{m.promptTokens, m.generatedTokens, m.draftTokens, m.draftAccepted, m.steps, m.stepSeconds, m.batchRows,
 		m.batchSeqs, m.queueDepth, m.active, m.finished, m.rejected, m.httpRequests} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/spec"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
 
@@ -24,6 +25,15 @@ type seqState struct {
 	gen      int       // tokens sampled
 	inStep   bool      // has rows in the current step
 	raw      []float32 // the logits row before logit_bias, when logprobs are asked
+
+	// Speculative drafts (Job.Draft): hist is the prompt and the sampled
+	// tokens; drafts this step's drafts after next (rows 1..len(drafts)
+	// of its rows), base the sequence's Len before the step, row the index
+	// of the row deliver samples next, kept the drafts accepted.
+	hist      []int32
+	drafts    []int32
+	base, row int
+	kept      int
 }
 
 // poolMaxPositions: sequences that used at most this many positions are
@@ -193,8 +203,12 @@ func (sc *scheduler) admit() {
 				stops = append(stops, x)
 			}
 		}
-		sc.active = append(sc.active, &seqState{st: st, seq: seq, sampler: model.NewSampler(st.job.Sampler),
-			dec: s.tok.NewDecoder(false), stop: stopMatcher{stops: stops}})
+		a := &seqState{st: st, seq: seq, sampler: model.NewSampler(st.job.Sampler),
+			dec: s.tok.NewDecoder(false), stop: stopMatcher{stops: stops}}
+		if st.job.Draft == spec.ModeNGram {
+			a.hist = append(make([]int32, 0, len(st.job.Prompt)+64), st.job.Prompt...)
+		}
+		sc.active = append(sc.active, a)
 	}
 }
 
@@ -215,14 +229,23 @@ func (sc *scheduler) build() {
 	sc.rows, sc.owners = sc.rows[:0], sc.owners[:0]
 	budget := sc.s.cfg.MaxBatchRows
 	sc.seqs = 0
-	for _, a := range sc.active {
+	for i, a := range sc.active {
 		a.inStep, a.chunk = false, 0
+		a.drafts, a.row, a.kept = a.drafts[:0], 0, 0
 		if a.decoding && budget > 0 {
-			sc.rows = append(sc.rows, model.Row{Seq: a.seq, Token: a.next, Pos: a.seq.Len(), Logits: true})
+			a.base = a.seq.Len()
+			sc.rows = append(sc.rows, model.Row{Seq: a.seq, Token: a.next, Pos: a.base, Logits: true})
 			sc.owners = append(sc.owners, a)
 			a.inStep = true
 			budget--
 			sc.seqs++
+			sc.draft(a, budget-(len(sc.active)-1-i))
+			for k, d := range a.drafts {
+				sc.rows = append(sc.rows, model.Row{Seq: a.seq, Token: d, Pos: a.base + 1 + k, Logits: true})
+				sc.owners = append(sc.owners, a)
+			}
+			budget -= len(a.drafts)
+			sc.s.met.draftTokens.Add(float64(len(a.drafts)))
 		}
 	}
 	sc.prefill = 0
@@ -247,6 +270,28 @@ func (sc *scheduler) build() {
 	}
 	if need := len(sc.owners) * sc.s.p.Vocab; cap(sc.logits) < need {
 		sc.logits = make([]float32, need)
+	}
+}
+
+// draft sets a.drafts to at most spare drafts after a.next (n-gram
+// prompt lookup over a.hist, within DraftMax, MaxTokens and the context)
+// and checkpoints a's sequence before they are verified.
+func (sc *scheduler) draft(a *seqState, spare int) {
+	j := &a.st.job
+	if j.Draft != spec.ModeNGram {
+		return
+	}
+	k := j.DraftMax
+	if k <= 0 {
+		k = spec.DefaultMax
+	}
+	k = min(k, spare, j.MaxTokens-a.gen, sc.s.p.Context-1-a.base)
+	if k <= 0 {
+		return
+	}
+	a.drafts = spec.NGram(a.drafts, a.hist, k)
+	if len(a.drafts) > 0 && a.seq.Checkpoint() != nil {
+		a.drafts = a.drafts[:0]
 	}
 }
 
@@ -301,18 +346,48 @@ func (sc *scheduler) deliver(start time.Time) {
 	s.met.batchRows.Observe(float64(len(sc.rows)))
 	s.met.batchSeqs.Observe(float64(sc.seqs))
 	s.met.promptTokens.Add(float64(sc.prefill))
-	s.met.generatedTokens.Add(float64(len(sc.owners)))
 	vocab := s.p.Vocab
+	sampled := 0
 	for i, a := range sc.owners {
-		sc.sample(a, sc.logits[i*vocab:(i+1)*vocab])
+		// A request's rows after a rejected draft, or after it ended, are
+		// dropped unsampled.
+		if a.seq == nil || a.row < 0 {
+			continue
+		}
+		if !a.decoding || a.row == 0 && len(a.drafts) == 0 {
+			sc.sample(a, sc.logits[i*vocab:(i+1)*vocab], a.seq.Len())
+			sampled++
+			continue
+		}
+		k := a.row
+		t := sc.sample(a, sc.logits[i*vocab:(i+1)*vocab], a.base+1+k)
+		sampled++
+		if a.seq == nil {
+			continue // ended: its sequence is released
+		}
+		if k < len(a.drafts) && t == a.drafts[k] {
+			s.met.draftAccepted.Inc()
+			a.kept++
+			a.row++
+		} else {
+			a.row = -1
+		}
+		if a.row < 0 {
+			if err := a.seq.Truncate(a.base + 1 + a.kept); err != nil {
+				sc.end(a, "", FinishError, fmt.Errorf("rewind after drafts: %w", err))
+			}
+			a.row = -1
+		}
 	}
+	s.met.generatedTokens.Add(float64(sampled))
 	sc.compact()
 }
 
-// sample draws a's next token from its logits row and delivers its text,
-// ending the request on an end-of-generation token, a stop string, its
-// MaxTokens or a full context.
-func (sc *scheduler) sample(a *seqState, logits []float32) {
+// sample draws a's next token from its logits row, whose token goes at
+// position pos, and delivers its text, ending the request on an
+// end-of-generation token, a stop string, its MaxTokens or a full context;
+// it returns the token.
+func (sc *scheduler) sample(a *seqState, logits []float32, pos int) int32 {
 	s := sc.s
 	j := &a.st.job
 	raw := logits // the model's row, for the log-probabilities
@@ -343,7 +418,7 @@ func (sc *scheduler) sample(a *seqState, logits []float32) {
 		switch {
 		case stopped:
 			reason = FinishStop
-		case a.gen >= a.st.job.MaxTokens || a.seq.Len() >= s.p.Context:
+		case a.gen >= a.st.job.MaxTokens || pos >= s.p.Context:
 			reason = FinishLength
 			o, stopped := a.stop.feed(a.dec.Flush())
 			out += o
@@ -357,7 +432,11 @@ func (sc *scheduler) sample(a *seqState, logits []float32) {
 	a.st.emit(out, t, lp)
 	if reason != "" {
 		sc.end(a, "", reason, nil)
-		return
+		return t
 	}
 	a.next = t
+	if j.Draft == spec.ModeNGram {
+		a.hist = append(a.hist, t)
+	}
+	return t
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/spec"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
 
@@ -376,6 +377,16 @@ type Job struct {
 	// LogitBias is added to the logits of these token ids before sampling
 	// (not to the reported log-probabilities).
 	LogitBias map[int32]float32
+	// Draft speculates (package spec; "" or spec.ModeNone: no drafts):
+	// each step verifies the request's next token and up to DraftMax
+	// drafted ones in one forward. The tokens are the same as without
+	// (each row sampled in order with the request's sampler; greedy and
+	// seeded sampling alike). spec.ModeNGram only (ErrParams otherwise).
+	Draft spec.Mode
+	// DraftMax is the most drafts per step (<= 0: spec.DefaultMax); a
+	// step's drafts also fit its row budget, leaving every other active
+	// request at least one row.
+	DraftMax int
 }
 
 // Submit queues j and returns its Stream. The request leaves the batch when
@@ -418,6 +429,8 @@ func (s *Server) check(j Job) error {
 		return fmt.Errorf("%w: temperature %v", ErrParams, j.Sampler.Temperature)
 	case j.Sampler.TopP < 0 || j.Sampler.TopP != j.Sampler.TopP:
 		return fmt.Errorf("%w: top_p %v", ErrParams, j.Sampler.TopP)
+	case j.Draft != "" && j.Draft != spec.ModeNone && j.Draft != spec.ModeNGram:
+		return fmt.Errorf("%w: draft %q: this server drafts none or ngram", ErrParams, j.Draft)
 	}
 	for i, t := range j.Prompt {
 		if t < 0 || int(t) >= s.p.Vocab {

@@ -62,7 +62,8 @@ func (l *loader) gatedDeltaNet(p *Params, il int) *GatedDeltaNet {
 
 // deltaNetConv runs layer il's causal depthwise convolution, SiLU and the
 // q/k L2 norms on ws.mixed into ws.cv, per sequence in time order, and
-// moves each sequence's convolution state on by its rows.
+// moves each sequence's convolution state on by its rows; a sequence with
+// an open checkpoint logs its rows' inputs to the recurrence (logRows).
 func (m *Model) deltaNetConv(il int, g *GatedDeltaNet) {
 	p, ws := m.p, &m.ws
 	K, S := p.SSMGroups, p.SSMState
@@ -76,23 +77,60 @@ func (m *Model) deltaNetConv(il int, g *GatedDeltaNet) {
 			copy(win[(kc-1+t)*conv:(kc+t)*conv], ws.mixed[int(r)*conv:(int(r)+1)*conv])
 		}
 		for t, r := range gr.rows {
-			out := ws.cv[int(r)*conv : (int(r)+1)*conv]
-			w0 := win[t*conv:]
-			for c := range out {
-				// ggml_compute_forward_ssm_conv_f32: a float32 sum in tap order.
-				w := g.Conv1D[c*kc : (c+1)*kc]
-				var sum float32
-				for j, wj := range w {
-					sum += float32(w0[j*conv+c] * wj)
-				}
-				out[c] = sum
-			}
-			silu(out)
-			for h := range 2 * K { // q heads then k heads
-				l2Norm(out[h*S:(h+1)*S], p.NormEps)
-			}
+			convRow(p, g, win[t*conv:], ws.cv[int(r)*conv:(int(r)+1)*conv])
 		}
 		copy(state, win[len(gr.rows)*conv:])
+		if cp := gr.seq.cp; cp != nil {
+			cp.logRows(il, gr.rows, conv, p.SSMHeads, ws)
+		}
+	}
+}
+
+// convRow computes one row's convolution output out (channels = 2*K*S +
+// H*S) from w0, the row's window of SSMConv inputs (SSMConv x channels,
+// oldest first, channel-minor): the causal depthwise convolution, SiLU and
+// the q/k L2 norms (ggml_compute_forward_ssm_conv_f32, ggml_silu,
+// ggml_l2_norm). Forward and Sequence.Truncate's replay share it, so both
+// compute the same bits.
+func convRow(p Params, g *GatedDeltaNet, w0, out []float32) {
+	K, S, kc := p.SSMGroups, p.SSMState, p.SSMConv
+	conv := len(out)
+	for c := range out {
+		// ggml_compute_forward_ssm_conv_f32: a float32 sum in tap order.
+		w := g.Conv1D[c*kc : (c+1)*kc]
+		var sum float32
+		for j, wj := range w {
+			sum += float32(w0[j*conv+c] * wj)
+		}
+		out[c] = sum
+	}
+	silu(out)
+	for h := range 2 * K { // q heads then k heads
+		l2Norm(out[h*S:(h+1)*S], p.NormEps)
+	}
+}
+
+// deltaStep advances one value head's state st (S x S, st[j*S+i] =
+// S_h[i][j]) by one token: decay by exp(g), the delta-rule update with k,
+// v and beta, and o = S_h^T q * scale. Forward and Sequence.Truncate's
+// replay share it, so both compute the same bits.
+func deltaStep(st, q, k, v, o []float32, beta, g, scale float32) {
+	S := len(q)
+	decay := float32(math.Exp(float64(g)))
+	// ggml runs four passes over the state (scale, S^T k, the rank-1
+	// update, S^T q); each touches row j of st only with row j's own
+	// values, so one pass per row, while it is in L1, computes the same
+	// bits.
+	for j := range S {
+		mj := st[j*S : (j+1)*S]
+		for i := range mj {
+			mj[i] *= decay
+		}
+		dj := (v[j] - quant.DotF32(mj, k)) * beta
+		for i, ki := range k {
+			mj[i] += float32(ki * dj)
+		}
+		o[j] = quant.DotF32(mj, q) * scale
 	}
 }
 
@@ -134,23 +172,8 @@ func (m *Model) deltaNetLayer(il int, g *GatedDeltaNet, rows []Row) error {
 		for _, r := range gr.rows {
 			row := ws.cv[int(r)*conv : (int(r)+1)*conv]
 			q, k, v := row[kh*S:(kh+1)*S], row[(K+kh)*S:(K+kh+1)*S], row[2*K*S+h*S:2*K*S+(h+1)*S]
-			beta, decay := ws.beta[int(r)*H+h], float32(math.Exp(float64(ws.gdt[int(r)*H+h])))
-			// ggml runs four passes over the state (scale, S^T k, the
-			// rank-1 update, S^T q); each touches row j of st only with
-			// row j's own values, so one pass per row, while it is in L1,
-			// computes the same bits.
 			o := ws.o[int(r)*vd+h*S : int(r)*vd+(h+1)*S]
-			for j := range S {
-				mj := st[j*S : (j+1)*S]
-				for i := range mj {
-					mj[i] *= decay
-				}
-				dj := (v[j] - quant.DotF32(mj, k)) * beta
-				for i, ki := range k {
-					mj[i] += float32(ki * dj)
-				}
-				o[j] = quant.DotF32(mj, q) * scale
-			}
+			deltaStep(st, q, k, v, o, ws.beta[int(r)*H+h], ws.gdt[int(r)*H+h], scale)
 		}
 	})
 	// Gated RMSNorm per value head, then ssm_out.

@@ -23,8 +23,12 @@ type Sequence struct {
 	// recurrent: some layer is MemoryRecurrent.
 	recurrent bool
 	// lost: a Forward failed after changing the recurrent state, so it no
-	// longer matches n; only Truncate(0) makes the sequence usable again.
+	// longer matches n; only Truncate(0), or Truncate to a length an open
+	// checkpoint covers, makes the sequence usable again.
 	lost bool
+	// cp is the open checkpoint (Checkpoint), nil if none; spare an ended
+	// one whose buffers the next Checkpoint reuses.
+	cp, spare *checkpoint
 }
 
 // layerMemory is one layer's memory in a Sequence, of the kind its
@@ -83,25 +87,34 @@ func (m *Model) StateBytes() int64 {
 func (s *Sequence) Len() int { return s.n }
 
 // Recurrent reports whether the sequence has recurrent layers
-// (MemoryRecurrent), whose state Truncate can only reset, not rewind.
+// (MemoryRecurrent), whose state Truncate can only reset, or rewind into
+// an open checkpoint (Checkpoint).
 func (s *Sequence) Recurrent() bool { return s.recurrent }
 
-// Truncate drops positions n and later (to rewind or reuse the sequence).
-// It fails with ErrBatch if n is negative or beyond Len. With recurrent
-// layers (Recurrent) only Truncate(0), which zeroes the recurrent state, and
-// Truncate(Len()) are possible; other lengths fail with ErrRewind (as
-// llama.cpp's llama_memory_recurrent refuses a partial seq_rm).
+// Truncate drops positions n and later (to rewind or reuse the sequence)
+// and ends an open checkpoint (Checkpoint). It fails with ErrBatch if n is
+// negative or beyond Len. With recurrent layers (Recurrent) the lengths it
+// can go to are 0 (which zeroes the recurrent state), Len() and, while a
+// checkpoint is open, any length from the checkpoint's to Len(): the
+// state is restored from the checkpoint and the kept rows replayed, bit
+// for bit (also after a failed Forward that lost the state); other
+// lengths fail with ErrRewind (as llama.cpp's llama_memory_recurrent
+// refuses a partial seq_rm).
 func (s *Sequence) Truncate(n int) error {
 	if n < 0 || n > s.n {
 		return fmt.Errorf("%w: truncate to %d of %d positions", ErrBatch, n, s.n)
 	}
 	if s.Recurrent() {
+		cp := s.cp
 		switch {
 		case n == 0:
 			for l := range s.mem {
 				clear(s.mem[l].conv)
 				clear(s.mem[l].ssm)
 			}
+			s.lost = false
+		case cp != nil && n >= cp.n && n-cp.n <= cp.logged && (n != s.n || s.lost):
+			s.restore(n - cp.n)
 			s.lost = false
 		case s.lost:
 			return fmt.Errorf("%w: the recurrent state was lost by a failed Forward; Truncate(0) resets it", ErrRewind)
@@ -110,6 +123,7 @@ func (s *Sequence) Truncate(n int) error {
 		}
 	}
 	s.n = n
+	s.endCheckpoint()
 	return nil
 }
 
@@ -226,7 +240,8 @@ func (ws *workspace) ensure(p Params, ff int, gated bool, n int) {
 // share each layer's expert call. On success every sequence's Len advances
 // by its number of rows; on error Len is unchanged, and a sequence with
 // recurrent layers whose state had already changed is marked lost (its
-// next Forward fails with ErrRewind until Truncate(0)).
+// next Forward fails with ErrRewind until Truncate(0), or Truncate to a
+// length its open checkpoint covers).
 //
 // Errors wrap ErrBatch, ErrContext, ErrRewind or ErrNonFinite (a NaN or
 // ±Inf router logit), or come from the expert Computer or ctx.
@@ -297,7 +312,11 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 		}
 	}
 	for i := range rows {
-		rows[i].Seq.n = rows[i].Seq.pending
+		s := rows[i].Seq
+		s.n = s.pending
+		if s.cp != nil {
+			s.cp.logged = s.n - s.cp.n
+		}
 	}
 	return nil
 }

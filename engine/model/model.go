@@ -80,7 +80,8 @@ const (
 	MemoryKV MemoryKind = iota
 	// MemoryRecurrent: a Gated DeltaNet layer (Block.Linear) keeping a
 	// fixed-size state (the last SSMConv-1 convolution inputs and the delta
-	// rule matrices) that holds no history: a Sequence can only be reset.
+	// rule matrices) that holds no history: a Sequence can only be reset,
+	// or rewound into an open checkpoint (Sequence.Checkpoint).
 	MemoryRecurrent
 )
 

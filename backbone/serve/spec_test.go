@@ -1,0 +1,118 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/model"
+	"github.com/kvasir-ai/kvasir/engine/spec"
+)
+
+// repeatedPrompts returns n prompts that each repeat a random pattern of
+// 2..6 tokens a few times (n-gram drafts find continuations in them).
+func repeatedPrompts(n, vocab int, seed uint64) [][]int32 {
+	rng := rand.New(rand.NewPCG(seed, 9))
+	out := make([][]int32, n)
+	for i := range out {
+		pat := make([]int32, 2+rng.IntN(5))
+		for j := range pat {
+			pat[j] = int32(rng.IntN(vocab))
+		}
+		for range 3 + rng.IntN(4) {
+			out[i] = append(out[i], pat...)
+		}
+	}
+	return out
+}
+
+// TestDraftRequests: requests with n-gram drafts, batched with requests
+// without, get the tokens of plain decoding: greedy ones those of a
+// direct decode, seeded sampled ones those of the same request without
+// drafts; drafts are verified and some accepted (the metrics count them),
+// with a row budget that drafts must share.
+func TestDraftRequests(t *testing.T) {
+	const n, maxTok = 8, 24
+	s, reg := newSched(t, func(c *Config) { c.MaxBatchRows = 24 })
+	prompts := append(repeatedPrompts(n, s.p.Vocab, 3), randomPrompts(2, s.p.Vocab, 5)...)
+	type pair struct{ draft, plain *Stream }
+	var greedy, sampled []pair
+	submit := func(j Job) *Stream {
+		st, err := s.Submit(context.Background(), j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	for i, p := range prompts {
+		j := Job{Prompt: p, MaxTokens: maxTok, Draft: spec.ModeNGram, DraftMax: 1 + i%6}
+		greedy = append(greedy, pair{draft: submit(j)})
+		js := j
+		js.Sampler = model.SamplerOptions{Temperature: 0.8, TopK: 20, Seed: uint64(i)}
+		ps := js
+		ps.Draft = spec.ModeNone
+		sampled = append(sampled, pair{draft: submit(js), plain: submit(ps)})
+	}
+	s.Start()
+	for i, pr := range greedy {
+		got, _, d := collect(t, pr.draft)
+		if want := directGreedy(t, prompts[i], maxTok); !slices.Equal(got, want) || d.CompletionTokens != len(want) {
+			t.Errorf("greedy request %d with drafts: %v, want %v", i, got, want)
+		}
+	}
+	for i, pr := range sampled {
+		got, text, _ := collect(t, pr.draft)
+		want, wantText, _ := collect(t, pr.plain)
+		if !slices.Equal(got, want) || text != wantText {
+			t.Errorf("sampled request %d with drafts: %v, without %v", i, got, want)
+		}
+	}
+	drafted := gatherValue(t, reg, "kvasir_serve_draft_tokens_total")
+	accepted := gatherValue(t, reg, "kvasir_serve_draft_accepted_tokens_total")
+	t.Logf("drafted %v, accepted %v", drafted, accepted)
+	if drafted == 0 || accepted == 0 || accepted > drafted {
+		t.Errorf("drafted %v, accepted %v", drafted, accepted)
+	}
+	if _, err := s.Submit(context.Background(), Job{Prompt: prompts[0], MaxTokens: 1, Draft: spec.ModeMTP}); err == nil {
+		t.Error("an mtp draft request was accepted")
+	}
+}
+
+// TestDraftAPI: the draft and draft_max extension fields give the same
+// completion as without them; bad values are 400s naming the field.
+func TestDraftAPI(t *testing.T) {
+	srv := newTestServer(t, nil)
+	prompt := strings.Repeat("x = a + b\ny = a + b\n", 5)
+	var texts []string
+	for _, extra := range []map[string]any{{}, {"draft": "ngram", "draft_max": 4}, {"draft": "none"}} {
+		req := map[string]any{"prompt": prompt, "max_tokens": 24, "temperature": 0}
+		for k, v := range extra {
+			req[k] = v
+		}
+		resp, body := srv.post(t, "/v1/completions", jsonBody(t, req))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%v: status %d: %s", extra, resp.StatusCode, body)
+		}
+		var r completionResponse
+		if err := json.Unmarshal(body, &r); err != nil {
+			t.Fatal(err)
+		}
+		texts = append(texts, *r.Choices[0].Text)
+	}
+	if texts[1] != texts[0] || texts[2] != texts[0] {
+		t.Errorf("texts %q", texts)
+	}
+	for _, bad := range []map[string]any{{"draft": "eagle"}, {"draft": "mtp"}, {"draft": "ngram", "draft_max": 0}} {
+		req := map[string]any{"prompt": prompt, "max_tokens": 4}
+		for k, v := range bad {
+			req[k] = v
+		}
+		resp, body := srv.post(t, "/v1/completions", jsonBody(t, req))
+		if resp.StatusCode != 400 || !strings.Contains(string(body), "draft") {
+			t.Errorf("%v: status %d: %s", bad, resp.StatusCode, body)
+		}
+	}
+}

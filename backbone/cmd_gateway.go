@@ -34,7 +34,8 @@ func runGateway(args []string) int {
 	keyFile := fs.String("tls-key", "", "PEM private key")
 	selfOut := fs.String("self-signed-out", "", "write a self-signed pair (gateway.crt, gateway.key) to DIR and use it (tests, demo)")
 	hosts := fs.String("self-signed-hosts", "127.0.0.1,::1,localhost", "comma-separated names/IPs for --self-signed-out")
-	secretFile := fs.String("secret-file", "", "shared hub secret (hex); env KVASIR_HUB_SECRET_FILE; default as for hub")
+	secretFile := fs.String("secret-file", "", "shared hub secret (hex), the hub's file; env KVASIR_HUB_SECRET_FILE; default as for hub")
+	createSecret := fs.Bool("create-secret", false, "create the secret file when missing (only where hub and gateway share a host; a missing file is otherwise an error)")
 	credits := addCreditFlags(fs) // --wallets, --rate-nkvr-per-byte (cmd_ledger.go)
 	metricsListen := fs.String("metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics (a loopback or private address; \"\": off; never on the public TLS listener)")
 	if err := fs.Parse(args); err != nil {
@@ -58,7 +59,7 @@ func runGateway(args []string) int {
 		fmt.Fprintf(os.Stderr, "gateway: --tls-cert %s / --tls-key %s: %v\n", *certFile, *keyFile, err)
 		return 1
 	}
-	secret, err := loadSecret(*secretFile)
+	secret, err := loadSecret(*secretFile, *createSecret)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		return 1

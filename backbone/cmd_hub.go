@@ -21,14 +21,15 @@ func init() {
 }
 
 // runHub: backbone hub --listen 127.0.0.1:7001 --backbone 127.0.0.1:7002
-// [--secret-file F] [--ledger FILE|postgres://...] [--allow-public]
+// [--secret-file F [--create-secret]] [--ledger FILE|postgres://...] [--allow-public]
 // [--settle 30s] [--settle-results 64]. Prometheus metrics are on the
 // listener's /metrics.
 func runHub(args []string) int {
 	fs := flag.NewFlagSet("hub", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7001", "address to listen on (loopback or private unless --allow-public)")
 	backbone := fs.String("backbone", "127.0.0.1:7002", "the backbone's dispatch listener (host:port)")
-	secretFile := fs.String("secret-file", "", "shared gateway secret (hex); env KVASIR_HUB_SECRET_FILE; default "+hub.DefaultSecretFile()+" (created if missing)")
+	secretFile := fs.String("secret-file", "", "shared gateway secret (hex); env KVASIR_HUB_SECRET_FILE; default "+hub.DefaultSecretFile())
+	createSecret := fs.Bool("create-secret", false, "create the secret file (random, 0600) when it is missing; without it a missing file is an error (copy the file from the host that created it)")
 	ledgerFile := fs.String("ledger", "hub-ledger.sqlite", "contribution ledger: an SQLite file, or a postgres:// URL of a database several hubs share (password: PGPASSWORD or ~/.pgpass); \"\" to keep counts in memory only")
 	allowPublic := fs.Bool("allow-public", false, "allow listening on a public address")
 	settle := fs.Duration("settle", hub.DefaultSettleDelay, "hold creditable bytes back from the ledger this long (a verification failure forfeits what is held; docs/accounting.md); 0: none")
@@ -40,7 +41,7 @@ func runHub(args []string) int {
 		fmt.Fprintln(os.Stderr, "hub: --settle and --settle-results must not be negative")
 		return 2
 	}
-	secret, err := loadSecret(*secretFile)
+	secret, err := loadSecret(*secretFile, *createSecret)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hub:", err)
 		return 1
@@ -93,13 +94,17 @@ func runHub(args []string) int {
 }
 
 // loadSecret reads the gateway<->hub secret from path, $KVASIR_HUB_SECRET_FILE
-// or the default file (created when missing).
-func loadSecret(path string) ([]byte, error) {
+// or the default file. A missing file is created only with create
+// (--create-secret); otherwise it is an error naming the path.
+func loadSecret(path string, create bool) ([]byte, error) {
 	if path == "" {
 		path = os.Getenv("KVASIR_HUB_SECRET_FILE")
 	}
 	if path == "" {
 		path = hub.DefaultSecretFile()
 	}
-	return hub.LoadOrCreateSecret(path)
+	if create {
+		return hub.LoadOrCreateSecret(path)
+	}
+	return hub.LoadSecret(path)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvasir-ai/kvasir/backbone/config"
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 )
@@ -38,7 +40,10 @@ func runGateway(args []string) int {
 	createSecret := fs.Bool("create-secret", false, "create the secret file when missing (only where hub and gateway share a host; a missing file is otherwise an error)")
 	credits := addCreditFlags(fs) // --wallets, --rate-nkvr-per-byte (cmd_ledger.go)
 	metricsListen := fs.String("metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics (a loopback or private address; \"\": off; never on the public TLS listener)")
-	if err := fs.Parse(args); err != nil {
+	if err := config.Parse(fs, "gateway", args, os.Stdout); err != nil {
+		if errors.Is(err, config.ErrPrinted) {
+			return 0
+		}
 		return 2
 	}
 	if *selfOut != "" {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/config"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/engine/model"
@@ -88,7 +90,10 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	waitWorkers := fs.Int("wait-workers", 0, "with --dispatch-listen: wait for N workers before decoding")
 	waitTimeout := fs.Duration("wait-timeout", 2*time.Minute, "how long --wait-workers waits")
 	sf := run.AddSwarmFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := config.Parse(fs, "generate", args, stdout); err != nil {
+		if errors.Is(err, config.ErrPrinted) {
+			return 0
+		}
 		return 2
 	}
 	if err := sf.Check(); err != nil {

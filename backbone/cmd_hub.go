@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/config"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/backbone/pgstore"
@@ -34,7 +35,10 @@ func runHub(args []string) int {
 	allowPublic := fs.Bool("allow-public", false, "allow listening on a public address")
 	settle := fs.Duration("settle", hub.DefaultSettleDelay, "hold creditable bytes back from the ledger this long (a verification failure forfeits what is held; docs/accounting.md); 0: none")
 	settleResults := fs.Int("settle-results", hub.DefaultSettleResults, "and until this many RESULTs of the session followed them, or --settle passed without a RESULT (paused or idle); 0: none")
-	if err := fs.Parse(args); err != nil {
+	if err := config.Parse(fs, "hub", args, os.Stdout); err != nil {
+		if errors.Is(err, config.ErrPrinted) {
+			return 0
+		}
 		return 2
 	}
 	if *settle < 0 || *settleResults < 0 {

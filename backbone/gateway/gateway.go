@@ -49,7 +49,7 @@ type Config struct {
 	// before any byte is read (kvasir_gateway_refused_upgrades_total
 	// reason handshake_total / handshake_per_address).
 	MaxHandshakes, MaxHandshakesPerIP int
-	Logger      *slog.Logger
+	Logger                            *slog.Logger
 
 	// Registry receives the gateway's Prometheus metrics (MetricsHandler);
 	// nil: the gateway makes its own registry.

@@ -72,6 +72,7 @@ type Gateway struct {
 	hubAddr string
 	srv     *http.Server
 	ln      net.Listener
+	hl      *handshakeListener
 
 	nonceMu sync.Mutex
 	nonces  map[string]time.Time
@@ -171,7 +172,8 @@ func (g *Gateway) Start() error {
 	}
 	g.ln = ln
 	g.wg.Add(1)
-	go func() { defer g.wg.Done(); _ = g.srv.Serve(newHandshakeListener(g, ln, g.srv.TLSConfig)) }()
+	g.hl = newHandshakeListener(g, ln, g.srv.TLSConfig)
+	go func() { defer g.wg.Done(); _ = g.srv.Serve(g.hl) }()
 	g.log.Info("gateway listening", "addr", ln.Addr().String(), "hub", g.hubAddr)
 	return nil
 }

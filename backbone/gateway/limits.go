@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -104,7 +106,7 @@ func (l *handshakeListener) handshake(c net.Conn, ip string) {
 	cancel()
 	l.release(ip)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
 			l.g.met.refused.WithLabelValues("handshake_timeout").Inc()
 		}
 		c.Close()
@@ -116,6 +118,13 @@ func (l *handshakeListener) handshake(c net.Conn, ip string) {
 	case <-l.closed:
 		c.Close()
 	}
+}
+
+// inProgress is the number of handshakes holding a slot now.
+func (l *handshakeListener) inProgress() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total
 }
 
 // Accept returns the next connection whose TLS handshake completed.

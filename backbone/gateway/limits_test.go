@@ -44,6 +44,16 @@ func silent(t *testing.T, addr string) net.Conn {
 	return c
 }
 
+// waitInProgress waits until n handshakes hold a slot.
+func waitInProgress(t *testing.T, g *Gateway, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); g.hl.inProgress() != n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d handshakes in progress, want %d", g.hl.inProgress(), n)
+		}
+	}
+}
+
 // closedWithin reports whether the server closed c within d (EOF or reset
 // on read), false when the read only timed out.
 func closedWithin(c net.Conn, d time.Duration) bool {
@@ -63,17 +73,17 @@ func handshakeOK(t *testing.T, g *Gateway, pool *x509.CertPool) error {
 // Handshakes from one address beyond MaxHandshakesPerIP are closed at once;
 // slow ones end on HandshakeTimeout, which frees their slots.
 func TestHandshakeLimitPerAddressAndTimeout(t *testing.T) {
-	g, pool := limitedGateway(t, 100, 2, 700*time.Millisecond)
+	g, pool := limitedGateway(t, 100, 2, 3*time.Second)
 	a, b := silent(t, g.Addr()), silent(t, g.Addr())
-	time.Sleep(100 * time.Millisecond) // both accepted and holding a slot
-	if !closedWithin(silent(t, g.Addr()), 500*time.Millisecond) {
+	waitInProgress(t, g, 2)
+	if !closedWithin(silent(t, g.Addr()), 2*time.Second) {
 		t.Fatal("a third handshake from the same address was not refused")
 	}
 	if err := handshakeOK(t, g, pool); err == nil {
 		t.Fatal("a real handshake got past a full per-address bound")
 	}
 	for _, c := range []net.Conn{a, b} {
-		if !closedWithin(c, 3*time.Second) {
+		if !closedWithin(c, 10*time.Second) {
 			t.Fatal("a silent handshake outlived HandshakeTimeout")
 		}
 	}
@@ -92,12 +102,12 @@ func TestHandshakeLimitPerAddressAndTimeout(t *testing.T) {
 func TestHandshakeLimitTotal(t *testing.T) {
 	g, pool := limitedGateway(t, 1, 100, 5*time.Second)
 	a := silent(t, g.Addr())
-	time.Sleep(100 * time.Millisecond)
-	if !closedWithin(silent(t, g.Addr()), 500*time.Millisecond) {
+	waitInProgress(t, g, 1)
+	if !closedWithin(silent(t, g.Addr()), 2*time.Second) {
 		t.Fatal("a second handshake was not refused at MaxHandshakes 1")
 	}
 	a.Close()
-	time.Sleep(100 * time.Millisecond) // the first handshake fails and frees its slot
+	waitInProgress(t, g, 0) // the first handshake fails and frees its slot
 	if err := handshakeOK(t, g, pool); err != nil {
 		t.Fatalf("after the slot was freed: %v", err)
 	}

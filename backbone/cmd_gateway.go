@@ -3,19 +3,26 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/crypto/acme/autocert"
 
+	"github.com/kvasir-ai/kvasir/backbone/config"
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
+	"github.com/kvasir-ai/kvasir/backbone/health"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 )
 
@@ -24,41 +31,102 @@ func init() {
 }
 
 // runGateway: backbone gateway --listen 127.0.0.1:8443 --hub 127.0.0.1:7001
-// (--tls-cert C --tls-key K | --self-signed-out DIR) [--secret-file F]
-// [--wallets FILE|postgres://...] [--metrics-listen 127.0.0.1:9102].
+// (--tls-cert C --tls-key K | --self-signed-out DIR | --acme-domain NAME
+// [--acme-cache DIR] [--acme-directory URL] [--acme-email E] [--acme-ca PEM])
+// [--secret-file F [--create-secret]] [--wallets FILE|postgres://...]
+// [--metrics-listen 127.0.0.1:9102] [--handshake-timeout 10s]
+// [--max-handshakes 256] [--max-handshakes-per-address 8] [--idle-timeout 90s]
+// [--log-format text|json]. The metrics listener also serves /healthz and
+// /readyz (ready: the hub accepts connections and, with ACME, the
+// certificate is obtained).
 func runGateway(args []string) int {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:8443", "TLS address to listen on (443 in production)")
+	listen := fs.String("listen", "127.0.0.1:8443", "TLS address to listen on (443 in production; ACME's TLS-ALPN-01 validates there)")
 	hubAddr := fs.String("hub", "127.0.0.1:7001", "the hub (host:port)")
 	certFile := fs.String("tls-cert", "", "PEM certificate chain")
 	keyFile := fs.String("tls-key", "", "PEM private key")
 	selfOut := fs.String("self-signed-out", "", "write a self-signed pair (gateway.crt, gateway.key) to DIR and use it (tests, demo)")
 	hosts := fs.String("self-signed-hosts", "127.0.0.1,::1,localhost", "comma-separated names/IPs for --self-signed-out")
-	secretFile := fs.String("secret-file", "", "shared hub secret (hex); env KVASIR_HUB_SECRET_FILE; default as for hub")
+	acmeDomain := fs.String("acme-domain", "", "obtain and renew the certificate by ACME (TLS-ALPN-01 on --listen) for these comma-separated names; workers then need no --ca")
+	acmeCache := fs.String("acme-cache", defaultACMECache(), "with --acme-domain: directory keeping the ACME account key and certificates across restarts")
+	acmeDir := fs.String("acme-directory", "https://acme-v02.api.letsencrypt.org/directory", "with --acme-domain: the ACME server's directory URL (Let's Encrypt; its staging server for trials)")
+	acmeEmail := fs.String("acme-email", "", "with --acme-domain: contact address for the CA's expiry notices (optional)")
+	acmeCA := fs.String("acme-ca", "", "with --acme-domain: PEM roots trusted for the ACME server's own HTTPS instead of the system's (a test CA such as pebble)")
+	secretFile := fs.String("secret-file", "", "shared hub secret (hex), the hub's file; env KVASIR_HUB_SECRET_FILE; default as for hub")
+	createSecret := fs.Bool("create-secret", false, "create the secret file when missing (only where hub and gateway share a host; a missing file is otherwise an error)")
 	credits := addCreditFlags(fs) // --wallets, --rate-nkvr-per-byte (cmd_ledger.go)
-	metricsListen := fs.String("metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics (a loopback or private address; \"\": off; never on the public TLS listener)")
-	if err := fs.Parse(args); err != nil {
+	metricsListen := fs.String("metrics-listen", "", "serve Prometheus metrics on http://ADDR/metrics, and /healthz, /readyz (a loopback or private address; \"\": off; never on the public TLS listener)")
+	hsTimeout := fs.Duration("handshake-timeout", gateway.DefaultHandshakeTimeout, "close a connection whose TLS handshake takes longer")
+	maxHS := fs.Int("max-handshakes", gateway.DefaultMaxHandshakes, "TLS handshakes in progress at once, all addresses together; more are closed at once")
+	maxHSAddr := fs.Int("max-handshakes-per-address", gateway.DefaultMaxHandshakesPerIP, "TLS handshakes in progress at once from one IP address")
+	idle := fs.Duration("idle-timeout", 90*time.Second, "close a worker session after this long without bytes in a direction (> the worker's 20 s ping)")
+	logs := addLogFlags(fs)
+	if err := config.Parse(fs, "gateway", args, os.Stdout); err != nil {
+		if errors.Is(err, config.ErrPrinted) {
+			return 0
+		}
 		return 2
 	}
-	if *selfOut != "" {
-		c, k, err := gateway.WriteSelfSigned(*selfOut, strings.Split(*hosts, ",")...)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "gateway:", err)
+	log, err := logs.logger(os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var tlsConf *tls.Config
+	var acmeMgr *autocert.Manager
+	var domains []string
+	switch {
+	case *acmeDomain != "":
+		if *certFile != "" || *keyFile != "" || *selfOut != "" {
+			fmt.Fprintln(os.Stderr, "gateway: --acme-domain excludes --tls-cert/--tls-key and --self-signed-out")
+			return 2
+		}
+		for _, d := range strings.Split(*acmeDomain, ",") {
+			if d = strings.TrimSpace(d); d != "" {
+				domains = append(domains, d)
+			}
+		}
+		ac := gateway.ACMEConfig{Domains: domains, CacheDir: *acmeCache, DirectoryURL: *acmeDir, Email: *acmeEmail}
+		if *acmeCA != "" {
+			pem, err := os.ReadFile(*acmeCA)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "gateway: --acme-ca:", err)
+				return 1
+			}
+			ac.RootCAs = x509.NewCertPool()
+			if !ac.RootCAs.AppendCertsFromPEM(pem) {
+				fmt.Fprintf(os.Stderr, "gateway: --acme-ca %s: no PEM certificate\n", *acmeCA)
+				return 1
+			}
+		}
+		if tlsConf, acmeMgr, err = gateway.ACME(ac); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		*certFile, *keyFile = c, k
-		fmt.Fprintf(os.Stderr, "gateway: self-signed certificate %s (workers: --ca %s)\n", c, c)
+	default:
+		if *selfOut != "" {
+			c, k, err := gateway.WriteSelfSigned(*selfOut, strings.Split(*hosts, ",")...)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "gateway:", err)
+				return 1
+			}
+			*certFile, *keyFile = c, k
+			fmt.Fprintf(os.Stderr, "gateway: self-signed certificate %s (workers: --ca %s)\n", c, c)
+		}
+		if *certFile == "" || *keyFile == "" {
+			fmt.Fprintln(os.Stderr, "gateway: --tls-cert and --tls-key, --self-signed-out DIR or --acme-domain NAME is required")
+			return 2
+		}
+		cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "gateway: --tls-cert %s / --tls-key %s: %v\n", *certFile, *keyFile, err)
+			return 1
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}}
 	}
-	if *certFile == "" || *keyFile == "" {
-		fmt.Fprintln(os.Stderr, "gateway: --tls-cert and --tls-key (or --self-signed-out DIR) are required")
-		return 2
-	}
-	cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gateway: --tls-cert %s / --tls-key %s: %v\n", *certFile, *keyFile, err)
-		return 1
-	}
-	secret, err := loadSecret(*secretFile)
+	secret, err := loadSecret(*secretFile, *createSecret)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		return 1
@@ -71,14 +139,42 @@ func runGateway(args []string) int {
 		return 1
 	}
 	defer stopCredit()
-	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Extra: extra, Registry: reg})
+	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret, TLSConfig: tlsConf, Extra: extra,
+		Registry: reg, Logger: log, IdleTimeout: *idle, HandshakeTimeout: *hsTimeout, MaxHandshakes: *maxHS, MaxHandshakesPerIP: *maxHSAddr})
 	if err == nil {
 		err = g.Start()
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	defer g.Close()
+	var certsReady atomic.Int64 // domains whose certificate is obtained
+	if acmeMgr != nil {
+		for _, d := range domains {
+			go func() {
+				c, err := gateway.ObtainCertificate(ctx, acmeMgr, d)
+				if err != nil {
+					log.Error("gateway: ACME certificate", "domain", d, "err", err)
+					return
+				}
+				certsReady.Add(1)
+				exp := ""
+				if c.Leaf != nil {
+					exp = c.Leaf.NotAfter.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(os.Stderr, "gateway: ACME certificate for %s obtained (expires %s; cache %s)\n", d, exp, *acmeCache)
+			}()
+		}
+	}
+	checks := []health.Check{health.Dial("hub", *hubAddr)}
+	if acmeMgr != nil {
+		checks = append(checks, health.Check{Name: "certificate", Fn: func(context.Context) error {
+			if n := certsReady.Load(); n < int64(len(domains)) {
+				return fmt.Errorf("%d of %d ACME certificates obtained", n, len(domains))
+			}
+			return nil
+		}})
 	}
 	if *metricsListen != "" {
 		if err := hub.CheckListenAddr(*metricsListen, false); err != nil {
@@ -92,15 +188,23 @@ func runGateway(args []string) int {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", g.MetricsHandler())
+		health.Mount(mux, checks...)
 		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = msrv.Serve(ln) }()
 		defer msrv.Close()
 		fmt.Fprintf(os.Stderr, "gateway: metrics on http://%s/metrics\n", ln.Addr())
 	}
 	fmt.Fprintf(os.Stderr, "gateway: listening on %s (TLS), hub %s\n", g.Addr(), *hubAddr)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	<-ctx.Done()
-	_ = g.Close()
 	return 0
+}
+
+// defaultACMECache is --acme-cache's default: $XDG_CONFIG_HOME/kvasir/acme
+// (os.UserConfigDir), or ./kvasir-acme.
+func defaultACMECache() string {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "kvasir-acme"
+	}
+	return filepath.Join(dir, "kvasir", "acme")
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/config"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/engine/model"
@@ -102,7 +104,10 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	draftFlag := fs.String("draft", "none", "speculative drafts verified per forward: none, ngram (prompt lookup) or mtp (the model's multi-token-prediction head); the output is the same")
 	draftMax := fs.Int("draft-max", spec.DefaultMax, "with --draft: most draft tokens per forward")
 	sf := run.AddSwarmFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := config.Parse(fs, "generate", args, stdout); err != nil {
+		if errors.Is(err, config.ErrPrinted) {
+			return 0
+		}
 		return 2
 	}
 	if err := sf.Check(); err != nil {

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/config"
+	"github.com/kvasir-ai/kvasir/backbone/health"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/backbone/pgstore"
@@ -21,32 +23,44 @@ func init() {
 }
 
 // runHub: backbone hub --listen 127.0.0.1:7001 --backbone 127.0.0.1:7002
-// [--secret-file F] [--ledger FILE|postgres://...] [--allow-public]
+// [--secret-file F [--create-secret]] [--ledger FILE|postgres://...] [--allow-public]
 // [--settle 30s] [--settle-results 64]. Prometheus metrics are on the
-// listener's /metrics.
+// listener's /metrics, liveness and readiness on /healthz and /readyz
+// (ready: the ledger answers and the backbone's dispatch listener accepts).
 func runHub(args []string) int {
 	fs := flag.NewFlagSet("hub", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7001", "address to listen on (loopback or private unless --allow-public)")
 	backbone := fs.String("backbone", "127.0.0.1:7002", "the backbone's dispatch listener (host:port)")
-	secretFile := fs.String("secret-file", "", "shared gateway secret (hex); env KVASIR_HUB_SECRET_FILE; default "+hub.DefaultSecretFile()+" (created if missing)")
+	secretFile := fs.String("secret-file", "", "shared gateway secret (hex); env KVASIR_HUB_SECRET_FILE; default "+hub.DefaultSecretFile())
+	createSecret := fs.Bool("create-secret", false, "create the secret file (random, 0600) when it is missing; without it a missing file is an error (copy the file from the host that created it)")
 	ledgerFile := fs.String("ledger", "hub-ledger.sqlite", "contribution ledger: an SQLite file, or a postgres:// URL of a database several hubs share (password: PGPASSWORD or ~/.pgpass); \"\" to keep counts in memory only")
 	allowPublic := fs.Bool("allow-public", false, "allow listening on a public address")
 	settle := fs.Duration("settle", hub.DefaultSettleDelay, "hold creditable bytes back from the ledger this long (a verification failure forfeits what is held; docs/accounting.md); 0: none")
+	logs := addLogFlags(fs)
 	settleResults := fs.Int("settle-results", hub.DefaultSettleResults, "and until this many RESULTs of the session followed them, or --settle passed without a RESULT (paused or idle); 0: none")
-	if err := fs.Parse(args); err != nil {
+	if err := config.Parse(fs, "hub", args, os.Stdout); err != nil {
+		if errors.Is(err, config.ErrPrinted) {
+			return 0
+		}
 		return 2
 	}
 	if *settle < 0 || *settleResults < 0 {
 		fmt.Fprintln(os.Stderr, "hub: --settle and --settle-results must not be negative")
 		return 2
 	}
-	secret, err := loadSecret(*secretFile)
+	log, err := logs.logger(os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hub:", err)
+		return 2
+	}
+	secret, err := loadSecret(*secretFile, *createSecret)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hub:", err)
 		return 1
 	}
+	checks := []health.Check{health.Dial("backbone", *backbone)}
 	cfg := hub.Config{Listen: *listen, Backbone: *backbone, Secret: secret, AllowPublic: *allowPublic,
-		SettleDelay: *settle, SettleResults: *settleResults}
+		SettleDelay: *settle, SettleResults: *settleResults, Extra: map[string]http.Handler{}, Logger: log}
 	if *ledgerFile != "" {
 		l, err := ledger.Open(*ledgerFile)
 		if err != nil {
@@ -56,7 +70,11 @@ func runHub(args []string) int {
 		defer l.Close()
 		fmt.Fprintf(os.Stderr, "hub: ledger on %s (%s)\n", l.Store().Kind(), pgstore.RedactPath(*ledgerFile))
 		cfg.Meter = l
-		cfg.Extra = map[string]http.Handler{ledger.Path: ledger.Handler(l, func(r *http.Request) bool { return hub.Authorized(r, secret) })}
+		cfg.Extra[ledger.Path] = ledger.Handler(l, func(r *http.Request) bool { return hub.Authorized(r, secret) })
+		checks = append(checks, health.Check{Name: "ledger", Fn: func(context.Context) error { _, err := l.LastID(); return err }})
+	}
+	for p, h := range health.Handlers(checks...) {
+		cfg.Extra[p] = h
 	}
 	h, err := hub.New(cfg)
 	if err == nil {
@@ -93,13 +111,17 @@ func runHub(args []string) int {
 }
 
 // loadSecret reads the gateway<->hub secret from path, $KVASIR_HUB_SECRET_FILE
-// or the default file (created when missing).
-func loadSecret(path string) ([]byte, error) {
+// or the default file. A missing file is created only with create
+// (--create-secret); otherwise it is an error naming the path.
+func loadSecret(path string, create bool) ([]byte, error) {
 	if path == "" {
 		path = os.Getenv("KVASIR_HUB_SECRET_FILE")
 	}
 	if path == "" {
 		path = hub.DefaultSecretFile()
 	}
-	return hub.LoadOrCreateSecret(path)
+	if create {
+		return hub.LoadOrCreateSecret(path)
+	}
+	return hub.LoadSecret(path)
 }

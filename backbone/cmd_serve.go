@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/config"
 	"github.com/kvasir-ai/kvasir/backbone/run"
 )
 
@@ -49,7 +51,10 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	fs.IntVar(&o.Threads, "threads", 0, "goroutines for matrix products (0: all CPUs)")
 	run.AddAPIFlags(fs, &o)
 	so.Flags = run.AddSwarmFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := config.Parse(fs, "serve", args, os.Stdout); err != nil {
+		if errors.Is(err, config.ErrPrinted) {
+			return 0
+		}
 		return 2
 	}
 	if err := o.Check(); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/kvasir-ai/kvasir/backbone/config"
 	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/backbone/workerrole"
 )
@@ -35,7 +37,10 @@ func runWorker(args []string) int {
 	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with optional KiB/MiB/GiB suffix; the backbone assigns experts and the worker downloads them (issue 6)")
 	source := fs.String("model-source", "", "with --quota: http(s) URL of the full model GGUF to download assigned experts from instead of the one the backbone names (a mirror); bytes are verified against the backbone's hashes either way")
 	backend := fs.String("backend", "auto", workerrole.BackendFlagHelp)
-	if err := fs.Parse(args); err != nil {
+	if err := config.Parse(fs, "worker", args, os.Stdout); err != nil {
+		if errors.Is(err, config.ErrPrinted) {
+			return 0
+		}
 		return 2
 	}
 	c := workerrole.Config{Gateway: *gw, Slice: *slice, Tiny: *modelTiny, CAFile: *caFile, KeyFile: *keyFile,

@@ -16,7 +16,8 @@ command -v go >/dev/null || { echo "test.sh: Go is not installed (need Go 1.26+)
 
 pkgs=(gcc libc6-dev libgl1-mesa-dev libxcursor-dev libxrandr-dev libxinerama-dev libxi-dev libxxf86vm-dev
       xvfb xauth imagemagick gnome-keyring dbus dbus-x11 libsecret-tools qemu-user-static
-      mesa-vulkan-drivers libvulkan-dev glslc vulkan-tools)
+      mesa-vulkan-drivers libvulkan-dev glslc vulkan-tools
+      pebble systemd)  # pebble: the ACME test server (TestUpPebbleNetwork); systemd: systemd-analyze verify of assets/deploy
 missing=()
 if command -v dpkg-query >/dev/null; then
   for p in "${pkgs[@]}"; do

@@ -39,7 +39,17 @@ type Config struct {
 	MaxSkew     time.Duration // allowed clock skew of a worker's signature; default 60 s
 	IdleTimeout time.Duration // close a splice after this long without bytes in a direction; default 90 s (> the 20 s ping)
 	DialTimeout time.Duration // hub dial and response timeout; default 5 s
-	Logger      *slog.Logger
+
+	// HandshakeTimeout bounds a TLS handshake (DefaultHandshakeTimeout);
+	// the request header then has 10 s more.
+	HandshakeTimeout time.Duration
+	// MaxHandshakes bounds the TLS handshakes in progress in total
+	// (DefaultMaxHandshakes), MaxHandshakesPerIP those from one address
+	// (DefaultMaxHandshakesPerIP); a connection over either is closed
+	// before any byte is read (kvasir_gateway_refused_upgrades_total
+	// reason handshake_total / handshake_per_address).
+	MaxHandshakes, MaxHandshakesPerIP int
+	Logger                            *slog.Logger
 
 	// Registry receives the gateway's Prometheus metrics (MetricsHandler);
 	// nil: the gateway makes its own registry.
@@ -62,6 +72,7 @@ type Gateway struct {
 	hubAddr string
 	srv     *http.Server
 	ln      net.Listener
+	hl      *handshakeListener
 
 	nonceMu sync.Mutex
 	nonces  map[string]time.Time
@@ -104,6 +115,13 @@ func New(cfg Config) (*Gateway, error) {
 	def(&cfg.MaxSkew, 60*time.Second)
 	def(&cfg.IdleTimeout, 90*time.Second)
 	def(&cfg.DialTimeout, 5*time.Second)
+	def(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
+	if cfg.MaxHandshakes <= 0 {
+		cfg.MaxHandshakes = DefaultMaxHandshakes
+	}
+	if cfg.MaxHandshakesPerIP <= 0 {
+		cfg.MaxHandshakesPerIP = DefaultMaxHandshakesPerIP
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -124,18 +142,28 @@ func New(cfg Config) (*Gateway, error) {
 		mux.Handle(p, h)
 	}
 	tc := cfg.TLSConfig.Clone()
-	tc.NextProtos = []string{"http/1.1"} // WebSocket upgrades need HTTP/1.1 hijacking
+	// WebSocket upgrades need HTTP/1.1 hijacking: no h2. An ACME
+	// configuration's "acme-tls/1" (TLS-ALPN-01) stays.
+	protos := []string{"http/1.1"}
+	for _, p := range tc.NextProtos {
+		if p == "acme-tls/1" {
+			protos = append(protos, p)
+		}
+	}
+	tc.NextProtos = protos
 	if tc.MinVersion < tls.VersionTLS12 {
 		tc.MinVersion = tls.VersionTLS12
 	}
-	g.srv = &http.Server{Handler: mux, TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second,
+	g.srv = &http.Server{Handler: mux, TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: MaxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 	return g, nil
 }
 
 // Start binds the TLS listener and serves in the background. Accepted TCP
 // connections use 15 s keepalive probes (net.ListenConfig default), which with
-// IdleTimeout bounds the life of half-open connections.
+// IdleTimeout bounds the life of half-open connections; their TLS handshakes
+// are bounded in number and time (Config.HandshakeTimeout, MaxHandshakes,
+// MaxHandshakesPerIP).
 func (g *Gateway) Start() error {
 	lc := net.ListenConfig{KeepAlive: 15 * time.Second}
 	ln, err := lc.Listen(context.Background(), "tcp", g.cfg.Listen)
@@ -144,7 +172,8 @@ func (g *Gateway) Start() error {
 	}
 	g.ln = ln
 	g.wg.Add(1)
-	go func() { defer g.wg.Done(); _ = g.srv.Serve(tls.NewListener(ln, g.srv.TLSConfig)) }()
+	g.hl = newHandshakeListener(g, ln, g.srv.TLSConfig)
+	go func() { defer g.wg.Done(); _ = g.srv.Serve(g.hl) }()
 	g.log.Info("gateway listening", "addr", ln.Addr().String(), "hub", g.hubAddr)
 	return nil
 }

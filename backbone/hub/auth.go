@@ -153,33 +153,19 @@ func (c *nonceCache) add(nonce string, now, expiry time.Time) bool {
 	return true
 }
 
-// LoadOrCreateSecret reads the shared gateway<->hub secret from path (hex,
-// at least 16 bytes), creating a random 32-byte one (0600, parent 0700) if the
-// file does not exist. Both hub and gateway on one machine can use the same
-// default file (see DefaultSecretFile).
-func LoadOrCreateSecret(path string) ([]byte, error) {
+// ErrSecretMissing is returned by LoadSecret when the secret file does not
+// exist: a missing file is created only where the operator asks for it
+// (LoadOrCreateSecret, --create-secret), so that a gateway on another host
+// never makes a secret of its own that its hub does not share.
+var ErrSecretMissing = errors.New("hub: secret file does not exist")
+
+// LoadSecret reads the shared gateway<->hub secret from path (hex, at least
+// 16 bytes). A missing file is an error wrapping ErrSecretMissing that names
+// the path; a short or malformed one wraps ErrNoSecret.
+func LoadSecret(path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		var s [32]byte
-		_, _ = rand.Read(s[:])
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return nil, err
-		}
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			if errors.Is(err, os.ErrExist) { // created concurrently by the other role
-				return LoadOrCreateSecret(path)
-			}
-			return nil, err
-		}
-		_, err = f.WriteString(hex.EncodeToString(s[:]) + "\n")
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return nil, err
-		}
-		return s[:], nil
+		return nil, fmt.Errorf("%w: %s (create it on one host with --create-secret, then copy it to every hub and gateway)", ErrSecretMissing, path)
 	}
 	if err != nil {
 		return nil, err
@@ -189,6 +175,38 @@ func LoadOrCreateSecret(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s must hold >= 16 bytes in hex", ErrNoSecret, path)
 	}
 	return s, nil
+}
+
+// LoadOrCreateSecret reads the shared gateway<->hub secret from path like
+// LoadSecret, creating a random 32-byte one (0600, parent 0700) if the file
+// does not exist. Use it only where the configuration says to create the
+// secret (--create-secret): hub and gateway on one machine, or the first
+// host of a network, whose file is then copied to the others.
+func LoadOrCreateSecret(path string) ([]byte, error) {
+	s, err := LoadSecret(path)
+	if !errors.Is(err, ErrSecretMissing) {
+		return s, err
+	}
+	var r [32]byte
+	_, _ = rand.Read(r[:])
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) { // created concurrently by the other role
+			return LoadSecret(path)
+		}
+		return nil, err
+	}
+	_, err = f.WriteString(hex.EncodeToString(r[:]) + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r[:], nil
 }
 
 // DefaultSecretFile is the secret file used when none is given:

@@ -260,6 +260,7 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	h.sessWG.Add(1)
 	h.mu.Unlock()
 	h.met.sessions.Inc()
+	h.log.Info("hub: session started", "session", s.id, "worker", worker, "remote", r.Header.Get("X-Forwarded-For"))
 	go func() {
 		defer h.sessWG.Done()
 		reason := newBridge(h, ctx, s, c, link).run()
@@ -284,7 +285,10 @@ func (h *Hub) sessionEnded(s *session, reason string) {
 		h.endedLocked(s)
 	}
 	h.mu.Unlock()
-	h.log.Info("hub: session ended", "session", s.id, "worker", short(s.worker), "reason", reason)
+	st := s.snapshot()
+	h.log.Info("hub: session ended", "session", s.id, "worker", s.worker, "reason", reason,
+		"duration", time.Since(st.Started).Round(time.Millisecond), "to_worker", st.ToWorker, "from_worker", st.FromWorker,
+		"creditable", st.CreditOut+st.CreditIn, "rejected", st.Rejected)
 }
 
 // endedLocked records a finished session's last snapshot; h.mu is held.

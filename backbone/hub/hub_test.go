@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -96,5 +97,17 @@ func TestLoadOrCreateSecret(t *testing.T) {
 	_ = os.WriteFile(p, []byte("abcd\n"), 0o600)
 	if _, err := LoadOrCreateSecret(p); !errors.Is(err, ErrNoSecret) {
 		t.Fatalf("short secret file: %v", err)
+	}
+}
+
+// A missing secret file is an error naming the path: nothing is created.
+func TestLoadSecretMissing(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "nope", "secret")
+	_, err := LoadSecret(p)
+	if !errors.Is(err, ErrSecretMissing) || !strings.Contains(err.Error(), p) {
+		t.Fatalf("missing file: %v", err)
+	}
+	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("LoadSecret created %s", p)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/health"
 	"github.com/kvasir-ai/kvasir/backbone/serve"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/model"
@@ -45,6 +46,10 @@ type APIOptions struct {
 	Lanes int
 	// StateMemory is --max-state-memory as given (ParseBytes).
 	StateMemory string
+	// ReadyHolders is --ready-holders: /readyz reports ready only once every
+	// expert pair is held by at least this many workers (0: once no pair
+	// is missing, i.e. computed locally or held by a worker).
+	ReadyHolders int
 	// Requests, when > 0, ends serving after that many answered
 	// completion requests (backbone demo --serve-requests, for tests).
 	Requests int
@@ -70,12 +75,13 @@ func AddAPIFlags(fs *flag.FlagSet, o *APIOptions) {
 	fs.IntVar(&o.Queue, "queue", serve.DefaultQueueSize, "requests that may wait for a slot before 429")
 	fs.StringVar(&o.StateMemory, "max-state-memory", "4GiB", "bytes of recurrent state (qwen35moe: per sequence, whatever its length) the sequences decoded at once may hold; lowers --max-seqs to fit (KiB/MiB/GiB suffix)")
 	fs.IntVar(&o.Lanes, "lanes", 1, "model instances decoding in turn, so one computes while another waits on its expert round trips")
+	fs.IntVar(&o.ReadyHolders, "ready-holders", 0, "with a swarm: /readyz reports ready once every expert is held by at least this many workers (0: once none is missing)")
 }
 
 // Check reports whether the options AddAPIFlags registers are in range.
 func (o *APIOptions) Check() error {
-	if o.MaxBatch < 1 || o.MaxSeqs < 1 || o.Queue < 0 || o.Lanes < 1 || o.Lanes > 16 {
-		return errors.New("a non-positive --max-batch/--max-seqs, a negative --queue, or --lanes outside 1..16")
+	if o.MaxBatch < 1 || o.MaxSeqs < 1 || o.Queue < 0 || o.Lanes < 1 || o.Lanes > 16 || o.ReadyHolders < 0 {
+		return errors.New("a non-positive --max-batch/--max-seqs, a negative --queue or --ready-holders, or --lanes outside 1..16")
 	}
 	if n, err := ParseBytes(o.StateMemory); err != nil || n <= 0 {
 		return fmt.Errorf("--max-state-memory %q: want a positive byte count with an optional KiB/MiB/GiB suffix", o.StateMemory)
@@ -208,7 +214,7 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	if err != nil {
 		return err
 	}
-	handler := s.Handler()
+	handler := withHealth(ctx, s.Handler(), ex, o.ReadyHolders)
 	enough := make(chan struct{})
 	if o.Requests > 0 {
 		handler = countCompletions(handler, o.Requests, func() { close(enough) })
@@ -235,6 +241,47 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	defer cancel()
 	if err := s.Shutdown(sctx, hs); err != nil {
 		log.Warn("shutdown", "err", err)
+	}
+	return nil
+}
+
+// withHealth serves /healthz and /readyz (backbone/health) in front of
+// the API h: ready while ctx (serving) lasts, with the model loaded (it is,
+// once the API serves) and, with a swarm, no expert missing and every one
+// held by at least holders workers.
+func withHealth(ctx context.Context, h http.Handler, ex *APIExperts, holders int) http.Handler {
+	checks := []health.Check{
+		{Name: "model", Fn: func(context.Context) error { return nil }},
+		{Name: "serving", Fn: func(context.Context) error {
+			if ctx.Err() != nil {
+				return errors.New("shutting down")
+			}
+			return nil
+		}},
+	}
+	if ex.Coverage != nil {
+		checks = append(checks, health.Check{Name: "coverage", Fn: func(context.Context) error {
+			return coverageReady(ex.Coverage(), holders)
+		}})
+	}
+	mux := http.NewServeMux()
+	health.Mount(mux, checks...)
+	mux.Handle("/", h)
+	return mux
+}
+
+// coverageReady is nil when no expert pair of cv is missing and every
+// pair is held by at least holders workers.
+func coverageReady(cv dispatch.Coverage, holders int) error {
+	if cv.Missing > 0 {
+		return fmt.Errorf("%d of %d experts held by no worker and not computed here", cv.Missing, cv.Experts)
+	}
+	short := 0
+	for n := 0; n < holders && n < len(cv.ByReplicas); n++ {
+		short += cv.ByReplicas[n]
+	}
+	if short > 0 {
+		return fmt.Errorf("%d of %d experts held by fewer than %d workers", short, cv.Experts, holders)
 	}
 	return nil
 }

@@ -1,0 +1,206 @@
+// Package config maps a TOML file onto a command's flag set: every flag of
+// a backbone command (hub, gateway, serve, generate, worker, up) is a key of
+// the same name, so one file describes a role, or a whole network with one
+// table per role:
+//
+//	[hub]
+//	listen = "10.0.0.2:7001"
+//	ledger = "postgres://kvasir@db.lan/kvasir"
+//	settle = "30s"
+//
+//	[gateway]
+//	listen = ":443"
+//	acme-domain = "gate.example.net"
+//
+// A command started with --config FILE reads the table named after it
+// (Parse's section), or the file's top-level keys when the file has no such
+// table and no other table either. Flags given on the command line override the
+// file. A key that names no flag of the command is an error (a typo is never
+// silently ignored). Values may be TOML strings, integers, floats,
+// booleans (durations and byte counts as strings: "30s", "4GiB") or arrays,
+// which are joined with commas for the list flags (--layers 0,1).
+//
+// --print-config prints the command's resulting settings (file, then
+// flags) as a TOML table and exits: what the role would run with.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// ErrPrinted is returned by Parse after --print-config printed the
+// settings: the command should exit with status 0 without running.
+var ErrPrinted = errors.New("config: printed")
+
+// Parse registers --config and --print-config on fs, parses args, then
+// sets every flag the command line left unset from the table section of
+// the --config file (see the package comment). With --print-config it
+// writes the result to stdout and returns ErrPrinted. Errors name the
+// file and the key.
+func Parse(fs *flag.FlagSet, section string, args []string, stdout io.Writer) error {
+	file := fs.String("config", "", "TOML file whose ["+section+"] table (or top-level keys) sets any flag not given here: one key per flag name (docs/operating.md)")
+	print := fs.Bool("print-config", false, "print the resulting settings as TOML and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *file != "" {
+		if err := Apply(fs, *file, section); err != nil {
+			fmt.Fprintln(fs.Output(), err)
+			return err
+		}
+	}
+	if *print {
+		if err := Print(stdout, fs, section); err != nil {
+			return err
+		}
+		return ErrPrinted
+	}
+	return nil
+}
+
+// Table reads the TOML file at path and returns the keys of its table
+// section: the table of that name, or the top-level keys when the file
+// has no tables at all. A file without that table (but with others) gives
+// an empty map.
+func Table(path, section string) (map[string]any, error) {
+	var doc map[string]any
+	if _, err := toml.DecodeFile(path, &doc); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if t, ok := doc[section]; ok {
+		m, ok := t.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("config %s: %q is not a table", path, section)
+		}
+		return m, nil
+	}
+	tables := false
+	for _, v := range doc {
+		if _, ok := v.(map[string]any); ok {
+			tables = true
+		}
+	}
+	if tables {
+		return map[string]any{}, nil
+	}
+	return doc, nil
+}
+
+// Apply sets every flag of fs not set on the command line (fs.Parse ran)
+// from the table section of the TOML file at path. A key that names no
+// flag of fs, or a value the flag refuses, is an error naming the file,
+// table and key.
+func Apply(fs *flag.FlagSet, path, section string) error {
+	t, err := Table(path, section)
+	if err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	keys := make([]string, 0, len(t))
+	for k := range t {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		f := fs.Lookup(k)
+		if f == nil || k == "config" || k == "print-config" {
+			return fmt.Errorf("config %s: [%s] %s: not a flag of backbone %s (see backbone %s -h)", path, section, k, fs.Name(), fs.Name())
+		}
+		if given[k] {
+			continue // the command line wins
+		}
+		s, err := valueString(t[k])
+		if err != nil {
+			return fmt.Errorf("config %s: [%s] %s: %w", path, section, k, err)
+		}
+		if err := fs.Set(k, s); err != nil {
+			return fmt.Errorf("config %s: [%s] %s = %q: %w", path, section, k, s, err)
+		}
+	}
+	return nil
+}
+
+// valueString is a TOML value as a flag's command-line text.
+func valueString(v any) (string, error) {
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case bool:
+		return strconv.FormatBool(x), nil
+	case int64:
+		return strconv.FormatInt(x, 10), nil
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64), nil
+	case []any:
+		parts := make([]string, len(x))
+		for i, e := range x {
+			s, err := valueString(e)
+			if err != nil {
+				return "", err
+			}
+			parts[i] = s
+		}
+		return strings.Join(parts, ","), nil
+	}
+	return "", fmt.Errorf("unsupported value %v (%T): use a string, number, boolean or array", v, v)
+}
+
+// Print writes the values of every flag of fs (but --config and
+// --print-config) as the TOML table section, sorted by name, each with its
+// usage as a comment. Applied again (Apply) the output gives the same
+// settings.
+func Print(w io.Writer, fs *flag.FlagSet, section string) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "[%s]\n", section)
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "config" || f.Name == "print-config" {
+			return
+		}
+		usage := strings.ReplaceAll(f.Usage, "\n", " ")
+		if len(usage) > 110 {
+			usage = usage[:107] + "..."
+		}
+		fmt.Fprintf(&b, "# %s\n", usage)
+		if _, ok := f.Value.(flag.Getter); !ok && f.Value.String() == "" {
+			fmt.Fprintf(&b, "# %s = (its default)\n", f.Name) // a flag.Func that cannot show its value
+			return
+		}
+		fmt.Fprintf(&b, "%s = %s\n", f.Name, literal(f.Value))
+	})
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// literal is a flag's value as a TOML literal: booleans and numbers bare,
+// everything else (durations, byte counts, lists) a quoted string.
+func literal(v flag.Value) string {
+	if g, ok := v.(flag.Getter); ok {
+		switch x := g.Get().(type) {
+		case bool:
+			return strconv.FormatBool(x)
+		case int:
+			return strconv.Itoa(x)
+		case int64:
+			return strconv.FormatInt(x, 10)
+		case uint:
+			return strconv.FormatUint(uint64(x), 10)
+		case uint64:
+			return strconv.FormatUint(x, 10)
+		case float64:
+			return strconv.FormatFloat(x, 'g', -1, 64)
+		case time.Duration:
+			return strconv.Quote(x.String())
+		}
+	}
+	return strconv.Quote(v.String())
+}

@@ -1,0 +1,127 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+type vals struct {
+	listen string
+	settle time.Duration
+	n      int
+	rate   float64
+	public bool
+	layers string
+	mode   string
+}
+
+func newFS(v *vals) *flag.FlagSet {
+	fs := flag.NewFlagSet("hub", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&v.listen, "listen", "127.0.0.1:7001", "address")
+	fs.DurationVar(&v.settle, "settle", 30*time.Second, "settle delay")
+	fs.IntVar(&v.n, "settle-results", 64, "results")
+	fs.Float64Var(&v.rate, "rate", 1, "rate")
+	fs.BoolVar(&v.public, "allow-public", false, "public")
+	fs.StringVar(&v.layers, "layers", "", "layers")
+	fs.Func("verify", "mode", func(s string) error {
+		if s != "spot" && s != "quorum" {
+			return errors.New("bad mode")
+		}
+		v.mode = s
+		return nil
+	})
+	return fs
+}
+
+func write(t *testing.T, body string) string {
+	p := filepath.Join(t.TempDir(), "net.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Keys of the role's table set flags; the command line overrides them.
+func TestParseTableAndOverride(t *testing.T) {
+	p := write(t, `
+[hub]
+listen = "10.0.0.2:7001"
+settle = "5s"
+settle-results = 3
+rate = 0.5
+allow-public = true
+layers = [0, 1]
+verify = "quorum"
+
+[gateway]
+listen = ":443"
+`)
+	var v vals
+	if err := Parse(newFS(&v), "hub", []string{"--config", p, "--settle-results", "9"}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	want := vals{listen: "10.0.0.2:7001", settle: 5 * time.Second, n: 9, rate: 0.5, public: true, layers: "0,1", mode: "quorum"}
+	if v != want {
+		t.Fatalf("got %+v, want %+v", v, want)
+	}
+}
+
+// A file with only top-level keys is the role's own file; a file with
+// other tables but not the role's sets nothing.
+func TestTopLevelAndMissingTable(t *testing.T) {
+	var v vals
+	if err := Parse(newFS(&v), "hub", []string{"--config", write(t, "listen = \"1.2.3.4:1\"\n")}, io.Discard); err != nil || v.listen != "1.2.3.4:1" {
+		t.Fatalf("top-level: %v %+v", err, v)
+	}
+	v = vals{}
+	if err := Parse(newFS(&v), "hub", []string{"--config", write(t, "[gateway]\nlisten = \":443\"\n")}, io.Discard); err != nil || v.listen != "127.0.0.1:7001" {
+		t.Fatalf("other table: %v %+v", err, v)
+	}
+}
+
+// Unknown keys and refused values are errors naming file, table and key.
+func TestErrors(t *testing.T) {
+	var v vals
+	p := write(t, "[hub]\nlisen = \"x\"\n")
+	err := Parse(newFS(&v), "hub", []string{"--config", p}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "lisen") {
+		t.Fatalf("unknown key: %v", err)
+	}
+	err = Parse(newFS(&v), "hub", []string{"--config", write(t, "[hub]\nsettle = \"soon\"\n")}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "settle") {
+		t.Fatalf("bad duration: %v", err)
+	}
+	err = Parse(newFS(&v), "hub", []string{"--config", write(t, "[hub]\nlisten = {a = 1}\n")}, io.Discard)
+	if err == nil {
+		t.Fatal("a table as a flag value was accepted")
+	}
+}
+
+// --print-config prints TOML that, applied again, gives the same settings.
+func TestPrintRoundTrip(t *testing.T) {
+	var v vals
+	p := write(t, "[hub]\nlisten = \"10.0.0.2:7001\"\nsettle = \"1m30s\"\nrate = 2.5\nallow-public = true\nlayers = \"3,4\"\n")
+	var out bytes.Buffer
+	err := Parse(newFS(&v), "hub", []string{"--config", p, "--print-config", "--settle-results", "7"}, &out)
+	if !errors.Is(err, ErrPrinted) {
+		t.Fatalf("err %v", err)
+	}
+	if !strings.Contains(out.String(), "[hub]\n") || !strings.Contains(out.String(), `settle = "1m30s"`) {
+		t.Fatalf("printed:\n%s", out.String())
+	}
+	var w vals
+	if err := Parse(newFS(&w), "hub", []string{"--config", write(t, out.String())}, io.Discard); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if w != v {
+		t.Fatalf("round trip: %+v != %+v", w, v)
+	}
+}

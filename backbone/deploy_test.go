@@ -1,0 +1,157 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+const deployDir = "../assets/deploy"
+
+// The systemd units pass systemd-analyze verify (with ExecStart pointing
+// at this binary), without a warning.
+func TestDeploySystemdUnits(t *testing.T) {
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed (Debian: systemd)")
+	}
+	units, _ := filepath.Glob(filepath.Join(deployDir, "systemd", "*.service"))
+	if len(units) < 4 {
+		t.Fatalf("units: %v", units)
+	}
+	dir := t.TempDir()
+	var args []string
+	for _, u := range units {
+		b, err := os.ReadFile(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), "ExecStart=/usr/local/bin/backbone ") || !strings.Contains(string(b), "--config /etc/kvasir/network.toml") {
+			t.Errorf("%s: ExecStart is not backbone ROLE --config /etc/kvasir/network.toml", u)
+		}
+		p := filepath.Join(dir, filepath.Base(u))
+		if err := os.WriteFile(p, []byte(strings.ReplaceAll(string(b), "/usr/local/bin/backbone", backboneBin(t))), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, p)
+	}
+	out, err := exec.Command(sa, append([]string{"verify"}, args...)...).CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// The example network.toml is accepted by every role (and up), key by key.
+func TestDeployNetworkConfig(t *testing.T) {
+	cfg := filepath.Join(deployDir, "network.toml")
+	for _, role := range []string{"serve", "hub", "gateway"} {
+		out := string(runBackbone(t, 60*time.Second, role, "--config", cfg, "--print-config"))
+		if !strings.HasPrefix(out, "["+role+"]\n") {
+			t.Errorf("%s --print-config:\n%s", role, out)
+		}
+	}
+	out := string(runBackbone(t, 60*time.Second, "up", "--config", cfg, "--print-config"))
+	for _, want := range []string{"[serve]\n", "[hub]\n", "[gateway]\n", `acme-domain = "gate.example.net"`, `grace = "1m0s"`,
+		`dispatch-listen = "127.0.0.1:7002"`, `create-secret = true`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("up --print-config lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// The Grafana dashboard is valid JSON and every metric its queries name is
+// one the code exports (named in backbone's Go sources: the collectors'
+// names and their documented series lists).
+func TestDeployDashboard(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(deployDir, "grafana", "kvasir-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	known := exportedMetricNames(t)
+	re := regexp.MustCompile(`kvasir_[a-z0-9_]+`)
+	n := 0
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			for _, m := range re.FindAllString(tg.Expr, -1) {
+				n++
+				base := m
+				for _, suf := range []string{"_bucket", "_sum", "_count"} {
+					base = strings.TrimSuffix(base, suf)
+				}
+				if !known[m] && !known[base] {
+					t.Errorf("panel %q: %s is not a metric the code exports", p.Title, m)
+				}
+			}
+		}
+	}
+	for _, want := range []string{"kvasir_serve_generated_tokens_total", "kvasir_swarm_expert_replicas", "kvasir_gateway_credit_lag_seconds",
+		"kvasir_swarm_check_mismatches_total", "kvasir_swarm_banned_workers"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("dashboard lacks %s", want)
+		}
+	}
+	if n < 20 {
+		t.Errorf("only %d metric references", n)
+	}
+}
+
+// exportedMetricNames collects the metric names in backbone's non-test Go
+// sources: full "kvasir_..." names (NewDesc, documented series lists), and
+// Namespace/Subsystem/Name triples of the *Opts literals.
+func exportedMetricNames(t *testing.T) map[string]bool {
+	known := map[string]bool{}
+	full := regexp.MustCompile(`kvasir_[a-z0-9_]+`)
+	sub := regexp.MustCompile(`ns, sub\s*=\s*"kvasir", "([a-z]+)"`)
+	name := regexp.MustCompile(`Name:\s*"([a-z0-9_]+)"`)
+	prefixed := regexp.MustCompile(`"(kvasir_[a-z]+_)"\+name`)
+	short := regexp.MustCompile(`d\("([a-z0-9_]+)"`)
+	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		s := string(b)
+		for _, m := range full.FindAllString(s, -1) {
+			known[m] = true
+		}
+		for _, sm := range sub.FindAllStringSubmatch(s, -1) {
+			for _, nm := range name.FindAllStringSubmatch(s, -1) {
+				known["kvasir_"+sm[1]+"_"+nm[1]] = true
+			}
+		}
+		for _, pm := range prefixed.FindAllStringSubmatch(s, -1) {
+			for _, nm := range short.FindAllStringSubmatch(s, -1) {
+				known[pm[1]+nm[1]] = true
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return known
+}

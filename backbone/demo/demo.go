@@ -661,7 +661,7 @@ func Print(w io.Writer, r *Result) {
 		for _, s := range x.Sessions {
 			fmt.Fprintf(w, ", rtt p50 %.2f ms p99 %.2f ms", s.RTTp50ms, s.RTTp99ms)
 		}
-		fmt.Fprintf(w, "\n    ledger %d creditable bytes (%s units, %d rejected) -> credited %s (%d nKVR at %d nKVR/byte)\n",
+		fmt.Fprintf(w, "\n    ledger %d creditable bytes (%s MB, %d rejected) -> credited %s (%d nKVR at %d nKVR/byte)\n",
 			x.LedgerBytes, walletapi.FormatUnits(x.LedgerBytes), x.RejectedBytes, x.CreditedKVR, x.CreditedNKVR, r.RateNKVRPerByte)
 	}
 	if r.Dir != "" {

@@ -53,6 +53,11 @@ func runHub(args []string) int {
 		fmt.Fprintln(os.Stderr, "hub:", err)
 		return 2
 	}
+	if err := hub.CheckListenAddr(*listen, *allowPublic); errors.Is(err, hub.ErrPublic) {
+		// Before touching any file: a public address is a flag mistake.
+		fmt.Fprintf(os.Stderr, "%v; pass --allow-public to listen there anyway\n", err)
+		return 1
+	}
 	secret, err := loadSecret(*secretFile, *createSecret)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hub:", err)

@@ -22,6 +22,8 @@ type job struct {
 	done    chan reply    // receives exactly one reply once the request leaves pending
 	wake    chan struct{} // the call's: poked after each reply
 	sent    time.Time     // when the DISPATCH was written
+	encode  time.Duration // building the DISPATCH message
+	write   time.Duration // writing it to the hub link (lock, write, flush)
 	end     time.Time     // its deadline
 	check   bool          // the result is verified before it is used
 	ref     []float32     // the local outputs of pairs (len(pairs) x D) once computed; nil before
@@ -44,6 +46,7 @@ type job struct {
 // reply is a worker's answer to a job, or why there is none.
 type reply struct {
 	out    []float32 // len(pairs) x D on success (nil for a DIGEST)
+	at     time.Time // when the session's reader had the answer whole
 	sum    [32]byte  // a DIGEST's, or the RESULT payload's digest when the job wanted it
 	hasSum bool
 	err    error
@@ -257,6 +260,7 @@ func (cl *call) send(j *job) error {
 		}
 	}
 	j.req = d.reqs.Add(1)
+	t0 := time.Now()
 	msg := make([]byte, 0, wire.DispatchSize(len(rows), D, cl.k))
 	msg = (&wire.Dispatch{Request: j.req, Layer: uint16(cl.layer), N: len(rows), D: D, K: cl.k, Digest: j.digest}).Append(msg)
 	for _, r := range rows {
@@ -281,6 +285,7 @@ func (cl *call) send(j *job) error {
 	deadline := j.c.deadline(d.cfg, len(msg)+answer)
 	j.nrows = len(rows)
 	j.sent = time.Now()
+	j.encode = j.sent.Sub(t0)
 	j.end = j.sent.Add(deadline)
 	if j.replica && j.end.After(cl.until) {
 		j.end = cl.until
@@ -293,6 +298,7 @@ func (cl *call) send(j *job) error {
 		j.c.close(wire.CodeShutdown, "link write failed: "+err.Error())
 		return err
 	}
+	j.write = time.Since(j.sent)
 	j.c.reqsSent.Add(1)
 	cl.live = append(cl.live, j)
 	return nil
@@ -330,6 +336,9 @@ func (cl *call) waitAll() error {
 				}
 			}
 			progress = true
+			if !rep.at.IsZero() {
+				cl.d.addWake(time.Since(rep.at))
+			}
 			if err := cl.resolve(j, rep); err != nil {
 				cl.live = append(cl.live, pending[i+1:]...)
 				return err

@@ -207,6 +207,10 @@ type Dispatcher struct {
 	quorumReqs, quorumAgreed, quorumLocal, quorumDisputes, quorumAsks, quorumAudits, digests atomic.Uint64
 	planUncovered, planNeed, planQuota                                                       atomic.Int64
 
+	wmu    sync.Mutex
+	wakes  [256]int64 // ring of recent answers' wake times (timing.go), ns
+	nwakes int
+
 	usage []atomic.Uint64 // (row, slot) pairs routed per (layer, expert): layer*NExpert + expert
 	rows  []atomic.Uint64 // rows routed per layer
 }

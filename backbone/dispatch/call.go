@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/wire"
@@ -23,7 +24,7 @@ type job struct {
 	wake    chan struct{} // the call's: poked after each reply
 	sent    time.Time     // when the DISPATCH was written
 	encode  time.Duration // building the DISPATCH message
-	write   time.Duration // writing it to the hub link (lock, write, flush)
+	write   atomic.Int64  // ns writing it to the hub link (lock, write, flush): set after it is pending
 	end     time.Time     // its deadline
 	check   bool          // the result is verified before it is used
 	ref     []float32     // the local outputs of pairs (len(pairs) x D) once computed; nil before
@@ -41,6 +42,14 @@ type job struct {
 	qi      []int
 	digest  bool
 	wantSum bool
+	// Hedging (hedge.go): hedgeAt is when to hedge (zero: never, or
+	// done); sib the other request of a hedged pair; hedged: the verdict
+	// of the answer waits for the call (set under c.mu while pending);
+	// lost: the sibling's answer was used; dropped: given up, no reply
+	// comes; resolved: its reply was handled.
+	hedgeAt                         time.Time
+	sib                             *job
+	hedged, lost, dropped, resolved bool
 }
 
 // reply is a worker's answer to a job, or why there is none.
@@ -134,7 +143,7 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 				}
 				continue
 			}
-			c := hs[(uint64(e)+cl.seq)%uint64(len(hs))]
+			c := d.pick(hs, e, cl.seq)
 			if byConn[c] == nil {
 				order = append(order, c)
 			}
@@ -298,8 +307,13 @@ func (cl *call) send(j *job) error {
 		j.c.close(wire.CodeShutdown, "link write failed: "+err.Error())
 		return err
 	}
-	j.write = time.Since(j.sent)
+	j.write.Store(int64(time.Since(j.sent)))
 	j.c.reqsSent.Add(1)
+	if d.cfg.Hedge && j.qa == nil && j.twin == nil && j.arb == nil && !j.replica && !j.hedged {
+		if hd := j.c.hedgeDelay(len(msg) + answer); hd > 0 {
+			j.hedgeAt = j.sent.Add(hd)
+		}
+	}
 	cl.live = append(cl.live, j)
 	return nil
 }
@@ -317,14 +331,23 @@ func (cl *call) waitAll() error {
 		pending := cl.live
 		cl.live = nil
 		for i, j := range pending {
+			if j.dropped {
+				continue // a hedged request given up: no reply comes
+			}
 			var rep reply
 			select {
 			case rep = <-j.done:
 			default:
 				if now.Before(j.end) {
+					if j.hedgeable() && !now.Before(j.hedgeAt) && cl.hedge(j) {
+						progress = true
+					}
 					cl.live = append(cl.live, j)
 					if next.IsZero() || j.end.Before(next) {
 						next = j.end
+					}
+					if j.hedgeable() && j.hedgeAt.Before(next) {
+						next = j.hedgeAt
 					}
 					continue
 				}
@@ -373,6 +396,8 @@ func (cl *call) resolve(j *job, rep reply) error {
 	case j.arb != nil:
 		cl.resolveArbiter(j, rep)
 		return nil
+	case j.hedged && cl.resolveHedged(j, rep):
+		return nil
 	}
 	if rep.err == nil && j.check && j.ref == nil && !cl.allLocal(j.pairs) {
 		// Chosen for a check that nothing can make: no local copy and no
@@ -398,6 +423,9 @@ func (cl *call) resolve(j *job, rep reply) error {
 			j.c.mismatches.Add(1)
 			cl.scatter(j.pairs, j.ref)
 			cl.nLocal += len(j.pairs)
+			if j.hedged {
+				cl.settleHedge(j)
+			}
 			j.c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, j.req))
 			j.c.punish(fmt.Sprintf("verification failed (request %d)", j.req), why)
 			j.c.verified(j) // after the FORFEIT: a draining session closes its link only now
@@ -412,8 +440,15 @@ func (cl *call) resolve(j *job, rep reply) error {
 		if j.replica {
 			d.replicaPairs.Add(uint64(len(j.pairs)))
 		}
+		if j.hedged {
+			if !j.check {
+				j.c.verdict(j, true) // held by answer until now
+			}
+			cl.settleHedge(j)
+		}
 		return nil
 	}
+	j.resolved = true
 	d.fails.Add(1)
 	cl.failed[j.c] = true
 	d.log.Debug("dispatch: request failed", "worker", short(j.c.worker), "req", j.req, "replica", j.replica, "err", rep.err)
@@ -521,11 +556,11 @@ func (cl *call) abandon() {
 		cl.finalize(dp)
 	}
 	for _, j := range cl.live {
-		if j.c.take(j.req, true) != nil {
+		if j.dropped || j.c.take(j.req, true) != nil {
 			continue
 		}
 		go func(j *job) { // its reply is in done or on the way
-			if rep := <-j.done; rep.err == nil && j.check {
+			if rep := <-j.done; rep.err == nil && (j.check || j.hedged) {
 				j.c.verdict(j, true)
 			}
 		}(j)

@@ -58,7 +58,9 @@ type conn struct {
 	nrtt    int
 	times   [128]timing // ring of recent RESULTs' timings
 	ntimes  int
-	closed  bool // retired: no new requests
+	lat     time.Duration // latency estimate for replica choice (hedge.go)
+	latAt   time.Time     // when lat last changed
+	closed  bool          // retired: no new requests
 	reason  string
 	// linkClosed: LinkClose sent and the link closed
 	linkClosed bool
@@ -314,15 +316,20 @@ func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byt
 		at = now
 	}
 	c.addRTT(at.Sub(j.sent), j.bytes+len(msg))
+	if c.d.cfg.Hedge {
+		c.noteLatency(at.Sub(j.sent))
+	}
 	if tm != nil {
-		c.addTiming(timing{encode: j.encode, write: j.write, rtt: at.Sub(j.sent), decode: now.Sub(at),
+		c.addTiming(timing{encode: j.encode, write: time.Duration(j.write.Load()), rtt: at.Sub(j.sent), decode: now.Sub(at),
 			queue: time.Duration(tm.QueueMicros) * time.Microsecond, compute: time.Duration(tm.ComputeMicros) * time.Microsecond})
 	}
 	c.results.Add(1)
 	c.rows.Add(uint64(j.nrows))
 	c.pairs.Add(uint64(m))
-	if j.check {
-		c.verifying.Add(1) // the verdict comes after the comparison (call.resolve)
+	if j.check || j.hedged {
+		// The verdict comes after the comparison, or once the call knows
+		// which of a hedged pair's answers it used (call.resolve).
+		c.verifying.Add(1)
 	} else {
 		c.sendCtl(wire.LinkAccepted, wire.AppendLinkRequest(nil, req))
 	}

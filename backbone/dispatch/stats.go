@@ -70,6 +70,10 @@ type Stats struct {
 	Failovers    uint64 // replica requests sent for the pairs of a failed request
 	ReplicaPairs uint64 // (row, slot) outputs delivered by such replica requests (included in ExpertsRemote)
 	Splits       uint64 // extra requests made to keep every DISPATCH and RESULT within wire.MaxMessage
+	// Hedging (Config.Hedge, hedge.go).
+	Hedges    uint64 // hedged requests sent (a request later than its holder's p95, sent to a second holder)
+	HedgeWins uint64 // hedged pairs decided by the hedge (the second request) answering first
+	HedgeLost uint64 // answers that arrived but were not used (the other of their pair was): REJECTED
 
 	// Capacity (capacity.go).
 	CrossChecks      uint64        // requests verified by replica comparison (sent twice)
@@ -130,6 +134,7 @@ func (d *Dispatcher) Stats() Stats {
 	st := Stats{Calls: d.calls.Load(), WakeP50ms: float64(d.wakeP50()) / 1e6, ExpertsRemote: d.remote.Load(), ExpertsLocal: d.local.Load(), Fallbacks: d.fails.Load(),
 		Checks: d.checks.Load(), CheckPairs: d.checkPairs.Load(), Mismatches: d.mismatches.Load(), Caught: d.caught.Load(),
 		RefusedBanned: d.refusedBanned.Load(), Banned: len(d.bans.List(time.Now())), CheckTime: time.Duration(d.checkNanos.Load()),
+		Hedges: d.hedges.Load(), HedgeWins: d.hedgeWins.Load(), HedgeLost: d.hedgeLost.Load(),
 		Failovers: d.failovers.Load(), ReplicaPairs: d.replicaPairs.Load(), Splits: d.splits.Load(),
 		CrossChecks: d.crossChecks.Load(), Disputes: d.disputes.Load(), Unverified: d.unverified.Load(),
 		HolderWaits: d.holderWaits.Load(), HolderWaitTime: time.Duration(d.holderWaitNanos.Load()), NoHolderFailures: d.noHolder.Load(),

@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/quant"
@@ -77,13 +80,27 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
 				lm := mc.load(b)
 				d := benchSwarm(b, lm, via)
-				lm.m.SetExperts(d)
+				tc := &timedComputer{Computer: d}
+				lm.m.SetExperts(tc)
 				defer lm.m.SetExperts(nil)
 				benchSteps(b, lm)
+				// The call's own time (the remote layer's ComputeExperts,
+				// wall): a token's other work is what local does.
+				b.ReportMetric(tc.p50ms(), "call-ms")
 				st := d.Stats()
 				b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
 				for _, w := range st.Workers {
 					b.ReportMetric(w.RTTp50ms, "rtt-p50-ms")
+					// Where the round trip went (issue 19): the link's
+					// own (the delay proxy's holding time, both ways),
+					// the worker's queue and compute, the rest of the
+					// wire (TLS, gateway, hub, WebSocket), and the
+					// backbone's encode + write + decode + wake.
+					b.ReportMetric(linkRTT.p50ms(), "link-rtt-ms")
+					b.ReportMetric(w.QueueP50ms, "queue-ms")
+					b.ReportMetric(w.ComputeP50ms, "compute-ms")
+					b.ReportMetric(w.WireP50ms-linkRTT.p50ms(), "wire-over-link-ms")
+					b.ReportMetric(w.EncodeP50ms+w.WriteP50ms+w.DecodeP50ms+st.WakeP50ms, "backbone-ms")
 				}
 			})
 		}
@@ -165,6 +182,7 @@ func benchSteps(b *testing.B, lm *loadedModel) {
 // benchSwarm starts dispatcher and hub in this process and an in-process
 // worker holding layer 0 of lm, linked as via says, and waits for it.
 func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher {
+	linkRTT.reset()
 	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), nil)
 	if err != nil {
 		b.Fatal(err)
@@ -311,11 +329,75 @@ func delayPipe(dst, src net.Conn, delay time.Duration) {
 		}
 	}()
 	for c := range q {
-		time.Sleep(time.Until(c.at))
+		preciseSleepUntil(c.at)
 		if _, err := dst.Write(c.b); err != nil {
 			for range q {
 			}
 			return
 		}
+		linkRTT.add(time.Since(c.at.Add(-delay)))
 	}
+}
+
+// timedComputer times every ComputeExperts call of the Computer it wraps
+// (the calls of layers the worker does not hold return at once: their
+// pairs are computed by the dispatcher's Fallback inside the call).
+type timedComputer struct {
+	expert.Computer
+	calls holdTimes
+}
+
+func (t *timedComputer) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	t0 := time.Now()
+	err := t.Computer.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
+	if layer == 0 {
+		t.calls.add(time.Since(t0) / 2) // p50ms doubles
+	}
+	return err
+}
+
+func (t *timedComputer) p50ms() float64 { return t.calls.p50ms() }
+
+// preciseSleepUntil returns at t, give or take the scheduler: the Go
+// runtime's timers on Linux wait in epoll with millisecond resolution, so
+// time.Sleep(6.5 ms) returns after ~7 ms or more (a 13 ms round trip
+// injected with it is ~15 ms); the last 1.5 ms are waited by yielding.
+func preciseSleepUntil(t time.Time) {
+	if d := time.Until(t) - 1500*time.Microsecond; d > 0 {
+		time.Sleep(d)
+	}
+	for time.Now().Before(t) {
+		runtime.Gosched()
+	}
+}
+
+// linkRTT collects how long the delay proxies really held each chunk
+// (read to written): twice its median is the link's own round trip.
+var linkRTT holdTimes
+
+type holdTimes struct {
+	mu sync.Mutex
+	v  []time.Duration
+}
+
+func (h *holdTimes) reset() { h.mu.Lock(); h.v = nil; h.mu.Unlock() }
+
+func (h *holdTimes) add(d time.Duration) {
+	h.mu.Lock()
+	if len(h.v) < 1<<20 {
+		h.v = append(h.v, d)
+	}
+	h.mu.Unlock()
+}
+
+// p50ms is twice the median holding time, ms (0 without samples).
+func (h *holdTimes) p50ms() float64 {
+	h.mu.Lock()
+	v := slices.Clone(h.v)
+	h.mu.Unlock()
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return 2 * float64(v[len(v)/2]) / 1e6
 }

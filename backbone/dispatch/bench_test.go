@@ -182,3 +182,44 @@ func BenchmarkDecodeWhileProvisioning(b *testing.B) {
 	b.Run("provisioning-unlimited", func(b *testing.B) { run(b, 0, true) })
 	b.Run("provisioning-2MiBps", func(b *testing.B) { run(b, 2<<20, true) })
 }
+
+// BenchmarkHedgeSlowReplica13ms measures one-row expert calls (top-8 of 128
+// at d 2048, fake experts taking 1 ms per call) over the injected 13 ms
+// round trip with three workers holding every expert: all healthy, or one
+// slowed 10x (10 ms per call), with and without Config.Hedge. tok/s is
+// calls per second (one call per token and remote layer).
+func BenchmarkHedgeSlowReplica13ms(b *testing.B) {
+	m := dispatch.Model{ID: "bench", D: 2048, K: 8, NLayer: 1, NExpert: 128}
+	for _, hedge := range []bool{false, true} {
+		for _, slowed := range []bool{false, true} {
+			name := fmt.Sprintf("hedge=%v/slowed=%v", hedge, slowed)
+			b.Run(name, func(b *testing.B) {
+				s := newStack(b, m, benchDelay, func(c *dispatch.Config) { c.Hedge = hedge })
+				for i := 0; i < 3; i++ {
+					f := &fakeExperts{d: m.D, nExpert: m.NExpert, delay: time.Millisecond}
+					if slowed && i == 2 {
+						f.delay = 10 * time.Millisecond
+					}
+					s.startWorker(b, f, 0)
+				}
+				s.waitWorkers(b, 3)
+				rng := rand.New(rand.NewPCG(81, 82))
+				c := randomCall(b, m, rng, 0, 1)
+				out := make([]float32, len(c.want))
+				for i := 0; i < 20; i++ { // warm-up: latency samples
+					_ = s.disp.ComputeExperts(context.Background(), 0, c.hidden, c.ids, 1, m.K, out)
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if err := s.disp.ComputeExperts(context.Background(), 0, c.hidden, c.ids, 1, m.K, out); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+				st := s.disp.Stats()
+				b.ReportMetric(float64(st.Hedges), "hedges")
+				b.ReportMetric(float64(st.ExpertsLocal), "local")
+			})
+		}
+	}
+}

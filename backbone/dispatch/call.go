@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/wire"
@@ -22,6 +23,8 @@ type job struct {
 	done    chan reply    // receives exactly one reply once the request leaves pending
 	wake    chan struct{} // the call's: poked after each reply
 	sent    time.Time     // when the DISPATCH was written
+	encode  time.Duration // building the DISPATCH message
+	write   atomic.Int64  // ns writing it to the hub link (lock, write, flush): set after it is pending
 	end     time.Time     // its deadline
 	check   bool          // the result is verified before it is used
 	ref     []float32     // the local outputs of pairs (len(pairs) x D) once computed; nil before
@@ -39,11 +42,20 @@ type job struct {
 	qi      []int
 	digest  bool
 	wantSum bool
+	// Hedging (hedge.go): hedgeAt is when to hedge (zero: never, or
+	// done); sib the other request of a hedged pair; hedged: the verdict
+	// of the answer waits for the call (set under c.mu while pending);
+	// lost: the sibling's answer was used; dropped: given up, no reply
+	// comes; resolved: its reply was handled.
+	hedgeAt                         time.Time
+	sib                             *job
+	hedged, lost, dropped, resolved bool
 }
 
 // reply is a worker's answer to a job, or why there is none.
 type reply struct {
 	out    []float32 // len(pairs) x D on success (nil for a DIGEST)
+	at     time.Time // when the session's reader had the answer whole
 	sum    [32]byte  // a DIGEST's, or the RESULT payload's digest when the job wanted it
 	hasSum bool
 	err    error
@@ -131,7 +143,7 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 				}
 				continue
 			}
-			c := hs[(uint64(e)+cl.seq)%uint64(len(hs))]
+			c := d.pick(hs, e, cl.seq)
 			if byConn[c] == nil {
 				order = append(order, c)
 			}
@@ -257,6 +269,7 @@ func (cl *call) send(j *job) error {
 		}
 	}
 	j.req = d.reqs.Add(1)
+	t0 := time.Now()
 	msg := make([]byte, 0, wire.DispatchSize(len(rows), D, cl.k))
 	msg = (&wire.Dispatch{Request: j.req, Layer: uint16(cl.layer), N: len(rows), D: D, K: cl.k, Digest: j.digest}).Append(msg)
 	for _, r := range rows {
@@ -281,6 +294,7 @@ func (cl *call) send(j *job) error {
 	deadline := j.c.deadline(d.cfg, len(msg)+answer)
 	j.nrows = len(rows)
 	j.sent = time.Now()
+	j.encode = j.sent.Sub(t0)
 	j.end = j.sent.Add(deadline)
 	if j.replica && j.end.After(cl.until) {
 		j.end = cl.until
@@ -293,7 +307,13 @@ func (cl *call) send(j *job) error {
 		j.c.close(wire.CodeShutdown, "link write failed: "+err.Error())
 		return err
 	}
+	j.write.Store(int64(time.Since(j.sent)))
 	j.c.reqsSent.Add(1)
+	if d.cfg.Hedge && j.qa == nil && j.twin == nil && j.arb == nil && !j.replica && !j.hedged {
+		if hd := j.c.hedgeDelay(len(msg) + answer); hd > 0 {
+			j.hedgeAt = j.sent.Add(hd)
+		}
+	}
 	cl.live = append(cl.live, j)
 	return nil
 }
@@ -311,14 +331,23 @@ func (cl *call) waitAll() error {
 		pending := cl.live
 		cl.live = nil
 		for i, j := range pending {
+			if j.dropped {
+				continue // a hedged request given up: no reply comes
+			}
 			var rep reply
 			select {
 			case rep = <-j.done:
 			default:
 				if now.Before(j.end) {
+					if j.hedgeable() && !now.Before(j.hedgeAt) && cl.hedge(j) {
+						progress = true
+					}
 					cl.live = append(cl.live, j)
 					if next.IsZero() || j.end.Before(next) {
 						next = j.end
+					}
+					if j.hedgeable() && j.hedgeAt.Before(next) {
+						next = j.hedgeAt
 					}
 					continue
 				}
@@ -330,6 +359,9 @@ func (cl *call) waitAll() error {
 				}
 			}
 			progress = true
+			if !rep.at.IsZero() {
+				cl.d.addWake(time.Since(rep.at))
+			}
 			if err := cl.resolve(j, rep); err != nil {
 				cl.live = append(cl.live, pending[i+1:]...)
 				return err
@@ -364,6 +396,8 @@ func (cl *call) resolve(j *job, rep reply) error {
 	case j.arb != nil:
 		cl.resolveArbiter(j, rep)
 		return nil
+	case j.hedged && cl.resolveHedged(j, rep):
+		return nil
 	}
 	if rep.err == nil && j.check && j.ref == nil && !cl.allLocal(j.pairs) {
 		// Chosen for a check that nothing can make: no local copy and no
@@ -389,6 +423,9 @@ func (cl *call) resolve(j *job, rep reply) error {
 			j.c.mismatches.Add(1)
 			cl.scatter(j.pairs, j.ref)
 			cl.nLocal += len(j.pairs)
+			if j.hedged {
+				cl.settleHedge(j)
+			}
 			j.c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, j.req))
 			j.c.punish(fmt.Sprintf("verification failed (request %d)", j.req), why)
 			j.c.verified(j) // after the FORFEIT: a draining session closes its link only now
@@ -403,8 +440,15 @@ func (cl *call) resolve(j *job, rep reply) error {
 		if j.replica {
 			d.replicaPairs.Add(uint64(len(j.pairs)))
 		}
+		if j.hedged {
+			if !j.check {
+				j.c.verdict(j, true) // held by answer until now
+			}
+			cl.settleHedge(j)
+		}
 		return nil
 	}
+	j.resolved = true
 	d.fails.Add(1)
 	cl.failed[j.c] = true
 	d.log.Debug("dispatch: request failed", "worker", short(j.c.worker), "req", j.req, "replica", j.replica, "err", rep.err)
@@ -512,11 +556,11 @@ func (cl *call) abandon() {
 		cl.finalize(dp)
 	}
 	for _, j := range cl.live {
-		if j.c.take(j.req, true) != nil {
+		if j.dropped || j.c.take(j.req, true) != nil {
 			continue
 		}
 		go func(j *job) { // its reply is in done or on the way
-			if rep := <-j.done; rep.err == nil && j.check {
+			if rep := <-j.done; rep.err == nil && (j.check || j.hedged) {
 				j.c.verdict(j, true)
 			}
 		}(j)

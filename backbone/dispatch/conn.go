@@ -56,10 +56,17 @@ type conn struct {
 	expired map[uint64]time.Time // requests given up on; their RESULTs are late, not unknown
 	rtts    [128]sample          // ring of recent requests' round trips and sizes
 	nrtt    int
-	closed  bool // retired: no new requests
+	times   [128]timing // ring of recent RESULTs' timings
+	ntimes  int
+	lat     time.Duration // latency estimate for replica choice (hedge.go)
+	latAt   time.Time     // when lat last changed
+	closed  bool          // retired: no new requests
 	reason  string
 	// linkClosed: LinkClose sent and the link closed
 	linkClosed bool
+	// readAt is when serveLink read the message being handled whole (only
+	// its goroutine uses it).
+	readAt time.Time
 
 	reqsSent, rows, pairs, results, timeouts, late atomic.Uint64
 	nonFinite                                      atomic.Uint64 // RESULTs refused for a NaN or Inf value
@@ -127,6 +134,7 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 	for {
 		_ = link.SetReadDeadline(time.Now().Add(d.cfg.IdleTimeout))
 		kind, p, err := wire.ReadLink(br)
+		c.readAt = time.Now()
 		if err != nil {
 			// The hub half-closes the link when the worker is gone: the
 			// verdicts of the results being verified still reach it.
@@ -222,9 +230,9 @@ func (c *conn) handle(msg []byte) string {
 	}
 	switch f := f.(type) {
 	case *wire.Result:
-		return c.answer(msg, f.Request, f.M, f.Out, nil)
+		return c.answer(msg, f.Request, f.M, f.Out, nil, &f.Timing)
 	case *wire.Digest:
-		return c.answer(msg, f.Request, f.M, nil, &f.Sum)
+		return c.answer(msg, f.Request, f.M, nil, &f.Sum, nil)
 	case *wire.Error:
 		if f.Request != 0 {
 			if j := c.take(f.Request, false); j != nil {
@@ -257,10 +265,10 @@ func (c *conn) handle(msg []byte) string {
 	return ""
 }
 
-// answer takes a RESULT (out) or a DIGEST (sum) for request req with m
-// outputs; msg is the whole message. It returns a reason to close the
-// session, or "".
-func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byte) string {
+// answer takes a RESULT (out, with the worker's timing tm) or a DIGEST
+// (sum) for request req with m outputs; msg is the whole message, read
+// whole at c.readAt. It returns a reason to close the session, or "".
+func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byte, tm *wire.Timing) string {
 	what := "RESULT"
 	if sum != nil {
 		what = "DIGEST"
@@ -303,16 +311,29 @@ func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byt
 		j.deliver(reply{err: fmt.Errorf("result value %d is not finite (%v)", i, out[i])})
 		return fmt.Sprintf("RESULT for request %d has a non-finite value at %d (%v)", req, i, out[i])
 	}
-	c.addRTT(now.Sub(j.sent), j.bytes+len(msg))
+	at := c.readAt
+	if at.IsZero() || at.After(now) {
+		at = now
+	}
+	c.addRTT(at.Sub(j.sent), j.bytes+len(msg))
+	if c.d.cfg.Hedge {
+		c.noteLatency(at.Sub(j.sent))
+	}
+	if tm != nil {
+		c.addTiming(timing{encode: j.encode, write: time.Duration(j.write.Load()), rtt: at.Sub(j.sent), decode: now.Sub(at),
+			queue: time.Duration(tm.QueueMicros) * time.Microsecond, compute: time.Duration(tm.ComputeMicros) * time.Microsecond})
+	}
 	c.results.Add(1)
 	c.rows.Add(uint64(j.nrows))
 	c.pairs.Add(uint64(m))
-	if j.check {
-		c.verifying.Add(1) // the verdict comes after the comparison (call.resolve)
+	if j.check || j.hedged {
+		// The verdict comes after the comparison, or once the call knows
+		// which of a hedged pair's answers it used (call.resolve).
+		c.verifying.Add(1)
 	} else {
 		c.sendCtl(wire.LinkAccepted, wire.AppendLinkRequest(nil, req))
 	}
-	rep := reply{out: out}
+	rep := reply{out: out, at: at}
 	switch {
 	case sum != nil:
 		rep.sum, rep.hasSum = *sum, true

@@ -146,6 +146,12 @@ type Config struct {
 	// (audits: two colluding holders that agree on a lie are caught),
 	// Replicas is at least 2 and every expert is replicated).
 	Verify VerifyMode
+	// Hedge turns on latency-aware replica choice and hedged requests
+	// (issue 19, hedge.go): each pair goes to one of its fastest holders,
+	// and a request later than its holder's recent p95 is sent again to
+	// another holder of all its pairs, the first valid answer used. Spot
+	// verification only (quorum requests are never hedged).
+	Hedge bool
 	// BanFor is how long a worker key caught returning a wrong result (or
 	// a result for a request it was never sent) is refused; default
 	// DefaultBanFor.
@@ -200,12 +206,17 @@ type Dispatcher struct {
 	checks, checkPairs, mismatches, caught, refusedBanned atomic.Uint64
 	checkNanos                                            atomic.Int64
 	failovers, replicaPairs, splits                       atomic.Uint64
+	hedges, hedgeWins, hedgeLost                          atomic.Uint64
 	// Capacity (capacity.go).
 	crossChecks, disputes, unverified, holderWaits, noHolder atomic.Uint64
 	holderWaitNanos                                          atomic.Int64
 	// Quorum (quorum.go).
 	quorumReqs, quorumAgreed, quorumLocal, quorumDisputes, quorumAsks, quorumAudits, digests atomic.Uint64
 	planUncovered, planNeed, planQuota                                                       atomic.Int64
+
+	wmu    sync.Mutex
+	wakes  [256]int64 // ring of recent answers' wake times (timing.go), ns
+	nwakes int
 
 	usage []atomic.Uint64 // (row, slot) pairs routed per (layer, expert): layer*NExpert + expert
 	rows  []atomic.Uint64 // rows routed per layer

@@ -45,7 +45,7 @@ func TestSwarmBitIdentical(t *testing.T) {
 			t.Fatalf("worker %s: requests %d results %d timeouts %d", w.ID[:8], w.Requests, w.Results, w.Timeouts)
 		}
 		wantOut += w.Requests*24 + 4*w.Rows*uint64(m.D+m.K)
-		wantIn += w.Results*20 + 4*w.Pairs*uint64(m.D)
+		wantIn += w.Results*28 + 4*w.Pairs*uint64(m.D)
 	}
 	waitFor(t, func() bool { // ACCEPTED frames reach the hub after the call returns
 		for _, ss := range s.hub.Sessions() {
@@ -126,8 +126,8 @@ func TestWorkerHangs(t *testing.T) {
 			if !st.Workers[0].Connected || ss[0].CreditIn != 0 || ss[0].Ended {
 				t.Fatalf("late result: worker %+v session %+v", st.Workers[0], ss[0])
 			}
-			if ss[0].Rejected != uint64(20+4*8*m.D) {
-				t.Fatalf("rejected %d bytes, want the RESULT's %d", ss[0].Rejected, 20+4*8*m.D)
+			if ss[0].Rejected != uint64(28+4*8*m.D) {
+				t.Fatalf("rejected %d bytes, want the RESULT's %d", ss[0].Rejected, 28+4*8*m.D)
 			}
 			break
 		}

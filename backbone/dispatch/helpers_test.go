@@ -34,6 +34,7 @@ type fakeExperts struct {
 	d, nExpert int
 	holds      func(layer, e int) bool // nil: holds all
 	delay      time.Duration           // sleep per call
+	slow       atomic.Int64            // extra sleep per call, ns (changed while running)
 	block      chan struct{}           // if set, calls wait for it (or ctx)
 	calls      atomic.Int64
 	onCall     func() // called at the start of each call
@@ -49,6 +50,9 @@ func (f *fakeExperts) ComputeExperts(ctx context.Context, layer int, hidden []fl
 	}
 	if f.delay > 0 {
 		time.Sleep(f.delay)
+	}
+	if sl := f.slow.Load(); sl > 0 {
+		time.Sleep(time.Duration(sl))
 	}
 	if f.block != nil {
 		select {

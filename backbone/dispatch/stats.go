@@ -25,22 +25,34 @@ type WorkerStats struct {
 	RTTp50ms       float64   // median round trip of recent requests, ms
 	RTTp99ms       float64   // 99th percentile round trip, ms
 	DeadlineMs     float64   // current deadline of a request of 0 bytes (the latency part), ms
-	Quota          uint64    // slice disk quota the worker announced, bytes (0: not provisioned)
-	Assigned       int       // experts in its current assignment
-	AssignedBytes  uint64    // their total size, bytes (<= Quota)
-	Assigns        uint64    // ASSIGN frames sent
-	ChunkReqs      uint64    // CHUNK_REQs served (queued)
-	ChunkBytes     uint64    // expert bytes sent in CHUNK frames
-	Checks         uint64    // its results verified against a local recomputation
-	Mismatches     uint64    // checked results that differed (the session is then closed and the key banned)
-	Probation      bool      // fewer than Config.Probation checks passed: every result is checked
-	Tolerance      float64   // relative bound per output row its checks use; 0: exact bits (a CPU backend)
-	Digests        uint64    // DIGESTs it answered (quorum: it was the second holder of a request)
+	// Where the recent RESULTs' time went (issue 19), medians in ms over
+	// the last 128 (Timed of them): building the DISPATCH (Encode) and
+	// writing it to the hub link (Write) on the backbone; the worker's
+	// queue (read whole to compute start) and compute time, as its RESULT
+	// reports them; Wire, the round trip less those two (network, TLS,
+	// gateway, hub, the worker's decode and encode); decoding the RESULT
+	// on the backbone (Decode).
+	EncodeP50ms, WriteP50ms, QueueP50ms, ComputeP50ms, WireP50ms, DecodeP50ms float64
+	Timed                                                                     int
+	Quota                                                                     uint64  // slice disk quota the worker announced, bytes (0: not provisioned)
+	Assigned                                                                  int     // experts in its current assignment
+	AssignedBytes                                                             uint64  // their total size, bytes (<= Quota)
+	Assigns                                                                   uint64  // ASSIGN frames sent
+	ChunkReqs                                                                 uint64  // CHUNK_REQs served (queued)
+	ChunkBytes                                                                uint64  // expert bytes sent in CHUNK frames
+	Checks                                                                    uint64  // its results verified against a local recomputation
+	Mismatches                                                                uint64  // checked results that differed (the session is then closed and the key banned)
+	Probation                                                                 bool    // fewer than Config.Probation checks passed: every result is checked
+	Tolerance                                                                 float64 // relative bound per output row its checks use; 0: exact bits (a CPU backend)
+	Digests                                                                   uint64  // DIGESTs it answered (quorum: it was the second holder of a request)
 }
 
 // Stats is a snapshot of the dispatcher.
 type Stats struct {
-	Calls         uint64 // ComputeExperts calls
+	Calls uint64 // ComputeExperts calls
+	// WakeP50ms is the median time, in ms, from an answer read whole on a
+	// session's link to its call using it (issue 19).
+	WakeP50ms     float64
 	ExpertsRemote uint64 // (row, slot) expert outputs computed by workers and used
 	ExpertsLocal  uint64 // (row, slot) outputs computed by Fallback (unheld, failed or late)
 	Fallbacks     uint64 // worker requests that failed (error, deadline, refused, session closed): their pairs went to a replica or local
@@ -58,6 +70,10 @@ type Stats struct {
 	Failovers    uint64 // replica requests sent for the pairs of a failed request
 	ReplicaPairs uint64 // (row, slot) outputs delivered by such replica requests (included in ExpertsRemote)
 	Splits       uint64 // extra requests made to keep every DISPATCH and RESULT within wire.MaxMessage
+	// Hedging (Config.Hedge, hedge.go).
+	Hedges    uint64 // hedged requests sent (a request later than its holder's p95, sent to a second holder)
+	HedgeWins uint64 // hedged pairs decided by the hedge (the second request) answering first
+	HedgeLost uint64 // answers that arrived but were not used (the other of their pair was): REJECTED
 
 	// Capacity (capacity.go).
 	CrossChecks      uint64        // requests verified by replica comparison (sent twice)
@@ -91,6 +107,7 @@ func (c *conn) stats() WorkerStats {
 	c.mu.Unlock()
 	quota, assigned := c.quotaNow.Load(), int(c.nassigned.Load())
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	tp, wp, nt := c.timingP50()
 	return WorkerStats{ID: c.worker, Session: c.session, Connected: !closed, Paused: c.paused.Load(), Reason: reason,
 		Backend: c.hello.Backend, Threads: int(c.hello.Threads), Holdings: int(c.nholds.Load()), ConnectedSince: c.since,
 		Requests: c.reqsSent.Load(), Results: c.results.Load(), Rows: c.rows.Load(), Pairs: c.pairs.Load(),
@@ -99,7 +116,9 @@ func (c *conn) stats() WorkerStats {
 		Quota: quota, Assigned: assigned, AssignedBytes: c.assignedBytes.Load(), Assigns: c.assigns.Load(),
 		ChunkReqs: c.chunkReqs.Load(), ChunkBytes: c.chunkBytes.Load(),
 		Checks: c.checks.Load(), Mismatches: c.mismatches.Load(), Probation: c.passed.Load() < uint64(c.d.cfg.Probation),
-		Tolerance: c.tol, Digests: c.digests.Load()}
+		Tolerance: c.tol, Digests: c.digests.Load(),
+		EncodeP50ms: ms(tp.encode), WriteP50ms: ms(tp.write), QueueP50ms: ms(tp.queue), ComputeP50ms: ms(tp.compute),
+		WireP50ms: ms(wp), DecodeP50ms: ms(tp.decode), Timed: nt}
 }
 
 // Stats returns counters and per-worker statistics: connected sessions
@@ -112,9 +131,10 @@ func (d *Dispatcher) Stats() Stats {
 	}
 	gone := append([]WorkerStats(nil), d.gone...)
 	d.mu.Unlock()
-	st := Stats{Calls: d.calls.Load(), ExpertsRemote: d.remote.Load(), ExpertsLocal: d.local.Load(), Fallbacks: d.fails.Load(),
+	st := Stats{Calls: d.calls.Load(), WakeP50ms: float64(d.wakeP50()) / 1e6, ExpertsRemote: d.remote.Load(), ExpertsLocal: d.local.Load(), Fallbacks: d.fails.Load(),
 		Checks: d.checks.Load(), CheckPairs: d.checkPairs.Load(), Mismatches: d.mismatches.Load(), Caught: d.caught.Load(),
 		RefusedBanned: d.refusedBanned.Load(), Banned: len(d.bans.List(time.Now())), CheckTime: time.Duration(d.checkNanos.Load()),
+		Hedges: d.hedges.Load(), HedgeWins: d.hedgeWins.Load(), HedgeLost: d.hedgeLost.Load(),
 		Failovers: d.failovers.Load(), ReplicaPairs: d.replicaPairs.Load(), Splits: d.splits.Load(),
 		CrossChecks: d.crossChecks.Load(), Disputes: d.disputes.Load(), Unverified: d.unverified.Load(),
 		HolderWaits: d.holderWaits.Load(), HolderWaitTime: time.Duration(d.holderWaitNanos.Load()), NoHolderFailures: d.noHolder.Load(),

@@ -81,10 +81,10 @@ func (c *conn) verdict(j *job, accepted bool) {
 	c.verified(j)
 }
 
-// verified ends, for a checked request, the wait of a closing session for
-// its verdict (and for a FORFEIT that follows it).
+// verified ends, for a checked or hedged request, the wait of a closing
+// session for its verdict (and for a FORFEIT that follows it).
 func (c *conn) verified(j *job) {
-	if j.check {
+	if j.check || j.hedged {
 		c.verifying.Add(-1)
 	}
 }

@@ -89,12 +89,12 @@ func TestMetering(t *testing.T) {
 		}
 	}
 	ping := (&wire.Ping{Time: 1}).Append(nil)                                           // 12 bytes: overhead
-	res5 := (&wire.Result{Request: 5, M: 2, D: 3, Out: make([]float32, 6)}).Append(nil) // 20+24 = 44: accepted
-	res6 := (&wire.Result{Request: 6, M: 1, D: 3, Out: make([]float32, 3)}).Append(nil) // 20+12 = 32: rejected
+	res5 := (&wire.Result{Request: 5, M: 2, D: 3, Out: make([]float32, 6)}).Append(nil) // 28+24 = 52: accepted
+	res6 := (&wire.Result{Request: 6, M: 1, D: 3, Out: make([]float32, 3)}).Append(nil) // 28+12 = 40: rejected
 	garbage := []byte("garbage!!")                                                      // 9: rejected
 	// DIGESTs (52 bytes each) are metered as the RESULT they stand for.
-	dig7 := (&wire.Digest{Request: 7, M: 2, D: 3}).Append(nil) // stands for 44: accepted
-	dig8 := (&wire.Digest{Request: 8, M: 1, D: 3}).Append(nil) // stands for 32: rejected
+	dig7 := (&wire.Digest{Request: 7, M: 2, D: 3}).Append(nil) // stands for 52: accepted
+	dig8 := (&wire.Digest{Request: 8, M: 1, D: 3}).Append(nil) // stands for 40: rejected
 	send(ping)
 	send(res5)
 	send(res6)
@@ -130,8 +130,8 @@ func TestMetering(t *testing.T) {
 		ss := h.Sessions()
 		if len(ss) == 1 && ss[0].Ended {
 			s := ss[0]
-			if s.CreditIn != 44+44 || s.CreditOut != 44+44 || s.Rejected != 32+9+32 || s.Pending != 0 ||
-				s.FromWorker != 12+44+32+9+2*wire.DigestSize || s.ToWorker != uint64(len(welcome))+44+44 {
+			if s.CreditIn != 52+52 || s.CreditOut != 44+44 || s.Rejected != 40+9+40 || s.Pending != 0 ||
+				s.FromWorker != 12+52+40+9+2*wire.DigestSize || s.ToWorker != uint64(len(welcome))+44+44 {
 				t.Fatalf("session %+v", s)
 			}
 			break
@@ -153,7 +153,7 @@ func TestMetering(t *testing.T) {
 	for _, e := range es {
 		in, out, rej = in+e.BytesIn, out+e.BytesOut, rej+e.RejectedBytes
 	}
-	if in != 88 || out != 88 || rej != 73 || len(totals) != 1 {
+	if in != 104 || out != 88 || rej != 89 || len(totals) != 1 {
 		t.Fatalf("ledger in %d out %d rejected %d totals %+v", in, out, rej, totals)
 	}
 }

@@ -145,7 +145,7 @@ func TestSettleDefaultsIdle(t *testing.T) {
 	deadline := last.Add(DefaultSettleDelay + 5*time.Second)
 	for {
 		in, out, _, _ := r.ledgerSums(t)
-		if in == 20*32 && out == 20*44 {
+		if in == 20*40 && out == 20*44 {
 			el := time.Since(last)
 			t.Logf("credited %v after the last RESULT", el.Round(time.Millisecond))
 			if el < DefaultSettleDelay-time.Second {
@@ -157,7 +157,7 @@ func TestSettleDefaultsIdle(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("ledger in %d out %d %v after the last RESULT, want %d and %d", in, out, time.Since(last), 20*32, 20*44)
+			t.Fatalf("ledger in %d out %d %v after the last RESULT, want %d and %d", in, out, time.Since(last), 20*40, 20*44)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}

@@ -164,7 +164,7 @@ func rigWait(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func result(req uint64) []byte { // 20 + 12 = 32 bytes
+func result(req uint64) []byte { // 28 + 12 = 40 bytes (wire 5)
 	return (&wire.Result{Request: req, M: 1, D: 3, Out: make([]float32, 3)}).Append(nil)
 }
 
@@ -181,21 +181,21 @@ func TestForfeitUnsettled(t *testing.T) {
 	r.toWorker(t, dispatch(1))
 	r.toBackbone(t, result(1))
 	r.send(t, wire.LinkAccepted, wire.AppendLinkRequest(nil, 1))
-	rigWait(t, "the verdict", func() bool { return r.session(t).CreditIn == 32 })
+	rigWait(t, "the verdict", func() bool { return r.session(t).CreditIn == 40 })
 	time.Sleep(100 * time.Millisecond) // five flush periods
 	if in, out, _, _ := r.ledgerSums(t); in != 0 || out != 0 {
 		t.Fatalf("ledger credited in %d out %d before settling", in, out)
 	}
-	if s := r.session(t); s.Unsettled != 76 || s.CreditOut != 44 {
-		t.Fatalf("session %+v, want 76 unsettled", s)
+	if s := r.session(t); s.Unsettled != 84 || s.CreditOut != 44 {
+		t.Fatalf("session %+v, want 84 unsettled", s)
 	}
 	r.toWorker(t, dispatch(2))
 	r.toBackbone(t, result(2)) // the lie: its verdict is REJECTED, then FORFEIT
 	r.send(t, wire.LinkRejected, wire.AppendLinkRequest(nil, 2))
 	r.send(t, wire.LinkForfeit, wire.AppendLinkForfeit(nil, "verification failed"))
-	rigWait(t, "the forfeit", func() bool { return r.session(t).Forfeited == 120 })
+	rigWait(t, "the forfeit", func() bool { return r.session(t).Forfeited == 128 })
 	r.toWorker(t, dispatch(3)) // after the forfeit: never creditable
-	rigWait(t, "the later dispatch", func() bool { return r.session(t).Forfeited == 164 })
+	rigWait(t, "the later dispatch", func() bool { return r.session(t).Forfeited == 172 })
 	r.send(t, wire.LinkClose, wire.AppendLinkClose(nil, 1008, "verification failed; banned"))
 	if _, _, err := r.c.Read(context.Background()); websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
 		t.Fatalf("worker read: %v", err)
@@ -203,7 +203,7 @@ func TestForfeitUnsettled(t *testing.T) {
 	rigWait(t, "the final row", func() bool { _, _, _, f := r.ledgerSums(t); return f })
 	in, out, rej, _ := r.ledgerSums(t)
 	s := r.session(t)
-	if in != 0 || out != 0 || rej != 3*44+2*32 || s.CreditIn != 0 || s.CreditOut != 0 || s.Unsettled != 0 ||
+	if in != 0 || out != 0 || rej != 3*44+2*40 || s.CreditIn != 0 || s.CreditOut != 0 || s.Unsettled != 0 ||
 		s.ForfeitReason != "verification failed" {
 		t.Fatalf("ledger in %d out %d rejected %d; session %+v", in, out, rej, s)
 	}
@@ -217,7 +217,7 @@ func TestSettleByTimeAndCount(t *testing.T) {
 	r.toWorker(t, dispatch(1))
 	r.toBackbone(t, result(1))
 	r.send(t, wire.LinkAccepted, wire.AppendLinkRequest(nil, 1))
-	rigWait(t, "the verdict", func() bool { return r.session(t).CreditIn == 32 })
+	rigWait(t, "the verdict", func() bool { return r.session(t).CreditIn == 40 })
 	// RESULTs every 10 ms (verdicts pending): never idle for the delay,
 	// fewer than 40 of them for ~300 ms, then 40.
 	for req := uint64(100); req < 130; req++ {
@@ -229,7 +229,7 @@ func TestSettleByTimeAndCount(t *testing.T) {
 	}
 	for req := uint64(130); ; req++ {
 		r.toBackbone(t, result(req))
-		if in, out, _, _ := r.ledgerSums(t); in == 32 && out == 44 {
+		if in, out, _, _ := r.ledgerSums(t); in == 40 && out == 44 {
 			if req < 139 {
 				t.Fatalf("settled after RESULT %d, before the 40th", req)
 			}
@@ -249,7 +249,7 @@ func TestSettleByTimeAndCount(t *testing.T) {
 		t.Fatalf("worker read: %v", err)
 	}
 	rigWait(t, "the final row", func() bool { _, _, _, f := r.ledgerSums(t); return f })
-	if in, out, _, _ := r.ledgerSums(t); in != 32 || out != 44 {
+	if in, out, _, _ := r.ledgerSums(t); in != 40 || out != 44 {
 		t.Fatalf("ledger in %d out %d", in, out)
 	}
 }
@@ -274,7 +274,7 @@ func TestDrainAfterWorkerLeft(t *testing.T) {
 	r.link.Close()
 	rigWait(t, "the final row", func() bool { _, _, _, f := r.ledgerSums(t); return f })
 	in, out, rej, _ := r.ledgerSums(t)
-	if s := r.session(t); in != 32 || out != 44 || rej != 0 || !strings.Contains(s.Reason, "worker closed: 1000") {
+	if s := r.session(t); in != 40 || out != 44 || rej != 0 || !strings.Contains(s.Reason, "worker closed: 1000") {
 		t.Fatalf("ledger in %d out %d rejected %d; session %+v", in, out, rej, s)
 	}
 }
@@ -288,7 +288,7 @@ func TestDrainTimeout(t *testing.T) {
 	r.toBackbone(t, result(1))
 	r.c.Close(websocket.StatusNormalClosure, "bye")
 	rigWait(t, "the final row", func() bool { _, _, _, f := r.ledgerSums(t); return f })
-	if in, out, rej, _ := r.ledgerSums(t); in != 0 || out != 44 || rej != 32 {
+	if in, out, rej, _ := r.ledgerSums(t); in != 0 || out != 44 || rej != 40 {
 		t.Fatalf("ledger in %d out %d rejected %d", in, out, rej)
 	}
 }

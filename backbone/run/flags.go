@@ -31,6 +31,7 @@ type SwarmFlags struct {
 	HolderWait  time.Duration // --holder-wait
 
 	Verify dispatch.VerifyMode // --verify: spot | quorum (issue 20)
+	Hedge  bool                // --hedge: latency-aware replica choice and hedged requests (issue 19)
 }
 
 // AddSwarmFlags registers --min-deadline, --provision, --provision-rate,
@@ -52,6 +53,7 @@ func AddSwarmFlags(fs *flag.FlagSet) *SwarmFlags {
 		sf.Verify = v
 		return err
 	})
+	fs.BoolVar(&sf.Hedge, "hedge", false, "with a swarm: send each request to one of the fastest holders of its experts and, when it is later than that holder's recent p95, the same pairs to a second holder; the first valid answer is used (checked as any other), the other's RESULT is not paid (spot verification only)")
 	fs.DurationVar(&sf.HolderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
 	return sf
 }
@@ -98,6 +100,7 @@ func (sf *SwarmFlags) tune(c *dispatch.Config) {
 	}
 	c.BanFile, c.BanFor = sf.banFile, sf.banFor
 	c.Verify = sf.Verify
+	c.Hedge = sf.Hedge
 }
 
 // announceListening returns a SwarmConfig.Listening that prints "CMD:

@@ -26,6 +26,16 @@ type WorkerJSON struct {
 	BytesOut  uint64  `json:"bytes_out"`        // backbone -> worker
 	RTTp50ms  float64 `json:"rtt_p50_ms"`
 	RTTp99ms  float64 `json:"rtt_p99_ms"`
+	// Where the recent requests' time went (issue 19; dispatch.WorkerStats),
+	// medians in ms: the backbone's encode and link write, the worker's
+	// queue and compute (from its RESULTs), the wire (round trip less
+	// those two) and the backbone's decode.
+	EncodeP50ms  float64 `json:"encode_p50_ms"`
+	WriteP50ms   float64 `json:"write_p50_ms"`
+	QueueP50ms   float64 `json:"queue_p50_ms"`
+	ComputeP50ms float64 `json:"compute_p50_ms"`
+	WireP50ms    float64 `json:"wire_p50_ms"`
+	DecodeP50ms  float64 `json:"decode_p50_ms"`
 }
 
 // WorkersJSON returns st.Workers as WorkerJSON entries.
@@ -34,7 +44,9 @@ func WorkersJSON(st dispatch.Stats) []WorkerJSON {
 	for _, w := range st.Workers {
 		out = append(out, WorkerJSON{ID: w.ID, Session: w.Session, Connected: w.Connected, Reason: w.Reason,
 			Holdings: w.Holdings, Requests: w.Requests, Rows: w.Rows, Pairs: w.Pairs, Timeouts: w.Timeouts,
-			BytesIn: w.BytesIn, BytesOut: w.BytesOut, RTTp50ms: w.RTTp50ms, RTTp99ms: w.RTTp99ms})
+			BytesIn: w.BytesIn, BytesOut: w.BytesOut, RTTp50ms: w.RTTp50ms, RTTp99ms: w.RTTp99ms,
+			EncodeP50ms: w.EncodeP50ms, WriteP50ms: w.WriteP50ms, QueueP50ms: w.QueueP50ms,
+			ComputeP50ms: w.ComputeP50ms, WireP50ms: w.WireP50ms, DecodeP50ms: w.DecodeP50ms})
 	}
 	return out
 }

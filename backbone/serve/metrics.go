@@ -121,6 +121,7 @@ type SwarmCollector struct {
 	calls, outputs, fallbacks                      *prometheus.Desc
 	wRequests, wRoundTrips, wMisses, wLate, wBytes *prometheus.Desc
 	wRTT, wConnected, wHoldings                    *prometheus.Desc
+	wPart, wake                                    *prometheus.Desc
 	checks, mismatches, checkSecs, refusedBanned   *prometheus.Desc
 	banned, failovers                              *prometheus.Desc
 	crossChecks, disputes, unverified              *prometheus.Desc
@@ -139,15 +140,18 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 	}
 	wl := []string{"worker", "session"}
 	return &SwarmCollector{stats: stats,
-		calls:          d("calls_total", "Expert computations requested by the backbone (one per MoE layer and step)."),
-		outputs:        d("expert_outputs_total", "Expert (row, slot) outputs used, by where they were computed.", "where"),
-		fallbacks:      d("fallbacks_total", "Worker requests whose outputs were recomputed locally (late, failed or refused)."),
-		wRequests:      d("worker_requests_total", "DISPATCH frames sent to the worker.", wl...),
-		wRoundTrips:    d("worker_round_trips_total", "Round trips completed: RESULTs accepted from the worker.", wl...),
-		wMisses:        d("worker_deadline_misses_total", "Requests to the worker that passed their deadline.", wl...),
-		wLate:          d("worker_late_total", "RESULTs that arrived after their deadline and were dropped.", wl...),
-		wBytes:         d("worker_bytes_total", "Message bytes exchanged with the worker (in: from it, out: to it).", append(wl, "dir")...),
-		wRTT:           d("worker_rtt_seconds", "Recent round trip to the worker, seconds.", append(wl, "quantile")...),
+		calls:       d("calls_total", "Expert computations requested by the backbone (one per MoE layer and step)."),
+		outputs:     d("expert_outputs_total", "Expert (row, slot) outputs used, by where they were computed.", "where"),
+		fallbacks:   d("fallbacks_total", "Worker requests whose outputs were recomputed locally (late, failed or refused)."),
+		wRequests:   d("worker_requests_total", "DISPATCH frames sent to the worker.", wl...),
+		wRoundTrips: d("worker_round_trips_total", "Round trips completed: RESULTs accepted from the worker.", wl...),
+		wMisses:     d("worker_deadline_misses_total", "Requests to the worker that passed their deadline.", wl...),
+		wLate:       d("worker_late_total", "RESULTs that arrived after their deadline and were dropped.", wl...),
+		wBytes:      d("worker_bytes_total", "Message bytes exchanged with the worker (in: from it, out: to it).", append(wl, "dir")...),
+		wRTT:        d("worker_rtt_seconds", "Recent round trip to the worker, seconds.", append(wl, "quantile")...),
+		wPart: d("worker_request_part_seconds", "Median time of recent requests spent in each part (encode, write, queue, compute, wire, decode: issue 19), seconds.",
+			append(wl, "part")...),
+		wake:           d("answer_wake_seconds", "Median time from an answer read on a worker's link to its call using it, seconds."),
 		wConnected:     d("worker_connected", "1 while the worker session is connected, 0 after it ended.", wl...),
 		wHoldings:      d("worker_holdings", "(layer, expert) pairs of the worker accepted by the dispatcher (hash checked).", wl...),
 		checks:         d("checks_total", "Worker results verified against a local recomputation."),
@@ -173,7 +177,7 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 // Describe implements prometheus.Collector.
 func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
-		c.wLate, c.wBytes, c.wRTT, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
+		c.wLate, c.wBytes, c.wRTT, c.wPart, c.wake, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
 		c.banned, c.failovers, c.crossChecks, c.disputes, c.unverified, c.holderWaits, c.holderWaitSecs, c.noHolder, c.planUnc,
 		c.verify, c.quorum, c.quorumAsks, c.digests} {
 		ch <- d
@@ -192,6 +196,7 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	cv := func(d *prometheus.Desc, v uint64, l ...string) { emit(d, prometheus.CounterValue, float64(v), l...) }
 	cv(c.calls, st.Calls)
+	emit(c.wake, prometheus.GaugeValue, st.WakeP50ms/1e3)
 	cv(c.outputs, st.ExpertsRemote, "remote")
 	cv(c.outputs, st.ExpertsLocal, "local")
 	cv(c.fallbacks, st.Fallbacks)
@@ -236,6 +241,15 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 		cv(c.wBytes, w.BytesOut, id, w.Session, "out")
 		emit(c.wRTT, prometheus.GaugeValue, w.RTTp50ms/1e3, id, w.Session, "0.5")
 		emit(c.wRTT, prometheus.GaugeValue, w.RTTp99ms/1e3, id, w.Session, "0.99")
+		if w.Timed > 0 {
+			for _, p := range []struct {
+				name string
+				ms   float64
+			}{{"encode", w.EncodeP50ms}, {"write", w.WriteP50ms}, {"queue", w.QueueP50ms},
+				{"compute", w.ComputeP50ms}, {"wire", w.WireP50ms}, {"decode", w.DecodeP50ms}} {
+				emit(c.wPart, prometheus.GaugeValue, p.ms/1e3, id, w.Session, p.name)
+			}
+		}
 		conn := 0.0
 		if w.Connected {
 			conn = 1

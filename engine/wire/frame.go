@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 	"unicode/utf8"
 )
 
@@ -109,14 +110,14 @@ type Digest struct {
 const DigestSize = HeaderSize + 48
 
 // ResultDigest returns the digest a DIGEST carries for a RESULT message
-// (header included): the SHA-256 of its bytes after the request id, m u32
-// | d u32 | out. A RESULT for another request id with the same outputs has
-// the same digest.
+// (header included): the SHA-256 of its bytes after the request id up to
+// the timing trailer, m u32 | d u32 | out. A RESULT for another request id,
+// or with other timings, and the same outputs has the same digest.
 func ResultDigest(result []byte) [32]byte {
-	if len(result) < HeaderSize+8 {
+	if len(result) < HeaderSize+8+TimingSize {
 		return sha256.Sum256(nil)
 	}
-	return sha256.Sum256(result[HeaderSize+8:])
+	return sha256.Sum256(result[HeaderSize+8 : len(result)-TimingSize])
 }
 
 // OutputsDigest returns ResultDigest of a RESULT of m rows of d floats
@@ -159,11 +160,32 @@ func DigestCredit(msg []byte) (req uint64, size int, ok bool) {
 }
 
 // Result is a worker's answer: M output rows of D float32, M being the count
-// of ids != -1 in the DISPATCH with the same Request.
+// of ids != -1 in the DISPATCH with the same Request, and (version 5) the
+// worker's own timing of the request.
 type Result struct {
 	Request uint64
 	M, D    int
 	Out     []float32
+	Timing  Timing
+}
+
+// Timing is the trailer of a RESULT (version 5): how long the worker held
+// the request, in microseconds (saturating at 2^32-1). Queue runs from the
+// moment the DISPATCH message was read whole to the start of the
+// computation (decode, the queue behind earlier DISPATCHes, gathering the
+// rows); Compute is the expert computation itself. The backbone subtracts
+// both from its round trip to get the wire's share (network, TLS, hub,
+// encode, decode). Advisory: nothing is verified or paid by it.
+type Timing struct {
+	QueueMicros, ComputeMicros uint32
+}
+
+// TimingSize is the size in bytes of a RESULT's timing trailer.
+const TimingSize = 8
+
+// Micros converts d to a Timing field: microseconds, clamped to [0, 2^32-1].
+func Micros(d time.Duration) uint32 {
+	return uint32(max(0, min(int64(d/time.Microsecond), math.MaxUint32)))
 }
 
 // Error reports a failure; Request is 0 when it concerns no request.
@@ -275,8 +297,8 @@ func (w *Welcome) Append(b []byte) []byte {
 func DispatchSize(n, d, k int) int { return HeaderSize + 20 + 4*n*d + 4*n*k }
 
 // ResultSize is the encoded size in bytes of a RESULT with m rows of d
-// floats: 4 + 16 + 4*m*d.
-func ResultSize(m, d int) int { return HeaderSize + 16 + 4*m*d }
+// floats: 4 + 16 + 4*m*d + TimingSize.
+func ResultSize(m, d int) int { return HeaderSize + 16 + 4*m*d + TimingSize }
 
 // Append encodes the DISPATCH (or DISPATCH_DIGEST); Hidden must hold N*D
 // and IDs N*K values.
@@ -300,7 +322,9 @@ func (r *Result) Append(b []byte) []byte {
 	b = le.AppendUint64(b, r.Request)
 	b = le.AppendUint32(b, uint32(r.M))
 	b = le.AppendUint32(b, uint32(r.D))
-	return AppendFloats(b, r.Out)
+	b = AppendFloats(b, r.Out)
+	b = le.AppendUint32(b, r.Timing.QueueMicros)
+	return le.AppendUint32(b, r.Timing.ComputeMicros)
 }
 
 // Append encodes the DIGEST.
@@ -665,7 +689,7 @@ func decodeResult(r *reader, lim *Limits) (*Result, error) {
 	if m == 0 || (lim.MaxRows > 0 && lim.K > 0 && int64(m) > int64(lim.MaxRows)*int64(lim.K)) {
 		return nil, fmt.Errorf("%w: result m=%d", ErrShape, m)
 	}
-	need := uint64(m) * uint64(dd) * 4
+	need := uint64(m)*uint64(dd)*4 + TimingSize
 	if need != uint64(len(r.b)) {
 		return nil, fmt.Errorf("%w: result m=%d d=%d needs %d payload bytes, have %d", ErrTruncated, m, dd, need, len(r.b))
 	}
@@ -675,6 +699,7 @@ func decodeResult(r *reader, lim *Limits) (*Result, error) {
 	for i := range res.Out {
 		res.Out[i] = math.Float32frombits(le.Uint32(ob[4*i:]))
 	}
+	res.Timing = Timing{QueueMicros: r.u32("queue"), ComputeMicros: r.u32("compute")}
 	return res, nil
 }
 

@@ -69,7 +69,13 @@ package wire
 //	             out bytes of the RESULT the worker would have sent). Other
 //	             frames are unchanged. Version 3 peers are refused
 //	             (ErrVersion; the backbone's refusal names both versions).
-const Version uint16 = 4
+//	5 (2027-01): request timings (issue 19): a RESULT ends with a timing
+//	             trailer, queue_us u32 | compute_us u32 (the worker's
+//	             queue and compute time of the request, Timing); RESULT is
+//	             20 + 4*m*d + 8 bytes, and a DIGEST is metered as that
+//	             RESULT. ResultDigest leaves the trailer out. Other frames
+//	             are unchanged. Version 4 peers are refused (ErrVersion).
+const Version uint16 = 5
 
 // Magic is the first byte of every frame.
 const Magic byte = 0x6B
@@ -110,7 +116,7 @@ const (
 	TypeHello    Type = 0x01 // key [32]u8 | model_len u16 | model [model_len]u8 | backend_len u16 | backend [backend_len]u8 | threads u16 | quota u64 (slice disk quota, bytes; 0 = take no assignment) | speed u32 (download hint, KiB/s; 0 = unknown) | n_hold u32 | n_hold x (layer u16 | expert u32 | sha256 [32]u8)
 	TypeWelcome  Type = 0x02 // session_len u16 | session [session_len]u8 | d u32 | k u16 | n_layer u16 | n_expert u32 | accepted u32
 	TypeDispatch Type = 0x03 // req u64 | layer u16 | n u32 | d u32 | k u16 | hidden [n*d]f32 | ids [n*k]i32 (-1 = slot not for this worker)
-	TypeResult   Type = 0x04 // req u64 | m u32 | d u32 | out [m*d]f32 (m = ids != -1 of the DISPATCH, in row-major (row, slot) order)
+	TypeResult   Type = 0x04 // req u64 | m u32 | d u32 | out [m*d]f32 (m = ids != -1 of the DISPATCH, in row-major (row, slot) order) | queue_us u32 | compute_us u32 (version 5: Timing)
 	TypeError    Type = 0x05 // req u64 (0 = none) | code u16 | msg_len u16 | msg [msg_len]u8 (UTF-8)
 	TypePing     Type = 0x06 // time i64 (sender's clock, unix ns)
 	TypePong     Type = 0x07 // time i64 (the PING's time, echoed)

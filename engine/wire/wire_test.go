@@ -26,7 +26,7 @@ func sampleFrames() []Frame {
 		&Welcome{Session: "s-1", D: 3, K: 2, NLayer: 4, NExpert: 8, Accepted: 2},
 		&Dispatch{Request: 42, Layer: 2, N: 2, D: 3, K: 2,
 			Hidden: []float32{1, -2, 3.5, float32(math.Inf(1)), 0, -0.25}, IDs: []int32{5, -1, 0, 7}},
-		&Result{Request: 42, M: 3, D: 3, Out: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9}},
+		&Result{Request: 42, M: 3, D: 3, Out: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9}, Timing: Timing{QueueMicros: 12, ComputeMicros: 3400}},
 		&Dispatch{Request: 43, Layer: 1, N: 1, D: 3, K: 2, Hidden: []float32{0.5, 0, -1}, IDs: []int32{-1, 3}, Digest: true},
 		&Digest{Request: 43, M: 1, D: 3, Sum: sha256.Sum256([]byte("result"))},
 		&Error{Request: 9, Code: CodeNotHeld, Message: "nope"},
@@ -71,14 +71,14 @@ func TestRoundTrip(t *testing.T) {
 // layouts written next to the type constants (worked by hand).
 func TestEncodingBytes(t *testing.T) {
 	ping := (&Ping{Time: 0x0102030405060708}).Append(nil)
-	want := []byte{0x6B, 4, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
+	want := []byte{0x6B, 5, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
 	if !bytes.Equal(ping, want) {
 		t.Fatalf("ping = % x, want % x", ping, want)
 	}
 	// DISPATCH req=1 layer=2 n=1 d=1 k=1 hidden=[1.0] ids=[-1]:
 	// 1.0f = 0x3F800000, -1 = 0xFFFFFFFF.
 	d := (&Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 1, Hidden: []float32{1}, IDs: []int32{-1}}).Append(nil)
-	want = []byte{0x6B, 4, 0, 0x03,
+	want = []byte{0x6B, 5, 0, 0x03,
 		1, 0, 0, 0, 0, 0, 0, 0, // req
 		2, 0, // layer
 		1, 0, 0, 0, // n
@@ -92,9 +92,16 @@ func TestEncodingBytes(t *testing.T) {
 	if len(d) != DispatchSize(1, 1, 1) {
 		t.Fatalf("DispatchSize = %d, encoded %d", DispatchSize(1, 1, 1), len(d))
 	}
-	r := (&Result{Request: 1, M: 2, D: 3, Out: make([]float32, 6)}).Append(nil)
-	if len(r) != ResultSize(2, 3) || len(r) != 4+8+4+4+24 {
+	r := (&Result{Request: 1, M: 2, D: 3, Out: make([]float32, 6), Timing: Timing{QueueMicros: 0x0201, ComputeMicros: 0x04030201}}).Append(nil)
+	if len(r) != ResultSize(2, 3) || len(r) != 4+8+4+4+24+8 {
 		t.Fatalf("ResultSize = %d, encoded %d", ResultSize(2, 3), len(r))
+	}
+	// Version 5's timing trailer: queue_us u32 | compute_us u32.
+	if tail := r[len(r)-8:]; !bytes.Equal(tail, []byte{1, 2, 0, 0, 1, 2, 3, 4}) {
+		t.Fatalf("timing trailer = % x", tail)
+	}
+	if Micros(-time.Second) != 0 || Micros(1500*time.Nanosecond) != 1 || Micros(time.Hour*2) != math.MaxUint32 {
+		t.Fatal("Micros does not clamp")
 	}
 }
 
@@ -254,9 +261,9 @@ func TestLinkVersion2(t *testing.T) {
 func TestDigest(t *testing.T) {
 	out := []float32{1, -2, 0.5}
 	r1 := (&Result{Request: 7, M: 1, D: 3, Out: out}).Append(nil)
-	r2 := (&Result{Request: 8, M: 1, D: 3, Out: out}).Append(nil)
+	r2 := (&Result{Request: 8, M: 1, D: 3, Out: out, Timing: Timing{QueueMicros: 5, ComputeMicros: 900}}).Append(nil)
 	sum := ResultDigest(r1)
-	if sum != ResultDigest(r2) || sum != sha256.Sum256(r1[12:]) || sum != OutputsDigest(1, 3, out) {
+	if sum != ResultDigest(r2) || sum != sha256.Sum256(r1[12:len(r1)-TimingSize]) || sum != OutputsDigest(1, 3, out) {
 		t.Fatal("ResultDigest depends on the request id or hashes other bytes")
 	}
 	big := make([]float32, 3*40000) // more than one 64 KiB buffer
@@ -271,7 +278,7 @@ func TestDigest(t *testing.T) {
 		t.Fatal("one ulp does not change the digest")
 	}
 	g := (&Digest{Request: 0x0102, M: 2, D: 3, Sum: sum}).Append(nil)
-	want := append([]byte{0x6B, 4, 0, 0x0E, 2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}, sum[:]...)
+	want := append([]byte{0x6B, 5, 0, 0x0E, 2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}, sum[:]...)
 	if !bytes.Equal(g, want) || len(g) != DigestSize {
 		t.Fatalf("digest = % x\nwant     % x", g, want)
 	}
@@ -284,7 +291,7 @@ func TestDigest(t *testing.T) {
 		"result":   r1,
 		"m=0":      (&Digest{Request: 1, M: 0, D: 3}).Append(nil),
 		"too big":  (&Digest{Request: 1, M: 1 << 20, D: 1 << 10}).Append(nil),
-		"bad type": append([]byte{0x6B, 4, 0, 0x04}, g[4:]...),
+		"bad type": append([]byte{0x6B, 5, 0, 0x04}, g[4:]...),
 	} {
 		if _, _, ok := DigestCredit(msg); ok {
 			t.Errorf("DigestCredit accepted %s", name)

@@ -33,7 +33,7 @@ type workerSession struct {
 	wel   *wire.Welcome
 	lim   *wire.Limits // what a frame from the backbone may hold (from WELCOME)
 	errc  chan error   // why the session ends: the first error of a loop
-	queue chan *wire.Dispatch
+	queue chan queued
 	dl    chan dlEvent // provisioning frames, to the downloader
 }
 
@@ -72,7 +72,7 @@ func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
 	w.log.Info("worker: connected", "gateway", w.st.Gateway, "session", s.wel.Session, "accepted", s.wel.Accepted)
 
 	s.errc = make(chan error, 4)
-	s.queue = make(chan *wire.Dispatch, 64)
+	s.queue = make(chan queued, 64)
 	s.dl = make(chan dlEvent, 4*w.cfg.DownloadWindow+8)
 	w.mu.Lock()
 	w.sendNow = s.send
@@ -263,9 +263,10 @@ func (s *workerSession) computeLoop() {
 		select {
 		case <-s.sctx.Done():
 			return
-		case d := <-s.queue:
+		case q := <-s.queue:
+			d := q.d
 			in := wire.DispatchSize(d.N, d.D, d.K)
-			if err := w.serve(s.sctx, d, in, s.wel.Session, s.send); err != nil {
+			if err := w.serve(s.sctx, d, q.at, in, s.wel.Session, s.send); err != nil {
 				s.errc <- err
 				return
 			}
@@ -285,17 +286,25 @@ func (s *workerSession) readLoop() {
 			s.errc <- fmt.Errorf("read: %w", err)
 			return
 		}
+		at := time.Now()
 		s.w.bin.Add(uint64(len(msg)))
-		if err := s.handle(msg); err != nil {
+		if err := s.handle(msg, at); err != nil {
 			s.errc <- err
 			return
 		}
 	}
 }
 
-// handle acts on one message from the backbone; an error ends the
-// session.
-func (s *workerSession) handle(msg []byte) error {
+// queued is a DISPATCH waiting for computeLoop and when its message was
+// read whole (the start of the RESULT's queue time).
+type queued struct {
+	d  *wire.Dispatch
+	at time.Time
+}
+
+// handle acts on one message from the backbone, read whole at at; an
+// error ends the session.
+func (s *workerSession) handle(msg []byte, at time.Time) error {
 	w := s.w
 	f, err := wire.Decode(msg, s.lim)
 	if errors.Is(err, wire.ErrNotHeld) {
@@ -312,7 +321,7 @@ func (s *workerSession) handle(msg []byte) error {
 		w.busy++
 		w.mu.Unlock()
 		select {
-		case s.queue <- f:
+		case s.queue <- queued{f, at}:
 		default:
 			return errors.New("backbone overran the DISPATCH queue")
 		}

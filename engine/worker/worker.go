@@ -71,6 +71,12 @@ type Stats struct {
 	Session        string        // hub session id of the current session
 	ConnectedSince time.Time     // zero when not connected
 	LastError      string        // last session or computation error
+	// Request timings summed over the RESULTs sent (divide by Requests for
+	// a mean): Queue from the DISPATCH read whole to the computation's
+	// start (decode, waiting behind earlier requests, gathering rows; the
+	// RESULT carries it), Compute the expert computation (carried too),
+	// Encode the RESULT's encoding and Send its write to the connection.
+	QueueTime, ComputeTime, EncodeTime, SendTime time.Duration
 
 	// Slice and download progress (Config.SliceDir only; zero otherwise).
 	// The Download fields describe the current assignment: bytes of its
@@ -175,10 +181,12 @@ type Worker struct {
 	kick              chan struct{}
 	sendMu            sync.Mutex // orders PAUSE frames
 
-	rows, reqs, bin, bout        atomic.Uint64
-	dlDone, chunkReqs, chunksGot atomic.Uint64
-	srcClient                    *http.Client // model source downloads
-	srcReqs, srcFails            atomic.Uint64
+	rows, reqs, bin, bout atomic.Uint64
+	// Request timings (Stats), summed over the RESULTs sent.
+	queueNanos, computeNanos, encodeNanos, sendNanos atomic.Int64
+	dlDone, chunkReqs, chunksGot                     atomic.Uint64
+	srcClient                                        *http.Client // model source downloads
+	srcReqs, srcFails                                atomic.Uint64
 }
 
 // New validates cfg and returns a Worker.
@@ -268,6 +276,8 @@ func (w *Worker) Stats() Stats {
 	s := w.st
 	w.mu.Unlock()
 	s.Rows, s.Requests, s.BytesIn, s.BytesOut = w.rows.Load(), w.reqs.Load(), w.bin.Load(), w.bout.Load()
+	s.QueueTime, s.ComputeTime = time.Duration(w.queueNanos.Load()), time.Duration(w.computeNanos.Load())
+	s.EncodeTime, s.SendTime = time.Duration(w.encodeNanos.Load()), time.Duration(w.sendNanos.Load())
 	if w.store != nil {
 		w.mu.Lock()
 		s.BadExperts = w.badAtOpen
@@ -445,9 +455,10 @@ func (w *Worker) syncPause(send func([]byte) error) error {
 	return send((&wire.Pause{Paused: want}).Append(nil))
 }
 
-// serve computes one DISPATCH: its m requested (row, slot) pairs as a batch
-// of m rows with k=1, answered as RESULT in row-major (row, slot) order.
-func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, inBytes int, session string, send func([]byte) error) error {
+// serve computes one DISPATCH, read whole at at: its m requested (row,
+// slot) pairs as a batch of m rows with k=1, answered as RESULT in
+// row-major (row, slot) order with the request's timing (wire.Timing).
+func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBytes int, session string, send func([]byte) error) error {
 	w.mu.Lock()
 	paused := w.paused
 	w.mu.Unlock()
@@ -481,7 +492,10 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, inBytes int, sessi
 		}
 	}
 	out := make([]float32, m*d.D)
-	if err := w.cfg.Computer.ComputeExperts(ctx, int(d.Layer), xs, es, m, 1, out); err != nil {
+	t0 := time.Now()
+	err := w.cfg.Computer.ComputeExperts(ctx, int(d.Layer), xs, es, m, 1, out)
+	t1 := time.Now()
+	if err != nil {
 		w.mu.Lock()
 		w.st.LastError = "compute: " + err.Error()
 		w.mu.Unlock()
@@ -492,11 +506,17 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, inBytes int, sessi
 	if d.Digest {
 		msg, what = digestOf(d.Request, m, d.D, out), "DIGEST"
 	} else {
-		msg = (&wire.Result{Request: d.Request, M: m, D: d.D, Out: out}).Append(make([]byte, 0, wire.ResultSize(m, d.D)))
+		tm := wire.Timing{QueueMicros: wire.Micros(t0.Sub(at)), ComputeMicros: wire.Micros(t1.Sub(t0))}
+		msg = (&wire.Result{Request: d.Request, M: m, D: d.D, Out: out, Timing: tm}).Append(make([]byte, 0, wire.ResultSize(m, d.D)))
 	}
+	t2 := time.Now()
 	if err := send(msg); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	w.queueNanos.Add(int64(t0.Sub(at)))
+	w.computeNanos.Add(int64(t1.Sub(t0)))
+	w.encodeNanos.Add(int64(t2.Sub(t1)))
+	w.sendNanos.Add(int64(time.Since(t2)))
 	w.rows.Add(uint64(d.N))
 	w.reqs.Add(1)
 	if w.cfg.OnServed != nil {

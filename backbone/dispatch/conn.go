@@ -456,15 +456,7 @@ func (c *conn) deadline(cfg Config, bytes int) time.Duration {
 	if len(ss) < 4 {
 		return cfg.MaxDeadline
 	}
-	rates := make([]float64, len(ss))
-	for i, s := range ss {
-		rates[i] = float64(s.bytes) / max(s.dur.Seconds(), 1e-6)
-	}
-	bw := quantile(rates, 0.5)
-	lat := make([]int64, len(ss))
-	for i, s := range ss {
-		lat[i] = max(0, int64(s.dur)-int64(float64(s.bytes)/bw*1e9))
-	}
+	bw, lat := latencyModel(ss)
 	d := 3*time.Duration(quantile(lat, 0.99)) + cfg.DeadlineMargin + time.Duration(4*float64(bytes)/bw*1e9)
 	return max(cfg.MinDeadline, min(cfg.MaxDeadline, d))
 }
@@ -642,4 +634,21 @@ func short(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// latencyModel splits a worker's round-trip samples into a throughput and
+// latencies: bw is the median of bytes/s over the samples, lat each
+// sample's time less its bytes at bw (ns, at least 0). deadline and
+// hedgeDelay take quantiles of lat.
+func latencyModel(ss []sample) (bw float64, lat []int64) {
+	rates := make([]float64, len(ss))
+	for i, s := range ss {
+		rates[i] = float64(s.bytes) / max(s.dur.Seconds(), 1e-6)
+	}
+	bw = quantile(rates, 0.5)
+	lat = make([]int64, len(ss))
+	for i, s := range ss {
+		lat[i] = max(0, int64(s.dur)-int64(float64(s.bytes)/bw*1e9))
+	}
+	return bw, lat
 }

@@ -104,15 +104,7 @@ func (c *conn) hedgeDelay(bytes int) time.Duration {
 	if len(ss) < 8 {
 		return 0
 	}
-	rates := make([]float64, len(ss))
-	for i, s := range ss {
-		rates[i] = float64(s.bytes) / max(s.dur.Seconds(), 1e-6)
-	}
-	bw := quantile(rates, 0.5)
-	lat := make([]int64, len(ss))
-	for i, s := range ss {
-		lat[i] = max(0, int64(s.dur)-int64(float64(s.bytes)/bw*1e9))
-	}
+	bw, lat := latencyModel(ss)
 	return time.Duration(quantile(lat, 0.95)) + time.Duration(float64(bytes)/bw*1e9)
 }
 

@@ -87,10 +87,10 @@ func TestDemoProcess(t *testing.T) {
 		if len(w.Layers) != 2 || w.Layers[0] != wantLayers[0] || w.Layers[1] != wantLayers[1] {
 			t.Errorf("%s layers %v, want %v", w.Name, w.Layers, wantLayers)
 		}
-		// docs/protocol.md: DISPATCH = 24 + 4nd + 4nk bytes, RESULT = 20 +
+		// docs/protocol.md: DISPATCH = 24 + 4nd + 4nk bytes, RESULT = 28 +
 		// 4md with m = n x k; one request per held layer per forward.
 		wRows := rows * uint64(len(w.Layers))
-		wantBytes := 44*forwards*uint64(len(w.Layers)) + 4*wRows*(d+k) + 4*wRows*k*d
+		wantBytes := 52*forwards*uint64(len(w.Layers)) + 4*wRows*(d+k) + 4*wRows*k*d
 		if w.Rows != wRows || w.LedgerBytes != wantBytes || w.RejectedBytes != 0 {
 			t.Errorf("%s: rows %d ledger %d rejected %d; want rows %d, %d creditable bytes", w.Name, w.Rows, w.LedgerBytes, w.RejectedBytes, wRows, wantBytes)
 		}

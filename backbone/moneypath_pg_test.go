@@ -157,7 +157,7 @@ func TestSwarmPostgresTwoHubsTwoGateways(t *testing.T) {
 	forwards := uint64(len(local.Tokens))                            // prefill + one per token but the last
 	d, k := uint64(p.Embd), uint64(p.ExpertsUsed)
 	wRows := 2 * prows // each worker holds two of the four layers
-	want := 2*44*forwards + 4*wRows*(d+k) + 4*wRows*k*d
+	want := 2*52*forwards + 4*wRows*(d+k) + 4*wRows*k*d
 	tot, err := l.Totals()
 	if err != nil {
 		t.Fatal(err)

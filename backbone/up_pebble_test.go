@@ -239,14 +239,14 @@ metrics-listen = "127.0.0.1:0"
 	}
 
 	// Metering: each worker's creditable bytes are the protocol's count
-	// (docs/protocol.md: DISPATCH 24 + 4nd + 4nk, RESULT 20 + 4nkd per
+	// (docs/protocol.md: DISPATCH 24 + 4nd + 4nk, RESULT 28 + 4nkd per
 	// request, one request per held layer per forward), credited x 7.
 	p := lm.m.Params()
 	rows := uint64(len(local.PromptTokens) + len(local.Tokens) - 1)
 	forwards := uint64(len(local.Tokens))
 	d, k := uint64(p.Embd), uint64(p.ExpertsUsed)
 	wRows := rows * 2
-	want := 44*forwards*2 + 4*wRows*(d+k) + 4*wRows*k*d
+	want := 52*forwards*2 + 4*wRows*(d+k) + 4*wRows*k*d
 	var ledger ledgerJSON
 	var wallets struct {
 		Wallets []struct {

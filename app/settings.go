@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"runtime"
 	"strconv"
@@ -26,7 +27,7 @@ type Settings struct {
 	GatewayURL     string  // wss://host[:port]; "" = node.DefaultGateway (the public gateway)
 	CAFile         string  // PEM file of extra root CAs for the gateway; "" = system roots
 	SliceDir       string  // folder of the expert slice; "" = node.DefaultSliceDir (DATA/slice)
-	QuotaGiB       float64 // disk quota for experts the backbone assigns, GiB (2^30 bytes); 0 = serve the slice folder as it is (node.Config.QuotaBytes)
+	QuotaGB        float64 // disk quota for experts the backbone assigns, GB (10^9 bytes); 0 = serve the slice folder as it is (node.Config.QuotaBytes)
 	Threads        int     // compute threads; 0 = all CPUs
 	PauseOnBattery bool
 	OnlyWhenIdle   bool
@@ -36,9 +37,12 @@ type Settings struct {
 
 // Preference keys.
 const (
-	PrefGateway        = "gateway_url"
-	PrefCAFile         = "ca_file"
-	PrefSliceDir       = "slice_dir"
+	PrefGateway  = "gateway_url"
+	PrefCAFile   = "ca_file"
+	PrefSliceDir = "slice_dir"
+	PrefQuotaGB  = "quota_gb"
+	// PrefQuotaGiB is the quota in GiB as versions before the decimal
+	// units saved it; read when PrefQuotaGB is missing.
 	PrefQuotaGiB       = "quota_gib"
 	PrefThreads        = "threads"
 	PrefPauseOnBattery = "pause_on_battery"
@@ -49,10 +53,10 @@ const (
 
 // DefaultSettings are used for keys never saved: the public gateway and
 // the slice folder in the data folder (both left empty here: NodeConfig
-// fills them in), 4 GiB of disk for the experts the backbone assigns,
+// fills them in), 4 GB of disk for the experts the backbone assigns,
 // pause on battery on, a CPU limit of 90 °C resuming at 80 °C. A first run
 // needs no setting.
-var DefaultSettings = Settings{QuotaGiB: node.DefaultQuotaBytes >> 30, PauseOnBattery: true, MaxTempC: 90, ResumeTempC: 80}
+var DefaultSettings = Settings{QuotaGB: node.DefaultQuotaBytes / 1e9, PauseOnBattery: true, MaxTempC: 90, ResumeTempC: 80}
 
 // LoadSettings reads settings from p, with DefaultSettings for missing keys.
 func LoadSettings(p fyne.Preferences) Settings {
@@ -61,7 +65,7 @@ func LoadSettings(p fyne.Preferences) Settings {
 		GatewayURL:     p.StringWithFallback(PrefGateway, d.GatewayURL),
 		CAFile:         p.StringWithFallback(PrefCAFile, d.CAFile),
 		SliceDir:       p.StringWithFallback(PrefSliceDir, d.SliceDir),
-		QuotaGiB:       p.FloatWithFallback(PrefQuotaGiB, d.QuotaGiB),
+		QuotaGB:        loadQuotaGB(p, d.QuotaGB),
 		Threads:        p.IntWithFallback(PrefThreads, d.Threads),
 		PauseOnBattery: p.BoolWithFallback(PrefPauseOnBattery, d.PauseOnBattery),
 		OnlyWhenIdle:   p.BoolWithFallback(PrefOnlyWhenIdle, d.OnlyWhenIdle),
@@ -70,12 +74,24 @@ func LoadSettings(p fyne.Preferences) Settings {
 	}
 }
 
+// loadQuotaGB reads PrefQuotaGB, else an older PrefQuotaGiB converted to
+// GB (to the MB), else def.
+func loadQuotaGB(p fyne.Preferences, def float64) float64 {
+	if v := p.FloatWithFallback(PrefQuotaGB, -1); v >= 0 {
+		return v
+	}
+	if v := p.FloatWithFallback(PrefQuotaGiB, -1); v >= 0 {
+		return math.Round(v*(1<<30)/1e6) / 1e3
+	}
+	return def
+}
+
 // Save writes s to p.
 func (s Settings) Save(p fyne.Preferences) {
 	p.SetString(PrefGateway, s.GatewayURL)
 	p.SetString(PrefCAFile, s.CAFile)
 	p.SetString(PrefSliceDir, s.SliceDir)
-	p.SetFloat(PrefQuotaGiB, s.QuotaGiB)
+	p.SetFloat(PrefQuotaGB, s.QuotaGB)
 	p.SetInt(PrefThreads, s.Threads)
 	p.SetBool(PrefPauseOnBattery, s.PauseOnBattery)
 	p.SetBool(PrefOnlyWhenIdle, s.OnlyWhenIdle)
@@ -94,8 +110,8 @@ func (s Settings) Validate() error {
 			return fmt.Errorf("%w: gateway URL %q must look like wss://host:443", ErrSettings, s.GatewayURL)
 		}
 	}
-	if s.QuotaGiB < 0 || s.QuotaGiB > 1<<20 {
-		return fmt.Errorf("%w: disk quota %g GiB out of range", ErrSettings, s.QuotaGiB)
+	if s.QuotaGB < 0 || s.QuotaGB > 1e6 {
+		return fmt.Errorf("%w: disk quota %g GB out of range", ErrSettings, s.QuotaGB)
 	}
 	if s.Threads < 0 || s.Threads > 4096 {
 		return fmt.Errorf("%w: %d CPU threads out of range", ErrSettings, s.Threads)
@@ -115,7 +131,7 @@ func (s Settings) Limits() limits.Limits {
 }
 
 // QuotaBytes is the disk quota in bytes (0 = none).
-func (s Settings) QuotaBytes() uint64 { return uint64(s.QuotaGiB * (1 << 30)) }
+func (s Settings) QuotaBytes() uint64 { return uint64(math.Round(s.QuotaGB * 1e9)) }
 
 // SettingsForm is the settings tab: one field per Settings field and a
 // Save button that validates, persists to Preferences and calls OnSave.
@@ -137,7 +153,7 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 	f.gateway = entry(node.DefaultGateway() + " (default)")
 	f.ca = entry("PEM file (optional; the system's CAs by default)")
 	f.slice = entry("the app's data folder/slice (default)")
-	f.quota = entry("GiB; 0 = serve the folder as it is")
+	f.quota = entry("GB; 0 = serve the folder as it is")
 	f.threads = entry(fmt.Sprintf("0 = all %d CPUs", runtime.NumCPU()))
 	f.maxT = entry("°C, 0 = no limit")
 	f.resT = entry("°C, default limit − 10")
@@ -150,7 +166,7 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 		widget.NewFormItem("Gateway URL", f.gateway),
 		widget.NewFormItem("Gateway CA", f.ca),
 		widget.NewFormItem("Slice folder", f.slice),
-		widget.NewFormItem("Disk quota (GiB)", f.quota),
+		widget.NewFormItem("Disk quota (GB)", f.quota),
 		widget.NewFormItem("CPU threads", f.threads),
 		widget.NewFormItem("Limits", container.NewVBox(f.battery, f.idle)),
 		widget.NewFormItem("Stop above (°C)", f.maxT),
@@ -168,7 +184,7 @@ func (f *SettingsForm) Show(s Settings) {
 	f.gateway.SetText(s.GatewayURL)
 	f.ca.SetText(s.CAFile)
 	f.slice.SetText(s.SliceDir)
-	f.quota.SetText(fmtFloat(s.QuotaGiB))
+	f.quota.SetText(fmtFloat(s.QuotaGB))
 	f.threads.SetText(strconv.Itoa(s.Threads))
 	f.maxT.SetText(fmtFloat(s.MaxTempC))
 	f.resT.SetText(fmtFloat(s.ResumeTempC))
@@ -192,7 +208,7 @@ func (f *SettingsForm) Read() (Settings, error) {
 	s := Settings{GatewayURL: strings.TrimSpace(f.gateway.Text), CAFile: strings.TrimSpace(f.ca.Text),
 		SliceDir: strings.TrimSpace(f.slice.Text), PauseOnBattery: f.battery.Checked, OnlyWhenIdle: f.idle.Checked}
 	var err error
-	if s.QuotaGiB, err = num("disk quota", f.quota.Text); err != nil {
+	if s.QuotaGB, err = num("disk quota", f.quota.Text); err != nil {
 		return s, err
 	}
 	th, err := num("CPU threads", f.threads.Text)

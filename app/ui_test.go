@@ -256,7 +256,7 @@ func TestSettingsPersist(t *testing.T) {
 	if got := LoadSettings(a.Preferences()); got != DefaultSettings {
 		t.Fatalf("defaults %+v", got)
 	}
-	want := Settings{GatewayURL: "wss://127.0.0.1:8443", CAFile: "/tmp/ca.pem", SliceDir: "/srv/slice", QuotaGiB: 0.5,
+	want := Settings{GatewayURL: "wss://127.0.0.1:8443", CAFile: "/tmp/ca.pem", SliceDir: "/srv/slice", QuotaGB: 0.5,
 		Threads: 3, OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70}
 	test.Type(f.gateway, want.GatewayURL)
 	f.ca.SetText(want.CAFile)
@@ -277,7 +277,7 @@ func TestSettingsPersist(t *testing.T) {
 	if l := want.Limits(); l.MaxTempC != 85 || l.ResumeTempC != 70 || !l.OnlyWhenIdle || l.PauseOnBattery {
 		t.Errorf("limits %+v", l)
 	}
-	if want.QuotaBytes() != 512<<20 {
+	if want.QuotaBytes() != 500_000_000 {
 		t.Errorf("quota bytes %d", want.QuotaBytes())
 	}
 

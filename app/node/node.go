@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -101,8 +102,12 @@ type Config struct {
 	StoreName string          // label of KeyStore in identity.json; "" = "custom"
 	Warn      io.Writer       // keyring fallback warnings; nil = os.Stderr
 	Logger    *slog.Logger    // nil = slog.Default()
-	SyncEvery time.Duration   // wallet statement sync period; 0 = 30 s
+	SyncEvery time.Duration   // wallet statement sync period; 0 = DefaultSyncEvery
 }
+
+// DefaultSyncEvery is how often a node fetches new credit statements from
+// the gateway (Config.SyncEvery).
+const DefaultSyncEvery = 30 * time.Second
 
 // DefaultDataDir is the app's data folder: os.UserConfigDir()/kvasir.
 func DefaultDataDir() (string, error) {
@@ -123,8 +128,8 @@ const PublicGateway = "wss://gate.kvasir-ai.net:443"
 const EnvDefaultGateway = "KVASIR_DEFAULT_GATEWAY"
 
 // DefaultQuotaBytes is the disk quota of a first run: the backbone assigns
-// up to 4 GiB of experts, downloaded into the slice folder.
-const DefaultQuotaBytes = 4 << 30
+// up to 4 GB (4 x 10^9 bytes) of experts, downloaded into the slice folder.
+const DefaultQuotaBytes = 4_000_000_000
 
 // DefaultGateway returns $KVASIR_DEFAULT_GATEWAY, or PublicGateway.
 func DefaultGateway() string {
@@ -195,7 +200,7 @@ func Open(cfg Config) (*Node, error) {
 		cfg.DataDir = d
 	}
 	if cfg.SyncEvery <= 0 {
-		cfg.SyncEvery = 30 * time.Second
+		cfg.SyncEvery = DefaultSyncEvery
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, opened: time.Now()}
 	if n.log == nil {
@@ -306,9 +311,15 @@ func (n *Node) Identity() wallet.Identity { return n.id }
 
 // Run runs the worker (dial, serve, reconnect) and syncs the wallet's
 // statements from the gateway every SyncEvery, until ctx is done. It
-// returns ctx's error.
+// first saves the gateway in the data folder (SaveGateway), for `kvasir
+// wallet`. It returns ctx's error.
 func (n *Node) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
+	if n.w != nil && n.cfg.GatewayURL != "" {
+		if err := SaveGateway(n.cfg.DataDir, SavedGateway{URL: n.cfg.GatewayURL, CAFile: n.cfg.CAFile}); err != nil {
+			n.log.Warn("saving the gateway for `kvasir wallet`", "err", err)
+		}
+	}
 	if n.w != nil {
 		wg.Add(1)
 		go func() {
@@ -461,3 +472,54 @@ func (n *Node) Close() error {
 }
 
 var _ status.Source = (*Node)(nil)
+
+// SavedGateway is the gateway a node last worked through, kept in its data
+// folder (GatewayFile) so that `kvasir wallet` fetches statements from it
+// when the worker is not running.
+type SavedGateway struct {
+	URL    string `json:"gateway_url"`       // wss://host[:port]
+	CAFile string `json:"ca_file,omitempty"` // PEM root CAs; "" = system roots
+}
+
+// GatewayFile is the file in the data folder that holds the SavedGateway.
+const GatewayFile = "gateway.json"
+
+// SaveGateway writes g to dataDir/GatewayFile (mode 0600, replaced
+// atomically).
+func SaveGateway(dataDir string, g SavedGateway) error {
+	b, err := json.Marshal(g)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dataDir, GatewayFile+".*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), filepath.Join(dataDir, GatewayFile))
+}
+
+// LoadGateway reads dataDir/GatewayFile; an error wrapping os.ErrNotExist
+// when no node has run in dataDir yet.
+func LoadGateway(dataDir string) (SavedGateway, error) {
+	var g SavedGateway
+	b, err := os.ReadFile(filepath.Join(dataDir, GatewayFile))
+	if err != nil {
+		return g, err
+	}
+	if err := json.Unmarshal(b, &g); err != nil || g.URL == "" {
+		return g, fmt.Errorf("%w: %s: not a saved gateway", ErrConfig, filepath.Join(dataDir, GatewayFile))
+	}
+	return g, nil
+}

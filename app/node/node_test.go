@@ -86,10 +86,18 @@ func TestNodeInSwarm(t *testing.T) {
 		t.Errorf("dispatcher used no remote expert outputs: %+v", ds)
 	}
 
-	// The hub's ledger for this worker, once it has flushed everything.
+	// End the session: on the hub's default settle rules a quiet session's
+	// last bytes settle 30 s after its last RESULT, an ended one's at the
+	// next flush. Then the hub's ledger for this worker, once it has
+	// flushed everything, and the wallet synced from the gateway.
+	cancel()
+	<-done
 	id := n.Identity().WorkerID
 	var ledgerBytes, rejected uint64
 	waitFor(t, "wallet credited with the whole ledger", 20*time.Second, func() bool {
+		if _, err := n.SyncNow(context.Background()); err != nil {
+			t.Logf("sync: %v", err)
+		}
 		tot, err := sw.Ledger.Totals()
 		if err != nil {
 			t.Fatal(err)

@@ -124,20 +124,9 @@ func FormatMBps(bytesPS float64) string { return fmt.Sprintf("%.2f MB/s", bytesP
 // up: 8945664 -> "0.00895 KVR" (walletapi.FormatKVR).
 func FormatKVR(nkvr uint64) string { return walletapi.FormatKVR(nkvr) }
 
-// FormatBytes renders a byte count with a binary unit and one decimal:
-// 1536 -> "1.5 KiB", 0 -> "0 B".
-func FormatBytes(b uint64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := uint64(unit), 0
-	for n := b / unit; n >= unit && exp < 5; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
-}
+// FormatBytes renders a byte count in decimal units, the app's one unit
+// system (walletapi.FormatBytes): 1536 -> "1.54 kB", 0 -> "0 B".
+func FormatBytes(b uint64) string { return walletapi.FormatBytes(b) }
 
 // FormatRTT renders a round trip in milliseconds with one decimal, or "—"
 // when unknown (0).

@@ -33,6 +33,8 @@ type Settings struct {
 	OnlyWhenIdle   bool
 	MaxTempC       float64 // 0 = no temperature limit
 	ResumeTempC    float64 // 0 = MaxTempC - limits.DefaultHysteresisC
+	StartAtLogin   bool    // start the app when the owner logs in (package autostart)
+	NotifyCredits  bool    // a desktop notification for each new credit statement
 }
 
 // Preference keys.
@@ -49,6 +51,8 @@ const (
 	PrefOnlyWhenIdle   = "only_when_idle"
 	PrefMaxTempC       = "max_temp_c"
 	PrefResumeTempC    = "resume_temp_c"
+	PrefStartAtLogin   = "start_at_login"
+	PrefNotifyCredits  = "notify_credits"
 )
 
 // DefaultSettings are used for keys never saved: the public gateway and
@@ -71,6 +75,8 @@ func LoadSettings(p fyne.Preferences) Settings {
 		OnlyWhenIdle:   p.BoolWithFallback(PrefOnlyWhenIdle, d.OnlyWhenIdle),
 		MaxTempC:       p.FloatWithFallback(PrefMaxTempC, d.MaxTempC),
 		ResumeTempC:    p.FloatWithFallback(PrefResumeTempC, d.ResumeTempC),
+		StartAtLogin:   p.BoolWithFallback(PrefStartAtLogin, d.StartAtLogin),
+		NotifyCredits:  p.BoolWithFallback(PrefNotifyCredits, d.NotifyCredits),
 	}
 }
 
@@ -97,6 +103,17 @@ func (s Settings) Save(p fyne.Preferences) {
 	p.SetBool(PrefOnlyWhenIdle, s.OnlyWhenIdle)
 	p.SetFloat(PrefMaxTempC, s.MaxTempC)
 	p.SetFloat(PrefResumeTempC, s.ResumeTempC)
+	p.SetBool(PrefStartAtLogin, s.StartAtLogin)
+	p.SetBool(PrefNotifyCredits, s.NotifyCredits)
+}
+
+// NeedsRestart reports whether going from old to s needs a new worker:
+// the gateway, its CA, the slice folder, the quota and the thread count
+// are fixed for a worker's life. Limits, start at login and notifications
+// apply to the running worker.
+func NeedsRestart(old, s Settings) bool {
+	return old.GatewayURL != s.GatewayURL || old.CAFile != s.CAFile || old.SliceDir != s.SliceDir ||
+		old.QuotaGB != s.QuotaGB || old.Threads != s.Threads
 }
 
 // Validate checks s: a wss:// (or ws:// for loopback tests) gateway URL
@@ -138,10 +155,13 @@ func (s Settings) QuotaBytes() uint64 { return uint64(math.Round(s.QuotaGB * 1e9
 type SettingsForm struct {
 	Content fyne.CanvasObject
 
-	prefs                                          fyne.Preferences
-	OnSave                                         func(Settings) // called after a valid save; may be nil
+	prefs  fyne.Preferences
+	OnSave func(Settings) // called after a valid save; may be nil
+	// OnSaveLocal is called after a valid save, before OnSave: the
+	// window's own use of the settings (notifications); may be nil.
+	OnSaveLocal                                    func(Settings)
 	gateway, ca, slice, quota, threads, maxT, resT *widget.Entry
-	battery, idle                                  *widget.Check
+	battery, idle, login, notify                   *widget.Check
 	message                                        *widget.Label
 	save                                           *widget.Button
 }
@@ -154,11 +174,13 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 	f.ca = entry("PEM file (optional; the system's CAs by default)")
 	f.slice = entry("the app's data folder/slice (default)")
 	f.quota = entry("GB; 0 = serve the folder as it is")
-	f.threads = entry(fmt.Sprintf("0 = all %d CPUs", runtime.NumCPU()))
+	f.threads = entry(fmt.Sprintf("0 = all %d cores", runtime.NumCPU()))
 	f.maxT = entry("°C, 0 = no limit")
 	f.resT = entry("°C, default limit − 10")
 	f.battery = widget.NewCheck("Pause on battery", nil)
 	f.idle = widget.NewCheck("Only when the computer is idle", nil)
+	f.login = widget.NewCheck("Start kvasir when I log in", nil)
+	f.notify = widget.NewCheck("Notify me of each new credit", nil)
 	f.message = widget.NewLabel("")
 	f.message.Wrapping = fyne.TextWrapWord
 	f.save = widget.NewButtonWithIcon("Save", theme.DocumentSaveIcon(), func() { f.Submit() })
@@ -167,14 +189,22 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 		widget.NewFormItem("Gateway CA", f.ca),
 		widget.NewFormItem("Slice folder", f.slice),
 		widget.NewFormItem("Disk quota (GB)", f.quota),
-		widget.NewFormItem("CPU threads", f.threads),
+		threadsItem(f.threads),
 		widget.NewFormItem("Limits", container.NewVBox(f.battery, f.idle)),
 		widget.NewFormItem("Stop above (°C)", f.maxT),
 		widget.NewFormItem("Resume below (°C)", f.resT),
+		widget.NewFormItem("Desktop", container.NewVBox(f.login, f.notify)),
 	)
 	f.Content = container.NewVScroll(container.NewVBox(form, container.NewHBox(f.save), f.message))
 	f.Show(LoadSettings(p))
 	return f
+}
+
+// threadsItem is the CPU threads field with what 0 means said under it.
+func threadsItem(e *widget.Entry) *widget.FormItem {
+	it := widget.NewFormItem("CPU threads", e)
+	it.HintText = "0 = use all of this computer's cores; fewer leave room for other programs"
+	return it
 }
 
 func fmtFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
@@ -190,6 +220,8 @@ func (f *SettingsForm) Show(s Settings) {
 	f.resT.SetText(fmtFloat(s.ResumeTempC))
 	f.battery.SetChecked(s.PauseOnBattery)
 	f.idle.SetChecked(s.OnlyWhenIdle)
+	f.login.SetChecked(s.StartAtLogin)
+	f.notify.SetChecked(s.NotifyCredits)
 }
 
 // Read parses the fields. Errors wrap ErrSettings.
@@ -206,7 +238,8 @@ func (f *SettingsForm) Read() (Settings, error) {
 		return x, nil
 	}
 	s := Settings{GatewayURL: strings.TrimSpace(f.gateway.Text), CAFile: strings.TrimSpace(f.ca.Text),
-		SliceDir: strings.TrimSpace(f.slice.Text), PauseOnBattery: f.battery.Checked, OnlyWhenIdle: f.idle.Checked}
+		SliceDir: strings.TrimSpace(f.slice.Text), PauseOnBattery: f.battery.Checked, OnlyWhenIdle: f.idle.Checked,
+		StartAtLogin: f.login.Checked, NotifyCredits: f.notify.Checked}
 	var err error
 	if s.QuotaGB, err = num("disk quota", f.quota.Text); err != nil {
 		return s, err
@@ -229,15 +262,27 @@ func (f *SettingsForm) Read() (Settings, error) {
 }
 
 // Submit validates and saves the fields; the message line says what
-// happened. It returns the validation error, if any.
+// happened and whether the worker restarts to apply it (NeedsRestart). It
+// returns the validation error, if any.
 func (f *SettingsForm) Submit() error {
 	s, err := f.Read()
 	if err != nil {
 		f.message.SetText("Not saved: " + err.Error())
 		return err
 	}
+	old := LoadSettings(f.prefs)
 	s.Save(f.prefs)
-	f.message.SetText("Saved.")
+	switch {
+	case old == s:
+		f.message.SetText("Saved (nothing changed).")
+	case NeedsRestart(old, s):
+		f.message.SetText("Saved. The worker reconnects to apply the new gateway, slice, quota or threads.")
+	default:
+		f.message.SetText("Saved and applied; the worker keeps running.")
+	}
+	if f.OnSaveLocal != nil {
+		f.OnSaveLocal(s)
+	}
 	if f.OnSave != nil {
 		f.OnSave(s)
 	}

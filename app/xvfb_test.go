@@ -164,7 +164,7 @@ func xvfbSwarmShot(path string, secs int) int {
 		time.Sleep(time.Duration(secs) * time.Second)
 		var rows, est, pending, state string
 		fyne.DoAndWait(func() {
-			rows, est, pending, state = w.UI.rowsPS.Text, w.UI.estT.Text, w.UI.pendingT.Text, w.UI.state.Text
+			rows, est, pending, state = w.UI.rowsPS.Text, w.UI.estT.Text, w.UI.credT.Text, w.UI.state.Text
 		})
 		st := mgr.Stats()
 		sum, _ := mgr.Summary()
@@ -175,7 +175,7 @@ func xvfbSwarmShot(path string, secs int) int {
 		switch {
 		case err != nil:
 			fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
-		case rows == status.FormatRows(0) || pending == status.FormatKVR(0) || est == "≈"+status.FormatKVR(0) || st.Rows == 0:
+		case rows == status.FormatRows(0) || pending == status.FormatKVR(0) || est == status.FormatKVR(0) || st.Rows == 0:
 			fmt.Fprintln(os.Stderr, "the window shows no work served, no estimate or no pending KVR")
 		case info.Experts == 0 || info.Dir != filepath.Join(cfg.DataDir, "slice"):
 			fmt.Fprintf(os.Stderr, "the first run holds no experts in the data folder: %+v\n", info)

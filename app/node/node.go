@@ -184,6 +184,10 @@ type Node struct {
 	problem string    // why there is no worker
 	opened  time.Time // when Open verified the slice
 	log     *slog.Logger
+
+	mu       sync.Mutex
+	reason   string    // the worker's last reason, and
+	reasonAt time.Time // when Stats first saw it (for the retry countdown)
 }
 
 // Open opens the identity and wallet in cfg.DataDir, loads the slice and
@@ -366,14 +370,27 @@ func (n *Node) Stats() status.Snapshot {
 	if n.w == nil {
 		return status.Snapshot{State: status.Offline, Reason: n.problem}
 	}
-	return FromWorker(n.w.Stats())
+	ws := n.w.Stats()
+	now := time.Now()
+	n.mu.Lock()
+	if ws.Reason != n.reason {
+		n.reason, n.reasonAt = ws.Reason, now
+	}
+	since := now.Sub(n.reasonAt)
+	n.mu.Unlock()
+	return fromWorker(ws, since)
 }
 
 // FromWorker converts the worker's stats to a status.Snapshot. While the
 // worker redials after a failed dial, the reason says in words what failed
 // (no network, DNS, refused, TLS, timeout; status.DialReason) and when it
 // retries.
-func FromWorker(s worker.Stats) status.Snapshot {
+func FromWorker(s worker.Stats) status.Snapshot { return fromWorker(s, 0) }
+
+// fromWorker is FromWorker for a reason the worker set since ago: while
+// it waits to redial after a failed dial the snapshot is Offline (not
+// "connecting") and the retry delay counts down (status.DialReasonAt).
+func fromWorker(s worker.Stats, since time.Duration) status.Snapshot {
 	st := status.Offline
 	switch s.State {
 	case worker.StateDialing:
@@ -385,7 +402,10 @@ func FromWorker(s worker.Stats) status.Snapshot {
 	}
 	reason := s.Reason
 	if s.State == worker.StateDialing && strings.HasPrefix(s.LastError, "dial") {
-		reason = status.DialReason(s.Gateway, s.Reason, s.LastError)
+		reason = status.DialReasonAt(s.Gateway, s.Reason, s.LastError, since)
+		if s.Reason != "connecting" {
+			st = status.Offline // waiting to redial
+		}
 	}
 	return status.Snapshot{State: st, Reason: reason, Gateway: s.Gateway, RTT: s.RTT, Rows: s.Rows,
 		Requests: s.Requests, BytesIn: s.BytesIn, BytesOut: s.BytesOut, Session: s.Session,

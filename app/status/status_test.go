@@ -63,14 +63,19 @@ func TestMeterWindowRingAndRestart(t *testing.T) {
 	if r, _ := m.Rate(time.Second); r != 60 {
 		t.Errorf("after replace %v, want 60", r)
 	}
-	// Counter went down: new baseline, no negative rate.
+	// Counters went down (the worker restarted, counting from 0 again):
+	// the series goes on from the last count, no reset, no negative rate.
 	m.Add(t0.Add(6*time.Second), Snapshot{Rows: 5})
-	if r, _ := m.Rate(0); r != 0 {
-		t.Errorf("after restart %v, want 0", r)
+	if r, _ := m.Rate(time.Second); r != 5 {
+		t.Errorf("after restart %v, want 5", r)
 	}
 	m.Add(t0.Add(8*time.Second), Snapshot{Rows: 25})
-	if r, _ := m.Rate(0); r != 10 {
+	if r, _ := m.Rate(2 * time.Second); r != 10 {
 		t.Errorf("after restart %v, want 10", r)
+	}
+	// Held: t=4 (100), 5 (160), 6 (165), 8 (185).
+	if s := m.Series(); len(s) != 3 || s[0].RowsPS != 60 || s[1].RowsPS != 5 || s[2].RowsPS != 10 {
+		t.Errorf("series across the restart %+v", s)
 	}
 }
 

@@ -80,7 +80,7 @@ type chartRenderer struct {
 	size                    fyne.Size
 }
 
-func (r *chartRenderer) MinSize() fyne.Size { return fyne.NewSize(200, 90) }
+func (r *chartRenderer) MinSize() fyne.Size { return fyne.NewSize(200, 64) }
 
 func (r *chartRenderer) Layout(size fyne.Size) {
 	r.size = size

@@ -71,20 +71,20 @@ type UI struct {
 	onState func(status.Snapshot, wallet.Summary) // tray hook
 
 	// status tab
-	stateIcon          *canvas.Image
-	state              *canvas.Text
-	gateway            *widget.Label
-	statusTab          *fyne.Container // relaid out when the why card shows or hides
-	whyCard            *widget.Card
-	why                *widget.Label
-	noticeCard         *widget.Card // a warning the owner should see (the identity key in a plain file)
-	notice             *widget.Label
-	rowsPS, mbPS       *canvas.Text
-	estT, credT, paidT *canvas.Text
-	payNote            *widget.Label
-	counters           *widget.Label
-	chart              *Chart
-	pause, resume, fin *widget.Button
+	stateIcon           *canvas.Image
+	state               *canvas.Text
+	gateway             *widget.Label
+	statusTab           *fyne.Container // relaid out when the why card shows or hides
+	whyCard             *fyne.Container // "Not earning:" and why, one compact line (wraps when long)
+	why                 *widget.Label
+	noticeCard          *fyne.Container // a warning the owner should see (the identity key in a plain file)
+	noticeTitle, notice *widget.Label
+	rowsPS, mbPS        *canvas.Text
+	estT, credT, paidT  *canvas.Text
+	payNote             *widget.Label
+	counters            *widget.Label
+	chart               *Chart
+	pause, resume, fin  *widget.Button
 	// wallet tab
 	address, credited, metered, paid, served, reconcile *widget.Label
 	earnings                                            *EarningsChart
@@ -123,18 +123,19 @@ var AppIcon = fyne.NewStaticResource("icon.png", assets.Icon)
 
 func bigText(s string, c fyne.ThemeColorName) *canvas.Text {
 	t := canvas.NewText(s, theme.Color(c))
-	t.TextSize = 2 * theme.TextSize()
+	t.TextSize = 1.5 * theme.TextSize() // large, yet four rows of figures fit a 640x480 window
 	t.TextStyle.Bold = true
 	return t
 }
 
 // tile is a figure with its caption above it, in the normal text colour
-// (not the low-contrast grey). Every figure is a canvas.Text of the same
-// size and style, so they share one baseline.
+// (not the low-contrast grey), both indented like a label's text. Every
+// figure is a canvas.Text of the same size and style, so they share one
+// baseline.
 func tile(caption string, value *canvas.Text) fyne.CanvasObject {
-	cap := widget.NewLabel(caption)
-	cap.Truncation = fyne.TextTruncateEllipsis
-	return container.NewVBox(cap, container.NewPadded(value))
+	cap := canvas.NewText(caption, theme.Color(theme.ColorNameForeground))
+	indent := layout.NewCustomPaddedLayout(0, 0, theme.InnerPadding(), 0)
+	return container.NewVBox(container.New(indent, cap), container.New(indent, value))
 }
 
 // NewUI builds the window content for be, controlled through ctl (which
@@ -150,7 +151,7 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.gateway = widget.NewLabel("gateway —")
 	u.why = widget.NewLabel("")
 	u.why.Wrapping = fyne.TextWrapWord
-	u.whyCard = widget.NewCard("Why am I not earning?", "", u.why)
+	u.whyCard = container.NewBorder(nil, nil, widget.NewLabelWithStyle("Not earning:", fyne.TextAlignLeading, fyne.TextStyle{Bold: true}), nil, u.why)
 	u.rowsPS = bigText(status.FormatRows(0), theme.ColorNamePrimary)
 	u.rowsPS.Color = rowsColor
 	u.mbPS = bigText(status.FormatMBps(0), theme.ColorNameSuccess)
@@ -159,13 +160,15 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.credT = bigText(status.FormatKVR(0), theme.ColorNameForeground)
 	u.paidT = bigText(status.FormatKVR(0), theme.ColorNameForeground)
 	u.payNote = widget.NewLabel(payNote(wallet.Summary{}))
-	u.payNote.Wrapping = fyne.TextWrapWord
+	u.payNote.Truncation = fyne.TextTruncateEllipsis
 	u.notice = widget.NewLabel("")
 	u.notice.Wrapping = fyne.TextWrapWord
-	u.noticeCard = widget.NewCard("", "", u.notice)
+	u.noticeTitle = widget.NewLabelWithStyle("", fyne.TextAlignLeading, fyne.TextStyle{Bold: true})
+	u.noticeTitle.Importance = widget.WarningImportance
+	u.noticeCard = container.NewBorder(nil, nil, u.noticeTitle, nil, u.notice)
 	u.noticeCard.Hide()
 	u.counters = widget.NewLabel("")
-	u.counters.Wrapping = fyne.TextWrapWord
+	u.counters.Truncation = fyne.TextTruncateEllipsis
 	u.chart = NewChart(ChartSpan)
 
 	u.pause = widget.NewButtonWithIcon("Pause", theme.MediaPauseIcon(), func() { u.ctl.Pause(); u.refreshState() })
@@ -188,11 +191,17 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.address = widget.NewLabel("")
 	u.address.TextStyle.Monospace = true
 	u.credited, u.metered, u.paid, u.served = widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel("")
+	// Single lines in the form (a wrapping label in a form asks for the
+	// height of one word per line before it is laid out, which made the
+	// window taller than a 640x480 screen); the long texts wrap in a
+	// scrolled pane below.
 	for _, l := range []*widget.Label{u.credited, u.metered, u.paid} {
-		l.Wrapping = fyne.TextWrapWord
+		l.Truncation = fyne.TextTruncateEllipsis
 	}
 	u.reconcile = widget.NewLabel("")
 	u.reconcile.Wrapping = fyne.TextWrapWord
+	payout := widget.NewLabel("Payouts: " + wallet.PayoutNote + ".")
+	payout.Wrapping = fyne.TextWrapWord
 	u.earnings = NewEarningsChart()
 	u.detail, u.open = map[int64][]wallet.Event{}, map[int64]bool{}
 	u.history = widget.NewTree(u.historyChildren, u.historyIsBranch,
@@ -226,16 +235,16 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	history := container.NewBorder(
 		container.NewHBox(widget.NewLabelWithStyle("History by", fyne.TextAlignLeading, fyne.TextStyle{Bold: true}), u.groupBy),
 		nil, nil, nil, u.history)
-	split := container.NewVSplit(u.earnings, history)
-	split.Offset = 0.3
+	lower := container.NewVSplit(u.earnings, history)
+	lower.Offset = 0.35
+	split := container.NewVSplit(container.NewVScroll(container.NewVBox(u.reconcile, payout)), lower)
+	split.Offset = 0.2
 	walletTab := container.NewBorder(
-		container.NewVBox(
-			widget.NewForm(
-				widget.NewFormItem("Address", u.address),
-				widget.NewFormItem("Earned", u.metered),
-				widget.NewFormItem("Credited", u.credited),
-				widget.NewFormItem("Paid out", u.paid)),
-			u.reconcile),
+		widget.NewForm(
+			widget.NewFormItem("Address", u.address),
+			widget.NewFormItem("Earned", u.metered),
+			widget.NewFormItem("Credited", u.credited),
+			widget.NewFormItem("Paid out", u.paid)),
 		container.NewHBox(u.served, layout.NewSpacer(), export), nil, nil, split)
 
 	u.slice = widget.NewLabel("")
@@ -459,19 +468,19 @@ func stateTitle(s status.State) string {
 	return "Offline — not earning"
 }
 
-// payNote explains the three money figures: what the estimate is, how
-// long credits take, and that kvasir makes no payouts yet.
+// payNote is the status tab's line under the money figures: how long
+// credits follow the estimate, and that kvasir makes no payouts yet (the
+// wallet tab says more).
 func payNote(s wallet.Summary) string {
 	lag := time.Duration(s.Reconcile.CreditLagSeconds) * time.Second
 	if lag <= 0 {
 		lag = wallet.DefaultCreditLag
 	}
-	n := "The estimate is this computer's own count; the gateway credits the same work within about " + lag.String() +
-		" (signed statements). "
+	n := "Credits follow the estimate within " + lag.String()
 	if s.PaidNKVR == 0 {
-		return n + "No payouts yet: kvasir does not pay out in this version, so everything credited is awaiting payout."
+		return n + " · no payouts yet in this version (see Wallet)"
 	}
-	return n + "Paid out: what payouts recorded in this wallet have settled."
+	return n + " · paid out: payouts recorded in this wallet"
 }
 
 func (u *UI) showWallet(s wallet.Summary, err error) {
@@ -494,7 +503,7 @@ func (u *UI) showWallet(s wallet.Summary, err error) {
 	if s.PaidNKVR > 0 {
 		u.paid.SetText(status.FormatKVR(s.PaidNKVR))
 	} else {
-		u.paid.SetText(status.FormatKVR(0) + " — " + wallet.PayoutNote)
+		u.paid.SetText(status.FormatKVR(0) + " — no payouts yet in this version (below)")
 	}
 	fetched := "statements not fetched yet"
 	if !s.LastFetched.IsZero() {
@@ -520,7 +529,7 @@ func (u *UI) SetNotice(title, text string) {
 	if text == "" {
 		u.noticeCard.Hide()
 	} else {
-		u.noticeCard.SetTitle(title)
+		u.noticeTitle.SetText(title + ":")
 		u.notice.SetText(text)
 		u.noticeCard.Show()
 	}

@@ -71,19 +71,39 @@ func (c *Chart) CreateRenderer() fyne.WidgetRenderer {
 	return r
 }
 
+// chartRenderer draws the chart with objects it keeps and moves (lineAt):
+// making new ones on every layout, as it once did, kept Fyne repainting the
+// window at its frame rate (about a third of a CPU with a software GL
+// driver, with nothing changing on screen).
 type chartRenderer struct {
-	c                       *Chart
-	bg                      *canvas.Rectangle
-	rowMax, mbMax           *canvas.Text
-	left, right             *canvas.Text
-	grid, rowLines, mbLines []fyne.CanvasObject // mbLines: unused, nil
-	size                    fyne.Size
+	c                  *Chart
+	bg                 *canvas.Rectangle
+	rowMax, mbMax      *canvas.Text
+	left, right        *canvas.Text
+	gridPool, linePool []*canvas.Line
+	grid, rowLines     []fyne.CanvasObject // the pools' lines in use
+	size               fyne.Size
+	laidOut            bool
+}
+
+// lineAt returns the i-th line of *pool (made on first use) with colour
+// col and width w.
+func lineAt(pool *[]*canvas.Line, i int, col color.Color, w float32) *canvas.Line {
+	for len(*pool) <= i {
+		*pool = append(*pool, canvas.NewLine(col))
+	}
+	l := (*pool)[i]
+	l.StrokeColor, l.StrokeWidth = col, w
+	return l
 }
 
 func (r *chartRenderer) MinSize() fyne.Size { return fyne.NewSize(200, 64) }
 
 func (r *chartRenderer) Layout(size fyne.Size) {
-	r.size = size
+	if r.laidOut && size == r.size {
+		return // the data did not change either: Refresh rebuilds for that
+	}
+	r.size, r.laidOut = size, true
 	r.rebuild()
 }
 
@@ -97,7 +117,6 @@ func (r *chartRenderer) Destroy() {}
 func (r *chartRenderer) Objects() []fyne.CanvasObject {
 	objs := []fyne.CanvasObject{r.bg}
 	objs = append(objs, r.grid...)
-	objs = append(objs, r.mbLines...)
 	objs = append(objs, r.rowLines...)
 	return append(objs, r.rowMax, r.mbMax, r.left, r.right)
 }
@@ -139,7 +158,7 @@ func (r *chartRenderer) rebuild() {
 	plotX, plotY := pad, textH
 	plotW, plotH := size.Width-2*pad, size.Height-2*textH
 	if plotW < 10 || plotH < 10 {
-		r.grid, r.rowLines, r.mbLines = nil, nil, nil
+		r.grid, r.rowLines = nil, nil
 		return
 	}
 
@@ -153,8 +172,7 @@ func (r *chartRenderer) rebuild() {
 	r.grid = r.grid[:0]
 	for i := 0; i <= 4; i++ {
 		y := plotY + plotH*float32(i)/4
-		l := canvas.NewLine(gridColor)
-		l.StrokeWidth = 1
+		l := lineAt(&r.gridPool, i, gridColor, 1)
 		l.Position1, l.Position2 = fyne.NewPos(plotX, y), fyne.NewPos(plotX+plotW, y)
 		r.grid = append(r.grid, l)
 	}
@@ -173,15 +191,13 @@ func (r *chartRenderer) rebuild() {
 			if end.Sub(a.T) > span {
 				continue
 			}
-			l := canvas.NewLine(col)
-			l.StrokeWidth = 2
+			l := lineAt(&r.linePool, len(dst), col, 2)
 			l.Position1 = fyne.NewPos(xOf(a.T), plotY+plotH*float32(1-val(a)/max))
 			l.Position2 = fyne.NewPos(xOf(b.T), plotY+plotH*float32(1-val(b)/max))
 			dst = append(dst, l)
 		}
 		return dst
 	}
-	r.mbLines = nil
 	r.rowLines = poly(r.rowLines, rowsColor, func(s status.Sample) float64 { return s.RowsPS }, maxRows)
 
 	// The scale: the top grid line's value, and the middle one's.
@@ -191,9 +207,6 @@ func (r *chartRenderer) rebuild() {
 		r.left.Text = fmt.Sprintf("%d min ago", span/time.Minute)
 	} else {
 		r.left.Text = fmt.Sprintf("%s ago", span.Round(time.Second))
-	}
-	for _, t := range []*canvas.Text{r.rowMax, r.mbMax, r.left, r.right} {
-		t.Refresh()
 	}
 	r.rowMax.Move(fyne.NewPos(plotX, pad/2))
 	r.mbMax.Move(fyne.NewPos(plotX+pad, plotY+plotH/2-r.mbMax.MinSize().Height-1))
@@ -247,17 +260,24 @@ func (c *EarningsChart) CreateRenderer() fyne.WidgetRenderer {
 	return r
 }
 
+// earningsRenderer keeps and moves its objects, as chartRenderer does.
 type earningsRenderer struct {
 	c                               *EarningsChart
 	bg                              *canvas.Rectangle
 	title, max, left, right, legend *canvas.Text
-	bars                            []fyne.CanvasObject
+	rectPool                        []*canvas.Rectangle
+	base                            *canvas.Line
+	bars                            []fyne.CanvasObject // the pool's rectangles in use, and base
 	size                            fyne.Size
+	laidOut                         bool
 }
 
 func (r *earningsRenderer) MinSize() fyne.Size { return fyne.NewSize(200, 90) }
 func (r *earningsRenderer) Layout(size fyne.Size) {
-	r.size = size
+	if r.laidOut && size == r.size {
+		return
+	}
+	r.size, r.laidOut = size, true
 	r.rebuild()
 }
 func (r *earningsRenderer) Refresh() { r.rebuild(); canvas.Refresh(r.c) }
@@ -305,7 +325,11 @@ func (r *earningsRenderer) rebuild() {
 			return
 		}
 		h := plotH * float32(float64(v)/walletapi.NanoPerKVR/scale)
-		b := canvas.NewRectangle(col)
+		for len(r.rectPool) <= len(r.bars) {
+			r.rectPool = append(r.rectPool, canvas.NewRectangle(col))
+		}
+		b := r.rectPool[len(r.bars)]
+		b.FillColor = col
 		b.Move(fyne.NewPos(plotX+float32(i)*slot+inset, plotY+plotH-h))
 		b.Resize(fyne.NewSize(max(slot-2*inset, 1), h))
 		r.bars = append(r.bars, b)
@@ -314,18 +338,17 @@ func (r *earningsRenderer) rebuild() {
 		bar(i, estimate[i], estimateColor, 1)
 		bar(i, credited[i], creditedColor, 3)
 	}
-	base := canvas.NewLine(theme.Color(theme.ColorNameSeparator))
-	base.Position1, base.Position2 = fyne.NewPos(plotX, plotY+plotH), fyne.NewPos(plotX+plotW, plotY+plotH)
-	r.bars = append(r.bars, base)
+	if r.base == nil {
+		r.base = canvas.NewLine(theme.Color(theme.ColorNameSeparator))
+	}
+	r.base.Position1, r.base.Position2 = fyne.NewPos(plotX, plotY+plotH), fyne.NewPos(plotX+plotW, plotY+plotH)
+	r.bars = append(r.bars, r.base)
 	if top == 0 {
 		r.max.Text = "nothing earned in the last 24 h"
 	} else {
 		r.max.Text = "top: " + walletapi.FormatKVR(uint64(scale*walletapi.NanoPerKVR))
 	}
 	r.legend.Text = "solid: credited · light: estimate"
-	for _, t := range []*canvas.Text{r.title, r.max, r.left, r.right, r.legend} {
-		t.Refresh()
-	}
 	r.title.Move(fyne.NewPos(plotX, pad/2))
 	r.max.Move(fyne.NewPos(plotX+plotW-r.max.MinSize().Width, pad/2))
 	r.left.Move(fyne.NewPos(plotX, plotY+plotH+pad/2))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -275,6 +276,12 @@ func Main(args []string, stderr io.Writer) int {
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if os.Getenv("GOGC") == "" {
+		// A tray app: collect twice as often for a smaller heap (measured
+		// with scripts/measure-app.sh: about 14 MB less resident, no
+		// visible CPU cost).
+		debug.SetGCPercent(50)
 	}
 	dataDir := *data
 	if dataDir == "" {

@@ -33,6 +33,7 @@ type Settings struct {
 	OnlyWhenIdle   bool
 	MaxTempC       float64 // 0 = no temperature limit
 	ResumeTempC    float64 // 0 = MaxTempC - limits.DefaultHysteresisC
+	WorkHours      string  // "HH:MM-HH:MM" local time the worker may work (limits.ParseHours); "" = any time
 	StartAtLogin   bool    // start the app when the owner logs in (package autostart)
 	NotifyCredits  bool    // a desktop notification for each new credit statement
 }
@@ -51,6 +52,7 @@ const (
 	PrefOnlyWhenIdle   = "only_when_idle"
 	PrefMaxTempC       = "max_temp_c"
 	PrefResumeTempC    = "resume_temp_c"
+	PrefWorkHours      = "work_hours"
 	PrefStartAtLogin   = "start_at_login"
 	PrefNotifyCredits  = "notify_credits"
 )
@@ -75,6 +77,7 @@ func LoadSettings(p fyne.Preferences) Settings {
 		OnlyWhenIdle:   p.BoolWithFallback(PrefOnlyWhenIdle, d.OnlyWhenIdle),
 		MaxTempC:       p.FloatWithFallback(PrefMaxTempC, d.MaxTempC),
 		ResumeTempC:    p.FloatWithFallback(PrefResumeTempC, d.ResumeTempC),
+		WorkHours:      p.StringWithFallback(PrefWorkHours, d.WorkHours),
 		StartAtLogin:   p.BoolWithFallback(PrefStartAtLogin, d.StartAtLogin),
 		NotifyCredits:  p.BoolWithFallback(PrefNotifyCredits, d.NotifyCredits),
 	}
@@ -103,6 +106,7 @@ func (s Settings) Save(p fyne.Preferences) {
 	p.SetBool(PrefOnlyWhenIdle, s.OnlyWhenIdle)
 	p.SetFloat(PrefMaxTempC, s.MaxTempC)
 	p.SetFloat(PrefResumeTempC, s.ResumeTempC)
+	p.SetString(PrefWorkHours, s.WorkHours)
 	p.SetBool(PrefStartAtLogin, s.StartAtLogin)
 	p.SetBool(PrefNotifyCredits, s.NotifyCredits)
 }
@@ -136,6 +140,9 @@ func (s Settings) Validate() error {
 	if s.MaxTempC < 0 || s.MaxTempC > 120 || s.ResumeTempC < 0 || s.ResumeTempC > 120 {
 		return fmt.Errorf("%w: temperatures must be between 0 and 120 °C", ErrSettings)
 	}
+	if _, err := limits.ParseHours(s.WorkHours); err != nil {
+		return fmt.Errorf("%w: working hours %q: want HH:MM-HH:MM, e.g. 22:00-07:00", ErrSettings, s.WorkHours)
+	}
 	if s.MaxTempC > 0 && s.ResumeTempC > 0 && s.ResumeTempC >= s.MaxTempC {
 		return fmt.Errorf("%w: resume temperature %g °C must be below the limit %g °C", ErrSettings, s.ResumeTempC, s.MaxTempC)
 	}
@@ -144,7 +151,9 @@ func (s Settings) Validate() error {
 
 // Limits returns the limits part of s.
 func (s Settings) Limits() limits.Limits {
-	return limits.Limits{PauseOnBattery: s.PauseOnBattery, OnlyWhenIdle: s.OnlyWhenIdle, MaxTempC: s.MaxTempC, ResumeTempC: s.ResumeTempC}
+	h, _ := limits.ParseHours(s.WorkHours) // Validate refuses a bad one
+	return limits.Limits{PauseOnBattery: s.PauseOnBattery, OnlyWhenIdle: s.OnlyWhenIdle, MaxTempC: s.MaxTempC, ResumeTempC: s.ResumeTempC,
+		Hours: h}
 }
 
 // QuotaBytes is the disk quota in bytes (0 = none).
@@ -161,6 +170,7 @@ type SettingsForm struct {
 	// window's own use of the settings (notifications); may be nil.
 	OnSaveLocal                                    func(Settings)
 	gateway, ca, slice, quota, threads, maxT, resT *widget.Entry
+	hours                                          *widget.Entry
 	battery, idle, login, notify                   *widget.Check
 	message                                        *widget.Label
 	save                                           *widget.Button
@@ -177,6 +187,7 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 	f.threads = entry(fmt.Sprintf("0 = all %d cores", runtime.NumCPU()))
 	f.maxT = entry("°C, 0 = no limit")
 	f.resT = entry("°C, default limit − 10")
+	f.hours = entry("any time; e.g. 22:00-07:00")
 	f.battery = widget.NewCheck("Pause on battery", nil)
 	f.idle = widget.NewCheck("Only when the computer is idle", nil)
 	f.login = widget.NewCheck("Start kvasir when I log in", nil)
@@ -193,6 +204,7 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 		widget.NewFormItem("Limits", container.NewVBox(f.battery, f.idle)),
 		widget.NewFormItem("Stop above (°C)", f.maxT),
 		widget.NewFormItem("Resume below (°C)", f.resT),
+		widget.NewFormItem("Work only between", f.hours),
 		widget.NewFormItem("Desktop", container.NewVBox(f.login, f.notify)),
 	)
 	f.Content = container.NewVScroll(container.NewVBox(form, container.NewHBox(f.save), f.message))
@@ -220,6 +232,7 @@ func (f *SettingsForm) Show(s Settings) {
 	f.resT.SetText(fmtFloat(s.ResumeTempC))
 	f.battery.SetChecked(s.PauseOnBattery)
 	f.idle.SetChecked(s.OnlyWhenIdle)
+	f.hours.SetText(s.WorkHours)
 	f.login.SetChecked(s.StartAtLogin)
 	f.notify.SetChecked(s.NotifyCredits)
 }
@@ -239,7 +252,7 @@ func (f *SettingsForm) Read() (Settings, error) {
 	}
 	s := Settings{GatewayURL: strings.TrimSpace(f.gateway.Text), CAFile: strings.TrimSpace(f.ca.Text),
 		SliceDir: strings.TrimSpace(f.slice.Text), PauseOnBattery: f.battery.Checked, OnlyWhenIdle: f.idle.Checked,
-		StartAtLogin: f.login.Checked, NotifyCredits: f.notify.Checked}
+		WorkHours: strings.TrimSpace(f.hours.Text), StartAtLogin: f.login.Checked, NotifyCredits: f.notify.Checked}
 	var err error
 	if s.QuotaGB, err = num("disk quota", f.quota.Text); err != nil {
 		return s, err

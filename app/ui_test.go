@@ -12,6 +12,7 @@ import (
 	"fyne.io/fyne/v2"
 	"fyne.io/fyne/v2/test"
 
+	"github.com/kvasir-ai/kvasir/app/limits"
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
 	"github.com/kvasir-ai/kvasir/wallet"
@@ -261,7 +262,7 @@ func TestSettingsPersist(t *testing.T) {
 		t.Fatalf("defaults %+v", got)
 	}
 	want := Settings{GatewayURL: "wss://127.0.0.1:8443", CAFile: "/tmp/ca.pem", SliceDir: "/srv/slice", QuotaGB: 0.5,
-		Threads: 3, OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70}
+		Threads: 3, OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70, WorkHours: "22:00-07:00"}
 	test.Type(f.gateway, want.GatewayURL)
 	f.ca.SetText(want.CAFile)
 	f.slice.SetText(want.SliceDir)
@@ -269,6 +270,7 @@ func TestSettingsPersist(t *testing.T) {
 	f.threads.SetText("3")
 	f.maxT.SetText("85")
 	f.resT.SetText("70")
+	f.hours.SetText("22:00-07:00")
 	test.Tap(f.battery) // was on by default
 	test.Tap(f.idle)
 	test.Tap(f.save)
@@ -291,7 +293,7 @@ func TestSettingsPersist(t *testing.T) {
 	if got := LoadSettings(a.Preferences()); got != want {
 		t.Errorf("reloaded %+v, want %+v", got, want)
 	}
-	if l := want.Limits(); l.MaxTempC != 85 || l.ResumeTempC != 70 || !l.OnlyWhenIdle || l.PauseOnBattery {
+	if l := want.Limits(); l.MaxTempC != 85 || l.ResumeTempC != 70 || !l.OnlyWhenIdle || l.PauseOnBattery || l.Hours != (limits.Hours{From: 22 * 60, To: 7 * 60}) {
 		t.Errorf("limits %+v", l)
 	}
 	if want.QuotaBytes() != 500_000_000 {
@@ -303,10 +305,11 @@ func TestSettingsPersist(t *testing.T) {
 		{"threads", "2.5", "CPU threads must be a whole number"},
 		{"resT", "90", "resume temperature 90 °C must be below the limit 85 °C"},
 		{"quota", "lots", "disk quota \"lots\" is not a number"},
+		{"hours", "9-5", "working hours \"9-5\": want HH:MM-HH:MM, e.g. 22:00-07:00"},
 	}
 	for _, b := range bad {
 		f.Show(want)
-		map[string]func(string){"gateway": f.gateway.SetText, "threads": f.threads.SetText, "resT": f.resT.SetText, "quota": f.quota.SetText}[b.field](b.text)
+		map[string]func(string){"gateway": f.gateway.SetText, "threads": f.threads.SetText, "resT": f.resT.SetText, "quota": f.quota.SetText, "hours": f.hours.SetText}[b.field](b.text)
 		err := f.Submit()
 		if !errors.Is(err, ErrSettings) || f.message.Text != "Not saved: settings: "+b.msg {
 			t.Errorf("%s=%q: err %v, message %q", b.field, b.text, err, f.message.Text)

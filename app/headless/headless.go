@@ -111,6 +111,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	idle := fs.Bool("only-when-idle", false, "pause while other programs use more than a quarter of the CPUs")
 	maxT := fs.Float64("max-temp", 0, "pause at this CPU temperature in °C (0 = no limit)")
 	resT := fs.Float64("resume-temp", 0, "resume at this CPU temperature in °C (default max-temp - 10)")
+	hoursFlag := fs.String("hours", "", "work only between these local times, HH:MM-HH:MM (e.g. 22:00-07:00; default: any time)")
 	syncEvery := fs.Duration("sync", 30*time.Second, "how often to fetch credit statements from the gateway")
 	quotaFlag := fs.String("quota", "", "disk quota for experts the backbone assigns, bytes with an optional suffix, e.g. 500MB or 4GB (KiB/MiB/GiB also read): "+
 		"the worker keeps --slice DIR (may start empty) and downloads its assignment; unset: serve --slice as it is")
@@ -119,6 +120,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "kvasir: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	hours, err := limits.ParseHours(*hoursFlag)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvasir: --hours: %v\n", err)
 		return 2
 	}
 	var quota uint64
@@ -152,7 +158,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		defer cancel()
 	}
 	ctl := status.NewControl(n)
-	gov := limits.NewGovernor(limits.Limits{PauseOnBattery: *battery, OnlyWhenIdle: *idle, MaxTempC: *maxT, ResumeTempC: *resT}, limits.SysProbe{})
+	gov := limits.NewGovernor(limits.Limits{PauseOnBattery: *battery, OnlyWhenIdle: *idle, MaxTempC: *maxT, ResumeTempC: *resT, Hours: hours}, limits.SysProbe{})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = n.Run(ctx) }()
 	err = Run(ctx, Options{Source: ctl, Wallet: n.Summary, Governor: gov, Limit: ctl.SetLimit, Out: stdout, Interval: *interval})

@@ -18,7 +18,7 @@ func main() {
 	}
 	fmt.Fprintln(os.Stderr, `kvasir: built without the GUI (-tags nogui). Usage:
   kvasir --headless [--gateway wss://HOST:443] [--slice DIR] [--ca FILE] [--quota SIZE]   (kvasir --headless -h: all flags;
-                    with none: the public gateway, experts downloaded into the data folder within 4 GiB)
+                    with none: the public gateway, experts downloaded into the data folder within 4 GB)
   kvasir wallet [--json] [--by hour|day|session]                                          (the local wallet)`)
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 		return

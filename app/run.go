@@ -5,12 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"fyne.io/fyne/v2"
 	fyneapp "fyne.io/fyne/v2/app"
 
+	"github.com/kvasir-ai/kvasir/app/autostart"
 	"github.com/kvasir-ai/kvasir/app/instance"
 	"github.com/kvasir-ai/kvasir/app/limits"
 	"github.com/kvasir-ai/kvasir/app/node"
@@ -22,11 +26,10 @@ import (
 // Preferences store and the desktop entry.
 const AppID = "ai.kvasir.contributor"
 
-// Refresh periods of the window.
-const (
-	statsEvery  = time.Second     // worker stats and the chart
-	walletEvery = 5 * time.Second // wallet summary, slice and limits
-)
+// PollEvery is the window's one refresh period: worker stats, the chart,
+// the wallet figures, the slice and the limits are read together, so the
+// live estimate moves with the counters.
+const PollEvery = 2 * time.Second
 
 // QuitGrace bounds how long closing the window (without a tray) waits for
 // the work in flight to finish before the app quits anyway.
@@ -50,6 +53,15 @@ type Window struct {
 	// TrayStatus says whether closing the window hides it to the tray, and
 	// if not, why ("" until the tray is confirmed or refused).
 	trayStatus atomic.Value // string
+	// Notify shows a desktop notification; NewWindow sets
+	// fyne.App.SendNotification (tests replace it).
+	Notify func(title, body string)
+	// NotifyCredits: also notify of each new credit statement.
+	NotifyCredits atomic.Bool
+
+	seenBan      string // the ban reason last notified (Loop goroutine)
+	seenStatedN  uint64 // statements seen (Loop goroutine)
+	seenStatedOK bool
 }
 
 // NewWindow builds the main window over be (a *node.Manager in the app, a
@@ -75,7 +87,10 @@ func NewWindow(a fyne.App, be Backend, gov *limits.Governor, onSave func(Setting
 	w.SetIcon(AppIcon)
 	w.SetContent(u.Tabs)
 	w.Resize(fyne.NewSize(900, 640))
-	win := &Window{UI: u, Win: w, ctl: ctl, be: be, gov: gov, Quit: a.Quit}
+	win := &Window{UI: u, Win: w, ctl: ctl, be: be, gov: gov, Quit: a.Quit,
+		Notify: func(title, body string) { a.SendNotification(fyne.NewNotification(title, body)) }}
+	win.NotifyCredits.Store(LoadSettings(a.Preferences()).NotifyCredits)
+	form.OnSaveLocal = func(s Settings) { win.NotifyCredits.Store(s.NotifyCredits) }
 	win.trayStatus.Store("")
 	a.Lifecycle().SetOnStopped(func() { win.stopped.Store(true) })
 	why := "no tray requested"
@@ -123,6 +138,11 @@ func (w *Window) RequestClose() {
 	if !w.closing.CompareAndSwap(false, true) {
 		return
 	}
+	// Without a tray, closing ends the contribution: say so where the
+	// owner will see it after the window is gone.
+	w.Notify("kvasir stopped contributing",
+		"The window was closed and this desktop has no tray to keep kvasir running, so it no longer earns. "+
+			"Start kvasir again to resume (Settings: \"Start kvasir when I log in\").")
 	if w.be.Stats().State != status.Connected {
 		w.Quit()
 		return
@@ -149,29 +169,81 @@ func (w *Window) Show() {
 	})
 }
 
-// Loop polls the backend every second (the wallet, slice and limits every
-// five) and applies the readings on the Fyne goroutine with fyne.Do, until
-// stop is closed.
+// Loop checks the limits, polls the backend (stats, wallet, slice) every
+// PollEvery and applies the readings on the Fyne goroutine with fyne.Do,
+// and sends the notifications they call for (watch), until stop is
+// closed.
 func (w *Window) Loop(stop <-chan struct{}) {
-	t := time.NewTicker(statsEvery)
+	t := time.NewTicker(PollEvery)
 	defer t.Stop()
-	for i := 0; ; i++ {
-		full := i%int(walletEvery/statsEvery) == 0
-		if full && w.gov != nil {
+	for {
+		if w.gov != nil {
 			w.ctl.SetLimit(w.gov.Check())
 		}
-		apply := w.UI.Poll(time.Now(), full)
+		apply := w.UI.Poll(time.Now(), true)
 		fyne.Do(func() {
 			if !w.stopped.Load() { // after Quit, fyne.Do runs on this goroutine
 				apply()
 			}
 		})
+		w.UI.mu.Lock()
+		snap, sum := w.UI.snap, w.UI.sum
+		w.UI.mu.Unlock()
+		w.watch(snap, sum)
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// watch sends the notifications a reading calls for: the worker's key was
+// banned (once per reason), and, when NotifyCredits is on, a new credit
+// statement. Run on the Loop goroutine.
+func (w *Window) watch(s status.Snapshot, sum wallet.Summary) {
+	why := s.LastError
+	if !strings.Contains(why, "banned") {
+		why = s.Reason
+	}
+	if strings.Contains(why, "banned") && why != w.seenBan {
+		w.seenBan = why
+		w.Notify("kvasir: this worker was banned", why)
+	}
+	if w.seenStatedOK && sum.Statements > w.seenStatedN && w.NotifyCredits.Load() {
+		w.Notify("kvasir: new credit", fmt.Sprintf("The gateway credited this worker; %s credited in all.", status.FormatKVR(sum.CreditedNKVR)))
+	}
+	if sum.Address != "" {
+		w.seenStatedN, w.seenStatedOK = sum.Statements, true
+	}
+}
+
+// noticeWriter shows what is written to it (the key store's warning that
+// the identity key is in a plain file) on the window's status tab, as
+// well as on the terminal.
+type noticeWriter struct {
+	win *atomic.Pointer[Window]
+}
+
+func (n noticeWriter) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(p)), "kvasir: WARNING: "))
+	if w := n.win.Load(); w != nil && msg != "" {
+		fyne.Do(func() { w.UI.SetNotice("Identity key not in a keyring", msg) })
+	}
+	return len(p), nil
+}
+
+// applyAutostart writes or removes the login entry for s.StartAtLogin
+// (package autostart), starting this executable with dataArgs.
+func applyAutostart(s Settings, dataArgs []string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if on, _ := autostart.Enabled(); on == s.StartAtLogin && !on {
+		return nil
+	}
+	return autostart.Set(s.StartAtLogin, exe, dataArgs...)
 }
 
 // NodeConfig is the node configuration for settings s with the app's
@@ -204,6 +276,12 @@ func Main(args []string, stderr io.Writer) int {
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if os.Getenv("GOGC") == "" {
+		// A tray app: collect twice as often for a smaller heap (measured
+		// with scripts/measure-app.sh: about 14 MB less resident, no
+		// visible CPU cost).
+		debug.SetGCPercent(50)
 	}
 	dataDir := *data
 	if dataDir == "" {
@@ -251,8 +329,9 @@ func Main(args []string, stderr io.Writer) int {
 	s.Save(a.Preferences())
 
 	mgr := &node.Manager{}
+	warn := io.MultiWriter(stderr, noticeWriter{&win})
 	start := func(s Settings) {
-		cfg, err := NodeConfig(s, dataDir, stderr)
+		cfg, err := NodeConfig(s, dataDir, warn)
 		if err == nil {
 			err = mgr.Start(cfg)
 		}
@@ -260,9 +339,28 @@ func Main(args []string, stderr io.Writer) int {
 			fyne.LogError("starting the worker", err)
 		}
 	}
+	var dataArgs []string
+	if *data != "" {
+		dataArgs = []string{"--data", dataDir}
+	}
 	gov := limits.NewGovernor(s.Limits(), limits.SysProbe{})
-	w := NewWindow(a, mgr, gov, func(s Settings) { go start(s) }, true)
+	running := s
+	w := NewWindow(a, mgr, gov, func(s Settings) {
+		if err := applyAutostart(s, dataArgs); err != nil {
+			fyne.LogError("start at login", err)
+		}
+		// Only what a worker cannot change while it runs restarts it (a
+		// new session): limits, start at login and notifications apply
+		// as they are.
+		if NeedsRestart(running, s) {
+			go start(s)
+		}
+		running = s
+	}, true)
 	win.Store(w)
+	if err := applyAutostart(s, dataArgs); err != nil {
+		fyne.LogError("start at login", err)
+	}
 	go start(s)
 	stop := make(chan struct{})
 	go w.Loop(stop)

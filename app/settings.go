@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"runtime"
 	"strconv"
@@ -26,33 +27,42 @@ type Settings struct {
 	GatewayURL     string  // wss://host[:port]; "" = node.DefaultGateway (the public gateway)
 	CAFile         string  // PEM file of extra root CAs for the gateway; "" = system roots
 	SliceDir       string  // folder of the expert slice; "" = node.DefaultSliceDir (DATA/slice)
-	QuotaGiB       float64 // disk quota for experts the backbone assigns, GiB (2^30 bytes); 0 = serve the slice folder as it is (node.Config.QuotaBytes)
+	QuotaGB        float64 // disk quota for experts the backbone assigns, GB (10^9 bytes); 0 = serve the slice folder as it is (node.Config.QuotaBytes)
 	Threads        int     // compute threads; 0 = all CPUs
 	PauseOnBattery bool
 	OnlyWhenIdle   bool
 	MaxTempC       float64 // 0 = no temperature limit
 	ResumeTempC    float64 // 0 = MaxTempC - limits.DefaultHysteresisC
+	WorkHours      string  // "HH:MM-HH:MM" local time the worker may work (limits.ParseHours); "" = any time
+	StartAtLogin   bool    // start the app when the owner logs in (package autostart)
+	NotifyCredits  bool    // a desktop notification for each new credit statement
 }
 
 // Preference keys.
 const (
-	PrefGateway        = "gateway_url"
-	PrefCAFile         = "ca_file"
-	PrefSliceDir       = "slice_dir"
+	PrefGateway  = "gateway_url"
+	PrefCAFile   = "ca_file"
+	PrefSliceDir = "slice_dir"
+	PrefQuotaGB  = "quota_gb"
+	// PrefQuotaGiB is the quota in GiB as versions before the decimal
+	// units saved it; read when PrefQuotaGB is missing.
 	PrefQuotaGiB       = "quota_gib"
 	PrefThreads        = "threads"
 	PrefPauseOnBattery = "pause_on_battery"
 	PrefOnlyWhenIdle   = "only_when_idle"
 	PrefMaxTempC       = "max_temp_c"
 	PrefResumeTempC    = "resume_temp_c"
+	PrefWorkHours      = "work_hours"
+	PrefStartAtLogin   = "start_at_login"
+	PrefNotifyCredits  = "notify_credits"
 )
 
 // DefaultSettings are used for keys never saved: the public gateway and
 // the slice folder in the data folder (both left empty here: NodeConfig
-// fills them in), 4 GiB of disk for the experts the backbone assigns,
+// fills them in), 4 GB of disk for the experts the backbone assigns,
 // pause on battery on, a CPU limit of 90 °C resuming at 80 °C. A first run
 // needs no setting.
-var DefaultSettings = Settings{QuotaGiB: node.DefaultQuotaBytes >> 30, PauseOnBattery: true, MaxTempC: 90, ResumeTempC: 80}
+var DefaultSettings = Settings{QuotaGB: node.DefaultQuotaBytes / 1e9, PauseOnBattery: true, MaxTempC: 90, ResumeTempC: 80}
 
 // LoadSettings reads settings from p, with DefaultSettings for missing keys.
 func LoadSettings(p fyne.Preferences) Settings {
@@ -61,13 +71,28 @@ func LoadSettings(p fyne.Preferences) Settings {
 		GatewayURL:     p.StringWithFallback(PrefGateway, d.GatewayURL),
 		CAFile:         p.StringWithFallback(PrefCAFile, d.CAFile),
 		SliceDir:       p.StringWithFallback(PrefSliceDir, d.SliceDir),
-		QuotaGiB:       p.FloatWithFallback(PrefQuotaGiB, d.QuotaGiB),
+		QuotaGB:        loadQuotaGB(p, d.QuotaGB),
 		Threads:        p.IntWithFallback(PrefThreads, d.Threads),
 		PauseOnBattery: p.BoolWithFallback(PrefPauseOnBattery, d.PauseOnBattery),
 		OnlyWhenIdle:   p.BoolWithFallback(PrefOnlyWhenIdle, d.OnlyWhenIdle),
 		MaxTempC:       p.FloatWithFallback(PrefMaxTempC, d.MaxTempC),
 		ResumeTempC:    p.FloatWithFallback(PrefResumeTempC, d.ResumeTempC),
+		WorkHours:      p.StringWithFallback(PrefWorkHours, d.WorkHours),
+		StartAtLogin:   p.BoolWithFallback(PrefStartAtLogin, d.StartAtLogin),
+		NotifyCredits:  p.BoolWithFallback(PrefNotifyCredits, d.NotifyCredits),
 	}
+}
+
+// loadQuotaGB reads PrefQuotaGB, else an older PrefQuotaGiB converted to
+// GB (to the MB), else def.
+func loadQuotaGB(p fyne.Preferences, def float64) float64 {
+	if v := p.FloatWithFallback(PrefQuotaGB, -1); v >= 0 {
+		return v
+	}
+	if v := p.FloatWithFallback(PrefQuotaGiB, -1); v >= 0 {
+		return math.Round(v*(1<<30)/1e6) / 1e3
+	}
+	return def
 }
 
 // Save writes s to p.
@@ -75,12 +100,24 @@ func (s Settings) Save(p fyne.Preferences) {
 	p.SetString(PrefGateway, s.GatewayURL)
 	p.SetString(PrefCAFile, s.CAFile)
 	p.SetString(PrefSliceDir, s.SliceDir)
-	p.SetFloat(PrefQuotaGiB, s.QuotaGiB)
+	p.SetFloat(PrefQuotaGB, s.QuotaGB)
 	p.SetInt(PrefThreads, s.Threads)
 	p.SetBool(PrefPauseOnBattery, s.PauseOnBattery)
 	p.SetBool(PrefOnlyWhenIdle, s.OnlyWhenIdle)
 	p.SetFloat(PrefMaxTempC, s.MaxTempC)
 	p.SetFloat(PrefResumeTempC, s.ResumeTempC)
+	p.SetString(PrefWorkHours, s.WorkHours)
+	p.SetBool(PrefStartAtLogin, s.StartAtLogin)
+	p.SetBool(PrefNotifyCredits, s.NotifyCredits)
+}
+
+// NeedsRestart reports whether going from old to s needs a new worker:
+// the gateway, its CA, the slice folder, the quota and the thread count
+// are fixed for a worker's life. Limits, start at login and notifications
+// apply to the running worker.
+func NeedsRestart(old, s Settings) bool {
+	return old.GatewayURL != s.GatewayURL || old.CAFile != s.CAFile || old.SliceDir != s.SliceDir ||
+		old.QuotaGB != s.QuotaGB || old.Threads != s.Threads
 }
 
 // Validate checks s: a wss:// (or ws:// for loopback tests) gateway URL
@@ -94,14 +131,17 @@ func (s Settings) Validate() error {
 			return fmt.Errorf("%w: gateway URL %q must look like wss://host:443", ErrSettings, s.GatewayURL)
 		}
 	}
-	if s.QuotaGiB < 0 || s.QuotaGiB > 1<<20 {
-		return fmt.Errorf("%w: disk quota %g GiB out of range", ErrSettings, s.QuotaGiB)
+	if s.QuotaGB < 0 || s.QuotaGB > 1e6 {
+		return fmt.Errorf("%w: disk quota %g GB out of range", ErrSettings, s.QuotaGB)
 	}
 	if s.Threads < 0 || s.Threads > 4096 {
 		return fmt.Errorf("%w: %d CPU threads out of range", ErrSettings, s.Threads)
 	}
 	if s.MaxTempC < 0 || s.MaxTempC > 120 || s.ResumeTempC < 0 || s.ResumeTempC > 120 {
 		return fmt.Errorf("%w: temperatures must be between 0 and 120 °C", ErrSettings)
+	}
+	if _, err := limits.ParseHours(s.WorkHours); err != nil {
+		return fmt.Errorf("%w: working hours %q: want HH:MM-HH:MM, e.g. 22:00-07:00", ErrSettings, s.WorkHours)
 	}
 	if s.MaxTempC > 0 && s.ResumeTempC > 0 && s.ResumeTempC >= s.MaxTempC {
 		return fmt.Errorf("%w: resume temperature %g °C must be below the limit %g °C", ErrSettings, s.ResumeTempC, s.MaxTempC)
@@ -111,21 +151,27 @@ func (s Settings) Validate() error {
 
 // Limits returns the limits part of s.
 func (s Settings) Limits() limits.Limits {
-	return limits.Limits{PauseOnBattery: s.PauseOnBattery, OnlyWhenIdle: s.OnlyWhenIdle, MaxTempC: s.MaxTempC, ResumeTempC: s.ResumeTempC}
+	h, _ := limits.ParseHours(s.WorkHours) // Validate refuses a bad one
+	return limits.Limits{PauseOnBattery: s.PauseOnBattery, OnlyWhenIdle: s.OnlyWhenIdle, MaxTempC: s.MaxTempC, ResumeTempC: s.ResumeTempC,
+		Hours: h}
 }
 
 // QuotaBytes is the disk quota in bytes (0 = none).
-func (s Settings) QuotaBytes() uint64 { return uint64(s.QuotaGiB * (1 << 30)) }
+func (s Settings) QuotaBytes() uint64 { return uint64(math.Round(s.QuotaGB * 1e9)) }
 
 // SettingsForm is the settings tab: one field per Settings field and a
 // Save button that validates, persists to Preferences and calls OnSave.
 type SettingsForm struct {
 	Content fyne.CanvasObject
 
-	prefs                                          fyne.Preferences
-	OnSave                                         func(Settings) // called after a valid save; may be nil
+	prefs  fyne.Preferences
+	OnSave func(Settings) // called after a valid save; may be nil
+	// OnSaveLocal is called after a valid save, before OnSave: the
+	// window's own use of the settings (notifications); may be nil.
+	OnSaveLocal                                    func(Settings)
 	gateway, ca, slice, quota, threads, maxT, resT *widget.Entry
-	battery, idle                                  *widget.Check
+	hours                                          *widget.Entry
+	battery, idle, login, notify                   *widget.Check
 	message                                        *widget.Label
 	save                                           *widget.Button
 }
@@ -137,12 +183,15 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 	f.gateway = entry(node.DefaultGateway() + " (default)")
 	f.ca = entry("PEM file (optional; the system's CAs by default)")
 	f.slice = entry("the app's data folder/slice (default)")
-	f.quota = entry("GiB; 0 = serve the folder as it is")
-	f.threads = entry(fmt.Sprintf("0 = all %d CPUs", runtime.NumCPU()))
+	f.quota = entry("GB; 0 = serve the folder as it is")
+	f.threads = entry(fmt.Sprintf("0 = all %d cores", runtime.NumCPU()))
 	f.maxT = entry("°C, 0 = no limit")
 	f.resT = entry("°C, default limit − 10")
+	f.hours = entry("any time; e.g. 22:00-07:00")
 	f.battery = widget.NewCheck("Pause on battery", nil)
 	f.idle = widget.NewCheck("Only when the computer is idle", nil)
+	f.login = widget.NewCheck("Start kvasir when I log in", nil)
+	f.notify = widget.NewCheck("Notify me of each new credit", nil)
 	f.message = widget.NewLabel("")
 	f.message.Wrapping = fyne.TextWrapWord
 	f.save = widget.NewButtonWithIcon("Save", theme.DocumentSaveIcon(), func() { f.Submit() })
@@ -150,15 +199,24 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 		widget.NewFormItem("Gateway URL", f.gateway),
 		widget.NewFormItem("Gateway CA", f.ca),
 		widget.NewFormItem("Slice folder", f.slice),
-		widget.NewFormItem("Disk quota (GiB)", f.quota),
-		widget.NewFormItem("CPU threads", f.threads),
+		widget.NewFormItem("Disk quota (GB)", f.quota),
+		threadsItem(f.threads),
 		widget.NewFormItem("Limits", container.NewVBox(f.battery, f.idle)),
 		widget.NewFormItem("Stop above (°C)", f.maxT),
 		widget.NewFormItem("Resume below (°C)", f.resT),
+		widget.NewFormItem("Work only between", f.hours),
+		widget.NewFormItem("Desktop", container.NewVBox(f.login, f.notify)),
 	)
 	f.Content = container.NewVScroll(container.NewVBox(form, container.NewHBox(f.save), f.message))
 	f.Show(LoadSettings(p))
 	return f
+}
+
+// threadsItem is the CPU threads field with what 0 means said under it.
+func threadsItem(e *widget.Entry) *widget.FormItem {
+	it := widget.NewFormItem("CPU threads", e)
+	it.HintText = "0 = use all of this computer's cores; fewer leave room for other programs"
+	return it
 }
 
 func fmtFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
@@ -168,12 +226,15 @@ func (f *SettingsForm) Show(s Settings) {
 	f.gateway.SetText(s.GatewayURL)
 	f.ca.SetText(s.CAFile)
 	f.slice.SetText(s.SliceDir)
-	f.quota.SetText(fmtFloat(s.QuotaGiB))
+	f.quota.SetText(fmtFloat(s.QuotaGB))
 	f.threads.SetText(strconv.Itoa(s.Threads))
 	f.maxT.SetText(fmtFloat(s.MaxTempC))
 	f.resT.SetText(fmtFloat(s.ResumeTempC))
 	f.battery.SetChecked(s.PauseOnBattery)
 	f.idle.SetChecked(s.OnlyWhenIdle)
+	f.hours.SetText(s.WorkHours)
+	f.login.SetChecked(s.StartAtLogin)
+	f.notify.SetChecked(s.NotifyCredits)
 }
 
 // Read parses the fields. Errors wrap ErrSettings.
@@ -190,9 +251,10 @@ func (f *SettingsForm) Read() (Settings, error) {
 		return x, nil
 	}
 	s := Settings{GatewayURL: strings.TrimSpace(f.gateway.Text), CAFile: strings.TrimSpace(f.ca.Text),
-		SliceDir: strings.TrimSpace(f.slice.Text), PauseOnBattery: f.battery.Checked, OnlyWhenIdle: f.idle.Checked}
+		SliceDir: strings.TrimSpace(f.slice.Text), PauseOnBattery: f.battery.Checked, OnlyWhenIdle: f.idle.Checked,
+		WorkHours: strings.TrimSpace(f.hours.Text), StartAtLogin: f.login.Checked, NotifyCredits: f.notify.Checked}
 	var err error
-	if s.QuotaGiB, err = num("disk quota", f.quota.Text); err != nil {
+	if s.QuotaGB, err = num("disk quota", f.quota.Text); err != nil {
 		return s, err
 	}
 	th, err := num("CPU threads", f.threads.Text)
@@ -213,15 +275,27 @@ func (f *SettingsForm) Read() (Settings, error) {
 }
 
 // Submit validates and saves the fields; the message line says what
-// happened. It returns the validation error, if any.
+// happened and whether the worker restarts to apply it (NeedsRestart). It
+// returns the validation error, if any.
 func (f *SettingsForm) Submit() error {
 	s, err := f.Read()
 	if err != nil {
 		f.message.SetText("Not saved: " + err.Error())
 		return err
 	}
+	old := LoadSettings(f.prefs)
 	s.Save(f.prefs)
-	f.message.SetText("Saved.")
+	switch {
+	case old == s:
+		f.message.SetText("Saved (nothing changed).")
+	case NeedsRestart(old, s):
+		f.message.SetText("Saved. The worker reconnects to apply the new gateway, slice, quota or threads.")
+	default:
+		f.message.SetText("Saved and applied; the worker keeps running.")
+	}
+	if f.OnSaveLocal != nil {
+		f.OnSaveLocal(s)
+	}
 	if f.OnSave != nil {
 		f.OnSave(s)
 	}

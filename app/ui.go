@@ -71,26 +71,32 @@ type UI struct {
 	onState func(status.Snapshot, wallet.Summary) // tray hook
 
 	// status tab
-	stateIcon             *canvas.Image
-	state                 *canvas.Text
-	gateway               *widget.Label
-	statusTab             *fyne.Container // relaid out when the why card shows or hides
-	whyCard               *widget.Card
-	why                   *widget.Label
-	rowsPS, mbPS          *canvas.Text
-	estT, pendingT, credT *canvas.Text
-	counters              *widget.Label
-	chart                 *Chart
-	pause, resume, fin    *widget.Button
+	stateIcon           *canvas.Image
+	state               *canvas.Text
+	gateway             *widget.Label
+	statusTab           *fyne.Container // relaid out when the why card shows or hides
+	whyCard             *fyne.Container // "Not earning:" and why, one compact line (wraps when long)
+	why                 *widget.Label
+	noticeCard          *fyne.Container // a warning the owner should see (the identity key in a plain file)
+	noticeTitle, notice *widget.Label
+	rowsPS, mbPS        *canvas.Text
+	estT, credT, paidT  *canvas.Text
+	payNote             *widget.Label
+	counters            *widget.Label
+	chart               *Chart
+	pause, resume, fin  *widget.Button
 	// wallet tab
-	address, pending, credited, metered, paid, served, reconcile *widget.Label
-	groupBy                                                      *widget.RadioGroup
-	history                                                      *widget.Tree
-	by                                                           wallet.GroupBy           // u.mu
-	groups                                                       []wallet.Group           // Fyne goroutine
-	detail                                                       map[int64][]wallet.Event // by group start (unix ms), Fyne goroutine
-	open                                                         map[int64]bool           // expanded groups, u.mu
-	walletShown                                                  atomic.Bool              // the wallet tab is selected
+	address, credited, metered, paid, served, reconcile *widget.Label
+	earnings                                            *EarningsChart
+	earningsAt                                          time.Time // last earnings read (poll goroutine)
+	earningsKey                                         [2]uint64 // statements, bytes served at that read
+	groupBy                                             *widget.RadioGroup
+	history                                             *widget.Tree
+	by                                                  wallet.GroupBy           // u.mu
+	groups                                              []wallet.Group           // Fyne goroutine
+	detail                                              map[int64][]wallet.Event // by group start (unix ms), Fyne goroutine
+	open                                                map[int64]bool           // expanded groups, u.mu
+	walletShown                                         atomic.Bool              // the wallet tab is selected
 	// background runs f off the Fyne goroutine (a goroutine; tests run it
 	// in place); f applies its results with fyne.Do.
 	background func(f func())
@@ -117,15 +123,19 @@ var AppIcon = fyne.NewStaticResource("icon.png", assets.Icon)
 
 func bigText(s string, c fyne.ThemeColorName) *canvas.Text {
 	t := canvas.NewText(s, theme.Color(c))
-	t.TextSize = 2 * theme.TextSize()
+	t.TextSize = 1.5 * theme.TextSize() // large, yet four rows of figures fit a 640x480 window
 	t.TextStyle.Bold = true
 	return t
 }
 
+// tile is a figure with its caption above it, in the normal text colour
+// (not the low-contrast grey), both indented like a label's text. Every
+// figure is a canvas.Text of the same size and style, so they share one
+// baseline.
 func tile(caption string, value *canvas.Text) fyne.CanvasObject {
-	cap := widget.NewLabel(caption)
-	cap.Importance = widget.LowImportance
-	return container.NewVBox(cap, value)
+	cap := canvas.NewText(caption, theme.Color(theme.ColorNameForeground))
+	indent := layout.NewCustomPaddedLayout(0, 0, theme.InnerPadding(), 0)
+	return container.NewVBox(container.New(indent, cap), container.New(indent, value))
 }
 
 // NewUI builds the window content for be, controlled through ctl (which
@@ -141,42 +151,64 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.gateway = widget.NewLabel("gateway —")
 	u.why = widget.NewLabel("")
 	u.why.Wrapping = fyne.TextWrapWord
-	u.whyCard = widget.NewCard("Why am I not earning?", "", u.why)
+	u.whyCard = container.NewBorder(nil, nil, widget.NewLabelWithStyle("Not earning:", fyne.TextAlignLeading, fyne.TextStyle{Bold: true}), nil, u.why)
 	u.rowsPS = bigText(status.FormatRows(0), theme.ColorNamePrimary)
 	u.rowsPS.Color = rowsColor
 	u.mbPS = bigText(status.FormatMBps(0), theme.ColorNameSuccess)
 	u.mbPS.Color = mbColor
-	u.estT = bigText("≈"+status.FormatKVR(0), theme.ColorNameForeground)
-	u.pendingT = bigText(status.FormatKVR(0), theme.ColorNameForeground)
+	u.estT = bigText(status.FormatKVR(0), theme.ColorNameForeground)
 	u.credT = bigText(status.FormatKVR(0), theme.ColorNameForeground)
+	u.paidT = bigText(status.FormatKVR(0), theme.ColorNameForeground)
+	u.payNote = widget.NewLabel(payNote(wallet.Summary{}))
+	u.payNote.Truncation = fyne.TextTruncateEllipsis
+	u.notice = widget.NewLabel("")
+	u.notice.Wrapping = fyne.TextWrapWord
+	u.noticeTitle = widget.NewLabelWithStyle("", fyne.TextAlignLeading, fyne.TextStyle{Bold: true})
+	u.noticeTitle.Importance = widget.WarningImportance
+	u.noticeCard = container.NewBorder(nil, nil, u.noticeTitle, nil, u.notice)
+	u.noticeCard.Hide()
 	u.counters = widget.NewLabel("")
-	u.counters.Wrapping = fyne.TextWrapWord
+	u.counters.Truncation = fyne.TextTruncateEllipsis
 	u.chart = NewChart(ChartSpan)
 
 	u.pause = widget.NewButtonWithIcon("Pause", theme.MediaPauseIcon(), func() { u.ctl.Pause(); u.refreshState() })
 	u.resume = widget.NewButtonWithIcon("Resume", theme.MediaPlayIcon(), func() { u.ctl.Resume(); u.refreshState() })
 	u.fin = widget.NewButtonWithIcon("Finish current work then pause", theme.MediaStopIcon(), func() { u.ctl.FinishThenPause(); u.refreshState() })
 
+	u.gateway.Truncation = fyne.TextTruncateEllipsis
 	header := container.NewBorder(nil, nil, u.stateIcon, nil,
 		container.NewVBox(u.state, u.gateway))
 	tiles := container.NewVBox(
 		container.NewGridWithColumns(2, tile("Throughput", u.rowsPS), tile("Traffic", u.mbPS)),
-		container.NewGridWithColumns(3, tile("Earned so far (estimate, live)", u.estT),
-			tile("Pending (credited, not paid)", u.pendingT), tile("Credited in total", u.credT)))
+		container.NewGridWithColumns(3, tile("Earned (estimate, live)", u.estT),
+			tile("Credited, awaiting payout", u.credT), tile("Paid out", u.paidT)),
+		u.payNote)
 	buttons := container.NewHBox(u.pause, u.resume, u.fin)
-	u.statusTab = container.NewBorder(container.NewVBox(header, u.whyCard, tiles),
+	u.statusTab = container.NewBorder(container.NewVBox(header, u.noticeCard, u.whyCard, tiles),
 		container.NewVBox(u.counters, buttons), nil, nil,
 		u.chart)
 
 	u.address = widget.NewLabel("")
 	u.address.TextStyle.Monospace = true
-	u.pending, u.credited, u.metered, u.paid, u.served = widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel("")
+	u.credited, u.metered, u.paid, u.served = widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel(""), widget.NewLabel("")
+	// Single lines in the form (a wrapping label in a form asks for the
+	// height of one word per line before it is laid out, which made the
+	// window taller than a 640x480 screen); the long texts wrap in a
+	// scrolled pane below.
+	for _, l := range []*widget.Label{u.credited, u.metered, u.paid} {
+		l.Truncation = fyne.TextTruncateEllipsis
+	}
 	u.reconcile = widget.NewLabel("")
 	u.reconcile.Wrapping = fyne.TextWrapWord
+	payout := widget.NewLabel("Payouts: " + wallet.PayoutNote + ".")
+	payout.Wrapping = fyne.TextWrapWord
+	u.earnings = NewEarningsChart()
 	u.detail, u.open = map[int64][]wallet.Event{}, map[int64]bool{}
 	u.history = widget.NewTree(u.historyChildren, u.historyIsBranch,
 		func(bool) fyne.CanvasObject {
-			return widget.NewLabel("2026-01-01 00:00–01:00 UTC · credited 0.00000 KVR in 3600 statements · earned ≈0.00000 KVR in 1 session")
+			l := widget.NewLabel("2026-01-01 00:00–01:00 UTC")
+			l.Truncation = fyne.TextTruncateEllipsis // a narrow window cuts a row with "…", not mid-word
+			return l
 		},
 		func(id widget.TreeNodeID, _ bool, o fyne.CanvasObject) { o.(*widget.Label).SetText(u.historyText(id)) })
 	u.history.OnBranchOpened = func(id widget.TreeNodeID) { u.setOpen(id, true) }
@@ -199,23 +231,27 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.groupBy.Required = true
 	u.groupBy.SetSelected("Hour")
 	export := widget.NewButtonWithIcon("Export CSV", theme.DocumentSaveIcon(), u.showExport)
+	u.address.Truncation = fyne.TextTruncateEllipsis
+	history := container.NewBorder(
+		container.NewHBox(widget.NewLabelWithStyle("History by", fyne.TextAlignLeading, fyne.TextStyle{Bold: true}), u.groupBy),
+		nil, nil, nil, u.history)
+	lower := container.NewVSplit(u.earnings, history)
+	lower.Offset = 0.35
+	split := container.NewVSplit(container.NewVScroll(container.NewVBox(u.reconcile, payout)), lower)
+	split.Offset = 0.2
 	walletTab := container.NewBorder(
-		container.NewVBox(
-			widget.NewForm(
-				widget.NewFormItem("Address", u.address),
-				widget.NewFormItem("Pending", u.pending),
-				widget.NewFormItem("Credited", u.credited),
-				widget.NewFormItem("Metered", u.metered),
-				widget.NewFormItem("Paid", u.paid),
-				widget.NewFormItem("Served", u.served)),
-			u.reconcile,
-			container.NewHBox(widget.NewLabelWithStyle("History by", fyne.TextAlignLeading, fyne.TextStyle{Bold: true}), u.groupBy)),
-		container.NewHBox(layout.NewSpacer(), export), nil, nil, u.history)
+		widget.NewForm(
+			widget.NewFormItem("Address", u.address),
+			widget.NewFormItem("Earned", u.metered),
+			widget.NewFormItem("Credited", u.credited),
+			widget.NewFormItem("Paid out", u.paid)),
+		container.NewHBox(u.served, layout.NewSpacer(), export), nil, nil, split)
 
 	u.slice = widget.NewLabel("")
 	u.slice.Wrapping = fyne.TextWrapWord
 	u.sliceDetail = widget.NewLabel("")
 	u.download = widget.NewProgressBar()
+	u.download.Hide() // shown once experts are assigned: an empty assignment is no bar, not a full one
 	u.downloadLine = widget.NewLabel("no experts assigned yet")
 	sliceTab := container.NewVBox(widget.NewCard("Slice on disk", "", container.NewVBox(u.slice, u.sliceDetail)),
 		widget.NewCard("Assigned by the backbone", "", container.NewVBox(u.downloadLine, u.download)))
@@ -268,12 +304,27 @@ func (u *UI) Poll(now time.Time, withWallet bool) func() {
 		s, err := u.be.Summary()
 		if err == nil {
 			sum = &s
+			// The earnings chart reads the hourly history when the wallet
+			// changed, and every minute for the hour boundary.
+			if key := [2]uint64{s.Statements, s.BytesServed}; key != u.earningsKey || now.Sub(u.earningsAt) >= time.Minute {
+				if gs, err := u.be.Groups(wallet.ByHour, EarningsHours); err == nil {
+					u.earningsKey, u.earningsAt = key, now
+					at := now
+					if at.IsZero() {
+						at = time.Now()
+					}
+					prev := history
+					history = func() { prev(); u.earnings.SetGroups(gs, at) }
+				}
+			}
 		}
 		serr = err
 		si := u.be.Slice()
 		sl = &si
 		if u.walletShown.Load() {
-			history = u.pollHistory()
+			prev := history
+			h := u.pollHistory()
+			history = func() { prev(); h() }
 		}
 	}
 	return func() {
@@ -303,6 +354,11 @@ func (u *UI) Apply(now time.Time, snap status.Snapshot, sum *wallet.Summary, sli
 
 	u.showState(snap)
 	rows, bytes := u.meter.Rate(10 * time.Second)
+	if !snap.Earning() {
+		// Paused, offline or finishing: no rate is shown as if still
+		// working (the meter's window would report the last seconds).
+		rows, bytes = 0, 0
+	}
 	u.rowsPS.Text = status.FormatRows(rows)
 	u.mbPS.Text = status.FormatMBps(bytes)
 	u.rowsPS.Refresh()
@@ -321,6 +377,7 @@ func (u *UI) Apply(now time.Time, snap status.Snapshot, sum *wallet.Summary, sli
 	if snap.DownloadBytesTotal > 0 {
 		u.downloadLine.SetText(snap.DownloadLine())
 		u.download.SetValue(float64(snap.DownloadBytesDone) / float64(snap.DownloadBytesTotal))
+		u.download.Show()
 	}
 
 	if sum != nil || sumErr != nil {
@@ -339,20 +396,19 @@ func (u *UI) Apply(now time.Time, snap status.Snapshot, sum *wallet.Summary, sli
 	}
 }
 
-// notEarning explains a snapshot that is not earning.
+// notEarning explains a snapshot that is not earning, in sentences: the
+// worker's raw error text stays out of the window (status.ExplainDial
+// turns a dial error into what to check).
 func notEarning(s status.Snapshot) string {
 	if s.Reason != "" {
-		if s.LastError != "" && s.State != status.Paused {
-			return s.Reason + " (last error: " + s.LastError + ")"
-		}
 		return s.Reason
 	}
 	switch s.State {
 	case status.Dialing:
 		return "connecting to the gateway"
 	case status.Offline:
-		if s.LastError != "" {
-			return "gateway unreachable: " + s.LastError
+		if _, text := status.ExplainDial(s.Gateway, s.LastError); text != "" {
+			return text
 		}
 		return "the worker is not running"
 	case status.Paused:
@@ -409,33 +465,75 @@ func stateTitle(s status.State) string {
 	case status.Paused:
 		return "Paused"
 	}
-	return "Offline"
+	return "Offline — not earning"
+}
+
+// payNote is the status tab's line under the money figures: how long
+// credits follow the estimate, and that kvasir makes no payouts yet (the
+// wallet tab says more).
+func payNote(s wallet.Summary) string {
+	lag := time.Duration(s.Reconcile.CreditLagSeconds) * time.Second
+	if lag <= 0 {
+		lag = wallet.DefaultCreditLag
+	}
+	n := "Credits follow the estimate within " + lag.String()
+	if s.PaidNKVR == 0 {
+		return n + " · no payouts yet in this version (see Wallet)"
+	}
+	return n + " · paid out: payouts recorded in this wallet"
 }
 
 func (u *UI) showWallet(s wallet.Summary, err error) {
-	u.estT.Text = "≈" + status.FormatKVR(s.MeteredNKVR)
-	u.pendingT.Text = status.FormatKVR(s.PendingNKVR)
-	u.credT.Text = status.FormatKVR(s.CreditedNKVR)
+	u.estT.Text = status.FormatKVR(s.MeteredNKVR)
+	u.credT.Text = status.FormatKVR(s.PendingNKVR)
+	u.paidT.Text = status.FormatKVR(s.PaidNKVR)
 	u.estT.Refresh()
-	u.pendingT.Refresh()
 	u.credT.Refresh()
+	u.paidT.Refresh()
+	u.payNote.SetText(payNote(s))
 	u.address.SetText(s.Address)
-	u.pending.SetText(status.FormatKVR(s.PendingNKVR) + " — credited by the gateway, not yet paid out")
-	u.credited.SetText(fmt.Sprintf("%s — %d signed statements, %s", status.FormatKVR(s.CreditedNKVR), s.Statements, status.FormatBytes(s.CreditedBytes)))
-	u.metered.SetText("≈" + status.FormatKVR(s.MeteredNKVR) + " — estimate from this worker's own count, credited within about " +
-		(time.Duration(s.Reconcile.CreditLagSeconds) * time.Second).String())
-	u.paid.SetText(status.FormatKVR(s.PaidNKVR))
-	u.served.SetText(fmt.Sprintf("%s (%d bytes)", status.FormatBytes(s.BytesServed), s.BytesServed))
+	plural := "s"
+	if s.Statements == 1 {
+		plural = ""
+	}
+	u.credited.SetText(fmt.Sprintf("%s for %s, in %d statement%s signed by the gateway; %s awaiting payout",
+		status.FormatKVR(s.CreditedNKVR), status.FormatBytes(s.CreditedBytes), s.Statements, plural, status.FormatKVR(s.PendingNKVR)))
+	u.metered.SetText(fmt.Sprintf("%s estimated from this computer's own count of %s, at %s per MB",
+		status.FormatKVR(s.MeteredNKVR), status.FormatBytes(s.BytesServed), status.FormatKVR(s.RateNKVRPerByte*status.BytesPerMB)))
+	if s.PaidNKVR > 0 {
+		u.paid.SetText(status.FormatKVR(s.PaidNKVR))
+	} else {
+		u.paid.SetText(status.FormatKVR(0) + " — no payouts yet in this version (below)")
+	}
+	fetched := "statements not fetched yet"
+	if !s.LastFetched.IsZero() {
+		fetched = "statements fetched " + s.LastFetched.Local().Format("15:04:05")
+	}
+	u.served.SetText(fetched)
 	switch {
 	case err != nil:
 		u.reconcile.SetText("Wallet unreadable: " + err.Error())
 	case s.Reconcile.Mismatch:
-		u.reconcile.SetText("Mismatch: " + s.Reconcile.Explanation)
+		u.reconcile.SetText("Credits missing: " + s.Reconcile.Explanation)
 	case s.Reconcile.AwaitingBytes > 0:
 		u.reconcile.SetText("Awaiting credit: " + s.Reconcile.Explanation)
 	default:
-		u.reconcile.SetText(s.Reconcile.Explanation)
+		u.reconcile.SetText("Credits up to date: " + s.Reconcile.Explanation)
 	}
+}
+
+// SetNotice shows a warning card on the status tab ("" hides it), e.g.
+// that the identity key is stored in a plain file. Run on the Fyne
+// goroutine.
+func (u *UI) SetNotice(title, text string) {
+	if text == "" {
+		u.noticeCard.Hide()
+	} else {
+		u.noticeTitle.SetText(title + ":")
+		u.notice.SetText(text)
+		u.noticeCard.Show()
+	}
+	u.statusTab.Refresh()
 }
 
 // refreshState re-applies the last snapshot through the Control (after a
@@ -462,17 +560,38 @@ func (u *UI) showExport() {
 			return
 		}
 		go func() { // the whole history comes from disk
-			err := u.ExportCSV(wc)
+			var n countWriter
+			err := u.ExportCSV(io.MultiWriter(wc, &n))
 			if cerr := wc.Close(); err == nil {
 				err = cerr
 			}
 			if err != nil {
 				fyne.Do(func() { dialog.ShowError(err, win[0]) })
+				return
 			}
+			fyne.Do(func() {
+				dialog.ShowInformation("Wallet exported", fmt.Sprintf("%d history rows (%s) written to\n%s", n.lines-1,
+					status.FormatBytes(n.bytes), wc.URI().Path()), win[0])
+			})
 		}()
 	}, win[0])
-	d.SetFileName("kvasir-wallet-" + strconv.FormatInt(time.Now().Unix(), 10) + ".csv")
+	d.SetFileName(ExportFileName(time.Now()))
 	d.Show()
+}
+
+// ExportFileName is the name Export CSV proposes: the wallet and the local
+// date and time, e.g. "kvasir-wallet-2026-12-01-1430.csv".
+func ExportFileName(now time.Time) string {
+	return "kvasir-wallet-" + now.Format("2006-01-02-1504") + ".csv"
+}
+
+// countWriter counts the bytes and lines written through it.
+type countWriter struct{ bytes, lines uint64 }
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	c.bytes += uint64(len(p))
+	c.lines += uint64(strings.Count(string(p), "\n"))
+	return len(p), nil
 }
 
 // pollHistory reads the history groups of the chosen grouping and the
@@ -592,7 +711,7 @@ func groupLine(g wallet.Group) string {
 		}
 		return fmt.Sprintf("%d %ss", n, one)
 	}
-	l := fmt.Sprintf("%s · credited %s in %s · earned ≈%s in %s", wallet.GroupLabel(g), status.FormatKVR(g.CreditedNKVR),
+	l := fmt.Sprintf("%s · credited %s (%s) · estimate %s (%s)", wallet.GroupLabel(g), status.FormatKVR(g.CreditedNKVR),
 		plural(g.Statements, "statement"), status.FormatKVR(g.MeteredNKVR), plural(g.Sessions, "session"))
 	if g.Payouts > 0 {
 		l += " · paid " + status.FormatKVR(g.PaidNKVR)

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"fyne.io/fyne/v2"
 	"fyne.io/fyne/v2/test"
 
+	"github.com/kvasir-ai/kvasir/app/limits"
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
 	"github.com/kvasir-ai/kvasir/wallet"
@@ -143,15 +145,17 @@ func TestStatusShowsStatsAndWallet(t *testing.T) {
 	checks := []struct{ got, want string }{
 		{u.rowsPS.Text, "2469.0 rows/s"},
 		{u.mbPS.Text, "0.26 MB/s"},
-		{u.estT.Text, "≈0.00910 KVR"},
-		{u.pendingT.Text, "0.00895 KVR"},
-		{u.credT.Text, "0.00895 KVR"},
+		{u.estT.Text, "0.00910 KVR"},
+		{u.credT.Text, "0.00895 KVR"}, // credited, awaiting payout
+		{u.paidT.Text, "0.00000 KVR"},
 		{u.state.Text, "Connected — earning"},
 		{u.gateway.Text, "gateway 127.0.0.1:8443 · round trip 1.5 ms · session s1"},
-		{u.counters.Text, "12345 rows · 100 requests · received 998.4 KiB · sent 249.6 KiB · connected since 11:59:00"},
-		{u.metered.Text, "≈0.00910 KVR — estimate from this worker's own count, credited within about 1m30s"},
-		{u.served.Text, "1.2 MiB (1300000 bytes)"},
-		{u.slice.Text, "96 experts in 2 layers, 12.0 MiB of 64.0 MiB quota, integrity not verified"},
+		// In: 160,000 + 240,000 + 222,361 + 200,000 + 200,000 bytes; out: the rest of 1,277,952.
+		{u.counters.Text, "12345 rows · 100 requests · received 1.02 MB · sent 256 kB · connected since 11:59:00"},
+		{u.metered.Text, "0.00910 KVR estimated from this computer's own count of 1.30 MB, at 0.00700 KVR per MB"},
+		{u.credited.Text, "0.00895 KVR for 1.28 MB, in 1 statement signed by the gateway; 0.00895 KVR awaiting payout"},
+		{u.served.Text, "statements not fetched yet"},
+		{u.slice.Text, "96 experts in 2 layers, 12.6 MB of 67.1 MB quota, integrity not verified"},
 		{u.sliceDetail.Text, "Folder: /srv/slice"},
 	}
 	for _, c := range checks {
@@ -162,7 +166,7 @@ func TestStatusShowsStatsAndWallet(t *testing.T) {
 	if u.whyCard.Visible() {
 		t.Error("'why am I not earning' shown while earning")
 	}
-	if got := historyLine(be.sum.History[0]); got != "2026-11-29 12:00:04Z  credited  0.00895 KVR  1.2 MiB  statement #1" {
+	if got := historyLine(be.sum.History[0]); got != "2026-11-29 12:00:04Z  credited  0.00895 KVR  1.28 MB  statement #1" {
 		t.Errorf("history line %q", got)
 	}
 	test.AssertRendersToMarkup(t, "status_connected.xml", w.Canvas())
@@ -176,11 +180,12 @@ func TestWhyNotEarning(t *testing.T) {
 		title string
 		why   string
 	}{
+		// The raw error is explained, not shown.
 		{status.Snapshot{State: status.Offline, LastError: "dial tcp 127.0.0.1:8443: connection refused"},
-			"Offline", "gateway unreachable: dial tcp 127.0.0.1:8443: connection refused"},
+			"Offline — not earning", "the gateway refused the connection: the gateway is down or the address is wrong"},
 		{status.Snapshot{State: status.Dialing}, "Connecting…", "connecting to the gateway"},
 		{status.Snapshot{State: status.Connected, Reason: "no work assigned"}, "Connected — earning", "no work assigned"},
-		{status.Snapshot{State: status.Offline, Reason: "no slice: folder not set", LastError: "x"}, "Offline", "no slice: folder not set (last error: x)"},
+		{status.Snapshot{State: status.Offline, Reason: "no slice: folder not set", LastError: "x"}, "Offline — not earning", "no slice: folder not set"},
 	}
 	for _, c := range cases {
 		be.snap = c.snap
@@ -256,8 +261,8 @@ func TestSettingsPersist(t *testing.T) {
 	if got := LoadSettings(a.Preferences()); got != DefaultSettings {
 		t.Fatalf("defaults %+v", got)
 	}
-	want := Settings{GatewayURL: "wss://127.0.0.1:8443", CAFile: "/tmp/ca.pem", SliceDir: "/srv/slice", QuotaGiB: 0.5,
-		Threads: 3, OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70}
+	want := Settings{GatewayURL: "wss://127.0.0.1:8443", CAFile: "/tmp/ca.pem", SliceDir: "/srv/slice", QuotaGB: 0.5,
+		Threads: 3, OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70, WorkHours: "22:00-07:00"}
 	test.Type(f.gateway, want.GatewayURL)
 	f.ca.SetText(want.CAFile)
 	f.slice.SetText(want.SliceDir)
@@ -265,19 +270,33 @@ func TestSettingsPersist(t *testing.T) {
 	f.threads.SetText("3")
 	f.maxT.SetText("85")
 	f.resT.SetText("70")
+	f.hours.SetText("22:00-07:00")
 	test.Tap(f.battery) // was on by default
 	test.Tap(f.idle)
 	test.Tap(f.save)
-	if f.message.Text != "Saved." || len(saved) != 1 || saved[0] != want {
+	if f.message.Text != "Saved. The worker reconnects to apply the new gateway, slice, quota or threads." || len(saved) != 1 || saved[0] != want {
 		t.Fatalf("message %q saved %+v", f.message.Text, saved)
 	}
+	// A limit alone applies to the running worker.
+	f.maxT.SetText("80")
+	test.Tap(f.save)
+	if f.message.Text != "Saved and applied; the worker keeps running." || len(saved) != 2 || NeedsRestart(saved[0], saved[1]) {
+		t.Fatalf("limit change: message %q", f.message.Text)
+	}
+	test.Tap(f.save)
+	if f.message.Text != "Saved (nothing changed)." {
+		t.Fatalf("no change: message %q", f.message.Text)
+	}
+	saved = saved[:1]
+	f.Show(want)
+	want.Save(a.Preferences())
 	if got := LoadSettings(a.Preferences()); got != want {
 		t.Errorf("reloaded %+v, want %+v", got, want)
 	}
-	if l := want.Limits(); l.MaxTempC != 85 || l.ResumeTempC != 70 || !l.OnlyWhenIdle || l.PauseOnBattery {
+	if l := want.Limits(); l.MaxTempC != 85 || l.ResumeTempC != 70 || !l.OnlyWhenIdle || l.PauseOnBattery || l.Hours != (limits.Hours{From: 22 * 60, To: 7 * 60}) {
 		t.Errorf("limits %+v", l)
 	}
-	if want.QuotaBytes() != 512<<20 {
+	if want.QuotaBytes() != 500_000_000 {
 		t.Errorf("quota bytes %d", want.QuotaBytes())
 	}
 
@@ -286,10 +305,11 @@ func TestSettingsPersist(t *testing.T) {
 		{"threads", "2.5", "CPU threads must be a whole number"},
 		{"resT", "90", "resume temperature 90 °C must be below the limit 85 °C"},
 		{"quota", "lots", "disk quota \"lots\" is not a number"},
+		{"hours", "9-5", "working hours \"9-5\": want HH:MM-HH:MM, e.g. 22:00-07:00"},
 	}
 	for _, b := range bad {
 		f.Show(want)
-		map[string]func(string){"gateway": f.gateway.SetText, "threads": f.threads.SetText, "resT": f.resT.SetText, "quota": f.quota.SetText}[b.field](b.text)
+		map[string]func(string){"gateway": f.gateway.SetText, "threads": f.threads.SetText, "resT": f.resT.SetText, "quota": f.quota.SetText, "hours": f.hours.SetText}[b.field](b.text)
 		err := f.Submit()
 		if !errors.Is(err, ErrSettings) || f.message.Text != "Not saved: settings: "+b.msg {
 			t.Errorf("%s=%q: err %v, message %q", b.field, b.text, err, f.message.Text)
@@ -307,9 +327,9 @@ func TestWalletAndSliceTabs(t *testing.T) {
 	be.slice = status.SliceInfo{Dir: "/srv/slice", Layers: 2, Experts: 96, Bytes: 12 << 20, QuotaBytes: 64 << 20}
 	u.Poll(time.Time{}, true)()
 	u.Tabs.SelectIndex(1)
-	if u.pending.Text != "0.00895 KVR — credited by the gateway, not yet paid out" ||
-		u.credited.Text != "0.00895 KVR — 1 signed statements, 1.2 MiB" || u.address.Text != be.sum.Address {
-		t.Errorf("wallet labels %q %q %q", u.pending.Text, u.credited.Text, u.address.Text)
+	if u.paid.Text != "0.00000 KVR — no payouts yet in this version (below)" ||
+		u.credited.Text != "0.00895 KVR for 1.28 MB, in 1 statement signed by the gateway; 0.00895 KVR awaiting payout" || u.address.Text != be.sum.Address {
+		t.Errorf("wallet labels %q %q %q", u.paid.Text, u.credited.Text, u.address.Text)
 	}
 	u.history.OpenBranch(u.historyChildren("")[0]) // the group's rows, one level down
 	test.AssertRendersToMarkup(t, "wallet.xml", w.Canvas())
@@ -317,12 +337,78 @@ func TestWalletAndSliceTabs(t *testing.T) {
 	be.snap = status.Snapshot{State: status.Connected, DownloadBytesDone: 3 << 20, DownloadBytesTotal: 4 << 20,
 		DownloadExpertsDone: 6, DownloadExpertsTotal: 8}
 	u.Poll(time.Time{}, false)()
-	if u.download.Value != 0.75 || u.downloadLine.Text != "downloading experts: 6 of 8, 3.0 MiB of 4.0 MiB (75%)" ||
-		!strings.HasSuffix(u.counters.Text, " · downloading experts: 6 of 8, 3.0 MiB of 4.0 MiB (75%)") {
+	if u.download.Value != 0.75 || !u.download.Visible() || u.downloadLine.Text != "downloading experts: 6 of 8, 3.15 MB of 4.19 MB (75%)" ||
+		!strings.HasSuffix(u.counters.Text, " · downloading experts: 6 of 8, 3.15 MB of 4.19 MB (75%)") {
 		t.Errorf("download %v %q %q", u.download.Value, u.downloadLine.Text, u.counters.Text)
 	}
 	u.Tabs.SelectIndex(2)
 	test.AssertImageMatches(t, "slice.png", w.Canvas().Capture())
 	u.Tabs.SelectIndex(3)
 	test.AssertImageMatches(t, "settings.png", w.Canvas().Capture())
+}
+
+// TestPausedShowsNoThroughput: paused, the figures read 0 at once, not
+// the last seconds' rate.
+func TestPausedShowsNoThroughput(t *testing.T) {
+	u, be, _ := newTestUI(t)
+	be.snap = status.Snapshot{State: status.Connected}
+	for i := 0; i < 4; i++ {
+		be.snap.Rows += 300
+		be.snap.BytesIn += 1_000_000
+		u.Poll(t0.Add(time.Duration(i)*time.Second), false)()
+	}
+	if u.rowsPS.Text != "300.0 rows/s" || u.mbPS.Text != "1.00 MB/s" {
+		t.Fatalf("working: %q %q", u.rowsPS.Text, u.mbPS.Text)
+	}
+	test.Tap(u.pause)
+	u.Poll(t0.Add(4*time.Second), false)()
+	if u.state.Text != "Paused" || u.rowsPS.Text != "0.0 rows/s" || u.mbPS.Text != "0.00 MB/s" {
+		t.Errorf("paused: %q %q %q", u.state.Text, u.rowsPS.Text, u.mbPS.Text)
+	}
+}
+
+// TestExportFileName: a dated name, not a Unix time.
+func TestExportFileName(t *testing.T) {
+	if got := ExportFileName(time.Date(2026, 12, 1, 14, 30, 59, 0, time.Local)); got != "kvasir-wallet-2026-12-01-1430.csv" {
+		t.Errorf("ExportFileName %q", got)
+	}
+}
+
+// TestNotices: the key-file warning shows on the status tab.
+func TestNotices(t *testing.T) {
+	u, _, _ := newTestUI(t)
+	if u.noticeCard.Visible() {
+		t.Fatal("notice shown with nothing to say")
+	}
+	var win atomic.Pointer[Window]
+	win.Store(&Window{UI: u})
+	msg := "kvasir: WARNING: OS keyring unavailable (no D-Bus session); storing the identity key in /k/worker-identity.key (mode 0600)."
+	if _, err := (noticeWriter{&win}).Write([]byte(msg + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	if !u.noticeCard.Visible() || u.notice.Text != strings.TrimPrefix(msg, "kvasir: WARNING: ") || u.noticeTitle.Text != "Identity key not in a keyring:" {
+		t.Errorf("notice %v %q %q", u.noticeCard.Visible(), u.noticeTitle.Text, u.notice.Text)
+	}
+}
+
+// TestWatchNotifies: a ban is notified once per reason; a new credit
+// statement only when asked for.
+func TestWatchNotifies(t *testing.T) {
+	var got []string
+	w := &Window{Notify: func(title, body string) { got = append(got, title+": "+body) }}
+	sum := wallet.Summary{Address: "kvr1x", Statements: 1, CreditedNKVR: 7_000_000}
+	w.watch(status.Snapshot{State: status.Connected}, sum)
+	ban := status.Snapshot{State: status.Offline, LastError: "worker key banned until 2026-12-02 (verification failed)"}
+	w.watch(ban, sum)
+	w.watch(ban, sum)
+	sum.Statements = 2
+	w.watch(status.Snapshot{}, sum) // not asked for
+	w.NotifyCredits.Store(true)
+	sum.Statements, sum.CreditedNKVR = 3, 14_000_000
+	w.watch(status.Snapshot{}, sum)
+	want := []string{"kvasir: this worker was banned: worker key banned until 2026-12-02 (verification failed)",
+		"kvasir: new credit: The gateway credited this worker; 0.01400 KVR credited in all."}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("notifications %q\nwant %q", got, want)
+	}
 }

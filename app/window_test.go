@@ -204,7 +204,7 @@ func TestNodeConfigFirstRun(t *testing.T) {
 	cfg, err := NodeConfig(s, "", nil)
 	data := filepath.Join(cfgHome, "kvasir")
 	if err != nil || cfg.GatewayURL != "wss://127.0.0.1:8443" || cfg.DataDir != data || cfg.SliceDir != filepath.Join(data, "slice") ||
-		cfg.QuotaBytes != 4<<30 || cfg.CAFile != "" {
+		cfg.QuotaBytes != 4_000_000_000 || cfg.CAFile != "" {
 		t.Fatalf("first run: %+v %v", cfg, err)
 	}
 	f := NewSettingsForm(a.Preferences(), nil)
@@ -248,11 +248,11 @@ func TestHistoryGrouped(t *testing.T) {
 	if len(roots) != 2 {
 		t.Fatalf("groups %v", roots)
 	}
-	want := "2026-11-29 12:00–13:00 UTC · credited 0.00895 KVR in 1 statement · earned ≈0.00910 KVR in 1 session"
+	want := "2026-11-29 12:00–13:00 UTC · credited 0.00895 KVR (1 statement) · estimate 0.00910 KVR (1 session)"
 	if got := u.historyText(roots[0]); got != want {
 		t.Errorf("group line %q\nwant %q", got, want)
 	}
-	if got := u.historyText(roots[1]); got != "2026-11-29 11:00–12:00 UTC · credited 0.00001 KVR in 1 statement · earned ≈0.00000 KVR in 0 sessions" {
+	if got := u.historyText(roots[1]); got != "2026-11-29 11:00–12:00 UTC · credited 0.00001 KVR (1 statement) · estimate 0.00000 KVR (0 sessions)" {
 		t.Errorf("older group %q", got)
 	}
 	if kids := u.historyChildren(roots[0]); len(kids) != 1 || u.historyText(kids[0]) != "loading…" {

@@ -133,7 +133,10 @@ func TestMobileInSwarm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a loopback swarm")
 	}
-	sw, err := swarmtest.Start(t.TempDir(), 200*time.Millisecond)
+	// Without settling: this test needs credits within seconds while the
+	// worker works. Its twin on the hub's defaults is app/node's
+	// TestTwoWorkersCreditedWhileWorking (the same node and wallet code).
+	sw, err := swarmtest.StartWith(t.TempDir(), swarmtest.Options{CreditEvery: 200 * time.Millisecond, NoSettle: true})
 	if err != nil {
 		t.Fatal(err)
 	}

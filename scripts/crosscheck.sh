@@ -7,7 +7,7 @@
 # (modernc.org/sqlite), so phones keep the same wallet file as desktops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(./engine/... ./mobile/ ./wallet/... ./app/node/ ./app/headless/ ./app/status/ ./app/limits/ ./app/instance/)
+pkgs=(./engine/... ./mobile/ ./wallet/... ./app/node/ ./app/headless/ ./app/status/ ./app/limits/ ./app/instance/ ./app/autostart/)
 for target in android/arm64 ios/arm64 darwin/arm64 linux/arm64 windows/amd64; do
   os=${target%/*}; arch=${target#*/}
   echo "  $target"

@@ -43,15 +43,19 @@ type Event struct {
 	Ref       string    `json:"ref,omitempty"`
 }
 
-// Reconcile compares the worker's own count with the credited bytes. A
-// shortfall is a mismatch only when bytes served longer ago than the
-// credit lag (Options.CreditLag) are still not credited; until then they
-// are awaiting credit.
+// Reconcile compares the worker's own count with what the gateway
+// accounted for: credited bytes plus the bytes its statements report as
+// rejected (results the backbone refused: never paid, but not missing).
+// A shortfall is a mismatch only when bytes counted more than the credit
+// lag (Options.CreditLag) before the last statement fetch are still
+// unaccounted for; younger ones are awaiting credit, and bytes counted
+// after a fetch that is itself old are unconfirmed (the gateway was not
+// asked), never a mismatch.
 type Reconcile struct {
 	Mismatch         bool   `json:"mismatch"`
 	DiffBytes        int64  `json:"diff_bytes"`               // bytes_served - credited_bytes
 	ThresholdBytes   uint64 `json:"threshold_bytes"`          // allowed |diff|
-	AwaitingBytes    uint64 `json:"awaiting_bytes,omitempty"` // served within the credit lag, not credited yet
+	AwaitingBytes    uint64 `json:"awaiting_bytes,omitempty"` // counted, neither credited nor rejected yet, not a mismatch
 	CreditLagSeconds int64  `json:"credit_lag_s"`             // how long credits may take
 	Explanation      string `json:"explanation"`
 }
@@ -59,20 +63,23 @@ type Reconcile struct {
 // Summary is the wallet as `kvasir wallet --json` prints it. All amounts
 // are integers: nKVR (10^-9 KVR) and bytes.
 type Summary struct {
-	Address         string    `json:"address"`
-	Worker          string    `json:"worker"`            // hex ed25519 public key
-	Gateway         string    `json:"gateway,omitempty"` // pinned gateway key (hex)
-	MeteredNKVR     uint64    `json:"metered_nkvr"`      // own count x rate: an estimate
-	CreditedNKVR    uint64    `json:"credited_nkvr"`     // confirmed by signed statements
-	PaidNKVR        uint64    `json:"paid_nkvr"`         // settled
-	PendingNKVR     uint64    `json:"pending_nkvr"`      // credited - paid
-	BytesServed     uint64    `json:"bytes_served"`      // own count, both directions
-	CreditedBytes   uint64    `json:"credited_bytes"`
-	RejectedBytes   uint64    `json:"rejected_bytes"` // reported by the gateway, never paid
-	RateNKVRPerByte uint64    `json:"rate_nkvr_per_byte"`
-	Statements      uint64    `json:"statements"`
-	Reconcile       Reconcile `json:"reconcile"`
-	History         []Event   `json:"history"`
+	Address         string `json:"address"`
+	Worker          string `json:"worker"`            // hex ed25519 public key
+	Gateway         string `json:"gateway,omitempty"` // pinned gateway key (hex)
+	MeteredNKVR     uint64 `json:"metered_nkvr"`      // own count x rate: an estimate
+	CreditedNKVR    uint64 `json:"credited_nkvr"`     // confirmed by signed statements
+	PaidNKVR        uint64 `json:"paid_nkvr"`         // settled
+	PendingNKVR     uint64 `json:"pending_nkvr"`      // credited - paid
+	BytesServed     uint64 `json:"bytes_served"`      // own count, both directions
+	CreditedBytes   uint64 `json:"credited_bytes"`
+	RejectedBytes   uint64 `json:"rejected_bytes"` // reported by the gateway, never paid
+	RateNKVRPerByte uint64 `json:"rate_nkvr_per_byte"`
+	Statements      uint64 `json:"statements"`
+	// LastFetched is when statements were last received from the gateway
+	// (zero: never): credits are known up to then.
+	LastFetched time.Time `json:"last_fetched,omitzero"`
+	Reconcile   Reconcile `json:"reconcile"`
+	History     []Event   `json:"history"`
 }
 
 // Summary flushes pending counts and returns the wallet's state with the
@@ -115,41 +122,71 @@ func (w *Wallet) Summary() (Summary, error) {
 	if s.History, err = w.Events(time.Time{}, time.Time{}, HistoryLimit); err != nil {
 		return Summary{}, err
 	}
-	s.Reconcile = reconcile(s.BytesServed, min(w.servedBy(now.Add(-w.lag)), s.BytesServed), s.CreditedBytes, s.RejectedBytes, w.lag)
+	if s.LastFetched, err = w.LastFetched(); err != nil {
+		return Summary{}, err
+	}
+	// What the gateway should have credited by its last answer: the bytes
+	// counted a credit lag before it (or before now, if later).
+	var settled uint64
+	if !s.LastFetched.IsZero() {
+		settled = min(w.servedBy(minTime(now, s.LastFetched).Add(-w.lag)), s.BytesServed)
+	}
+	s.Reconcile = reconcile(s.BytesServed, settled, s.CreditedBytes, s.RejectedBytes, w.lag, s.LastFetched, now)
 	return s, nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // threshold is the allowed difference between counts of b bytes: 1 % plus
 // 64 KiB.
 func threshold(b uint64) uint64 { return uint64(float64(b)*ReconcileFraction) + ReconcileSlackBytes }
 
-// reconcile compares the credited bytes with the own count: served in
-// all, and settled, served at least lag ago (what the gateway should have
-// credited by now). Fewer credited than settled beyond the threshold is a
-// mismatch; fewer credited than served but not than settled is credit lag;
-// more credited than served is a mismatch at once.
-func reconcile(served, settled, credited, rejected uint64, lag time.Duration) Reconcile {
+// reconcile compares what the gateway accounted for (credited plus
+// rejected bytes) with the own count: served in all, and settled, served
+// at least lag before the last fetch (what the gateway should have
+// credited by then). Fewer accounted for than settled beyond the threshold
+// is a mismatch; fewer than served but not than settled is credit lag (or,
+// after an old or no fetch, unconfirmed); more credited than served is a
+// mismatch at once.
+func reconcile(served, settled, credited, rejected uint64, lag time.Duration, fetched, now time.Time) Reconcile {
+	accounted := credited + rejected
 	r := Reconcile{DiffBytes: int64(served) - int64(credited), ThresholdBytes: threshold(max(served, credited)),
 		CreditLagSeconds: int64(lag / time.Second)}
+	fb := walletapi.FormatBytes
 	switch {
 	case credited > served+r.ThresholdBytes:
 		r.Mismatch = true
-		r.Explanation = fmt.Sprintf("the gateway has credited %d bytes more than this worker counted: "+
-			"this wallet file may have lost its own count (new or restored file), or the same identity key serves from another machine", -r.DiffBytes)
-	case settled > credited+threshold(max(settled, credited)):
+		r.Explanation = fmt.Sprintf("the gateway has credited %s more than this computer counted: "+
+			"this wallet file lost part of its own count (a new or restored file), or the same identity key also works on another computer", fb(credited-served))
+	case settled > accounted+threshold(max(settled, accounted)):
 		r.Mismatch = true
-		r.ThresholdBytes = threshold(max(settled, credited))
-		r.Explanation = fmt.Sprintf("the gateway has credited %d bytes fewer than this worker counted up to %v ago, "+
-			"longer than credits take to arrive. "+
-			"%d bytes were metered as rejected (results that were late, for an unknown request, or of the wrong shape); "+
-			"otherwise sessions ended before the hub recorded them, or the worker counts frames the hub does not credit",
-			settled-credited, lag, rejected)
-	case served > credited+r.ThresholdBytes:
-		r.AwaitingBytes = served - credited
-		r.Explanation = fmt.Sprintf("%d bytes served in the last %v are not credited yet: credits follow the work by up to %v "+
-			"(the hub settles, the gateway credits, the wallet fetches)", r.AwaitingBytes, lag, lag)
+		r.ThresholdBytes = threshold(max(settled, accounted))
+		r.AwaitingBytes = served - min(accounted, served)
+		r.Explanation = fmt.Sprintf("%s that this computer counted more than %v before the last statement are neither credited nor "+
+			"reported rejected by the gateway, although credits arrive within %v: the hub did not record them "+
+			"(it restarted, or a session ended before it wrote its last bytes)", fb(settled-accounted), lag, lag)
+	case served > accounted+r.ThresholdBytes:
+		r.AwaitingBytes = served - accounted
+		switch {
+		case fetched.IsZero():
+			r.Explanation = fmt.Sprintf("%s counted, not credited yet: no statement has been fetched from the gateway yet", fb(r.AwaitingBytes))
+		case now.Sub(fetched) > lag:
+			r.Explanation = fmt.Sprintf("%s counted, not credited yet: statements were last fetched %s, %v ago (is the gateway reachable?)",
+				fb(r.AwaitingBytes), fetched.UTC().Format("2006-01-02 15:04Z"), now.Sub(fetched).Round(time.Second))
+		default:
+			r.Explanation = fmt.Sprintf("%s counted, not credited yet: credits follow the work by up to %v "+
+				"(the hub holds them back while results can still be checked, the gateway credits, this wallet fetches)", fb(r.AwaitingBytes), lag)
+		}
 	default:
-		r.Explanation = fmt.Sprintf("own count and credited bytes agree within %d bytes", r.ThresholdBytes)
+		r.Explanation = "own count and credits agree"
+	}
+	if rejected > 0 {
+		r.Explanation += fmt.Sprintf("; %s of results were rejected by the backbone (late, unknown or malformed: never paid)", fb(rejected))
 	}
 	return r
 }
@@ -162,18 +199,40 @@ func WriteJSON(w io.Writer, s any) error {
 	return enc.Encode(s)
 }
 
-// WriteText writes s for a person: KVR with 5 decimals, bytes as units
-// (10^6 bytes), and the newest history lines.
+// PayoutNote says what is true of payouts in this version: none are made.
+// The wallet keeps a paid state (RecordPayout) for when they are.
+const PayoutNote = "kvasir does not pay out yet: credited KVR stay pending (in the gateway's signed statements and in this wallet) " +
+	"until payouts exist; none has been made"
+
+// ReconcileFlag is the one-word state of r for people: "ok", "awaiting
+// credit" or "MISMATCH".
+func ReconcileFlag(r Reconcile) string {
+	switch {
+	case r.Mismatch:
+		return "MISMATCH"
+	case r.AwaitingBytes > 0:
+		return "awaiting credit"
+	}
+	return "ok"
+}
+
+// WriteText writes s for a person: KVR with 5 decimals, bytes in decimal
+// units (walletapi.FormatBytes), and the newest history lines.
 func WriteText(w io.Writer, s Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fb := walletapi.FormatBytes
 	fmt.Fprintf(tw, "Address\t%s\n", s.Address)
-	fmt.Fprintf(tw, "Metered\t%s\t%s units served (own count, estimate at %d nKVR/byte)\n",
-		walletapi.FormatKVR(s.MeteredNKVR), walletapi.FormatUnits(s.BytesServed), s.RateNKVRPerByte)
-	fmt.Fprintf(tw, "Credited\t%s\t%s units in %d signed statements\n", walletapi.FormatKVR(s.CreditedNKVR), walletapi.FormatUnits(s.CreditedBytes), s.Statements)
-	fmt.Fprintf(tw, "Paid\t%s\t\n", walletapi.FormatKVR(s.PaidNKVR))
-	fmt.Fprintf(tw, "Pending\t%s\tcredited, not yet paid\n", walletapi.FormatKVR(s.PendingNKVR))
+	fmt.Fprintf(tw, "Estimate\t≈%s\t%s counted by this computer, at %d nKVR per byte (%s per MB)\n",
+		walletapi.FormatKVR(s.MeteredNKVR), fb(s.BytesServed), s.RateNKVRPerByte, walletapi.FormatKVR(s.RateNKVRPerByte*1_000_000))
+	fmt.Fprintf(tw, "Credited\t%s\t%s in %d statements signed by the gateway\n", walletapi.FormatKVR(s.CreditedNKVR), fb(s.CreditedBytes), s.Statements)
+	fmt.Fprintf(tw, "Pending\t%s\tcredited, not paid out\n", walletapi.FormatKVR(s.PendingNKVR))
+	if s.PaidNKVR > 0 {
+		fmt.Fprintf(tw, "Paid out\t%s\t\n", walletapi.FormatKVR(s.PaidNKVR))
+	} else {
+		fmt.Fprintf(tw, "Paid out\t%s\t%s\n", walletapi.FormatKVR(0), PayoutNote)
+	}
 	if s.RejectedBytes > 0 {
-		fmt.Fprintf(tw, "Rejected\t%s units\tnever paid\n", walletapi.FormatUnits(s.RejectedBytes))
+		fmt.Fprintf(tw, "Rejected\t%s\tresults the backbone refused, never paid\n", fb(s.RejectedBytes))
 	}
 	if s.Gateway != "" {
 		fmt.Fprintf(tw, "Gateway\t%s…\tpinned statement key\n", s.Gateway[:16])
@@ -181,11 +240,7 @@ func WriteText(w io.Writer, s Summary) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	flag := "ok"
-	if s.Reconcile.Mismatch {
-		flag = "MISMATCH"
-	}
-	fmt.Fprintf(w, "Reconcile: %s: %s\n", flag, s.Reconcile.Explanation)
+	fmt.Fprintf(w, "Reconcile: %s: %s\n", ReconcileFlag(s.Reconcile), s.Reconcile.Explanation)
 	if len(s.History) == 0 {
 		_, err := fmt.Fprintln(w, "History: none yet")
 		return err
@@ -206,8 +261,8 @@ func WriteText(w io.Writer, s Summary) error {
 		case StatePaid:
 			what = "ref " + e.Ref
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s units\t%s\n", e.Time.Format("2006-01-02 15:04:05Z"), e.State,
-			walletapi.FormatKVR(e.NKVR), walletapi.FormatUnits(e.Bytes), what)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", e.Time.Format("2006-01-02 15:04:05Z"), e.State,
+			walletapi.FormatKVR(e.NKVR), walletapi.FormatBytes(e.Bytes), what)
 	}
 	return tw.Flush()
 }

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -424,7 +425,8 @@ func (w *Wallet) LastStatement() (uint64, error) {
 }
 
 // AddStatements verifies and stores statements signed by gateway, in one
-// transaction (all or nothing). The first gateway key seen is pinned;
+// transaction (all or nothing), and records the time as the last fetch
+// (LastFetched). The first gateway key seen is pinned;
 // another key gives ErrGatewayKey. Each statement must verify, name this
 // worker, and continue the stored ones: N = previous N + 1 and cumulative
 // totals = previous + this credit (ErrStatement otherwise). A statement
@@ -489,10 +491,35 @@ func (w *Wallet) AddStatements(gateway ed25519.PublicKey, signed []walletapi.Sig
 		lastN, cumB, cumN = int64(st.N), int64(st.CumulativeBytes), int64(st.CumulativeNKVR)
 		added++
 	}
+	// The statements are as the gateway had them now: a later shortfall of
+	// credits is measured from here (Summary, Reconcile).
+	if _, err := tx.Exec(`INSERT INTO meta (k, v) VALUES ('fetched', ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v`,
+		strconv.FormatInt(now, 10)); err != nil {
+		return 0, fmt.Errorf("wallet: %w", err)
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("wallet: %w", err)
 	}
 	return added, nil
+}
+
+// LastFetched returns when statements were last received from the
+// gateway (AddStatements, also with none new: Sync calls it for every
+// page); zero if never.
+func (w *Wallet) LastFetched() (time.Time, error) {
+	var v string
+	err := w.db.QueryRow(`SELECT v FROM meta WHERE k = 'fetched'`).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("wallet: %w", err)
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: fetch time %q", ErrCorrupt, v)
+	}
+	return time.UnixMilli(ms), nil
 }
 
 // RecordPayout records that nkvr of the credited amount was paid (settled)

@@ -113,10 +113,15 @@ func TestMeteredCreditedPaid(t *testing.T) {
 	if err := WriteText(&txt, s); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"0.00895 KVR", "1.277952 units", "0.00100 KVR", "0.00795 KVR", id.Address, "Reconcile: ok"} {
+	// 1,277,952 bytes = 1.28 MB (decimal, as everywhere), no "units".
+	for _, want := range []string{"Credited  0.00895 KVR", "1.28 MB in 2 statements", "Paid out  0.00100 KVR", "Pending   0.00795 KVR",
+		"at 7 nKVR per byte (0.00700 KVR per MB)", id.Address, "Reconcile: ok"} {
 		if !strings.Contains(txt.String(), want) {
 			t.Errorf("text lacks %q:\n%s", want, txt.String())
 		}
+	}
+	if strings.Contains(txt.String(), "units") || strings.Contains(txt.String(), "iB") {
+		t.Errorf("text mixes in other units:\n%s", txt.String())
 	}
 }
 
@@ -184,7 +189,7 @@ func TestReconcileFlags(t *testing.T) {
 	}
 	s, _ := w.Summary()
 	if !s.Reconcile.Mismatch || s.Reconcile.DiffBytes != 200_000 || s.Reconcile.ThresholdBytes != 165_536 ||
-		!strings.Contains(s.Reconcile.Explanation, "fewer") {
+		!strings.HasPrefix(s.Reconcile.Explanation, "200 kB that this computer counted more than 1m30s before the last statement are neither credited nor reported rejected") {
 		t.Fatalf("reconcile %+v", s.Reconcile)
 	}
 	// 100,000 more credited: diff 100,000 <= 165,536 -> agrees.
@@ -246,17 +251,34 @@ func TestMismatchOnlyAfterCreditLag(t *testing.T) {
 	if s, _ := w.Summary(); s.Reconcile.Mismatch {
 		t.Fatalf("after a restart 5 s after the work: %+v", s.Reconcile)
 	}
-	// The gateway credits nothing more: the last 40 s of work (144 MB) stay
-	// uncredited. Not a mismatch until they are 90 s old (the reopened
-	// wallet dates the session's bytes at its last count)...
+	// The wallet is not asked to fetch (the app is closed, or the gateway
+	// is unreachable): the last 40 s of work (144 MB) stay uncredited, but
+	// that is no mismatch however long it lasts, only unconfirmed.
+	c.advance(95 * time.Second)
+	s, _ := w.Summary()
+	if s.Reconcile.Mismatch || s.Reconcile.AwaitingBytes != 40*perSecond ||
+		s.Reconcile.Explanation != "144 MB counted, not credited yet: statements were last fetched 2026-05-01 12:01Z, 1m40s ago (is the gateway reachable?)" {
+		t.Fatalf("95 s after the work, no fetch since: %+v", s.Reconcile)
+	}
+	// The gateway answers but credits nothing more (each fetch finds no
+	// new statement). Not a mismatch until the bytes are 90 s older than
+	// the fetch (the reopened wallet dates the session's bytes at its last
+	// count)...
+	c.t = c.t.Add(-95 * time.Second)
 	c.advance(80 * time.Second) // 85 s after the last count
+	if _, err := w.AddStatements(gw, nil); err != nil {
+		t.Fatal(err)
+	}
 	if s, _ := w.Summary(); s.Reconcile.Mismatch {
 		t.Fatalf("85 s after the work: %+v", s.Reconcile)
 	}
 	// ... then it is, naming the shortfall.
 	c.advance(10 * time.Second)
-	s, _ := w.Summary()
-	if !s.Reconcile.Mismatch || s.Reconcile.DiffBytes != 40*perSecond || !strings.Contains(s.Reconcile.Explanation, "144000000 bytes fewer") {
+	if _, err := w.AddStatements(gw, nil); err != nil {
+		t.Fatal(err)
+	}
+	s, _ = w.Summary()
+	if !s.Reconcile.Mismatch || s.Reconcile.DiffBytes != 40*perSecond || !strings.HasPrefix(s.Reconcile.Explanation, "144 MB that this computer counted") {
 		t.Fatalf("95 s after the work: %+v", s.Reconcile)
 	}
 }

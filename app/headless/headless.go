@@ -89,7 +89,7 @@ func Run(ctx context.Context, o Options) error {
 //
 // With no flags but --headless it runs as a first run of the app does
 // (node.Config.WithDefaults): the public gateway, the slice folder in the
-// data folder, the experts the backbone assigns within 4 GiB.
+// data folder, the experts the backbone assigns within 4 GB.
 //
 // It returns the process exit code: 0 on a clean stop (SIGINT/SIGTERM or
 // --duration elapsed), 1 on a runtime error, 2 on bad usage.
@@ -101,7 +101,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Bool("headless", true, "run without a window (this mode)")
 	gw := fs.String("gateway", node.DefaultGateway(), "gateway URL, wss://HOST:PORT (default: the network's public gateway, or $"+node.EnvDefaultGateway+")")
-	slice := fs.String("slice", "", "expert slice folder (default: DATA/slice, kept within --quota, default 4GiB)")
+	slice := fs.String("slice", "", "expert slice folder (default: DATA/slice, kept within --quota, default 4GB)")
 	ca := fs.String("ca", "", "PEM file of root CAs for the gateway (default: system roots)")
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
 	threads := fs.Int("threads", 0, "compute threads (0 = all CPUs)")
@@ -111,8 +111,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	idle := fs.Bool("only-when-idle", false, "pause while other programs use more than a quarter of the CPUs")
 	maxT := fs.Float64("max-temp", 0, "pause at this CPU temperature in °C (0 = no limit)")
 	resT := fs.Float64("resume-temp", 0, "resume at this CPU temperature in °C (default max-temp - 10)")
+	hoursFlag := fs.String("hours", "", "work only between these local times, HH:MM-HH:MM (e.g. 22:00-07:00; default: any time)")
 	syncEvery := fs.Duration("sync", 30*time.Second, "how often to fetch credit statements from the gateway")
-	quotaFlag := fs.String("quota", "", "disk quota for experts the backbone assigns, bytes with optional KiB/MiB/GiB suffix: "+
+	quotaFlag := fs.String("quota", "", "disk quota for experts the backbone assigns, bytes with an optional suffix, e.g. 500MB or 4GB (KiB/MiB/GiB also read): "+
 		"the worker keeps --slice DIR (may start empty) and downloads its assignment; unset: serve --slice as it is")
 	backend := fs.String("backend", "auto", "where a --slice served as it is computes: auto (a GPU through Vulkan if there is one, else the CPU), cpu, vulkan or vulkan:N")
 	if err := fs.Parse(args); err != nil {
@@ -120,6 +121,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "kvasir: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	hours, err := limits.ParseHours(*hoursFlag)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvasir: --hours: %v\n", err)
 		return 2
 	}
 	var quota uint64
@@ -153,7 +159,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		defer cancel()
 	}
 	ctl := status.NewControl(n)
-	gov := limits.NewGovernor(limits.Limits{PauseOnBattery: *battery, OnlyWhenIdle: *idle, MaxTempC: *maxT, ResumeTempC: *resT}, limits.SysProbe{})
+	gov := limits.NewGovernor(limits.Limits{PauseOnBattery: *battery, OnlyWhenIdle: *idle, MaxTempC: *maxT, ResumeTempC: *resT, Hours: hours}, limits.SysProbe{})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = n.Run(ctx) }()
 	err = Run(ctx, Options{Source: ctl, Wallet: n.Summary, Governor: gov, Limit: ctl.SetLimit, Out: stdout, Interval: *interval})
@@ -163,7 +169,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if s, err := n.Summary(); err == nil {
-		fmt.Fprintf(stdout, "stopped: served %d bytes, earned≈%s, pending %s, credited %s\n", s.BytesServed,
+		fmt.Fprintf(stdout, "stopped: served %s, earned≈%s, pending %s, credited %s\n", status.FormatBytes(s.BytesServed),
 			status.FormatKVR(s.MeteredNKVR), status.FormatKVR(s.PendingNKVR), status.FormatKVR(s.CreditedNKVR))
 	}
 	return 0
@@ -198,15 +204,21 @@ func ParseBytes(s string) (uint64, error) {
 	return v * mult, nil
 }
 
-// walletMain is `kvasir wallet [--json] [--by hour|day|session] [--data DIR] [--gateway URL [--ca FILE]]`.
+// walletMain is `kvasir wallet [--json] [--by hour|day|session] [--data
+// DIR] [--gateway URL [--ca FILE]] [--no-fetch]`. Before it reports, it
+// fetches new credit statements from the gateway the worker last worked
+// through (node.LoadGateway; --gateway overrides it), so a wallet read
+// after the window is closed shows the credits that arrived since. When
+// the fetch fails it says so, and the figures are those of the last fetch.
 func walletMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvasir wallet", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
 	by := fs.String("by", "hour", "group the history by hour, day or session (UTC)")
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
-	gw := fs.String("gateway", "", "gateway URL to fetch new credit statements from first (wss://HOST:PORT)")
-	ca := fs.String("ca", "", "PEM file of root CAs for the gateway")
+	gw := fs.String("gateway", "", "gateway URL to fetch new credit statements from first (default: the one the worker last used)")
+	ca := fs.String("ca", "", "PEM file of root CAs for the gateway (default: the one saved with the gateway)")
+	noFetch := fs.Bool("no-fetch", false, "report the wallet as it is on disk, without asking the gateway for new statements")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -215,18 +227,47 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvasir: --by %q: want hour, day or session\n", *by)
 		return 2
 	}
-	n, err := node.Open(node.Config{DataDir: *data, GatewayURL: *gw, CAFile: *ca, Warn: stderr})
+	dataDir := *data
+	if dataDir == "" {
+		d, err := node.DefaultDataDir()
+		if err != nil {
+			fmt.Fprintln(stderr, "kvasir:", err)
+			return 1
+		}
+		dataDir = d
+	}
+	fetch := struct {
+		Gateway string `json:"gateway,omitempty"`
+		New     int    `json:"new"`
+		Error   string `json:"error,omitempty"`
+	}{Gateway: *gw}
+	caFile := *ca
+	if fetch.Gateway == "" && !*noFetch {
+		if g, err := node.LoadGateway(dataDir); err == nil {
+			fetch.Gateway = g.URL
+			if caFile == "" {
+				caFile = g.CAFile
+			}
+		} else if !errors.Is(err, os.ErrNotExist) {
+			fmt.Fprintln(stderr, "kvasir:", err)
+		}
+	}
+	if *noFetch {
+		fetch.Gateway = ""
+	}
+	n, err := node.Open(node.Config{DataDir: dataDir, GatewayURL: fetch.Gateway, CAFile: caFile, Warn: stderr})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1
 	}
 	defer n.Close()
-	if *gw != "" {
+	if fetch.Gateway != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := n.SyncNow(ctx)
+		fetch.New, err = n.SyncNow(ctx)
 		cancel()
 		if err != nil {
-			fmt.Fprintln(stderr, "kvasir: sync:", err)
+			fetch.Error = err.Error()
+			fmt.Fprintf(stderr, "kvasir: could not fetch statements from %s: %v\n", fetch.Gateway, err)
 		}
 	}
 	s, err := n.Summary()
@@ -240,12 +281,27 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *asJSON {
-		err = wallet.WriteJSON(stdout, struct {
+		out := struct {
 			wallet.Summary
+			Fetch  any            `json:"fetch,omitempty"`
 			Groups []wallet.Group `json:"groups"`
-		}{s, groups})
-	} else if err = wallet.WriteText(stdout, s); err == nil {
-		err = wallet.WriteGroups(stdout, groups)
+		}{Summary: s, Groups: groups}
+		if fetch.Gateway != "" {
+			out.Fetch = fetch
+		}
+		err = wallet.WriteJSON(stdout, out)
+	} else {
+		switch {
+		case fetch.Gateway == "":
+			fmt.Fprintln(stdout, "Statements: not fetched (no gateway saved or given); figures as of the last fetch")
+		case fetch.Error != "":
+			fmt.Fprintf(stdout, "Statements: could not fetch from %s; figures as of the last fetch\n", fetch.Gateway)
+		default:
+			fmt.Fprintf(stdout, "Statements: fetched from %s, %d new\n", fetch.Gateway, fetch.New)
+		}
+		if err = wallet.WriteText(stdout, s); err == nil {
+			err = wallet.WriteGroups(stdout, groups)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)

@@ -8,7 +8,9 @@ package limits
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 )
 
 // ErrUnsupported is returned by a probe that cannot read a quantity on
@@ -38,7 +40,72 @@ type Limits struct {
 	IdleBelow      float64 // fraction of all CPUs, (0, 1]; 0 means DefaultIdleBelow
 	MaxTempC       float64 // pause at or above this temperature (°C); 0 = no limit
 	ResumeTempC    float64 // resume at or below this (°C); 0 means MaxTempC - DefaultHysteresisC
+	// Hours, when set, are the local times of day the worker may work;
+	// outside them it pauses.
+	Hours Hours
 }
+
+// Hours is a daily window of local time, From inclusive to To exclusive,
+// in minutes after midnight; To <= From wraps past midnight (22:00-07:00).
+// The zero value (From == To == 0) is no window: any time.
+type Hours struct{ From, To int }
+
+// Set reports whether h restricts the time of day.
+func (h Hours) Set() bool { return h != Hours{} }
+
+// Contains reports whether the local time t is inside h (always when h is
+// not set).
+func (h Hours) Contains(t time.Time) bool {
+	if !h.Set() {
+		return true
+	}
+	m := t.Hour()*60 + t.Minute()
+	if h.From < h.To {
+		return m >= h.From && m < h.To
+	}
+	return m >= h.From || m < h.To
+}
+
+// String renders h as "HH:MM–HH:MM" ("" when not set).
+func (h Hours) String() string {
+	if !h.Set() {
+		return ""
+	}
+	return fmt.Sprintf("%02d:%02d–%02d:%02d", h.From/60, h.From%60, h.To/60, h.To%60)
+}
+
+// ParseHours parses "HH:MM-HH:MM" (a hyphen or an en dash; "" is no
+// window). Errors wrap ErrHours.
+func ParseHours(s string) (Hours, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return Hours{}, nil
+	}
+	a, b, ok := strings.Cut(strings.ReplaceAll(s, "–", "-"), "-")
+	if !ok {
+		return Hours{}, fmt.Errorf("%w: %q: want HH:MM-HH:MM", ErrHours, s)
+	}
+	var h Hours
+	for i, part := range []string{a, b} {
+		t, err := time.Parse("15:04", strings.TrimSpace(part))
+		if err != nil {
+			return Hours{}, fmt.Errorf("%w: %q: want HH:MM-HH:MM", ErrHours, s)
+		}
+		m := t.Hour()*60 + t.Minute()
+		if i == 0 {
+			h.From = m
+		} else {
+			h.To = m
+		}
+	}
+	if h.From == h.To {
+		return Hours{}, fmt.Errorf("%w: %q starts and ends at the same time", ErrHours, s)
+	}
+	return h, nil
+}
+
+// ErrHours wraps ParseHours errors.
+var ErrHours = errors.New("limits: bad working hours")
 
 // Defaults for the zero fields of Limits.
 const (
@@ -51,6 +118,8 @@ const (
 // state between calls. It is safe for concurrent use.
 type Governor struct {
 	probe Probe
+	// Now is the clock for Limits.Hours; nil means time.Now.
+	Now func() time.Time
 
 	mu      sync.Mutex
 	lim     Limits
@@ -97,6 +166,16 @@ func (g *Governor) Check() string {
 		}
 	} else {
 		g.hot = false
+	}
+
+	if lim.Hours.Set() {
+		now := time.Now
+		if g.Now != nil {
+			now = g.Now
+		}
+		if !lim.Hours.Contains(now()) {
+			reasons = append(reasons, "outside your working hours ("+lim.Hours.String()+")")
+		}
 	}
 
 	if lim.PauseOnBattery {

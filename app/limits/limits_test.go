@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 type fakeProbe struct {
@@ -171,4 +172,43 @@ func FuzzParseSelfStat(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		_, _ = ParseSelfStat(s) // must not panic
 	})
+}
+
+// TestHours: a daily window, also one past midnight, pauses the worker
+// outside it.
+func TestHours(t *testing.T) {
+	day := func(h, m int) time.Time { return time.Date(2026, 12, 1, h, m, 0, 0, time.Local) }
+	h, err := ParseHours("22:00-07:30")
+	if err != nil || h != (Hours{From: 22 * 60, To: 7*60 + 30}) || h.String() != "22:00–07:30" {
+		t.Fatalf("ParseHours: %+v %v", h, err)
+	}
+	for _, c := range []struct {
+		at   time.Time
+		want bool
+	}{{day(21, 59), false}, {day(22, 0), true}, {day(3, 0), true}, {day(7, 29), true}, {day(7, 30), false}, {day(12, 0), false}} {
+		if got := h.Contains(c.at); got != c.want {
+			t.Errorf("%v in %s: %v, want %v", c.at.Format("15:04"), h, got, c.want)
+		}
+	}
+	if d, _ := ParseHours("09:00–17:00"); !d.Contains(day(9, 0)) || d.Contains(day(17, 0)) {
+		t.Errorf("daytime window %+v", d)
+	}
+	for _, bad := range []string{"9-5", "25:00-01:00", "10:00-10:00", "10:00"} {
+		if _, err := ParseHours(bad); !errors.Is(err, ErrHours) {
+			t.Errorf("ParseHours(%q) = %v", bad, err)
+		}
+	}
+	if z, err := ParseHours(" "); err != nil || z.Set() || !z.Contains(day(3, 0)) {
+		t.Errorf("empty: %+v %v", z, err)
+	}
+	now := day(12, 0)
+	g := NewGovernor(Limits{Hours: h}, &fakeProbe{})
+	g.Now = func() time.Time { return now }
+	if r := g.Check(); r != "paused by a limit: outside your working hours (22:00–07:30)" {
+		t.Errorf("at noon: %q", r)
+	}
+	now = day(23, 0)
+	if r := g.Check(); r != "" {
+		t.Errorf("at 23:00: %q", r)
+	}
 }

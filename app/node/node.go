@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -106,8 +107,12 @@ type Config struct {
 	StoreName string          // label of KeyStore in identity.json; "" = "custom"
 	Warn      io.Writer       // keyring fallback warnings; nil = os.Stderr
 	Logger    *slog.Logger    // nil = slog.Default()
-	SyncEvery time.Duration   // wallet statement sync period; 0 = 30 s
+	SyncEvery time.Duration   // wallet statement sync period; 0 = DefaultSyncEvery
 }
+
+// DefaultSyncEvery is how often a node fetches new credit statements from
+// the gateway (Config.SyncEvery).
+const DefaultSyncEvery = 30 * time.Second
 
 // DefaultDataDir is the app's data folder: os.UserConfigDir()/kvasir.
 func DefaultDataDir() (string, error) {
@@ -128,8 +133,8 @@ const PublicGateway = "wss://gate.kvasir-ai.net:443"
 const EnvDefaultGateway = "KVASIR_DEFAULT_GATEWAY"
 
 // DefaultQuotaBytes is the disk quota of a first run: the backbone assigns
-// up to 4 GiB of experts, downloaded into the slice folder.
-const DefaultQuotaBytes = 4 << 30
+// up to 4 GB (4 x 10^9 bytes) of experts, downloaded into the slice folder.
+const DefaultQuotaBytes = 4_000_000_000
 
 // DefaultGateway returns $KVASIR_DEFAULT_GATEWAY, or PublicGateway.
 func DefaultGateway() string {
@@ -184,6 +189,10 @@ type Node struct {
 	problem string    // why there is no worker
 	opened  time.Time // when Open verified the slice
 	log     *slog.Logger
+
+	mu       sync.Mutex
+	reason   string    // the worker's last reason, and
+	reasonAt time.Time // when Stats first saw it (for the retry countdown)
 }
 
 // Open opens the identity and wallet in cfg.DataDir, loads the slice and
@@ -200,7 +209,7 @@ func Open(cfg Config) (*Node, error) {
 		cfg.DataDir = d
 	}
 	if cfg.SyncEvery <= 0 {
-		cfg.SyncEvery = 30 * time.Second
+		cfg.SyncEvery = DefaultSyncEvery
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, opened: time.Now()}
 	if n.log == nil {
@@ -318,9 +327,15 @@ func (n *Node) Identity() wallet.Identity { return n.id }
 
 // Run runs the worker (dial, serve, reconnect) and syncs the wallet's
 // statements from the gateway every SyncEvery, until ctx is done. It
-// returns ctx's error.
+// first saves the gateway in the data folder (SaveGateway), for `kvasir
+// wallet`. It returns ctx's error.
 func (n *Node) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
+	if n.w != nil && n.cfg.GatewayURL != "" {
+		if err := SaveGateway(n.cfg.DataDir, SavedGateway{URL: n.cfg.GatewayURL, CAFile: n.cfg.CAFile}); err != nil {
+			n.log.Warn("saving the gateway for `kvasir wallet`", "err", err)
+		}
+	}
 	if n.w != nil {
 		wg.Add(1)
 		go func() {
@@ -367,14 +382,27 @@ func (n *Node) Stats() status.Snapshot {
 	if n.w == nil {
 		return status.Snapshot{State: status.Offline, Reason: n.problem}
 	}
-	return FromWorker(n.w.Stats())
+	ws := n.w.Stats()
+	now := time.Now()
+	n.mu.Lock()
+	if ws.Reason != n.reason {
+		n.reason, n.reasonAt = ws.Reason, now
+	}
+	since := now.Sub(n.reasonAt)
+	n.mu.Unlock()
+	return fromWorker(ws, since)
 }
 
 // FromWorker converts the worker's stats to a status.Snapshot. While the
 // worker redials after a failed dial, the reason says in words what failed
 // (no network, DNS, refused, TLS, timeout; status.DialReason) and when it
 // retries.
-func FromWorker(s worker.Stats) status.Snapshot {
+func FromWorker(s worker.Stats) status.Snapshot { return fromWorker(s, 0) }
+
+// fromWorker is FromWorker for a reason the worker set since ago: while
+// it waits to redial after a failed dial the snapshot is Offline (not
+// "connecting") and the retry delay counts down (status.DialReasonAt).
+func fromWorker(s worker.Stats, since time.Duration) status.Snapshot {
 	st := status.Offline
 	switch s.State {
 	case worker.StateDialing:
@@ -386,7 +414,10 @@ func FromWorker(s worker.Stats) status.Snapshot {
 	}
 	reason := s.Reason
 	if s.State == worker.StateDialing && strings.HasPrefix(s.LastError, "dial") {
-		reason = status.DialReason(s.Gateway, s.Reason, s.LastError)
+		reason = status.DialReasonAt(s.Gateway, s.Reason, s.LastError, since)
+		if s.Reason != "connecting" {
+			st = status.Offline // waiting to redial
+		}
 	}
 	return status.Snapshot{State: st, Reason: reason, Gateway: s.Gateway, RTT: s.RTT, Rows: s.Rows,
 		Requests: s.Requests, BytesIn: s.BytesIn, BytesOut: s.BytesOut, Session: s.Session,
@@ -473,3 +504,54 @@ func (n *Node) Close() error {
 }
 
 var _ status.Source = (*Node)(nil)
+
+// SavedGateway is the gateway a node last worked through, kept in its data
+// folder (GatewayFile) so that `kvasir wallet` fetches statements from it
+// when the worker is not running.
+type SavedGateway struct {
+	URL    string `json:"gateway_url"`       // wss://host[:port]
+	CAFile string `json:"ca_file,omitempty"` // PEM root CAs; "" = system roots
+}
+
+// GatewayFile is the file in the data folder that holds the SavedGateway.
+const GatewayFile = "gateway.json"
+
+// SaveGateway writes g to dataDir/GatewayFile (mode 0600, replaced
+// atomically).
+func SaveGateway(dataDir string, g SavedGateway) error {
+	b, err := json.Marshal(g)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dataDir, GatewayFile+".*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), filepath.Join(dataDir, GatewayFile))
+}
+
+// LoadGateway reads dataDir/GatewayFile; an error wrapping os.ErrNotExist
+// when no node has run in dataDir yet.
+func LoadGateway(dataDir string) (SavedGateway, error) {
+	var g SavedGateway
+	b, err := os.ReadFile(filepath.Join(dataDir, GatewayFile))
+	if err != nil {
+		return g, err
+	}
+	if err := json.Unmarshal(b, &g); err != nil || g.URL == "" {
+		return g, fmt.Errorf("%w: %s: not a saved gateway", ErrConfig, filepath.Join(dataDir, GatewayFile))
+	}
+	return g, nil
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -86,10 +87,18 @@ func TestNodeInSwarm(t *testing.T) {
 		t.Errorf("dispatcher used no remote expert outputs: %+v", ds)
 	}
 
-	// The hub's ledger for this worker, once it has flushed everything.
+	// End the session: on the hub's default settle rules a quiet session's
+	// last bytes settle 30 s after its last RESULT, an ended one's at the
+	// next flush. Then the hub's ledger for this worker, once it has
+	// flushed everything, and the wallet synced from the gateway.
+	cancel()
+	<-done
 	id := n.Identity().WorkerID
 	var ledgerBytes, rejected uint64
 	waitFor(t, "wallet credited with the whole ledger", 20*time.Second, func() bool {
+		if _, err := n.SyncNow(context.Background()); err != nil {
+			t.Logf("sync: %v", err)
+		}
 		tot, err := sw.Ledger.Totals()
 		if err != nil {
 			t.Fatal(err)
@@ -189,7 +198,7 @@ func TestWithDefaults(t *testing.T) {
 	c, err := Config{}.WithDefaults()
 	data := filepath.Join(cfgHome, "kvasir")
 	if err != nil || PublicGateway != "wss://gate.kvasir-ai.net:443" || c.GatewayURL != PublicGateway || c.DataDir != data ||
-		c.SliceDir != filepath.Join(data, "slice") || c.QuotaBytes != 4<<30 || c.CAFile != "" {
+		c.SliceDir != filepath.Join(data, "slice") || c.QuotaBytes != 4_000_000_000 || c.CAFile != "" {
 		t.Fatalf("first run: %+v %v", c, err)
 	}
 	t.Setenv(EnvDefaultGateway, "wss://127.0.0.1:8443")
@@ -218,7 +227,7 @@ func TestNodeExplainsUnreachableGateway(t *testing.T) {
 	srv.StartTLS()
 	defer srv.Close()
 	for _, c := range []struct{ url, says string }{
-		{"wss://" + closed, closed + " refused the connection: the gateway is down or the address is wrong; retrying in "},
+		{"wss://" + closed, closed + " refused the connection: the gateway is down or the address is wrong; retrying "},
 		{"wss://" + srv.Listener.Addr().String(), "TLS: " + srv.Listener.Addr().String() + "'s certificate is not signed by an authority this device trusts"},
 	} {
 		data := t.TempDir()
@@ -234,7 +243,9 @@ func TestNodeExplainsUnreachableGateway(t *testing.T) {
 		done := make(chan struct{})
 		go func() { defer close(done); _ = n.Run(ctx) }()
 		waitFor(t, "an explained dial failure", 10*time.Second, func() bool { return strings.Contains(n.Stats().Reason, c.says) })
-		if s := n.Stats(); s.State != status.Dialing || !strings.Contains(s.Reason, "retrying in ") {
+		// Waiting to redial is Offline, not "connecting", and the delay
+		// counts down in whole seconds (or says "now").
+		if s := n.Stats(); s.State != status.Offline || !regexp.MustCompile(`; retrying (in [0-9]+ s|now)$`).MatchString(s.Reason) {
 			t.Errorf("%s: %+v", c.url, s)
 		}
 		t.Logf("%s: %s", c.url, n.Stats().Reason)

@@ -1,8 +1,10 @@
 package status
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // Problem kinds ExplainDial tells apart.
@@ -93,4 +95,27 @@ func DialReason(gateway, reason, lastError string) string {
 		return text + "; retrying in " + m[1]
 	}
 	return text + "; retrying"
+}
+
+// DialReasonAt is DialReason for a reason the worker set elapsed ago: the
+// backoff delay it names counts down ("retrying in 8 s", then "retrying
+// now"), instead of repeating the delay as it was when set.
+func DialReasonAt(gateway, reason, lastError string, elapsed time.Duration) string {
+	_, text := ExplainDial(gateway, lastError)
+	if text == "" {
+		return reason
+	}
+	m := retryIn.FindStringSubmatch(reason)
+	if m == nil {
+		return text + "; retrying"
+	}
+	d, err := time.ParseDuration(m[1])
+	if err != nil {
+		return text + "; retrying in " + m[1]
+	}
+	left := d - elapsed
+	if left <= 0 {
+		return text + "; retrying now"
+	}
+	return fmt.Sprintf("%s; retrying in %d s", text, int((left+time.Second-1)/time.Second))
 }

@@ -72,3 +72,19 @@ func TestExplainDial(t *testing.T) {
 		t.Errorf("DialReason without error %q", got)
 	}
 }
+
+// TestDialReasonCountsDown: the worker's backoff delay, set once, counts
+// down with the time since it was set.
+func TestDialReasonCountsDown(t *testing.T) {
+	const reason = "reconnecting in 11.09s: dial tcp 1.2.3.4:443: connect: connection refused"
+	for _, c := range []struct {
+		elapsed time.Duration
+		want    string
+	}{{0, "retrying in 12 s"}, {time.Second, "retrying in 11 s"}, {10 * time.Second, "retrying in 2 s"}, {11090 * time.Millisecond, "retrying now"},
+		{time.Minute, "retrying now"}} {
+		got := DialReasonAt("gw:443", reason, "dial tcp 1.2.3.4:443: connect: connection refused", c.elapsed)
+		if want := "gw:443 refused the connection: the gateway is down or the address is wrong; " + c.want; got != want {
+			t.Errorf("after %v: %q, want %q", c.elapsed, got, want)
+		}
+	}
+}

@@ -22,13 +22,15 @@ type Sample struct {
 
 // Meter keeps the last Capacity snapshots with their times and derives
 // rates from them. It is safe for concurrent use. Counters that go down
-// (the worker restarted) start a new baseline instead of giving negative
-// rates.
+// (the worker restarted and counts from 0 again) continue from the last
+// count, so the series goes on across a restart without negative rates.
 type Meter struct {
-	mu   sync.Mutex
-	buf  []point // ring, oldest at head
-	head int
-	n    int
+	mu                sync.Mutex
+	buf               []point // ring, oldest at head
+	head              int
+	n                 int
+	rawRows, rawBytes uint64 // the newest snapshot's own counters
+	offRows, offBytes uint64 // added to a restarted worker's counters
 }
 
 type point struct {
@@ -46,14 +48,18 @@ func NewMeter(capacity int) *Meter {
 // Add records snapshot s taken at time t. Times must not go backwards; a
 // sample at or before the newest one replaces it.
 func (m *Meter) Add(t time.Time, s Snapshot) {
-	p := point{t: t, rows: s.Rows, bytes: s.BytesIn + s.BytesOut}
+	rows, bytes := s.Rows, s.BytesIn+s.BytesOut
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.n > 0 && (rows < m.rawRows || bytes < m.rawBytes) { // restarted: go on from the last count
+		last := m.buf[(m.head+m.n-1)%len(m.buf)]
+		m.offRows, m.offBytes = last.rows, last.bytes
+	}
+	m.rawRows, m.rawBytes = rows, bytes
+	p := point{t: t, rows: rows + m.offRows, bytes: bytes + m.offBytes}
 	if m.n > 0 {
 		last := &m.buf[(m.head+m.n-1)%len(m.buf)]
-		if p.rows < last.rows || p.bytes < last.bytes { // restarted: new baseline
-			m.head, m.n = 0, 0
-		} else if !t.After(last.t) {
+		if !t.After(last.t) {
 			*last = p
 			return
 		}
@@ -124,20 +130,9 @@ func FormatMBps(bytesPS float64) string { return fmt.Sprintf("%.2f MB/s", bytesP
 // up: 8945664 -> "0.00895 KVR" (walletapi.FormatKVR).
 func FormatKVR(nkvr uint64) string { return walletapi.FormatKVR(nkvr) }
 
-// FormatBytes renders a byte count with a binary unit and one decimal:
-// 1536 -> "1.5 KiB", 0 -> "0 B".
-func FormatBytes(b uint64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := uint64(unit), 0
-	for n := b / unit; n >= unit && exp < 5; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
-}
+// FormatBytes renders a byte count in decimal units, the app's one unit
+// system (walletapi.FormatBytes): 1536 -> "1.54 kB", 0 -> "0 B".
+func FormatBytes(b uint64) string { return walletapi.FormatBytes(b) }
 
 // FormatRTT renders a round trip in milliseconds with one decimal, or "—"
 // when unknown (0).

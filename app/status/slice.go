@@ -20,10 +20,16 @@ type SliceInfo struct {
 
 // Summary renders s in one line for people, e.g.
 //
-//	96 experts in 2 layers, 12.0 MiB of 64.0 MiB quota, integrity verified 12:00:05
+//	96 experts in 2 layers, 12.6 MB of 67.1 MB quota, integrity verified 12:00:05
 func (s SliceInfo) Summary() string {
 	if s.Problem != "" {
 		return s.Problem
+	}
+	if s.Experts == 0 && s.Bad == 0 {
+		if s.QuotaBytes > 0 {
+			return "no experts held yet (quota " + FormatBytes(s.QuotaBytes) + "): the backbone assigns them once connected"
+		}
+		return "no experts held"
 	}
 	plural := func(n int, one string) string {
 		if n == 1 {

@@ -63,14 +63,19 @@ func TestMeterWindowRingAndRestart(t *testing.T) {
 	if r, _ := m.Rate(time.Second); r != 60 {
 		t.Errorf("after replace %v, want 60", r)
 	}
-	// Counter went down: new baseline, no negative rate.
+	// Counters went down (the worker restarted, counting from 0 again):
+	// the series goes on from the last count, no reset, no negative rate.
 	m.Add(t0.Add(6*time.Second), Snapshot{Rows: 5})
-	if r, _ := m.Rate(0); r != 0 {
-		t.Errorf("after restart %v, want 0", r)
+	if r, _ := m.Rate(time.Second); r != 5 {
+		t.Errorf("after restart %v, want 5", r)
 	}
 	m.Add(t0.Add(8*time.Second), Snapshot{Rows: 25})
-	if r, _ := m.Rate(0); r != 10 {
+	if r, _ := m.Rate(2 * time.Second); r != 10 {
 		t.Errorf("after restart %v, want 10", r)
+	}
+	// Held: t=4 (100), 5 (160), 6 (165), 8 (185).
+	if s := m.Series(); len(s) != 3 || s[0].RowsPS != 60 || s[1].RowsPS != 5 || s[2].RowsPS != 10 {
+		t.Errorf("series across the restart %+v", s)
 	}
 }
 
@@ -84,10 +89,10 @@ func TestFormat(t *testing.T) {
 		{ExactKVR(8_945_664), "0.008945664"},
 		{ExactKVR(12_000_000_001), "12.000000001"},
 		{FormatBytes(0), "0 B"},
-		{FormatBytes(1023), "1023 B"},
-		{FormatBytes(1536), "1.5 KiB"},
-		{FormatBytes(64 << 20), "64.0 MiB"},
-		{FormatBytes(3 << 30), "3.0 GiB"},
+		{FormatBytes(1023), "1.02 kB"}, {FormatBytes(999), "999 B"},
+		{FormatBytes(1536), "1.54 kB"},
+		{FormatBytes(64 << 20), "67.1 MB"},
+		{FormatBytes(3 << 30), "3.22 GB"},
 		{FormatRTT(0), "—"},
 		{FormatRTT(12345 * time.Microsecond), "12.3 ms"},
 		{Line(Snapshot{State: Connected, Gateway: "gw.example:443", RTT: 12 * time.Millisecond}, 2469, 1_277_952, 9_100_000, 8_945_664),
@@ -95,9 +100,9 @@ func TestFormat(t *testing.T) {
 		{Line(Snapshot{State: Connected, DownloadBytesDone: 3 << 20, DownloadBytesTotal: 4 << 20, DownloadExpertsDone: 6, DownloadExpertsTotal: 8}, 0, 0, 0, 0),
 			"connected gw=- rtt=— 0.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR download=6/8 experts"},
 		{Snapshot{DownloadBytesDone: 3 << 20, DownloadBytesTotal: 4 << 20, DownloadExpertsDone: 6, DownloadExpertsTotal: 8}.DownloadLine(),
-			"downloading experts: 6 of 8, 3.0 MiB of 4.0 MiB (75%)"},
+			"downloading experts: 6 of 8, 3.15 MB of 4.19 MB (75%)"},
 		{Snapshot{DownloadBytesDone: 4 << 20, DownloadBytesTotal: 4 << 20, DownloadExpertsDone: 8, DownloadExpertsTotal: 8}.DownloadLine(),
-			"assigned experts held: 8 of 8, 4.0 MiB of 4.0 MiB (100%)"},
+			"assigned experts held: 8 of 8, 4.19 MB of 4.19 MB (100%)"},
 		{Snapshot{}.DownloadLine(), ""},
 		{Line(Snapshot{State: Offline, Reason: "gateway unreachable"}, 0, 0, 0, 0),
 			"offline gw=- rtt=— 0.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR (gateway unreachable)"},
@@ -190,11 +195,14 @@ func TestSliceSummary(t *testing.T) {
 		want string
 	}{
 		{SliceInfo{Problem: "no slice folder set"}, "no slice folder set"},
-		{SliceInfo{Layers: 1, Experts: 1, Bytes: 1536}, "1 expert in 1 layer, 1.5 KiB, integrity not verified"},
+		{SliceInfo{Layers: 1, Experts: 1, Bytes: 1536}, "1 expert in 1 layer, 1.54 kB, integrity not verified"},
 		{SliceInfo{Layers: 2, Experts: 96, Bytes: 12 << 20, QuotaBytes: 64 << 20, Verified: true, VerifiedAt: at},
-			"96 experts in 2 layers, 12.0 MiB of 64.0 MiB quota, integrity verified 12:00:05"},
+			"96 experts in 2 layers, 12.6 MB of 67.1 MB quota, integrity verified 12:00:05"},
 		{SliceInfo{Layers: 2, Experts: 95, Bytes: 12 << 20, Bad: 1, Verified: true, VerifiedAt: at},
-			"95 experts in 2 layers, 12.0 MiB, 1 experts failed the hash check and are not served (verified 12:00:05)"},
+			"95 experts in 2 layers, 12.6 MB, 1 experts failed the hash check and are not served (verified 12:00:05)"},
+		// An empty folder has nothing to verify: no "integrity verified".
+		{SliceInfo{QuotaBytes: 4e9, Verified: true, VerifiedAt: at}, "no experts held yet (quota 4.00 GB): the backbone assigns them once connected"},
+		{SliceInfo{Verified: true, VerifiedAt: at}, "no experts held"},
 	}
 	for _, c := range cases {
 		if got := c.s.Summary(); got != c.want {

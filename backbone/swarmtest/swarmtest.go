@@ -63,8 +63,30 @@ type Swarm struct {
 	closes   []func() error
 }
 
-// Start starts the swarm in dir (created), crediting every creditEvery.
-func Start(dir string, creditEvery time.Duration) (_ *Swarm, err error) {
+// Options tunes StartWith.
+type Options struct {
+	CreditEvery time.Duration // the gateway's crediting poll; 0 = 1 s, the gateway command's default
+	// NoSettle runs the hub without settling (SettleDelay and
+	// SettleResults 0, a 200 ms flush): creditable bytes reach the ledger
+	// within a flush, for tests that need credits within seconds while the
+	// worker works. Without it the hub runs on the hub command's defaults
+	// (hub.DefaultSettleDelay, hub.DefaultSettleResults, a 1 s flush), as
+	// a real deployment does.
+	NoSettle bool
+}
+
+// Start starts the swarm in dir (created) with the hub on the hub
+// command's default settle rules, crediting every creditEvery.
+func Start(dir string, creditEvery time.Duration) (*Swarm, error) {
+	return StartWith(dir, Options{CreditEvery: creditEvery})
+}
+
+// StartWith starts the swarm in dir (created) as o says.
+func StartWith(dir string, o Options) (_ *Swarm, err error) {
+	if o.CreditEvery <= 0 {
+		o.CreditEvery = time.Second
+	}
+	creditEvery := o.CreditEvery
 	s := &Swarm{dir: dir}
 	defer func() {
 		if err != nil {
@@ -126,8 +148,12 @@ func Start(dir string, creditEvery time.Duration) (_ *Swarm, err error) {
 	}
 	s.closes = append(s.closes, s.Ledger.Close)
 	secret := []byte("swarmtest-secret-0123456789abcdef")
-	if s.Hub, err = hub.New(hub.Config{Listen: "127.0.0.1:0", Backbone: s.Disp.Addr(), Secret: secret, Meter: s.Ledger,
-		FlushEvery: 200 * time.Millisecond, Logger: quiet}); err != nil {
+	hc := hub.Config{Listen: "127.0.0.1:0", Backbone: s.Disp.Addr(), Secret: secret, Meter: s.Ledger, Logger: quiet,
+		SettleDelay: hub.DefaultSettleDelay, SettleResults: hub.DefaultSettleResults}
+	if o.NoSettle {
+		hc.SettleDelay, hc.SettleResults, hc.FlushEvery = 0, 0, 200*time.Millisecond
+	}
+	if s.Hub, err = hub.New(hc); err != nil {
 		return nil, err
 	}
 	if err := s.Hub.Start(); err != nil {

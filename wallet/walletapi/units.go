@@ -63,6 +63,29 @@ func FormatKVR(nkvr uint64) string {
 	return fmt.Sprintf("%d.%05d KVR", q/100_000, q%100_000)
 }
 
+// FormatBytes renders a byte count for people in decimal (SI) units, the
+// one unit system of kvasir's displays (the billing unit is 10^6 bytes,
+// 1 MB): below 1000 bytes exactly ("512 B"), else with three significant
+// figures or more: 1536 -> "1.54 kB", 1277952 -> "1.28 MB", 4e9 -> "4.00 GB".
+func FormatBytes(b uint64) string {
+	if b < 1000 {
+		return fmt.Sprintf("%d B", b)
+	}
+	v, i := float64(b), 0
+	for v >= 999.5 && i < 6 {
+		v /= 1000
+		i++
+	}
+	unit := []string{"B", "kB", "MB", "GB", "TB", "PB", "EB"}[i]
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f %s", v, unit)
+	case v >= 10:
+		return fmt.Sprintf("%.1f %s", v, unit)
+	}
+	return fmt.Sprintf("%.2f %s", v, unit)
+}
+
 // FormatUnits renders a byte count as billing units (10^6 bytes), exactly,
 // with 6 decimals. Example: 1277952 -> "1.277952".
 func FormatUnits(bytes uint64) string {

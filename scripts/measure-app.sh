@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/measure-app.sh [BIN] — the contributor window's resident memory
 # (anonymous / file-backed) and CPU, connected to a loopback swarm
-# (scripts/measure/swarm: app/swarmtest, hub on its defaults) under Xvfb
+# (scripts/measure/swarm: backbone/swarmtest, hub on its defaults) under Xvfb
 # with software GL: idle 20-35 s after start (connected, no work), then
 # working (a load from 40 s) 60-75 s after start; --threads 1. It also
 # measures the same worker without a window (--headless) and the smallest

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/app/status"
-	"github.com/kvasir-ai/kvasir/app/swarmtest"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/wallet"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )

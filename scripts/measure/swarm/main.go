@@ -1,5 +1,5 @@
 // Command swarm (scripts/measure-app.sh): a loopback swarm
-// (app/swarmtest, hub on its defaults) that prints its gateway URL and CA
+// (backbone/swarmtest, hub on its defaults) that prints its gateway URL and CA
 // file, then serves until killed; with -load it asks for expert outputs.
 package main
 
@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"time"
 
-	"github.com/kvasir-ai/kvasir/app/swarmtest"
+	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 )
 
 func main() {

@@ -16,7 +16,7 @@ import (
 
 // loadTinyMTP loads tiny-qwen35moe generated with an MTP block
 // (modelgen Spec.NextN 1).
-func loadTinyMTP(t *testing.T) *Model {
+func loadTinyMTP(t testing.TB) *Model {
 	t.Helper()
 	s, err := modelgen.Preset("tiny-qwen35moe")
 	if err != nil {
@@ -107,5 +107,32 @@ func TestDecodeDraftsMTPAccepted(t *testing.T) {
 	}
 	if got.Accepted != got.Drafted || got.Forwards >= plain.Forwards/3 {
 		t.Errorf("%d forwards (plain %d), drafted %d, accepted %d", got.Forwards, plain.Forwards, got.Drafted, got.Accepted)
+	}
+}
+
+// BenchmarkDraftMTP decodes 64 tokens of the generated tiny qwen35moe
+// with an MTP block, plain and with MTP drafts (random weights: few are
+// accepted), reporting decode tok/s, forwards and the acceptance rate
+// (docs/BENCHMARKS-by-hand.md).
+func BenchmarkDraftMTP(b *testing.B) {
+	m := loadTinyMTP(b)
+	for _, k := range []int{0, 1, 3} {
+		o := DecodeOptions{Prompt: "The swarm decodes", MaxTokens: 64}
+		name := "none"
+		if k > 0 {
+			o.Draft, o.DraftMax, name = spec.ModeMTP, k, "mtp-"+string(rune('0'+k))
+		}
+		b.Run(name, func(b *testing.B) {
+			var r *Result
+			for b.Loop() {
+				var err error
+				if r, err = Decode(context.Background(), m, o, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(r.DecodeTokS, "tok/s")
+			b.ReportMetric(float64(r.Forwards), "forwards")
+			b.ReportMetric(100*r.AcceptRate(), "accept%")
+		})
 	}
 }

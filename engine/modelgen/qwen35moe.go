@@ -26,9 +26,10 @@ func init() {
 }
 
 // qwen35moeRecurrent is llama.cpp's is_recr for the interval layout:
-// layer il is Gated DeltaNet unless (il+1) % FullAttnInterval == 0.
+// layer il is Gated DeltaNet unless (il+1) % FullAttnInterval == 0; an
+// MTP block (il >= Layers with NextN > 0) never is.
 func qwen35moeRecurrent(s Spec, il int) bool {
-	return il < s.Layers && s.FullAttnInterval > 0 && (il+1)%s.FullAttnInterval != 0
+	return (s.NextN == 0 || il < s.Layers) && s.FullAttnInterval > 0 && (il+1)%s.FullAttnInterval != 0
 }
 
 // qwen35moeCheck validates the qwen35moe fields of s; errors wrap ErrSpec.

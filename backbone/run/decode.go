@@ -75,9 +75,12 @@ type Result struct {
 // o.Draft each forward verifies the sampled token and up to o.DraftMax
 // drafts after it (package spec: same tokens and logits, fewer forwards).
 // The experts are whatever m.Engine() has installed; ctx cancels the
-// forward passes. Errors: the prompt encodes to no tokens, ModeMTP (not
-// run yet) or an unknown mode, or those of Forward, Checkpoint and
-// Truncate and of writing to out.
+// forward passes. With spec.ModeMTP the drafts come from the model's
+// multi-token-prediction head (model.MTPDrafter, shown every forward's
+// rows and hidden states); its time counts in the decode's. Errors: the
+// prompt encodes to no tokens, ModeMTP on a model without an MTP head
+// (model.ErrNoMTP) or an unknown mode, or those of Forward, Hidden, the
+// MTP drafter, Checkpoint and Truncate and of writing to out.
 func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Result, error) {
 	if out == nil {
 		out = io.Discard
@@ -95,12 +98,17 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 		draftMax = spec.DefaultMax
 	}
 	var draft func(dst, hist []int32, max int) []int32
+	var mtp *model.MTPDrafter
 	switch res.Draft {
 	case spec.ModeNone:
 	case spec.ModeNGram:
 		draft = spec.NGram
 	case spec.ModeMTP:
-		return nil, errors.New("draft mode mtp: this engine does not run the multi-token-prediction head yet (use ngram)")
+		d, err := eng.NewMTPDrafter()
+		if err != nil {
+			return nil, fmt.Errorf("draft mode mtp: %w (use ngram)", err)
+		}
+		mtp = d
 	default:
 		return nil, fmt.Errorf("draft mode %q: want none, ngram or mtp", res.Draft)
 	}
@@ -129,6 +137,31 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 	}
 	res.PrefillTokS = float64(len(rows)) / time.Since(start).Seconds()
 	hashLogits(logits[:vocab])
+	// observe shows the MTP drafter the rows of the Forward just run
+	// (tokens and output-normed hidden states).
+	var hidden []float32
+	var rowToks []int32
+	observe := func(rows []model.Row) error {
+		if mtp == nil {
+			return nil
+		}
+		e := eng.Params().Embd
+		if cap(hidden) < len(rows)*e {
+			hidden = make([]float32, len(rows)*e)
+		}
+		hidden = hidden[:len(rows)*e]
+		rowToks = rowToks[:0]
+		for _, r := range rows {
+			rowToks = append(rowToks, r.Token)
+		}
+		if err := eng.Hidden(hidden); err != nil {
+			return err
+		}
+		return mtp.Observe(rows[0].Pos, rowToks, hidden)
+	}
+	if err := observe(rows); err != nil {
+		return nil, err
+	}
 
 	sampler := model.NewSampler(o.Sampler)
 	dec := tok.NewDecoder(false)
@@ -160,8 +193,18 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 		}
 		// Drafts: at most what MaxTokens and the context leave after next.
 		drafts = drafts[:0]
-		if k := min(draftMax, o.MaxTokens-len(res.Tokens), ctxLen-1-seq.Len()); draft != nil && k > 0 {
-			drafts = draft(drafts, hist, k)
+		var draftTime time.Duration
+		if k := min(draftMax, o.MaxTokens-len(res.Tokens), ctxLen-1-seq.Len()); k > 0 {
+			switch {
+			case draft != nil:
+				drafts = draft(drafts, hist, k)
+			case mtp != nil:
+				t0 := time.Now()
+				if drafts, err = mtp.Draft(ctx, drafts, next, k); err != nil {
+					return nil, err
+				}
+				draftTime = time.Since(t0)
+			}
 		}
 		base := seq.Len()
 		rows = rows[:0]
@@ -178,7 +221,10 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 		if err := eng.Forward(ctx, rows, logits[:len(rows)*vocab]); err != nil {
 			return nil, err
 		}
-		step := time.Since(t0)
+		if err := observe(rows); err != nil {
+			return nil, err
+		}
+		step := time.Since(t0) + draftTime
 		decodeTime += step
 		maxStep = max(maxStep, step)
 		res.Forwards++
@@ -206,6 +252,11 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 		if len(drafts) > 0 {
 			if err := seq.Truncate(base + 1 + kept); err != nil {
 				return nil, err
+			}
+			if mtp != nil {
+				if err := mtp.Truncate(base + 1 + kept); err != nil {
+					return nil, err
+				}
 			}
 		}
 		if stop {

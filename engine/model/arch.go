@@ -39,6 +39,12 @@ type arch struct {
 	// block loads layer il's tensors into b, whose Memory and FFN are
 	// already set; it fails l (ErrTensor, ErrMetadata) rather than return.
 	block func(l *loader, p *Params, il int, b *Block)
+	// mtp, when set, loads the multi-token-prediction block il (=
+	// Params.Layers, nextn_predict_layers 1) into b (Memory MemoryKV, FFN
+	// FFNMoE already set) the way block loads a main layer; Load adds the
+	// block's nextn tensors (MTPHead). Nil: the architecture's MTP blocks,
+	// if any, are not run.
+	mtp func(l *loader, p *Params, il int, b *Block)
 }
 
 // noParams is arch.params for an architecture with no hyperparameters of

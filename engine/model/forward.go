@@ -29,6 +29,9 @@ type Sequence struct {
 	// cp is the open checkpoint (Checkpoint), nil if none; spare an ended
 	// one whose buffers the next Checkpoint reuses.
 	cp, spare *checkpoint
+	// mtp: the memory of the MTP head (MTPDrafter): only layer
+	// Params.Layers (the MTP block) is used.
+	mtp bool
 }
 
 // layerMemory is one layer's memory in a Sequence, of the kind its
@@ -136,7 +139,7 @@ func (s *Sequence) reserve(need int) {
 	c := min(p.Context, max(need, 2*s.capPos, 64))
 	kd, vd := p.HeadsKV*p.HeadDim, p.HeadsKV*p.HeadDimV
 	for l := range s.mem {
-		if s.m.Blocks[l].Memory != MemoryKV {
+		if (l == len(s.m.Blocks)) != s.mtp || s.m.blockAt(l).Memory != MemoryKV {
 			continue
 		}
 		lm := &s.mem[l]
@@ -166,6 +169,7 @@ type Row struct {
 // workspace holds Forward's buffers, grown on demand and reused.
 type workspace struct {
 	rows                     int
+	lastRows                 int // rows of the last successful Forward (Hidden)
 	x, xn, q, k, v, att, tmp []float32
 	qg, gate                 []float32 // gated attention: attn_q's output, the gate half
 	cos, sin                 []float32 // rows x RopeDim/2
@@ -254,28 +258,14 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 		}
 		return nil
 	}
-	nl, err := m.checkRows(rows)
+	nl, err := m.prepare(rows, false)
 	if err != nil {
 		return err
 	}
 	if len(logits) != nl*p.Vocab {
 		return fmt.Errorf("%w: logits buffer holds %d floats, want %d x %d", ErrBatch, len(logits), nl, p.Vocab)
 	}
-	maxPos := 0
-	for i := range rows {
-		rows[i].Seq.reserve(rows[i].Seq.pending)
-		maxPos = max(maxPos, rows[i].Pos)
-	}
 	ws := &m.ws
-	ws.ensure(p, m.ffnFF, m.gated, n)
-	for len(ws.scores) < m.threads {
-		ws.scores = append(ws.scores, nil)
-	}
-	ws.groups = ws.groups[:0]
-	if p.RecurrentCount > 0 {
-		ws.groupRows(rows)
-	}
-	ws.touched = false
 	defer func() {
 		if ws.touched && err != nil {
 			for i := range rows {
@@ -283,11 +273,6 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 			}
 		}
 	}()
-	for w := range ws.scores {
-		if len(ws.scores[w]) < maxPos+1 {
-			ws.scores[w] = make([]float32, max(maxPos+1, 2*len(ws.scores[w])))
-		}
-	}
 
 	if err := m.embed(rows); err != nil {
 		return err
@@ -318,22 +303,73 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 			s.cp.logged = s.n - s.cp.n
 		}
 	}
+	ws.lastRows = n
 	return nil
+}
+
+// prepare validates a non-empty batch (checkRows; every row's sequence
+// an MTP head's when mtp is set, none otherwise), grows its sequences'
+// memory and the workspace for it, and returns the rows asking for
+// logits. It clears ws.lastRows (Hidden) and ws.touched.
+func (m *Model) prepare(rows []Row, mtp bool) (nl int, err error) {
+	p, ws := m.p, &m.ws
+	ws.lastRows = 0
+	nl, err = m.checkRows(rows)
+	if err != nil {
+		return 0, err
+	}
+	for i := range rows {
+		if rows[i].Seq.mtp != mtp {
+			return 0, fmt.Errorf("%w: row %d: an MTP head's sequence in a model Forward, or the reverse", ErrBatch, i)
+		}
+	}
+	maxPos := 0
+	for i := range rows {
+		rows[i].Seq.reserve(rows[i].Seq.pending)
+		maxPos = max(maxPos, rows[i].Pos)
+	}
+	ws.ensure(p, m.ffnFF, m.gated, len(rows))
+	for len(ws.scores) < m.threads {
+		ws.scores = append(ws.scores, nil)
+	}
+	ws.groups = ws.groups[:0]
+	if p.RecurrentCount > 0 {
+		ws.groupRows(rows)
+	}
+	ws.touched = false
+	for w := range ws.scores {
+		if len(ws.scores[w]) < maxPos+1 {
+			ws.scores[w] = make([]float32, max(maxPos+1, 2*len(ws.scores[w])))
+		}
+	}
+	return nl, nil
+}
+
+// blockAt returns layer il's block: Blocks[il], or the MTP head's block
+// for il == Params.Layers.
+func (m *Model) blockAt(il int) *Block {
+	if il == len(m.Blocks) && m.MTP != nil {
+		return &m.MTP.Block
+	}
+	return &m.Blocks[il]
 }
 
 // embed sets ws.x to the rows' token embeddings (token_embd rows,
 // dequantized) and ws.cos, ws.sin to their positions' rotary tables.
-func (m *Model) embed(rows []Row) error {
+func (m *Model) embed(rows []Row) error { return m.embedWith(&m.TokenEmbd, rows) }
+
+// embedWith is embed with the embedding matrix e (Vocab x Embd).
+func (m *Model) embedWith(e *Weight, rows []Row) error {
 	p, ws := m.p, &m.ws
 	d := p.Embd
-	erb, err := m.TokenEmbd.Type.RowBytes(d)
+	erb, err := e.Type.RowBytes(d)
 	if err != nil {
 		return err
 	}
 	half := p.RopeDim / 2
 	for i := range rows {
 		t := int(rows[i].Token)
-		if err := quant.Dequantize(m.TokenEmbd.Type, m.TokenEmbd.Data[t*erb:(t+1)*erb], ws.x[i*d:(i+1)*d]); err != nil {
+		if err := quant.Dequantize(e.Type, e.Data[t*erb:(t+1)*erb], ws.x[i*d:(i+1)*d]); err != nil {
 			return err
 		}
 		ropeTable(p, rows[i].Pos, ws.cos[i*half:(i+1)*half], ws.sin[i*half:(i+1)*half])
@@ -422,7 +458,7 @@ func (ws *workspace) groupRows(rows []Row) {
 // residual, then the feed-forward block its FFN kind names (MoE or dense)
 // on the FFNNorm'd rows and its residual (src/models/<arch>.cpp).
 func (m *Model) layer(ctx context.Context, il int, rows []Row) error {
-	p, ws, b := m.p, &m.ws, &m.Blocks[il]
+	p, ws, b := m.p, &m.ws, m.blockAt(il)
 	n, d := len(rows), p.Embd
 	for i := range n {
 		rmsNorm(ws.xn[i*d:(i+1)*d], ws.x[i*d:(i+1)*d], b.AttnNorm, p.NormEps)

@@ -132,6 +132,12 @@ type Model struct {
 	OutputNorm []float32 // output_norm [Embd]
 	Output     Weight    // output Vocab x Embd; token_embd when the file has no output.weight
 	Blocks     []Block   // blk.0 .. blk.(Layers-1)
+	// MTP is the multi-token-prediction head (blk.Layers, qwen35moe's
+	// nextn_predict_layers block), nil when the file has none that this
+	// engine runs (MTPErr says why).
+	MTP *MTPHead
+
+	mtpErr error // why MTP is nil
 
 	local   *expert.Local
 	experts expert.Computer
@@ -178,8 +184,17 @@ func Load(f *gguf.File) (*Model, error) {
 	}
 	m.p = p
 	m.experts = m.local
-	for i := range m.Blocks {
-		b := &m.Blocks[i]
+	if p.NextN > 0 {
+		m.loadMTP(a, l, &p, layers[p.Layers])
+	} else {
+		m.loadMTP(a, l, &p, nil)
+	}
+	blocks := m.Blocks
+	if m.MTP != nil {
+		blocks = append(blocks[:len(blocks):len(blocks)], m.MTP.Block)
+	}
+	for i := range blocks {
+		b := &blocks[i]
 		if b.Attn != nil && b.Attn.Gated {
 			m.gated = true
 		}

@@ -22,8 +22,10 @@ import (
 // Multi-token-prediction blocks (nextn_predict_layers > 0, the last ones of
 // block_count, as llama.cpp's converter writes Qwen3.5's MTP head) are not
 // run by llama.cpp's main graph, nor here: Forward runs the first
-// block_count - nextn_predict_layers layers, and only the MTP blocks'
-// routed experts are loaded (they belong to the file's expert set).
+// block_count - nextn_predict_layers layers. The MTP block's routed
+// experts belong to the file's expert set; the block itself (one, as
+// llama.cpp supports) is loaded as Model.MTP when all its tensors are
+// there and run by MTPDrafter (mtp.go, llama.cpp's graph_mtp).
 //
 // Its generator (the writer of such files) is engine/modelgen/qwen35moe.go.
 func init() {
@@ -38,6 +40,9 @@ func init() {
 		memory:          qwen35moeMemory,
 		ffn:             moeEveryLayer,
 		block:           qwen35moeBlock,
+		// The MTP block is a full-attention block (llama.cpp's
+		// load_block_mtp), as qwen35moeBlock loads it with MemoryKV.
+		mtp: qwen35moeBlock,
 	})
 }
 

@@ -122,7 +122,7 @@ func isd(n int) float32 { return float32(1 / math.Sqrt(float64(n))) }
 func attentionKeys(s Spec, w *gguf.Writer, a string) {
 	w.SetUint32(a+"context_length", uint32(s.Context))
 	w.SetUint32(a+"embedding_length", uint32(s.Embd))
-	w.SetUint32(a+"block_count", uint32(s.Layers))
+	w.SetUint32(a+"block_count", uint32(s.Layers+s.NextN))
 	w.SetUint32(a+"attention.head_count", uint32(s.Heads))
 	w.SetUint32(a+"attention.head_count_kv", uint32(s.HeadsKV))
 	w.SetUint32(a+"attention.key_length", uint32(s.HeadDim))

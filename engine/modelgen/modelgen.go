@@ -65,6 +65,16 @@ type Spec struct {
 	RopeDim          int    // qwen35moe rope.dimension_count: rotated dims per head (0: HeadDim)
 	RopeSections     [4]int // qwen35moe rope.dimension_sections (IMROPE sections, in rotated pairs)
 	SharedFF         int    // qwen35moe expert_shared_feed_forward_length
+	// NextN (qwen35moe nextn_predict_layers, 0 or 1): multi-token-prediction
+	// blocks written after the Layers main ones (block_count = Layers +
+	// NextN), as llama.cpp's converter writes Qwen3.5's MTP head: a gated
+	// full-attention block with the MoE and shared expert of a main layer,
+	// plus nextn.eh_proj (ne [2*Embd, Embd]), nextn.enorm, nextn.hnorm and
+	// nextn.shared_head_norm ([Embd]); the head's embedding and output
+	// fall back to token_embd and the model's output (llama.cpp
+	// src/models/qwen35moe.cpp load_block_mtp). Loaded and run by
+	// engine/model's MTP draft head (engine/model/mtp.go).
+	NextN int
 
 	// UntiedOutput writes an output.weight LM head of its own; by default
 	// the head is tied to token_embd (no output.weight, as in the fixtures).
@@ -227,6 +237,8 @@ func (s Spec) check() error {
 		return bad("experts %d, used %d, ffn %d", s.Experts, s.ExpertsUsed, s.ExpertFF)
 	case s.Context <= 0 || s.Vocab <= 0:
 		return bad("context %d, vocab %d", s.Context, s.Vocab)
+	case s.NextN < 0 || s.NextN > 1 || (s.NextN > 0 && s.arch() != ArchQwen35MoE):
+		return bad("nextn_predict_layers %d: want 0, or 1 on %s", s.NextN, ArchQwen35MoE)
 	case !s.Type.Supported():
 		return bad("type %v cannot be computed with", s.Type)
 	}
@@ -324,7 +336,7 @@ func (s Spec) plan(vocab int) ([]*tensorSpec, []outTensor) {
 		p.add("output.weight", s.mixType(d, true), 0, 0.6, d, vocab)
 	}
 	g := generators[s.arch()]
-	for il := range s.Layers {
+	for il := range s.Layers + s.NextN {
 		g.layer(s, &p, il)
 	}
 	return p.ts, p.out

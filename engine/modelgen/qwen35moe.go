@@ -26,9 +26,10 @@ func init() {
 }
 
 // qwen35moeRecurrent is llama.cpp's is_recr for the interval layout:
-// layer il is Gated DeltaNet unless (il+1) % FullAttnInterval == 0.
+// layer il is Gated DeltaNet unless (il+1) % FullAttnInterval == 0; an
+// MTP block (il >= Layers with NextN > 0) never is.
 func qwen35moeRecurrent(s Spec, il int) bool {
-	return s.FullAttnInterval > 0 && (il+1)%s.FullAttnInterval != 0
+	return (s.NextN == 0 || il < s.Layers) && s.FullAttnInterval > 0 && (il+1)%s.FullAttnInterval != 0
 }
 
 // qwen35moeCheck validates the qwen35moe fields of s; errors wrap ErrSpec.
@@ -83,6 +84,9 @@ func qwen35moeMetadata(s Spec, w *gguf.Writer, a string) {
 	w.SetUint32(a+"ssm.group_count", uint32(s.SSMGroups))
 	w.SetUint32(a+"ssm.time_step_rank", uint32(s.SSMDtRank))
 	w.SetUint32(a+"ssm.inner_size", uint32(s.SSMInner))
+	if s.NextN > 0 {
+		w.SetUint32(a+"nextn_predict_layers", uint32(s.NextN))
+	}
 }
 
 // qwen35moeLayer adds layer il's tensors in the order of fixtures/qwen35moe
@@ -114,6 +118,12 @@ func qwen35moeLayer(s Spec, p *planner, il int) {
 	p.add(b("ffn_gate_shexp"), s.mixType(d, false), 0, isd(d), d, s.SharedFF)
 	p.add(b("ffn_up_shexp"), s.mixType(d, false), 0, isd(d), d, s.SharedFF)
 	p.add(b("ffn_down_shexp"), s.mixType(s.SharedFF, more), 0, 2*isd(s.SharedFF), s.SharedFF, d)
+	if il >= s.Layers { // an MTP block (Spec.NextN): its nextn tensors
+		p.add(b("nextn.eh_proj"), s.mixType(2*d, false), 0, isd(2*d), 2*d, d)
+		p.add(b("nextn.enorm"), quant.F32, 1, 0.1, d)
+		p.add(b("nextn.hnorm"), quant.F32, 1, 0.1, d)
+		p.add(b("nextn.shared_head_norm"), quant.F32, 1, 0.1, d)
+	}
 }
 
 // qwen35moeDeltaNet adds recurrent layer il's Gated DeltaNet tensors.
@@ -138,9 +148,13 @@ func qwen35moeDeltaNet(s Spec, p *planner, il int, more bool) {
 
 // qwen35moeDescribe returns Describe's phrases.
 func qwen35moeDescribe(s Spec) []string {
-	return []string{ArchQwen35MoE,
+	d := []string{ArchQwen35MoE,
 		fmt.Sprintf("%d layers (full attention every %d)", s.Layers, s.FullAttnInterval), fmt.Sprintf("d %d", s.Embd),
 		fmt.Sprintf("heads %d/%d x %d rope %d", s.Heads, s.HeadsKV, s.HeadDim, s.ropeDim()),
 		fmt.Sprintf("deltanet conv %d heads %d/%d x %d", s.SSMConv, s.SSMGroups, s.SSMDtRank, s.SSMState),
 		fmt.Sprintf("experts %d top-%d ffn %d + shared %d", s.Experts, s.ExpertsUsed, s.ExpertFF, s.SharedFF)}
+	if s.NextN > 0 {
+		d = append(d, fmt.Sprintf("%d MTP block", s.NextN))
+	}
+	return d
 }

@@ -887,3 +887,130 @@ q4k58loop:
 	JNZ           q4k58rows
 	K4CLEAN
 	RET
+
+// func deltaRuleAVX512(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
+// genericDeltaRule for n, rows >= 1: per state row j (n floats at st +
+// j*n), pass 1 scales the row by decay, stores it and sums its products
+// with k into 32 lanes (dotF32AVX512's order, tail by masks K1, K2);
+// d = (v[j] - sum) * beta; pass 2 adds k*d (multiply, then add), stores
+// the row and sums its products with q; o[j] = sum * scale. Registers:
+// BX row, R8 rows left, R9 row bytes, R10 &o[j], R13 &v[j], R12 steps of
+// 32, DX tail, Z20 decay, X21 scale, X22 beta, Z23 d.
+TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
+	MOVQ         st+0(FP), BX
+	MOVQ         v+24(FP), R13
+	MOVQ         o+32(FP), R10
+	MOVQ         n+40(FP), DX
+	MOVQ         DX, R9
+	SHLQ         $2, R9
+	MOVQ         DX, R12
+	SHRQ         $5, R12
+	ANDQ         $31, DX
+	MOVQ         rows+48(FP), R8
+	VMOVSS       beta+56(FP), X22
+	VBROADCASTSS decay+60(FP), Z20
+	VMOVSS       scale+64(FP), X21
+	F32TAILMASKS
+
+drow:
+	MOVQ   BX, SI
+	MOVQ   k+16(FP), DI
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	MOVQ   R12, CX
+	TESTQ  CX, CX
+	JZ     datail
+
+daloop:
+	VMULPS  0(SI), Z20, Z4
+	VMULPS  64(SI), Z20, Z5
+	VMOVUPS Z4, 0(SI)
+	VMOVUPS Z5, 64(SI)
+	VMULPS  0(DI), Z4, Z4
+	VMULPS  64(DI), Z5, Z5
+	VADDPS  Z4, Z0, Z0
+	VADDPS  Z5, Z1, Z1
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	DECQ    CX
+	JNZ     daloop
+
+datail:
+	TESTQ     DX, DX
+	JZ        dareduce
+	VMOVUPS.Z 0(SI), K1, Z4
+	VMOVUPS.Z 64(SI), K2, Z5
+	VMULPS    Z20, Z4, Z4
+	VMULPS    Z20, Z5, Z5
+	VMOVUPS   Z4, K1, 0(SI)
+	VMOVUPS   Z5, K2, 64(SI)
+	VMOVUPS.Z 0(DI), K1, Z6
+	VMOVUPS.Z 64(DI), K2, Z7
+	VMULPS    Z6, Z4, Z4
+	VMULPS    Z7, Z5, Z5
+	VADDPS    Z4, Z0, K1, Z0
+	VADDPS    Z5, Z1, K2, Z1
+
+dareduce:
+	REDUCE32Z
+	VMOVSS       0(R13), X2
+	VSUBSS       X0, X2, X2
+	VMULSS       X22, X2, X2
+	VBROADCASTSS X2, Z23
+	MOVQ         BX, SI
+	MOVQ         k+16(FP), DI
+	MOVQ         q+8(FP), R11
+	VXORPS       Z0, Z0, Z0
+	VXORPS       Z1, Z1, Z1
+	MOVQ         R12, CX
+	TESTQ        CX, CX
+	JZ           dbtail
+
+dbloop:
+	VMULPS  0(DI), Z23, Z4
+	VMULPS  64(DI), Z23, Z5
+	VADDPS  0(SI), Z4, Z4
+	VADDPS  64(SI), Z5, Z5
+	VMOVUPS Z4, 0(SI)
+	VMOVUPS Z5, 64(SI)
+	VMULPS  0(R11), Z4, Z4
+	VMULPS  64(R11), Z5, Z5
+	VADDPS  Z4, Z0, Z0
+	VADDPS  Z5, Z1, Z1
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	ADDQ    $128, R11
+	DECQ    CX
+	JNZ     dbloop
+
+dbtail:
+	TESTQ     DX, DX
+	JZ        dbreduce
+	VMOVUPS.Z 0(DI), K1, Z4
+	VMOVUPS.Z 64(DI), K2, Z5
+	VMULPS    Z23, Z4, Z4
+	VMULPS    Z23, Z5, Z5
+	VMOVUPS.Z 0(SI), K1, Z6
+	VMOVUPS.Z 64(SI), K2, Z7
+	VADDPS    Z6, Z4, Z4
+	VADDPS    Z7, Z5, Z5
+	VMOVUPS   Z4, K1, 0(SI)
+	VMOVUPS   Z5, K2, 64(SI)
+	VMOVUPS.Z 0(R11), K1, Z6
+	VMOVUPS.Z 64(R11), K2, Z7
+	VMULPS    Z6, Z4, Z4
+	VMULPS    Z7, Z5, Z5
+	VADDPS    Z4, Z0, K1, Z0
+	VADDPS    Z5, Z1, K2, Z1
+
+dbreduce:
+	REDUCE32Z
+	VMULSS X21, X0, X0
+	VMOVSS X0, 0(R10)
+	ADDQ   $4, R10
+	ADDQ   $4, R13
+	ADDQ   R9, BX
+	DECQ   R8
+	JNZ    drow
+	VZEROUPPER
+	RET

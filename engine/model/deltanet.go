@@ -115,22 +115,13 @@ func convRow(p Params, g *GatedDeltaNet, w0, out []float32) {
 // v and beta, and o = S_h^T q * scale. Forward and Sequence.Truncate's
 // replay share it, so both compute the same bits.
 func deltaStep(st, q, k, v, o []float32, beta, g, scale float32) {
-	S := len(q)
-	decay := float32(math.Exp(float64(g)))
 	// ggml runs four passes over the state (scale, S^T k, the rank-1
 	// update, S^T q); each touches row j of st only with row j's own
 	// values, so one pass per row, while it is in L1, computes the same
-	// bits.
-	for j := range S {
-		mj := st[j*S : (j+1)*S]
-		for i := range mj {
-			mj[i] *= decay
-		}
-		dj := (v[j] - quant.DotF32(mj, k)) * beta
-		for i, ki := range k {
-			mj[i] += float32(ki * dj)
-		}
-		o[j] = quant.DotF32(mj, q) * scale
+	// bits: quant.DeltaRule (a SIMD kernel holding DotF32's order, no
+	// fused multiply-adds). The lengths are the layer's own.
+	if err := quant.DeltaRule(st, q, k, v, o, beta, float32(math.Exp(float64(g))), scale); err != nil {
+		panic(err)
 	}
 }
 

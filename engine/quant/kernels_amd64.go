@@ -403,3 +403,19 @@ func q8_0Sums(w, a []byte, out []int32) { genericQ8_0Sums(w, a, out) }
 func q4KSums(w, a []byte, out []int32) { genericQ4KSums(w, a, out) }
 func q5KSums(w, a []byte, out []int32) { genericQ5KSums(w, a, out) }
 func q6KSums(w, a []byte, out []int32) { genericQ6KSums(w, a, out) }
+
+//go:noescape
+func deltaRuleAVX2(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
+
+// deltaRule is genericDeltaRule (lengths checked by DeltaRule: n =
+// len(q) >= 1, len(o) >= 1 rows) in one kernel call for all rows.
+func deltaRule(st, q, k, v, o []float32, beta, decay, scale float32) {
+	switch {
+	case useSIMD && useAVX512:
+		deltaRuleAVX512(&st[0], &q[0], &k[0], &v[0], &o[0], len(q), len(o), beta, decay, scale)
+	case useSIMD:
+		deltaRuleAVX2(&st[0], &q[0], &k[0], &v[0], &o[0], len(q), len(o), beta, decay, scale)
+	default:
+		genericDeltaRule(st, q, k, v, o, beta, decay, scale)
+	}
+}

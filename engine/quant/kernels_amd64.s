@@ -1661,3 +1661,182 @@ q84rowloop:
 	JNZ  q84rows
 	VZEROUPPER
 	RET
+
+// func deltaRuleAVX2(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
+// genericDeltaRule for n, rows >= 1, as deltaRuleAVX512 on 32 lanes in
+// Y0-Y3 (dotF32AVX2's order; the n%32 tail through the masks Y8-Y11 of
+// f32tailmask, masked loads and stores, lanes past the tail adding a
+// zero). Y12 holds decay in pass 1 and d in pass 2.
+TEXT ·deltaRuleAVX2(SB), NOSPLIT, $0-68
+	MOVQ    st+0(FP), BX
+	MOVQ    v+24(FP), R13
+	MOVQ    o+32(FP), R10
+	MOVQ    n+40(FP), DX
+	MOVQ    DX, R9
+	SHLQ    $2, R9
+	MOVQ    DX, R12
+	SHRQ    $5, R12
+	ANDQ    $31, DX
+	MOVQ    rows+48(FP), R8
+	MOVQ    $32, AX
+	SUBQ    DX, AX
+	LEAQ    f32tailmask<>(SB), CX
+	LEAQ    (CX)(AX*4), AX
+	VMOVUPS 0(AX), Y8
+	VMOVUPS 32(AX), Y9
+	VMOVUPS 64(AX), Y10
+	VMOVUPS 96(AX), Y11
+
+d2row:
+	VBROADCASTSS decay+60(FP), Y12
+	MOVQ         BX, SI
+	MOVQ         k+16(FP), DI
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	VXORPS       Y2, Y2, Y2
+	VXORPS       Y3, Y3, Y3
+	MOVQ         R12, CX
+	TESTQ        CX, CX
+	JZ           d2atail
+
+d2aloop:
+	VMULPS  0(SI), Y12, Y4
+	VMULPS  32(SI), Y12, Y5
+	VMULPS  64(SI), Y12, Y6
+	VMULPS  96(SI), Y12, Y7
+	VMOVUPS Y4, 0(SI)
+	VMOVUPS Y5, 32(SI)
+	VMOVUPS Y6, 64(SI)
+	VMOVUPS Y7, 96(SI)
+	VMULPS  0(DI), Y4, Y4
+	VMULPS  32(DI), Y5, Y5
+	VMULPS  64(DI), Y6, Y6
+	VMULPS  96(DI), Y7, Y7
+	VADDPS  Y4, Y0, Y0
+	VADDPS  Y5, Y1, Y1
+	VADDPS  Y6, Y2, Y2
+	VADDPS  Y7, Y3, Y3
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	DECQ    CX
+	JNZ     d2aloop
+
+d2atail:
+	TESTQ      DX, DX
+	JZ         d2areduce
+	VMASKMOVPS 0(SI), Y8, Y4
+	VMASKMOVPS 32(SI), Y9, Y5
+	VMASKMOVPS 64(SI), Y10, Y6
+	VMASKMOVPS 96(SI), Y11, Y7
+	VMULPS     Y12, Y4, Y4
+	VMULPS     Y12, Y5, Y5
+	VMULPS     Y12, Y6, Y6
+	VMULPS     Y12, Y7, Y7
+	VMASKMOVPS Y4, Y8, 0(SI)
+	VMASKMOVPS Y5, Y9, 32(SI)
+	VMASKMOVPS Y6, Y10, 64(SI)
+	VMASKMOVPS Y7, Y11, 96(SI)
+	VMASKMOVPS 0(DI), Y8, Y13
+	VMASKMOVPS 32(DI), Y9, Y14
+	VMULPS     Y13, Y4, Y4
+	VMULPS     Y14, Y5, Y5
+	VMASKMOVPS 64(DI), Y10, Y13
+	VMASKMOVPS 96(DI), Y11, Y14
+	VMULPS     Y13, Y6, Y6
+	VMULPS     Y14, Y7, Y7
+	VADDPS     Y4, Y0, Y0
+	VADDPS     Y5, Y1, Y1
+	VADDPS     Y6, Y2, Y2
+	VADDPS     Y7, Y3, Y3
+
+d2areduce:
+	REDUCE32
+	VMOVSS       0(R13), X2
+	VSUBSS       X0, X2, X2
+	VMULSS       beta+56(FP), X2, X2
+	VBROADCASTSS X2, Y12
+	MOVQ         BX, SI
+	MOVQ         k+16(FP), DI
+	MOVQ         q+8(FP), R11
+	VXORPS       Y0, Y0, Y0
+	VXORPS       Y1, Y1, Y1
+	VXORPS       Y2, Y2, Y2
+	VXORPS       Y3, Y3, Y3
+	MOVQ         R12, CX
+	TESTQ        CX, CX
+	JZ           d2btail
+
+d2bloop:
+	VMULPS  0(DI), Y12, Y4
+	VMULPS  32(DI), Y12, Y5
+	VMULPS  64(DI), Y12, Y6
+	VMULPS  96(DI), Y12, Y7
+	VADDPS  0(SI), Y4, Y4
+	VADDPS  32(SI), Y5, Y5
+	VADDPS  64(SI), Y6, Y6
+	VADDPS  96(SI), Y7, Y7
+	VMOVUPS Y4, 0(SI)
+	VMOVUPS Y5, 32(SI)
+	VMOVUPS Y6, 64(SI)
+	VMOVUPS Y7, 96(SI)
+	VMULPS  0(R11), Y4, Y4
+	VMULPS  32(R11), Y5, Y5
+	VMULPS  64(R11), Y6, Y6
+	VMULPS  96(R11), Y7, Y7
+	VADDPS  Y4, Y0, Y0
+	VADDPS  Y5, Y1, Y1
+	VADDPS  Y6, Y2, Y2
+	VADDPS  Y7, Y3, Y3
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	ADDQ    $128, R11
+	DECQ    CX
+	JNZ     d2bloop
+
+d2btail:
+	TESTQ      DX, DX
+	JZ         d2breduce
+	VMASKMOVPS 0(DI), Y8, Y4
+	VMASKMOVPS 32(DI), Y9, Y5
+	VMASKMOVPS 64(DI), Y10, Y6
+	VMASKMOVPS 96(DI), Y11, Y7
+	VMULPS     Y12, Y4, Y4
+	VMULPS     Y12, Y5, Y5
+	VMULPS     Y12, Y6, Y6
+	VMULPS     Y12, Y7, Y7
+	VMASKMOVPS 0(SI), Y8, Y13
+	VMASKMOVPS 32(SI), Y9, Y14
+	VADDPS     Y13, Y4, Y4
+	VADDPS     Y14, Y5, Y5
+	VMASKMOVPS 64(SI), Y10, Y13
+	VMASKMOVPS 96(SI), Y11, Y14
+	VADDPS     Y13, Y6, Y6
+	VADDPS     Y14, Y7, Y7
+	VMASKMOVPS Y4, Y8, 0(SI)
+	VMASKMOVPS Y5, Y9, 32(SI)
+	VMASKMOVPS Y6, Y10, 64(SI)
+	VMASKMOVPS Y7, Y11, 96(SI)
+	VMASKMOVPS 0(R11), Y8, Y13
+	VMASKMOVPS 32(R11), Y9, Y14
+	VMULPS     Y13, Y4, Y4
+	VMULPS     Y14, Y5, Y5
+	VMASKMOVPS 64(R11), Y10, Y13
+	VMASKMOVPS 96(R11), Y11, Y14
+	VMULPS     Y13, Y6, Y6
+	VMULPS     Y14, Y7, Y7
+	VADDPS     Y4, Y0, Y0
+	VADDPS     Y5, Y1, Y1
+	VADDPS     Y6, Y2, Y2
+	VADDPS     Y7, Y3, Y3
+
+d2breduce:
+	REDUCE32
+	VMULSS scale+64(FP), X0, X0
+	VMOVSS X0, 0(R10)
+	ADDQ   $4, R10
+	ADDQ   $4, R13
+	ADDQ   R9, BX
+	DECQ   R8
+	JNZ    d2row
+	VZEROUPPER
+	RET

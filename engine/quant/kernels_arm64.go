@@ -113,3 +113,9 @@ func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 func matMulRowsArch(Type, []byte, int, int, []byte, int, int, []float32, int, int, int) bool {
 	return false
 }
+
+// deltaRule is genericDeltaRule on arm64 (its dot products run through
+// dotF32Lanes' NEON kernel).
+func deltaRule(st, q, k, v, o []float32, beta, decay, scale float32) {
+	genericDeltaRule(st, q, k, v, o, beta, decay, scale)
+}

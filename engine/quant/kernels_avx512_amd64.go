@@ -157,3 +157,6 @@ func matMulRowsArch(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y
 	permPool.Put(bp)
 	return true
 }
+
+//go:noescape
+func deltaRuleAVX512(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)

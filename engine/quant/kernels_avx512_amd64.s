@@ -887,3 +887,314 @@ q4k58loop:
 	JNZ           q4k58rows
 	K4CLEAN
 	RET
+
+// REDUCE32Z2 is REDUCE32Z on Z2 (lanes 0-15) and Z3 (16-31) into X2[0].
+#define REDUCE32Z2 \
+	VADDPS        Z3, Z2, Z2 \
+	VEXTRACTF64X4 $1, Z2, Y3 \
+	VADDPS        Y3, Y2, Y2 \
+	VEXTRACTF128  $1, Y2, X3 \
+	VADDPS        X3, X2, X2 \
+	VPSHUFD       $0x4e, X2, X3 \
+	VADDPS        X3, X2, X2 \
+	VPSHUFD       $0xb1, X2, X3 \
+	VADDSS        X3, X2, X2
+
+// func deltaRuleAVX512(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
+// genericDeltaRule for n, rows >= 1: per state row j (n floats at st +
+// j*n), pass 1 scales the row by decay, stores it and sums its products
+// with k into 32 lanes (dotF32AVX512's order, tail by masks K1, K2);
+// d = (v[j] - sum) * beta; pass 2 adds k*d (multiply, then add), stores
+// the row and sums its products with q; o[j] = sum * scale. Registers:
+// BX row, R8 rows left, R9 row bytes, R10 &o[j], R13 &v[j], R12 steps of
+// 32, DX tail, Z20 decay, X21 scale, X22 beta, Z23 d. Pairs of rows go
+// through dpair, two rows interleaved (the reductions' latency overlaps);
+// an odd last row through drow's single-row code.
+TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
+	MOVQ         st+0(FP), BX
+	MOVQ         v+24(FP), R13
+	MOVQ         o+32(FP), R10
+	MOVQ         n+40(FP), DX
+	MOVQ         DX, R9
+	SHLQ         $2, R9
+	MOVQ         DX, R12
+	SHRQ         $5, R12
+	ANDQ         $31, DX
+	MOVQ         rows+48(FP), R8
+	VMOVSS       beta+56(FP), X22
+	VBROADCASTSS decay+60(FP), Z20
+	VMOVSS       scale+64(FP), X21
+	F32TAILMASKS
+
+drow:
+	CMPQ   R8, $2
+	JGE    dpair
+	MOVQ   BX, SI
+	MOVQ   k+16(FP), DI
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	MOVQ   R12, CX
+	TESTQ  CX, CX
+	JZ     datail
+
+daloop:
+	VMULPS  0(SI), Z20, Z4
+	VMULPS  64(SI), Z20, Z5
+	VMOVUPS Z4, 0(SI)
+	VMOVUPS Z5, 64(SI)
+	VMULPS  0(DI), Z4, Z4
+	VMULPS  64(DI), Z5, Z5
+	VADDPS  Z4, Z0, Z0
+	VADDPS  Z5, Z1, Z1
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	DECQ    CX
+	JNZ     daloop
+
+datail:
+	TESTQ     DX, DX
+	JZ        dareduce
+	VMOVUPS.Z 0(SI), K1, Z4
+	VMOVUPS.Z 64(SI), K2, Z5
+	VMULPS    Z20, Z4, Z4
+	VMULPS    Z20, Z5, Z5
+	VMOVUPS   Z4, K1, 0(SI)
+	VMOVUPS   Z5, K2, 64(SI)
+	VMOVUPS.Z 0(DI), K1, Z6
+	VMOVUPS.Z 64(DI), K2, Z7
+	VMULPS    Z6, Z4, Z4
+	VMULPS    Z7, Z5, Z5
+	VADDPS    Z4, Z0, K1, Z0
+	VADDPS    Z5, Z1, K2, Z1
+
+dareduce:
+	REDUCE32Z
+	VMOVSS       0(R13), X2
+	VSUBSS       X0, X2, X2
+	VMULSS       X22, X2, X2
+	VBROADCASTSS X2, Z23
+	MOVQ         BX, SI
+	MOVQ         k+16(FP), DI
+	MOVQ         q+8(FP), R11
+	VXORPS       Z0, Z0, Z0
+	VXORPS       Z1, Z1, Z1
+	MOVQ         R12, CX
+	TESTQ        CX, CX
+	JZ           dbtail
+
+dbloop:
+	VMULPS  0(DI), Z23, Z4
+	VMULPS  64(DI), Z23, Z5
+	VADDPS  0(SI), Z4, Z4
+	VADDPS  64(SI), Z5, Z5
+	VMOVUPS Z4, 0(SI)
+	VMOVUPS Z5, 64(SI)
+	VMULPS  0(R11), Z4, Z4
+	VMULPS  64(R11), Z5, Z5
+	VADDPS  Z4, Z0, Z0
+	VADDPS  Z5, Z1, Z1
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	ADDQ    $128, R11
+	DECQ    CX
+	JNZ     dbloop
+
+dbtail:
+	TESTQ     DX, DX
+	JZ        dbreduce
+	VMOVUPS.Z 0(DI), K1, Z4
+	VMOVUPS.Z 64(DI), K2, Z5
+	VMULPS    Z23, Z4, Z4
+	VMULPS    Z23, Z5, Z5
+	VMOVUPS.Z 0(SI), K1, Z6
+	VMOVUPS.Z 64(SI), K2, Z7
+	VADDPS    Z6, Z4, Z4
+	VADDPS    Z7, Z5, Z5
+	VMOVUPS   Z4, K1, 0(SI)
+	VMOVUPS   Z5, K2, 64(SI)
+	VMOVUPS.Z 0(R11), K1, Z6
+	VMOVUPS.Z 64(R11), K2, Z7
+	VMULPS    Z6, Z4, Z4
+	VMULPS    Z7, Z5, Z5
+	VADDPS    Z4, Z0, K1, Z0
+	VADDPS    Z5, Z1, K2, Z1
+
+dbreduce:
+	REDUCE32Z
+	VMULSS X21, X0, X0
+	VMOVSS X0, 0(R10)
+	ADDQ   $4, R10
+	ADDQ   $4, R13
+	ADDQ   R9, BX
+	DECQ   R8
+	JNZ    drow
+	VZEROUPPER
+	RET
+
+	// Two rows at once (rows j and j+1 at BX, AX; accumulators Z0, Z1
+	// and Z2, Z3; d in Z23, Z24): the same operations per row, two
+	// independent chains to overlap.
+dpair:
+	MOVQ   BX, SI
+	LEAQ   (BX)(R9*1), AX
+	MOVQ   k+16(FP), DI
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	MOVQ   R12, CX
+	TESTQ  CX, CX
+	JZ     dpatail
+
+dpaloop:
+	VMULPS  0(SI), Z20, Z4
+	VMULPS  64(SI), Z20, Z5
+	VMULPS  0(AX), Z20, Z6
+	VMULPS  64(AX), Z20, Z7
+	VMOVUPS Z4, 0(SI)
+	VMOVUPS Z5, 64(SI)
+	VMOVUPS Z6, 0(AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS 0(DI), Z8
+	VMOVUPS 64(DI), Z9
+	VMULPS  Z8, Z4, Z4
+	VMULPS  Z9, Z5, Z5
+	VMULPS  Z8, Z6, Z6
+	VMULPS  Z9, Z7, Z7
+	VADDPS  Z4, Z0, Z0
+	VADDPS  Z5, Z1, Z1
+	VADDPS  Z6, Z2, Z2
+	VADDPS  Z7, Z3, Z3
+	ADDQ    $128, SI
+	ADDQ    $128, AX
+	ADDQ    $128, DI
+	DECQ    CX
+	JNZ     dpaloop
+
+dpatail:
+	TESTQ     DX, DX
+	JZ        dpareduce
+	VMOVUPS.Z 0(SI), K1, Z4
+	VMOVUPS.Z 64(SI), K2, Z5
+	VMOVUPS.Z 0(AX), K1, Z6
+	VMOVUPS.Z 64(AX), K2, Z7
+	VMULPS    Z20, Z4, Z4
+	VMULPS    Z20, Z5, Z5
+	VMULPS    Z20, Z6, Z6
+	VMULPS    Z20, Z7, Z7
+	VMOVUPS   Z4, K1, 0(SI)
+	VMOVUPS   Z5, K2, 64(SI)
+	VMOVUPS   Z6, K1, 0(AX)
+	VMOVUPS   Z7, K2, 64(AX)
+	VMOVUPS.Z 0(DI), K1, Z8
+	VMOVUPS.Z 64(DI), K2, Z9
+	VMULPS    Z8, Z4, Z4
+	VMULPS    Z9, Z5, Z5
+	VMULPS    Z8, Z6, Z6
+	VMULPS    Z9, Z7, Z7
+	VADDPS    Z4, Z0, K1, Z0
+	VADDPS    Z5, Z1, K2, Z1
+	VADDPS    Z6, Z2, K1, Z2
+	VADDPS    Z7, Z3, K2, Z3
+
+dpareduce:
+	REDUCE32Z2
+	REDUCE32Z
+	VMOVSS       0(R13), X4
+	VSUBSS       X0, X4, X4
+	VMULSS       X22, X4, X4
+	VBROADCASTSS X4, Z23
+	VMOVSS       4(R13), X5
+	VSUBSS       X2, X5, X5
+	VMULSS       X22, X5, X5
+	VBROADCASTSS X5, Z24
+	MOVQ         BX, SI
+	LEAQ         (BX)(R9*1), AX
+	MOVQ         k+16(FP), DI
+	MOVQ         q+8(FP), R11
+	VXORPS       Z0, Z0, Z0
+	VXORPS       Z1, Z1, Z1
+	VXORPS       Z2, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	MOVQ         R12, CX
+	TESTQ        CX, CX
+	JZ           dpbtail
+
+dpbloop:
+	VMOVUPS 0(DI), Z8
+	VMOVUPS 64(DI), Z9
+	VMULPS  Z8, Z23, Z4
+	VMULPS  Z9, Z23, Z5
+	VMULPS  Z8, Z24, Z6
+	VMULPS  Z9, Z24, Z7
+	VADDPS  0(SI), Z4, Z4
+	VADDPS  64(SI), Z5, Z5
+	VADDPS  0(AX), Z6, Z6
+	VADDPS  64(AX), Z7, Z7
+	VMOVUPS Z4, 0(SI)
+	VMOVUPS Z5, 64(SI)
+	VMOVUPS Z6, 0(AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS 0(R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMULPS  Z8, Z4, Z4
+	VMULPS  Z9, Z5, Z5
+	VMULPS  Z8, Z6, Z6
+	VMULPS  Z9, Z7, Z7
+	VADDPS  Z4, Z0, Z0
+	VADDPS  Z5, Z1, Z1
+	VADDPS  Z6, Z2, Z2
+	VADDPS  Z7, Z3, Z3
+	ADDQ    $128, SI
+	ADDQ    $128, AX
+	ADDQ    $128, DI
+	ADDQ    $128, R11
+	DECQ    CX
+	JNZ     dpbloop
+
+dpbtail:
+	TESTQ     DX, DX
+	JZ        dpbreduce
+	VMOVUPS.Z 0(DI), K1, Z8
+	VMOVUPS.Z 64(DI), K2, Z9
+	VMULPS    Z8, Z23, Z4
+	VMULPS    Z9, Z23, Z5
+	VMULPS    Z8, Z24, Z6
+	VMULPS    Z9, Z24, Z7
+	VMOVUPS.Z 0(SI), K1, Z10
+	VMOVUPS.Z 64(SI), K2, Z11
+	VMOVUPS.Z 0(AX), K1, Z12
+	VMOVUPS.Z 64(AX), K2, Z13
+	VADDPS    Z10, Z4, Z4
+	VADDPS    Z11, Z5, Z5
+	VADDPS    Z12, Z6, Z6
+	VADDPS    Z13, Z7, Z7
+	VMOVUPS   Z4, K1, 0(SI)
+	VMOVUPS   Z5, K2, 64(SI)
+	VMOVUPS   Z6, K1, 0(AX)
+	VMOVUPS   Z7, K2, 64(AX)
+	VMOVUPS.Z 0(R11), K1, Z8
+	VMOVUPS.Z 64(R11), K2, Z9
+	VMULPS    Z8, Z4, Z4
+	VMULPS    Z9, Z5, Z5
+	VMULPS    Z8, Z6, Z6
+	VMULPS    Z9, Z7, Z7
+	VADDPS    Z4, Z0, K1, Z0
+	VADDPS    Z5, Z1, K2, Z1
+	VADDPS    Z6, Z2, K1, Z2
+	VADDPS    Z7, Z3, K2, Z3
+
+dpbreduce:
+	REDUCE32Z2
+	REDUCE32Z
+	VMULSS X21, X0, X0
+	VMOVSS X0, 0(R10)
+	VMULSS X21, X2, X2
+	VMOVSS X2, 4(R10)
+	ADDQ   $8, R10
+	ADDQ   $8, R13
+	LEAQ   (BX)(R9*2), BX
+	SUBQ   $2, R8
+	JNZ    drow
+	VZEROUPPER
+	RET

@@ -63,3 +63,8 @@ func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 func matMulRowsArch(Type, []byte, int, int, []byte, int, int, []float32, int, int, int) bool {
 	return false
 }
+
+// deltaRule is genericDeltaRule in this build.
+func deltaRule(st, q, k, v, o []float32, beta, decay, scale float32) {
+	genericDeltaRule(st, q, k, v, o, beta, decay, scale)
+}

@@ -1,0 +1,74 @@
+package quant
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestDeltaRule holds DeltaRule on each kernel path to the scalar loop it
+// replaces (model.deltaStep before the kernels: genericDeltaRule with the
+// pure-Go dot products), bit for bit, on random states and vectors of
+// lengths around the 32-lane steps (odd ones included), and checks that
+// it writes nothing past the rows it owns.
+func TestDeltaRule(t *testing.T) { eachSIMDPath(t, testDeltaRule) }
+
+func testDeltaRule(t *testing.T) {
+	r := rand.New(rand.NewPCG(24, 1))
+	rnd := func(n int, s float32) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = (r.Float32()*2 - 1) * s
+		}
+		return x
+	}
+	for _, n := range []int{1, 3, 7, 16, 31, 32, 33, 47, 64, 65, 100, 128, 129, 256} {
+		for _, rows := range []int{1, 2, 5, n} {
+			st0 := rnd(rows*n+8, 4)
+			q, k, v := rnd(n, 1), rnd(n, 1), rnd(rows, 2)
+			beta, decay, scale := r.Float32(), float32(math.Exp(-r.Float64()*3)), 1/float32(math.Sqrt(float64(n)))
+			got, want := append([]float32(nil), st0...), append([]float32(nil), st0...)
+			og, ow := make([]float32, rows), make([]float32, rows)
+			// Two steps, so the second starts from the first's state.
+			for range 2 {
+				if err := DeltaRule(got[:rows*n], q, k, v, og, beta, decay, scale); err != nil {
+					t.Fatal(err)
+				}
+				withGeneric(func() { genericDeltaRule(want[:rows*n], q, k, v, ow, beta, decay, scale) })
+			}
+			for i := range want {
+				if !sameBits(got[i], want[i]) {
+					t.Fatalf("n=%d rows=%d: st[%d] = %v, want %v", n, rows, i, got[i], want[i])
+				}
+			}
+			for j := range ow {
+				if !sameBits(og[j], ow[j]) {
+					t.Fatalf("n=%d rows=%d: o[%d] = %v, want %v", n, rows, j, og[j], ow[j])
+				}
+			}
+		}
+	}
+	if err := DeltaRule(make([]float32, 3), make([]float32, 2), make([]float32, 2), make([]float32, 2), make([]float32, 2), 1, 1, 1); !errors.Is(err, ErrSize) {
+		t.Errorf("short state: err = %v, want ErrSize", err)
+	}
+}
+
+// BenchmarkDeltaRule runs one head of 128 x 128 (Qwen3.5) per op on each
+// kernel path.
+func BenchmarkDeltaRule(b *testing.B) {
+	const n = 128
+	st, q, k, v, o := make([]float32, n*n), make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range q {
+		q[i], k[i], v[i] = 0.01*float32(i%7), 0.02*float32(i%5), float32(i%3)
+	}
+	for _, p := range simdPaths() {
+		b.Run(p, func(b *testing.B) {
+			old, _ := SetSIMDPath(p)
+			defer SetSIMDPath(old)
+			for b.Loop() {
+				DeltaRule(st, q, k, v, o, 0.5, 0.99, 0.088)
+			}
+		})
+	}
+}

@@ -74,7 +74,7 @@ check() {
   local disp hub gw
   disp=$(await "$d/generate.log" 'dispatch listening on ([0-9.:]+)' 120)
   "$tmp/backbone" hub --listen 127.0.0.1:0 --backbone "$disp" --ledger "$d/ledger.sqlite" \
-    --secret-file "$d/secret" 2>"$d/hub.log" &
+    --secret-file "$d/secret" --create-secret 2>"$d/hub.log" &
   pids+=($!)
   hub=$(await "$d/hub.log" 'hub: listening on ([0-9.:]+),' 30)
   "$tmp/backbone" gateway --listen 127.0.0.1:0 --hub "$hub" --self-signed-out "$d/tls" \

@@ -48,11 +48,7 @@ func AddSwarmFlags(fs *flag.FlagSet) *SwarmFlags {
 	fs.StringVar(&sf.banFile, "ban-file", dispatch.DefaultBanFile(), "with a swarm: worker keys caught lying, kept across restarts (\"\": in memory only)")
 	fs.DurationVar(&sf.banFor, "ban-for", dispatch.DefaultBanFor, "with a swarm: how long a worker key caught lying is refused")
 	fs.StringVar(&sf.ModelSource, "model-source", "", "with --provision: http(s) URL of the full model GGUF; workers fetch their experts' byte ranges from it (a backbone-only --model: default its stored URL)")
-	fs.Func("verify", "with a swarm: verification policy: spot (probation and random --check-rate checks: a liar is caught and loses its pay, an unchecked wrong answer is used) or quorum (every answer confirmed by a second holder under another key, or computed here: no single liar changes a token; 2x worker compute). Default spot; quorum is recommended for a public network (docs/accounting.md)", func(s string) error {
-		v, err := dispatch.ParseVerifyMode(s)
-		sf.Verify = v
-		return err
-	})
+	fs.Var((*verifyFlag)(&sf.Verify), "verify", "with a swarm: verification policy: spot (probation and random --check-rate checks: a liar is caught and loses its pay, an unchecked wrong answer is used) or quorum (every answer confirmed by a second holder under another key, or computed here: no single liar changes a token; 2x worker compute). Default spot; quorum is recommended for a public network (docs/accounting.md)")
 	fs.BoolVar(&sf.Hedge, "hedge", false, "with a swarm: send each request to one of the fastest holders of its experts and, when it is later than that holder's recent p95, the same pairs to a second holder; the first valid answer is used (checked as any other), the other's RESULT is not paid (spot verification only)")
 	fs.DurationVar(&sf.HolderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
 	return sf
@@ -110,4 +106,16 @@ func AnnounceListening(w io.Writer, cmd string, lm *Model) func(addr string) {
 	return func(addr string) {
 		fmt.Fprintf(w, "%s: dispatch listening on %s (model id %q)\n", cmd, addr, lm.ID())
 	}
+}
+
+// verifyFlag is --verify as a flag.Value, so that --print-config and
+// flag defaults show it: spot or quorum (dispatch.ParseVerifyMode).
+type verifyFlag dispatch.VerifyMode
+
+func (v *verifyFlag) String() string { return string(*v) }
+
+func (v *verifyFlag) Set(s string) error {
+	m, err := dispatch.ParseVerifyMode(s)
+	*v = verifyFlag(m)
+	return err
 }

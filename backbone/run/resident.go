@@ -41,7 +41,7 @@ func (m *Model) Resident(choice string, log *slog.Logger) (gguf.ResidentReport, 
 	if choice != ResidentAuto {
 		mode, err := gguf.ParseResidency(choice)
 		if err != nil {
-			return gguf.ResidentReport{}, err
+			return gguf.ResidentReport{}, fmt.Errorf("--resident %q: want auto, mmap, lock or copy", choice)
 		}
 		r, err := f.MakeResident(mode, nil)
 		if err == nil {

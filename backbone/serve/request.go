@@ -155,9 +155,9 @@ func jsonError(err error) *apiError {
 	if errors.As(err, &te) {
 		field := strings.TrimPrefix(te.Field, "genParams.") // the embedded struct's Go name
 		if field == "" {
-			return badRequest("", "invalid_type", "the body must be a JSON object, not a %s", te.Value)
+			return badRequest("", "invalid_type", "the body must be a JSON object, not %s", article(te.Value))
 		}
-		return badRequest(field, "invalid_type", "%s must be %s, not a %s", field, typeWant(te.Type), te.Value)
+		return badRequest(field, "invalid_type", "%s must be %s, not %s", field, typeWant(te.Type), article(te.Value))
 	}
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
@@ -283,4 +283,12 @@ func checkPenalties(p *genParams) *apiError {
 		}
 	}
 	return nil
+}
+
+// article puts "a" or "an" before a JSON kind ("an array", "a number 5.5").
+func article(kind string) string {
+	if kind != "" && strings.ContainsRune("aeiou", rune(kind[0])) {
+		return "an " + kind
+	}
+	return "a " + kind
 }

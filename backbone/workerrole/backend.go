@@ -10,7 +10,7 @@ import (
 )
 
 // BackendFlagHelp is the help text of `backbone worker --backend`.
-const BackendFlagHelp = "where experts are computed: auto (a GPU through Vulkan if there is one, else the CPU), cpu, vulkan or vulkan:N (device N of `backbone devices`, software drivers such as lavapipe included)"
+const BackendFlagHelp = "where experts are computed: auto (a GPU through Vulkan if there is one, else the CPU), cpu, vulkan or vulkan:N (device N as listed by backbone devices, software drivers such as lavapipe included)"
 
 // applyBackend puts the local experts on the spec device
 // (engine/vulkan.Wrap) and returns the Computer to serve, the HELLO

@@ -27,6 +27,10 @@ const (
 	// kernel can no longer drop it, only swap it. It works without
 	// RLIMIT_MEMLOCK; the file's page-cache copy may then be dropped.
 	ResidentCopied Residency = "copy"
+	// ResidentInMemory is what MakeResident reports for a File from Parse:
+	// its data is already the caller's memory (an embedded model), and
+	// nothing was done.
+	ResidentInMemory Residency = "memory"
 )
 
 // ErrResident wraps MakeResident's failures (a mode this platform or its
@@ -101,7 +105,7 @@ func (f *File) ResidentBytes(keep func(TensorInfo) bool) uint64 {
 // nil) in memory as mode says, reading it in now. Tensor views taken before
 // or after stay valid (same addresses). It applies only to a file opened
 // with Open (a mapping); a File from Parse is already the caller's memory
-// and is left as it is (report Bytes 0). Errors wrap ErrResident: the mode
+// and is left as it is (report Mode ResidentInMemory, Bytes 0). Errors wrap ErrResident: the mode
 // is not supported here, or mlock failed (RLIMIT_MEMLOCK, or too little
 // memory: the caller may fall back to ResidentCopied), or a mapping call
 // failed; on error the data may be partly resident and stays valid.
@@ -114,7 +118,7 @@ func (f *File) MakeResident(mode Residency, keep func(TensorInfo) bool) (Residen
 		return r, fmt.Errorf("%w: %w", ErrResident, ErrClosed)
 	}
 	if f.unmap == nil {
-		return r, nil // Parse: not a mapping
+		return ResidentReport{Mode: ResidentInMemory}, nil // Parse: not a mapping
 	}
 	t0 := time.Now()
 	spans, n, total := f.residentSpans(keep, pageSize())

@@ -155,7 +155,7 @@ func TestMakeResidentErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, err := p.MakeResident(ResidentCopied, nil); err != nil || r.Bytes != 0 {
+	if r, err := p.MakeResident(ResidentCopied, nil); err != nil || r.Bytes != 0 || r.Mode != ResidentInMemory {
 		t.Fatalf("parsed file: %+v %v", r, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/hex"
 	"errors"
+	"io"
 	"fmt"
 	"math"
 	"net"
@@ -87,6 +88,12 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 	br := bufio.NewReaderSize(link, 64<<10)
 	session, worker, err := wire.ReadLinkPreamble(br)
 	if err != nil {
+		if errors.Is(err, io.EOF) && br.Buffered() == 0 {
+			// A connection closed before sending a byte: a health probe
+			// (the hub's /readyz dials this port), not a bad link.
+			d.log.Debug("dispatch: connection closed before its preamble", "remote", link.RemoteAddr().String())
+			return
+		}
 		d.log.Warn("dispatch: bad link preamble", "remote", link.RemoteAddr().String(), "err", err)
 		if errors.Is(err, wire.ErrLinkVersion) {
 			// Every link version has LinkClose: the hub closes the

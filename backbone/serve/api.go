@@ -290,9 +290,9 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 		return Job{}, e
 	}
 	j.LogitBias = bias
-	mt := intPtr(p.MaxTokens)
+	mt := intPtr(p.MaxCompletionTokens) // OpenAI's current name wins over the deprecated max_tokens
 	if mt == nil {
-		mt = intPtr(p.MaxCompletionTokens)
+		mt = intPtr(p.MaxTokens)
 	}
 	switch {
 	case mt != nil && *mt < 1:

@@ -105,7 +105,7 @@ func chatLogprobs(j *Job, on *bool, top *intParam) *apiError {
 		return badRequest("top_logprobs", "invalid_value", "top_logprobs must be in [0, %d] (got %d)", MaxLogprobsChat, *top)
 	}
 	if on == nil || !*on {
-		if top != nil {
+		if top != nil && *top > 0 {
 			return badRequest("top_logprobs", "invalid_value", "top_logprobs needs \"logprobs\": true")
 		}
 		return nil

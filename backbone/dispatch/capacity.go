@@ -594,7 +594,7 @@ type Coverage struct {
 	Local   int // pairs the backbone computes itself (Config.LocalHeld; all without it)
 	Covered int // pairs local or held by at least one worker
 	Missing int // pairs neither local nor held: a step routing to one waits HolderWait, then fails
-	// ByReplicas[n] is the number of pairs held by exactly n workers
+	// ByReplicas[n] is the number of pairs held by exactly n workers (distinct keys)
 	// (local ones included), n = 0 .. the most holders of any pair.
 	ByReplicas []int
 	// MinReplicas is the fewest workers holding a pair the backbone
@@ -614,7 +614,7 @@ func (d *Dispatcher) Coverage() Coverage {
 	cv := Coverage{Experts: m.NLayer * m.NExpert, MinReplicas: -1, Verify: d.cfg.Verify}
 	for l := 0; l < m.NLayer; l++ {
 		for e := 0; e < m.NExpert; e++ {
-			n := len(idx[key(l, e)])
+			n := distinctWorkers(idx[key(l, e)])
 			for len(cv.ByReplicas) <= n {
 				cv.ByReplicas = append(cv.ByReplicas, 0)
 			}
@@ -635,4 +635,19 @@ func (d *Dispatcher) Coverage() Coverage {
 		}
 	}
 	return cv
+}
+
+// distinctWorkers counts the distinct worker keys among cs: two sessions
+// under one key (the same worker connected twice) are one replica, as
+// quorum verification and readiness must see them.
+func distinctWorkers(cs []*conn) int {
+	switch len(cs) {
+	case 0, 1:
+		return len(cs)
+	}
+	seen := make(map[string]struct{}, len(cs))
+	for _, c := range cs {
+		seen[c.worker] = struct{}{}
+	}
+	return len(seen)
 }

@@ -235,7 +235,14 @@ func TestServe(t *testing.T) {
 	if v := served.Load(); v != want {
 		t.Fatalf("OnServed %v, want %v", v, want)
 	}
-	if st := w.Stats(); st.Rows != 4 || st.Requests != 2 || st.Session != "s1" {
+	// The worker counts a request after sending its answer: wait for the
+	// second one's count (the test saw its answer first; slow under qemu).
+	st := w.Stats()
+	for i := 0; i < 2500 && (st.Rows != 4 || st.Requests != 2); i++ {
+		time.Sleep(2 * time.Millisecond)
+		st = w.Stats()
+	}
+	if st.Rows != 4 || st.Requests != 2 || st.Session != "s1" {
 		t.Fatalf("stats %+v", st)
 	}
 }

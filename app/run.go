@@ -283,14 +283,10 @@ func Main(args []string, stderr io.Writer) int {
 		// visible CPU cost).
 		debug.SetGCPercent(50)
 	}
-	dataDir := *data
-	if dataDir == "" {
-		d, err := node.DefaultDataDir()
-		if err != nil {
-			fmt.Fprintln(stderr, "kvasir:", err)
-			return 1
-		}
-		dataDir = d
+	dataDir, err := node.DataDir(*data)
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		return 1
 	}
 	var win atomic.Pointer[Window]
 	lock, err := instance.Acquire(dataDir, func() {

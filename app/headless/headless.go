@@ -227,14 +227,10 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvasir: --by %q: want hour, day or session\n", *by)
 		return 2
 	}
-	dataDir := *data
-	if dataDir == "" {
-		d, err := node.DefaultDataDir()
-		if err != nil {
-			fmt.Fprintln(stderr, "kvasir:", err)
-			return 1
-		}
-		dataDir = d
+	dataDir, err := node.DataDir(*data)
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		return 1
 	}
 	fetch := struct {
 		Gateway string `json:"gateway,omitempty"`

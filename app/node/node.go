@@ -114,6 +114,15 @@ type Config struct {
 // the gateway (Config.SyncEvery).
 const DefaultSyncEvery = 30 * time.Second
 
+// DataDir returns dir, or DefaultDataDir when dir is "" (a --data flag
+// left unset, Config.DataDir empty).
+func DataDir(dir string) (string, error) {
+	if dir != "" {
+		return dir, nil
+	}
+	return DefaultDataDir()
+}
+
 // DefaultDataDir is the app's data folder: os.UserConfigDir()/kvasir.
 func DefaultDataDir() (string, error) {
 	d, err := os.UserConfigDir()
@@ -154,13 +163,11 @@ func DefaultSliceDir(dataDir string) string { return filepath.Join(dataDir, "sli
 // backbone for experts. A slice folder given without a quota is served as
 // it is.
 func (cfg Config) WithDefaults() (Config, error) {
-	if cfg.DataDir == "" {
-		d, err := DefaultDataDir()
-		if err != nil {
-			return cfg, err
-		}
-		cfg.DataDir = d
+	d, err := DataDir(cfg.DataDir)
+	if err != nil {
+		return cfg, err
 	}
+	cfg.DataDir = d
 	if cfg.GatewayURL == "" {
 		cfg.GatewayURL = DefaultGateway()
 	}
@@ -201,13 +208,11 @@ type Node struct {
 // wallet.ErrIdentityUnavailable, ...) as returned. A slice that fails to
 // load is not an error (see Node).
 func Open(cfg Config) (*Node, error) {
-	if cfg.DataDir == "" {
-		d, err := DefaultDataDir()
-		if err != nil {
-			return nil, err
-		}
-		cfg.DataDir = d
+	d, err := DataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
 	}
+	cfg.DataDir = d
 	if cfg.SyncEvery <= 0 {
 		cfg.SyncEvery = DefaultSyncEvery
 	}

@@ -619,7 +619,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 		return
 	}
 	defer st.Cancel()
-	rs := &response{s: s, w: w, chat: chat, logprobs: j.Logprobs, id: newID("cmpl-"), created: time.Now().Unix(),
+	rs := &response{s: s, w: w, rc: http.NewResponseController(w), chat: chat, logprobs: j.Logprobs, id: newID("cmpl-"), created: time.Now().Unix(),
 		object: "text_completion"}
 	if chat {
 		rs.id, rs.object = newID("chatcmpl-"), "chat.completion"
@@ -648,12 +648,18 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j Job, p *genParams
 type response struct {
 	s            *Server
 	w            http.ResponseWriter
+	rc           *http.ResponseController // w's deadlines and flush, made once
 	chat         bool
 	logprobs     bool // Job.Logprobs
 	id, object   string
 	created      int64
 	includeUsage bool
 	offset       int // text_offset of the next completion token
+}
+
+// deadline gives the next write WriteTimeout.
+func (rs *response) deadline() {
+	_ = rs.rc.SetWriteDeadline(time.Now().Add(rs.s.cfg.WriteTimeout))
 }
 
 // whole waits for the end of the generation and writes one JSON object.
@@ -671,7 +677,7 @@ func (rs *response) whole(ctx context.Context, st *Stream) {
 		if !d.Done {
 			continue
 		}
-		rs.s.writeTimeout(rs.w)
+		rs.deadline()
 		if d.Finish == FinishError || d.Finish == FinishCancelled {
 			writeError(rs.w, rs.s.finishError(rs.w, d))
 			return
@@ -705,12 +711,12 @@ func (rs *response) send(v any) bool {
 	buf = append(buf, "data: "...)
 	buf = append(buf, b...)
 	buf = append(buf, "\n\n"...)
-	rs.s.writeTimeout(rs.w)
+	rs.deadline()
 	if _, err := rs.w.Write(buf); err != nil {
 		clientGone(rs.w)
 		return false
 	}
-	if err := http.NewResponseController(rs.w).Flush(); err != nil {
+	if err := rs.rc.Flush(); err != nil {
 		clientGone(rs.w)
 		return false
 	}
@@ -753,7 +759,7 @@ func (rs *response) stream(ctx context.Context, st *Stream, first Delta) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
-	rs.s.writeTimeout(rs.w)
+	rs.deadline()
 	rs.w.WriteHeader(http.StatusOK)
 	if rs.chat && !rs.send(rs.chunk("", nil, true, nil)) {
 		return

@@ -261,6 +261,10 @@ func FuzzParseRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null}],"max_completion_tokens":3}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"stop":"x"}`,
 		`{"prompt":"x","max_tokens":1e309}`, `{"prompt":`, `[]`, `null`, `{"prompt":[-1]}`, `{"prompt":"x","n":2}`,
+		`{"prompt":"hello","max_tokens":5.0,"logprobs":3,"logit_bias":{"5":-100}}`,
+		`{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":2}`,
+		`{"prompt":"x","tools":[]}`, `{"max_tokens":"5"}`, `{"messages":[{"role":5}]}`,
+		`{"prompt":"x","draft":"ngram","draft_max":4}`, `{"prompt":"x","presence_penalty":0.5,"user":"u"}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)

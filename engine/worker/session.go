@@ -266,10 +266,12 @@ func (s *workerSession) computeLoop() {
 		case q := <-s.queue:
 			d := q.d
 			in := wire.DispatchSize(d.N, d.D, d.K)
+			w.dutyCheck() // the time since the last request was idle: it pays back
 			if err := w.serve(s.sctx, d, q.at, in, s.wel.Session, s.send); err != nil {
 				s.errc <- err
 				return
 			}
+			w.dutyCheck()
 			w.mu.Lock()
 			w.busy--
 			w.mu.Unlock()

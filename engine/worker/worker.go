@@ -10,6 +10,11 @@
 // stops routing work to it (DISPATCHes already on the wire are answered with
 // ERROR code CodePaused after Pause, or computed after FinishThenPause);
 // Resume sends PAUSE(0).
+//
+// A CPU limit (Config.CPULimit, SetCPULimit) uses the same PAUSE frames for
+// a duty cycle: the worker works at full speed, then rests long enough to
+// keep its process's measured CPU time at the limit, computing at once the
+// DISPATCHes already on their way (cpulimit.go).
 package worker
 
 import (
@@ -94,6 +99,16 @@ type Stats struct {
 	ChunksReceived       uint64 // CHUNKs (or chunks from a model source) verified and written (cumulative)
 	SourceRequests       uint64 // HTTP range requests to a model source (cumulative)
 	SourceFailures       uint64 // failed model source downloads: bad status, short or stalled body, a chunk with the wrong hash (cumulative)
+
+	// CPU limit (Config.CPULimit, SetCPULimit; cpulimit.go): the limit in
+	// force, percent of the machine's CPUs (0: none); whether the worker
+	// rests now to stay within it (it has told the backbone PAUSE, yet
+	// State stays StateConnected); the time it has rested in all,
+	// including the rest in progress; and how many rests it took.
+	CPULimit int
+	Resting  bool
+	RestTime time.Duration
+	Rests    uint64
 }
 
 // Config configures a Worker.
@@ -106,6 +121,10 @@ type Config struct {
 	ModelID    string             // model identity announced in HELLO
 	Backend    string             // e.g. "cpu"
 	Threads    int                // compute threads, for the backbone's information
+	// CPULimit limits the process to this percent of the machine's CPU
+	// time, 1-100 (0 or 100: no limit), by resting between requests (a
+	// duty cycle, cpulimit.go); SetCPULimit changes it while it runs.
+	CPULimit int
 	// OnServed, if set, is called after each RESULT (or DIGEST) is sent
 	// with the session id and that request's DISPATCH and RESULT message
 	// sizes in bytes (for a DIGEST: the RESULT it stands for, as metered).
@@ -179,6 +198,15 @@ type Worker struct {
 	sentPause         bool // what the current session last told the backbone
 	busy              int  // DISPATCHes queued or computing
 	kick              chan struct{}
+	// CPU limit (cpulimit.go): the accounting, whether the worker rests
+	// now (PAUSE sent while it does), since when, the timer that ends the
+	// rest, and the rests' total time (ns) and count.
+	duty      dutyCycle
+	resting   bool
+	restFrom  time.Time
+	restTimer *time.Timer
+	restNanos int64
+	rests     uint64
 	sendMu            sync.Mutex // orders PAUSE frames
 
 	rows, reqs, bin, bout atomic.Uint64
@@ -187,6 +215,7 @@ type Worker struct {
 	dlDone, chunkReqs, chunksGot                     atomic.Uint64
 	srcClient                                        *http.Client // model source downloads
 	srcReqs, srcFails                                atomic.Uint64
+	charged                                          atomic.Int64 // compute ns x threads, the CPU limit's measure where the OS has none
 }
 
 // New validates cfg and returns a Worker.
@@ -221,6 +250,12 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.DownloadWindow <= 0 {
 		cfg.DownloadWindow = 4
+	}
+	if err := checkCPULimit(cfg.CPULimit); err != nil {
+		if store != nil {
+			store.Close()
+		}
+		return nil, err
 	}
 	u, err := url.Parse(cfg.GatewayURL)
 	if err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
@@ -267,6 +302,8 @@ func New(cfg Config) (*Worker, error) {
 	}}
 	w.srcClient = newSourceClient(cfg)
 	w.st.Gateway = u.Host
+	w.duty.set(cfg.CPULimit, cores, time.Now(), w.cpuNow())
+	w.st.CPULimit = w.duty.pct
 	return w, nil
 }
 
@@ -274,6 +311,10 @@ func New(cfg Config) (*Worker, error) {
 func (w *Worker) Stats() Stats {
 	w.mu.Lock()
 	s := w.st
+	s.Resting, s.Rests, s.RestTime = w.resting, w.rests, time.Duration(w.restNanos)
+	if w.resting {
+		s.RestTime += time.Since(w.restFrom)
+	}
 	w.mu.Unlock()
 	s.Rows, s.Requests, s.BytesIn, s.BytesOut = w.rows.Load(), w.reqs.Load(), w.bin.Load(), w.bout.Load()
 	s.QueueTime, s.ComputeTime = time.Duration(w.queueNanos.Load()), time.Duration(w.computeNanos.Load())
@@ -370,6 +411,13 @@ func (w *Worker) setState(s State, reason string) {
 func (w *Worker) Run(ctx context.Context) error {
 	attempt := 0
 	defer w.setState(StateOffline, "stopped")
+	defer func() { // a rest outlives no Run
+		w.mu.Lock()
+		if w.resting {
+			w.endRestLocked(time.Now())
+		}
+		w.mu.Unlock()
+	}()
 	for {
 		w.setState(StateDialing, "connecting")
 		welcomed, err := w.session(ctx)
@@ -433,6 +481,8 @@ func dialError(resp *http.Response, err error) error {
 
 // syncPause tells the backbone the pause state if it changed, turning a
 // pending FinishThenPause into a pause once no DISPATCH is in progress.
+// The backbone is told PAUSE 1 while the owner's pause or a CPU limit's
+// rest holds; only the owner's makes the state StatePaused.
 func (w *Worker) syncPause(send func([]byte) error) error {
 	w.sendMu.Lock()
 	defer w.sendMu.Unlock()
@@ -440,10 +490,10 @@ func (w *Worker) syncPause(send func([]byte) error) error {
 	if w.finish && w.busy == 0 {
 		w.paused, w.finish = true, false
 	}
-	want := w.paused
+	want := w.paused || w.resting
 	changed := want != w.sentPause
 	w.sentPause = want
-	if want {
+	if w.paused {
 		w.st.State, w.st.Reason = StatePaused, "paused"
 	} else {
 		w.st.State, w.st.Reason = StateConnected, ""
@@ -495,6 +545,11 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 	t0 := time.Now()
 	err := w.cfg.Computer.ComputeExperts(ctx, int(d.Layer), xs, es, m, 1, out)
 	t1 := time.Now()
+	th := w.cfg.Threads
+	if th <= 0 || th > cores {
+		th = cores // 0: all CPUs
+	}
+	w.charged.Add(int64(t1.Sub(t0)) * int64(th))
 	if err != nil {
 		w.mu.Lock()
 		w.st.LastError = "compute: " + err.Error()

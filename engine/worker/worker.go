@@ -207,7 +207,7 @@ type Worker struct {
 	restTimer *time.Timer
 	restNanos int64
 	rests     uint64
-	sendMu            sync.Mutex // orders PAUSE frames
+	sendMu    sync.Mutex // orders PAUSE frames
 
 	rows, reqs, bin, bout atomic.Uint64
 	// Request timings (Stats), summed over the RESULTs sent.

@@ -64,11 +64,12 @@ func (b *burner) ComputeExperts(ctx context.Context, layer int, hidden []float32
 // each RESULT arrives; it honours PAUSE as backbone/dispatch does (no new
 // work while paused) and counts what it sees.
 type loadBackbone struct {
-	d                                            int
-	mu                                           sync.Mutex
-	paused                                       bool
-	inflight                                     int
-	kick                                         chan struct{}
+	d        int
+	mu       sync.Mutex
+	paused   bool
+	inflight int
+	kick     chan struct{}
+
 	sessions, results, pauses, resumes, refusals atomic.Int64
 }
 

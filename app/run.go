@@ -253,7 +253,7 @@ func applyAutostart(s Settings, dataArgs []string) error {
 // quota).
 func NodeConfig(s Settings, data string, warn io.Writer) (node.Config, error) {
 	return node.Config{GatewayURL: s.GatewayURL, CAFile: s.CAFile, SliceDir: s.SliceDir, DataDir: data, Threads: s.Threads,
-		QuotaBytes: s.QuotaBytes(), Warn: warn}.WithDefaults()
+		CPULimit: s.CPULimit, QuotaBytes: s.QuotaBytes(), Warn: warn}.WithDefaults()
 }
 
 // ExitRunning is Main's exit code when another instance holds the data
@@ -261,8 +261,8 @@ func NodeConfig(s Settings, data string, warn io.Writer) (node.Config, error) {
 const ExitRunning = 3
 
 // Main runs the desktop app: `kvasir [--gateway URL] [--slice DIR] [--ca
-// FILE] [--data DIR] [--threads N]`; flags override the saved settings for
-// this run (and are saved). With nothing set it starts as a first run
+// FILE] [--data DIR] [--threads N] [--cpu-limit PCT]`; flags override the
+// saved settings for this run (and are saved). With nothing set it starts as a first run
 // (NodeConfig). One instance runs per data folder: a second launch asks
 // the first to show its window and returns ExitRunning. It returns the
 // exit code.
@@ -273,6 +273,7 @@ func Main(args []string, stderr io.Writer) int {
 	slice := fs.String("slice", "", "expert slice folder (default: saved setting, else DATA/slice)")
 	ca := fs.String("ca", "", "PEM file of root CAs for the gateway (default: saved setting, else the system's)")
 	threads := fs.Int("threads", -1, "compute threads (default: saved setting; 0 = all CPUs)")
+	cpuLimit := fs.Int("cpu-limit", 0, "percent of this computer's CPU time kvasir may use, 1-100 (default: saved setting; 100 = no limit)")
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -318,6 +319,9 @@ func Main(args []string, stderr io.Writer) int {
 	if *threads >= 0 {
 		s.Threads = *threads
 	}
+	if *cpuLimit != 0 {
+		s.CPULimit = *cpuLimit
+	}
 	if err := s.Validate(); err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 2
@@ -347,9 +351,13 @@ func Main(args []string, stderr io.Writer) int {
 		}
 		// Only what a worker cannot change while it runs restarts it (a
 		// new session): limits, start at login and notifications apply
-		// as they are.
+		// as they are; the CPU limit is handed to the running worker.
 		if NeedsRestart(running, s) {
 			go start(s)
+		} else if s.CPULimit != running.CPULimit {
+			if err := mgr.SetCPULimit(s.CPULimit); err != nil {
+				fyne.LogError("CPU limit", err)
+			}
 		}
 		running = s
 	}, true)

@@ -29,6 +29,7 @@ type Settings struct {
 	SliceDir       string  // folder of the expert slice; "" = node.DefaultSliceDir (DATA/slice)
 	QuotaGB        float64 // disk quota for experts the backbone assigns, GB (10^9 bytes); 0 = serve the slice folder as it is (node.Config.QuotaBytes)
 	Threads        int     // compute threads; 0 = all CPUs
+	CPULimit       int     // percent of this computer's CPU time the app may use, 1-100 (100 = no limit); applied live
 	PauseOnBattery bool
 	OnlyWhenIdle   bool
 	MaxTempC       float64 // 0 = no temperature limit
@@ -48,6 +49,7 @@ const (
 	// units saved it; read when PrefQuotaGB is missing.
 	PrefQuotaGiB       = "quota_gib"
 	PrefThreads        = "threads"
+	PrefCPULimit       = "cpu_limit"
 	PrefPauseOnBattery = "pause_on_battery"
 	PrefOnlyWhenIdle   = "only_when_idle"
 	PrefMaxTempC       = "max_temp_c"
@@ -60,9 +62,9 @@ const (
 // DefaultSettings are used for keys never saved: the public gateway and
 // the slice folder in the data folder (both left empty here: NodeConfig
 // fills them in), 4 GB of disk for the experts the backbone assigns,
-// pause on battery on, a CPU limit of 90 °C resuming at 80 °C. A first run
-// needs no setting.
-var DefaultSettings = Settings{QuotaGB: node.DefaultQuotaBytes / 1e9, PauseOnBattery: true, MaxTempC: 90, ResumeTempC: 80}
+// no CPU limit (100 %), pause on battery on, a temperature limit of 90 °C
+// resuming at 80 °C. A first run needs no setting.
+var DefaultSettings = Settings{QuotaGB: node.DefaultQuotaBytes / 1e9, CPULimit: 100, PauseOnBattery: true, MaxTempC: 90, ResumeTempC: 80}
 
 // LoadSettings reads settings from p, with DefaultSettings for missing keys.
 func LoadSettings(p fyne.Preferences) Settings {
@@ -73,6 +75,7 @@ func LoadSettings(p fyne.Preferences) Settings {
 		SliceDir:       p.StringWithFallback(PrefSliceDir, d.SliceDir),
 		QuotaGB:        loadQuotaGB(p, d.QuotaGB),
 		Threads:        p.IntWithFallback(PrefThreads, d.Threads),
+		CPULimit:       p.IntWithFallback(PrefCPULimit, d.CPULimit),
 		PauseOnBattery: p.BoolWithFallback(PrefPauseOnBattery, d.PauseOnBattery),
 		OnlyWhenIdle:   p.BoolWithFallback(PrefOnlyWhenIdle, d.OnlyWhenIdle),
 		MaxTempC:       p.FloatWithFallback(PrefMaxTempC, d.MaxTempC),
@@ -102,6 +105,7 @@ func (s Settings) Save(p fyne.Preferences) {
 	p.SetString(PrefSliceDir, s.SliceDir)
 	p.SetFloat(PrefQuotaGB, s.QuotaGB)
 	p.SetInt(PrefThreads, s.Threads)
+	p.SetInt(PrefCPULimit, s.CPULimit)
 	p.SetBool(PrefPauseOnBattery, s.PauseOnBattery)
 	p.SetBool(PrefOnlyWhenIdle, s.OnlyWhenIdle)
 	p.SetFloat(PrefMaxTempC, s.MaxTempC)
@@ -113,17 +117,17 @@ func (s Settings) Save(p fyne.Preferences) {
 
 // NeedsRestart reports whether going from old to s needs a new worker:
 // the gateway, its CA, the slice folder, the quota and the thread count
-// are fixed for a worker's life. Limits, start at login and notifications
-// apply to the running worker.
+// are fixed for a worker's life. Limits (the CPU limit too), start at
+// login and notifications apply to the running worker.
 func NeedsRestart(old, s Settings) bool {
 	return old.GatewayURL != s.GatewayURL || old.CAFile != s.CAFile || old.SliceDir != s.SliceDir ||
 		old.QuotaGB != s.QuotaGB || old.Threads != s.Threads
 }
 
 // Validate checks s: a wss:// (or ws:// for loopback tests) gateway URL
-// with a host, quota >= 0, threads in [0, 4096], temperatures in
-// [0, 120] °C with ResumeTempC < MaxTempC when both are set. Errors wrap
-// ErrSettings.
+// with a host, quota >= 0, threads in [0, 4096], a CPU limit in
+// [1, 100] %, temperatures in [0, 120] °C with ResumeTempC < MaxTempC when
+// both are set. Errors wrap ErrSettings.
 func (s Settings) Validate() error {
 	if s.GatewayURL != "" {
 		u, err := url.Parse(s.GatewayURL)
@@ -136,6 +140,9 @@ func (s Settings) Validate() error {
 	}
 	if s.Threads < 0 || s.Threads > 4096 {
 		return fmt.Errorf("%w: %d CPU threads out of range", ErrSettings, s.Threads)
+	}
+	if s.CPULimit < 1 || s.CPULimit > 100 {
+		return fmt.Errorf("%w: CPU limit %d%%: want 1-100 (100 = no limit)", ErrSettings, s.CPULimit)
 	}
 	if s.MaxTempC < 0 || s.MaxTempC > 120 || s.ResumeTempC < 0 || s.ResumeTempC > 120 {
 		return fmt.Errorf("%w: temperatures must be between 0 and 120 °C", ErrSettings)
@@ -170,7 +177,7 @@ type SettingsForm struct {
 	// window's own use of the settings (notifications); may be nil.
 	OnSaveLocal                                    func(Settings)
 	gateway, ca, slice, quota, threads, maxT, resT *widget.Entry
-	hours                                          *widget.Entry
+	cpu, hours                                     *widget.Entry
 	battery, idle, login, notify                   *widget.Check
 	message                                        *widget.Label
 	save                                           *widget.Button
@@ -185,6 +192,7 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 	f.slice = entry("the app's data folder/slice (default)")
 	f.quota = entry("GB; 0 = serve the folder as it is")
 	f.threads = entry(fmt.Sprintf("0 = all %d cores", runtime.NumCPU()))
+	f.cpu = entry("100 = no limit")
 	f.maxT = entry("°C, 0 = no limit")
 	f.resT = entry("°C, default limit − 10")
 	f.hours = entry("any time; e.g. 22:00-07:00")
@@ -202,6 +210,7 @@ func NewSettingsForm(p fyne.Preferences, onSave func(Settings)) *SettingsForm {
 		widget.NewFormItem("Disk quota (GB)", f.quota),
 		threadsItem(f.threads),
 		widget.NewFormItem("Limits", container.NewVBox(f.battery, f.idle)),
+		cpuLimitItem(f.cpu),
 		widget.NewFormItem("Stop above (°C)", f.maxT),
 		widget.NewFormItem("Resume below (°C)", f.resT),
 		widget.NewFormItem("Work only between", f.hours),
@@ -219,6 +228,13 @@ func threadsItem(e *widget.Entry) *widget.FormItem {
 	return it
 }
 
+// cpuLimitItem is the CPU limit field with what it does said under it.
+func cpuLimitItem(e *widget.Entry) *widget.FormItem {
+	it := widget.NewFormItem("CPU limit (%)", e)
+	it.HintText = "share of this computer's CPU time kvasir may use; it works, then rests; 100 = no limit"
+	return it
+}
+
 func fmtFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 // Show fills the fields with s.
@@ -228,6 +244,7 @@ func (f *SettingsForm) Show(s Settings) {
 	f.slice.SetText(s.SliceDir)
 	f.quota.SetText(fmtFloat(s.QuotaGB))
 	f.threads.SetText(strconv.Itoa(s.Threads))
+	f.cpu.SetText(strconv.Itoa(s.CPULimit))
 	f.maxT.SetText(fmtFloat(s.MaxTempC))
 	f.resT.SetText(fmtFloat(s.ResumeTempC))
 	f.battery.SetChecked(s.PauseOnBattery)
@@ -265,6 +282,17 @@ func (f *SettingsForm) Read() (Settings, error) {
 		return s, fmt.Errorf("%w: CPU threads must be a whole number", ErrSettings)
 	}
 	s.Threads = int(th)
+	cpu, err := num("CPU limit", f.cpu.Text)
+	if err != nil {
+		return s, err
+	}
+	if strings.TrimSpace(f.cpu.Text) == "" {
+		cpu = 100 // empty: no limit
+	}
+	if cpu != float64(int(cpu)) {
+		return s, fmt.Errorf("%w: CPU limit must be a whole percent, 1-100", ErrSettings)
+	}
+	s.CPULimit = int(cpu)
 	if s.MaxTempC, err = num("temperature limit", f.maxT.Text); err != nil {
 		return s, err
 	}

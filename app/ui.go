@@ -430,6 +430,9 @@ func (u *UI) showState(s status.Snapshot) {
 	if s.Session != "" {
 		line += " · session " + s.Session
 	}
+	if l := s.CPULimitLine(); l != "" {
+		line += " · " + l
+	}
 	u.gateway.SetText(line)
 	was := u.whyCard.Visible()
 	if s.Earning() {

@@ -171,6 +171,14 @@ func TestStatusShowsStatsAndWallet(t *testing.T) {
 	}
 	test.AssertRendersToMarkup(t, "status_connected.xml", w.Canvas())
 	test.AssertImageMatches(t, "status_connected.png", w.Canvas().Capture())
+
+	// Under a CPU limit the worker rests between requests yet earns: the
+	// status says so beside the gateway, not as "not earning".
+	be.snap.CPULimit = 50
+	u.Poll(t0.Add(6*time.Second), false)()
+	if want := "gateway 127.0.0.1:8443 · round trip 1.5 ms · session s1 · limited to 50% CPU"; u.gateway.Text != want || u.whyCard.Visible() {
+		t.Errorf("CPU limit: %q (why card shown: %v), want %q", u.gateway.Text, u.whyCard.Visible(), want)
+	}
 }
 
 func TestWhyNotEarning(t *testing.T) {
@@ -262,12 +270,13 @@ func TestSettingsPersist(t *testing.T) {
 		t.Fatalf("defaults %+v", got)
 	}
 	want := Settings{GatewayURL: "wss://127.0.0.1:8443", CAFile: "/tmp/ca.pem", SliceDir: "/srv/slice", QuotaGB: 0.5,
-		Threads: 3, OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70, WorkHours: "22:00-07:00"}
+		Threads: 3, CPULimit: 60, OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70, WorkHours: "22:00-07:00"}
 	test.Type(f.gateway, want.GatewayURL)
 	f.ca.SetText(want.CAFile)
 	f.slice.SetText(want.SliceDir)
 	f.quota.SetText("0.5")
 	f.threads.SetText("3")
+	f.cpu.SetText("60")
 	f.maxT.SetText("85")
 	f.resT.SetText("70")
 	f.hours.SetText("22:00-07:00")
@@ -283,6 +292,19 @@ func TestSettingsPersist(t *testing.T) {
 	if f.message.Text != "Saved and applied; the worker keeps running." || len(saved) != 2 || NeedsRestart(saved[0], saved[1]) {
 		t.Fatalf("limit change: message %q", f.message.Text)
 	}
+	// So does the CPU limit (the app hands it to the running worker).
+	f.cpu.SetText("25")
+	test.Tap(f.save)
+	if f.message.Text != "Saved and applied; the worker keeps running." || len(saved) != 3 || NeedsRestart(saved[1], saved[2]) ||
+		saved[2].CPULimit != 25 {
+		t.Fatalf("CPU limit change: message %q, saved %+v", f.message.Text, saved[len(saved)-1])
+	}
+	// An empty field is no limit.
+	f.cpu.SetText("")
+	if s, err := f.Read(); err != nil || s.CPULimit != 100 {
+		t.Fatalf("empty CPU limit: %+v %v", s, err)
+	}
+	f.cpu.SetText("25")
 	test.Tap(f.save)
 	if f.message.Text != "Saved (nothing changed)." {
 		t.Fatalf("no change: message %q", f.message.Text)
@@ -306,10 +328,14 @@ func TestSettingsPersist(t *testing.T) {
 		{"resT", "90", "resume temperature 90 °C must be below the limit 85 °C"},
 		{"quota", "lots", "disk quota \"lots\" is not a number"},
 		{"hours", "9-5", "working hours \"9-5\": want HH:MM-HH:MM, e.g. 22:00-07:00"},
+		{"cpu", "0", "CPU limit 0%: want 1-100 (100 = no limit)"},
+		{"cpu", "150", "CPU limit 150%: want 1-100 (100 = no limit)"},
+		{"cpu", "12.5", "CPU limit must be a whole percent, 1-100"},
+		{"cpu", "half", "CPU limit \"half\" is not a number"},
 	}
 	for _, b := range bad {
 		f.Show(want)
-		map[string]func(string){"gateway": f.gateway.SetText, "threads": f.threads.SetText, "resT": f.resT.SetText, "quota": f.quota.SetText, "hours": f.hours.SetText}[b.field](b.text)
+		map[string]func(string){"gateway": f.gateway.SetText, "threads": f.threads.SetText, "resT": f.resT.SetText, "quota": f.quota.SetText, "hours": f.hours.SetText, "cpu": f.cpu.SetText}[b.field](b.text)
 		err := f.Submit()
 		if !errors.Is(err, ErrSettings) || f.message.Text != "Not saved: settings: "+b.msg {
 			t.Errorf("%s=%q: err %v, message %q", b.field, b.text, err, f.message.Text)

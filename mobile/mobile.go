@@ -76,6 +76,7 @@ type config struct {
 	SliceDir   string `json:"slice_dir"`    // expert slice folder in the app's files
 	KeySeedHex string `json:"key_seed_hex"` // 64 hex chars: the ed25519 seed (RFC 8032)
 	Threads    int    `json:"threads"`      // 0 = all CPUs
+	CPULimit   int    `json:"cpu_limit"`    // percent of the device's CPU time the worker may use, 1-100; 0 or 100 = no limit
 	QuotaBytes int64  `json:"quota_bytes"`  // > 0: keep slice_dir (may start empty) and download the backbone's assignment within it
 	Mode       string `json:"mode"`         // ModeForeground or ModeCharging
 	SyncEveryS int    `json:"sync_every_s"` // how often to fetch credit statements, seconds; 0 = 30
@@ -103,7 +104,7 @@ var loadSlice node.SliceLoader = func(dir string, threads int) (*node.Slice, err
 
 // Start starts the worker with the JSON config (see the package doc for
 // the fields: data_dir, gateway_url, ca_pem, slice_dir, key_seed_hex,
-// threads, quota_bytes, mode, sync_every_s) and opens its wallet in
+// threads, cpu_limit, quota_bytes, mode, sync_every_s) and opens its wallet in
 // data_dir. The shell
 // is assumed in the foreground and not charging until it says otherwise.
 // Errors wrap ErrConfig (bad JSON, URL, key, CA, mode, data_dir, slice),
@@ -137,6 +138,9 @@ func Start(configJSON string) error {
 			return fmt.Errorf("%w: ca_pem holds no certificate", ErrConfig)
 		}
 	}
+	if c.CPULimit < 0 || c.CPULimit > 100 {
+		return fmt.Errorf("%w: cpu_limit %d: want a percent from 1 to 100 (0 or 100: no limit)", ErrConfig, c.CPULimit)
+	}
 	if c.QuotaBytes < 0 || c.SyncEveryS < 0 {
 		return fmt.Errorf("%w: quota_bytes %d, sync_every_s %d", ErrConfig, c.QuotaBytes, c.SyncEveryS)
 	}
@@ -146,7 +150,7 @@ func Start(configJSON string) error {
 		return ErrRunning
 	}
 	n, err := node.Open(node.Config{GatewayURL: c.GatewayURL, RootCAs: pool, SliceDir: c.SliceDir, DataDir: c.DataDir,
-		Threads: c.Threads, QuotaBytes: uint64(c.QuotaBytes), LoadSlice: loadSlice, SyncEvery: time.Duration(c.SyncEveryS) * time.Second,
+		Threads: c.Threads, CPULimit: c.CPULimit, QuotaBytes: uint64(c.QuotaBytes), LoadSlice: loadSlice, SyncEvery: time.Duration(c.SyncEveryS) * time.Second,
 		KeyStore: wallet.SeedStore{Seed: seed}, StoreName: "shell", Warn: io.Discard})
 	if err != nil {
 		if errors.Is(err, node.ErrConfig) {
@@ -264,16 +268,19 @@ type stats struct {
 	DownloadBytesTotal   uint64 `json:"download_bytes_total"`
 	DownloadExpertsDone  int    `json:"download_experts_done"`
 	DownloadExpertsTotal int    `json:"download_experts_total"`
-	Session              string `json:"session,omitempty"`
-	LastError            string `json:"last_error,omitempty"`
+	// CPU limit in force, percent of the device's CPU time (0: none).
+	CPULimit  int    `json:"cpu_limit"`
+	Session   string `json:"session,omitempty"`
+	LastError string `json:"last_error,omitempty"`
 }
 
 // StatsJSON returns the worker's state as a JSON object: running, state,
 // reason, mode, address, gateway, rtt_ms, rows, requests, bytes_in,
 // bytes_out, rows_per_s, mb_per_s, the wallet's bytes_served,
 // metered_nkvr (estimate), credited_nkvr and pending_nkvr,
-// download_bytes_done/_total, download_experts_done/_total, session,
-// last_error. Poll it about once a second for the rates.
+// download_bytes_done/_total, download_experts_done/_total, cpu_limit
+// (percent; 0: none), session, last_error. Poll it about once a second
+// for the rates.
 func StatsJSON() string {
 	mu.Lock()
 	r := cur
@@ -291,7 +298,7 @@ func StatsJSON() string {
 			BytesIn: s.BytesIn, BytesOut: s.BytesOut, RowsPerSec: rows, MBPerSec: bytes / status.BytesPerMB,
 			Session: s.Session, LastError: s.LastError,
 			DownloadBytesDone: s.DownloadBytesDone, DownloadBytesTotal: s.DownloadBytesTotal,
-			DownloadExpertsDone: s.DownloadExpertsDone, DownloadExpertsTotal: s.DownloadExpertsTotal}
+			DownloadExpertsDone: s.DownloadExpertsDone, DownloadExpertsTotal: s.DownloadExpertsTotal, CPULimit: s.CPULimit}
 		if sum, err := r.n.Summary(); err != nil {
 			out.WalletError = err.Error()
 		} else {

@@ -60,6 +60,7 @@ func TestStartStopModes(t *testing.T) {
 		cfg("http://127.0.0.1:1", "/slice", "", seed), cfg("ws://127.0.0.1:1", "/nope", "", seed),
 		`{"data_dir":"` + data + `","gateway_url":"ws://127.0.0.1:1","slice_dir":"/slice","key_seed_hex":"` + seed + `","ca_pem":"junk"}`,
 		`{"gateway_url":"ws://127.0.0.1:1","slice_dir":"/slice","key_seed_hex":"` + seed + `"}`, // no data_dir
+		`{"data_dir":"` + data + `","gateway_url":"ws://127.0.0.1:1","slice_dir":"/slice","key_seed_hex":"` + seed + `","cpu_limit":101}`,
 	}
 	for _, c := range bad {
 		if err := Start(c); !errors.Is(err, ErrConfig) {
@@ -79,7 +80,7 @@ func TestStartStopModes(t *testing.T) {
 		t.Errorf("second Start: %v", err)
 	}
 	s := statsOf(t)
-	if !s.Running || s.Mode != ModeForeground || s.Address != want || s.Gateway != "127.0.0.1:1" || s.State == "paused" {
+	if !s.Running || s.Mode != ModeForeground || s.Address != want || s.Gateway != "127.0.0.1:1" || s.State == "paused" || s.CPULimit != 0 {
 		t.Errorf("running: %+v", s)
 	}
 	SetForeground(false)
@@ -110,9 +111,13 @@ func TestStartStopModes(t *testing.T) {
 		t.Error(err)
 	}
 
-	// Charging mode waits for the charger.
-	if err := Start(cfg("ws://127.0.0.1:1", "/slice", ModeCharging, seed)); err != nil {
+	// Charging mode waits for the charger; cpu_limit reaches the worker.
+	limited := `{"data_dir":"` + data + `","gateway_url":"ws://127.0.0.1:1","slice_dir":"/slice","key_seed_hex":"` + seed + `","mode":"charging","cpu_limit":40}`
+	if err := Start(limited); err != nil {
 		t.Fatal(err)
+	}
+	if s := statsOf(t); s.CPULimit != 40 {
+		t.Errorf("cpu_limit 40: stats %+v", s)
 	}
 	if s := statsOf(t); s.State != "paused" || s.Reason != ReasonNotCharging {
 		t.Errorf("charging mode, unplugged: %+v", s)

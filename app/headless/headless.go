@@ -84,7 +84,7 @@ func Run(ctx context.Context, o Options) error {
 // Main runs the contributor command line without a window; args exclude
 // the program name. Forms:
 //
-//	kvasir --headless [--gateway wss://HOST:PORT] [--slice DIR] [--ca FILE] [--quota SIZE] [--interval 5s] ...
+//	kvasir --headless [--gateway wss://HOST:PORT] [--slice DIR] [--ca FILE] [--quota SIZE] [--cpu-limit PCT] [--interval 5s] ...
 //	kvasir wallet [--json] [--by hour|day|session] [--data DIR]
 //
 // With no flags but --headless it runs as a first run of the app does
@@ -105,6 +105,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	ca := fs.String("ca", "", "PEM file of root CAs for the gateway (default: system roots)")
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
 	threads := fs.Int("threads", 0, "compute threads (0 = all CPUs)")
+	cpuLimit := fs.Int("cpu-limit", 100, "percent of this machine's CPU time the worker's process may use, 1-100: it works, then rests (100 = no limit)")
 	interval := fs.Duration("interval", 5*time.Second, "status line interval")
 	duration := fs.Duration("duration", 0, "stop after this long (0 = until interrupted)")
 	battery := fs.Bool("pause-on-battery", false, "pause while running on battery")
@@ -123,6 +124,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvasir: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
+	if *cpuLimit < 1 || *cpuLimit > 100 {
+		fmt.Fprintf(stderr, "kvasir: --cpu-limit %d: want a percent from 1 to 100 (100 = no limit)\n", *cpuLimit)
+		return 2
+	}
 	hours, err := limits.ParseHours(*hoursFlag)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvasir: --hours: %v\n", err)
@@ -137,7 +142,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		quota = q
 	}
-	cfg, err := node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, QuotaBytes: quota, DataDir: *data, Threads: *threads, Warn: stderr, Backend: *backend,
+	cfg, err := node.Config{GatewayURL: *gw, CAFile: *ca, SliceDir: *slice, QuotaBytes: quota, DataDir: *data, Threads: *threads, CPULimit: *cpuLimit, Warn: stderr, Backend: *backend,
 		SyncEvery: *syncEvery, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}.WithDefaults()
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)

@@ -127,6 +127,12 @@ func TestUsage(t *testing.T) {
 	if code := Main([]string{"--headless", "--bogus"}, &o, &e); code != 2 {
 		t.Errorf("bad flag: %d", code)
 	}
+	for _, bad := range []string{"0", "101", "-5"} {
+		e.Reset()
+		if code := Main([]string{"--headless", "--cpu-limit", bad}, &o, &e); code != 2 || !strings.Contains(e.String(), "--cpu-limit "+bad+": want a percent from 1 to 100") {
+			t.Errorf("--cpu-limit %s: %d %q", bad, code, e.String())
+		}
+	}
 	e.Reset()
 	if code := Main([]string{"wallet", "--by", "week"}, &o, &e); code != 2 || !strings.Contains(e.String(), "want hour, day or session") {
 		t.Errorf("bad grouping: %d %q", code, e.String())
@@ -201,7 +207,7 @@ func TestHeadlessInSwarm(t *testing.T) {
 	data := t.TempDir()
 	var o, e bytes.Buffer
 	code := Main([]string{"--headless", "--gateway", sw.URL, "--ca", sw.CAFile, "--slice", sw.SliceDir, "--data", data,
-		"--threads", "1", "--interval", "500ms", "--duration", "4s"}, &o, &e)
+		"--threads", "1", "--cpu-limit", "90", "--interval", "500ms", "--duration", "4s"}, &o, &e)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, e.String())
 	}
@@ -220,6 +226,11 @@ func TestHeadlessInSwarm(t *testing.T) {
 		}
 		if i := slices.Index(f, "rows/s"); i >= 1 && f[i-1] != "0.0" && f[i+1] != "0.00" {
 			earning = true
+		}
+		// --cpu-limit reached the worker (one thread of this machine's
+		// cores stays under 90 %: it is shown, and the worker earns).
+		if !slices.Contains(f, "cpu-limit=90%") {
+			t.Errorf("connected line without the CPU limit: %q", l)
 		}
 	}
 	if !earning {

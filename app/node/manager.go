@@ -123,6 +123,16 @@ func (m *Manager) Resume() {
 	}
 }
 
+// SetCPULimit changes the running node's CPU limit without restarting it
+// (Node.SetCPULimit); with no node it does nothing (the next Start takes
+// its Config.CPULimit). Errors wrap worker.ErrCPULimit.
+func (m *Manager) SetCPULimit(pct int) error {
+	if n, _ := m.node(); n != nil {
+		return n.SetCPULimit(pct)
+	}
+	return nil
+}
+
 // Summary returns the running node's wallet summary, or ErrNotRunning
 // (wrapping the start error, if any).
 func (m *Manager) Summary() (wallet.Summary, error) {

@@ -90,6 +90,10 @@ type Config struct {
 	SliceDir string
 	DataDir  string // identity record and wallet.db; "" = DefaultDataDir()
 	Threads  int    // compute threads; 0 = all CPUs
+	// CPULimit keeps the worker's process to this percent of the
+	// machine's CPU time, 1-100 (0 or 100: no limit; engine/worker
+	// Config.CPULimit); SetCPULimit changes it while the node runs.
+	CPULimit int
 	// QuotaBytes > 0 turns on slice provisioning: SliceDir (created if
 	// needed, may start empty) is kept by the worker (engine/worker
 	// Config.SliceDir), which downloads the experts the backbone assigns
@@ -203,7 +207,8 @@ type Node struct {
 }
 
 // Open opens the identity and wallet in cfg.DataDir, loads the slice and
-// builds the worker. Errors: ErrConfig for a bad gateway URL or CA file;
+// builds the worker. Errors: ErrConfig for a bad gateway URL, CA file or
+// CPU limit;
 // wallet errors (wallet.ErrCorrupt, wallet.ErrNewerSchema,
 // wallet.ErrIdentityUnavailable, ...) as returned. A slice that fails to
 // load is not an error (see Node).
@@ -215,6 +220,9 @@ func Open(cfg Config) (*Node, error) {
 	cfg.DataDir = d
 	if cfg.SyncEvery <= 0 {
 		cfg.SyncEvery = DefaultSyncEvery
+	}
+	if cfg.CPULimit < 0 || cfg.CPULimit > 100 {
+		return nil, fmt.Errorf("%w: CPU limit %d%%: want 1-100 (100: no limit)", ErrConfig, cfg.CPULimit)
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, opened: time.Now()}
 	if n.log == nil {
@@ -281,7 +289,7 @@ func Open(cfg Config) (*Node, error) {
 		}
 		n.prov = true
 		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool, SliceDir: cfg.SliceDir,
-			Quota: int64(cfg.QuotaBytes), Backend: "cpu", Threads: cfg.Threads, OnServed: n.wal.Served, Logger: n.log})
+			Quota: int64(cfg.QuotaBytes), Backend: "cpu", Threads: cfg.Threads, CPULimit: cfg.CPULimit, OnServed: n.wal.Served, Logger: n.log})
 		if err != nil {
 			n.problem = "no slice: " + err.Error()
 			n.info.Problem = n.problem
@@ -309,7 +317,7 @@ func Open(cfg Config) (*Node, error) {
 		n.info.Dir, n.info.QuotaBytes = cfg.SliceDir, cfg.QuotaBytes
 		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool,
 			Computer: sl.Computer, Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: sl.Backend, Threads: cfg.Threads,
-			OnServed: n.wal.Served, Logger: n.log})
+			CPULimit: cfg.CPULimit, OnServed: n.wal.Served, Logger: n.log})
 		if err != nil {
 			n.Close()
 			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
@@ -428,7 +436,18 @@ func fromWorker(s worker.Stats, since time.Duration) status.Snapshot {
 		Requests: s.Requests, BytesIn: s.BytesIn, BytesOut: s.BytesOut, Session: s.Session,
 		ConnectedSince: s.ConnectedSince, LastError: s.LastError,
 		DownloadBytesDone: s.DownloadBytesDone, DownloadBytesTotal: s.DownloadBytesTotal,
-		DownloadExpertsDone: s.DownloadExpertsDone, DownloadExpertsTotal: s.DownloadExpertsTotal}
+		DownloadExpertsDone: s.DownloadExpertsDone, DownloadExpertsTotal: s.DownloadExpertsTotal, CPULimit: s.CPULimit}
+}
+
+// SetCPULimit changes the worker's CPU limit while it runs (percent of the
+// machine's CPU time, 1-100; 0 or 100: none; worker.SetCPULimit): no new
+// session. Errors wrap worker.ErrCPULimit. Without a worker it does
+// nothing.
+func (n *Node) SetCPULimit(pct int) error {
+	if n.w == nil {
+		return nil
+	}
+	return n.w.SetCPULimit(pct)
 }
 
 // Pause implements status.Source.

@@ -150,8 +150,8 @@ func FormatRTT(d time.Duration) string {
 // where earned≈ is the estimate from the worker's own count (the wallet's
 // metered nKVR, at once) and pending what the gateway has credited and
 // not yet paid (it follows the work by the credit lag), followed by
-// " download=3/8 experts" while assigned experts are being fetched and
-// " (reason)" when not earning.
+// " download=3/8 experts" while assigned experts are being fetched,
+// " cpu-limit=50%" under a CPU limit and " (reason)" when not earning.
 func Line(s Snapshot, rowsPS, bytesPS float64, estimateNKVR, pendingNKVR uint64) string {
 	gw := s.Gateway
 	if gw == "" {
@@ -161,6 +161,9 @@ func Line(s Snapshot, rowsPS, bytesPS float64, estimateNKVR, pendingNKVR uint64)
 		FormatKVR(estimateNKVR), FormatKVR(pendingNKVR))
 	if s.Downloading() {
 		l += fmt.Sprintf(" download=%d/%d experts", s.DownloadExpertsDone, s.DownloadExpertsTotal)
+	}
+	if s.CPULimitLine() != "" {
+		l += fmt.Sprintf(" cpu-limit=%d%%", s.CPULimit)
 	}
 	if s.Reason != "" {
 		l += " (" + s.Reason + ")"

@@ -58,6 +58,21 @@ type Snapshot struct {
 	// in all.
 	DownloadBytesDone, DownloadBytesTotal     uint64
 	DownloadExpertsDone, DownloadExpertsTotal int
+
+	// CPULimit is the share of the machine's CPU time the worker's
+	// process keeps to, percent (1-99; 0: no limit). It does so by
+	// resting between requests (engine/worker's duty cycle) while it stays
+	// connected and earning.
+	CPULimit int
+}
+
+// CPULimitLine renders the CPU limit for people, "limited to 50% CPU", or
+// "" without one.
+func (s Snapshot) CPULimitLine() string {
+	if s.CPULimit <= 0 || s.CPULimit >= 100 {
+		return ""
+	}
+	return fmt.Sprintf("limited to %d%% CPU", s.CPULimit)
 }
 
 // Downloading reports whether assigned experts are still being fetched.

@@ -104,6 +104,11 @@ func TestFormat(t *testing.T) {
 		{Snapshot{DownloadBytesDone: 4 << 20, DownloadBytesTotal: 4 << 20, DownloadExpertsDone: 8, DownloadExpertsTotal: 8}.DownloadLine(),
 			"assigned experts held: 8 of 8, 4.19 MB of 4.19 MB (100%)"},
 		{Snapshot{}.DownloadLine(), ""},
+		{Line(Snapshot{State: Connected, CPULimit: 50}, 0, 0, 0, 0),
+			"connected gw=- rtt=— 0.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR cpu-limit=50%"},
+		{Snapshot{CPULimit: 25}.CPULimitLine(), "limited to 25% CPU"},
+		{Snapshot{CPULimit: 100}.CPULimitLine(), ""},
+		{Snapshot{}.CPULimitLine(), ""},
 		{Line(Snapshot{State: Offline, Reason: "gateway unreachable"}, 0, 0, 0, 0),
 			"offline gw=- rtt=— 0.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR (gateway unreachable)"},
 	}

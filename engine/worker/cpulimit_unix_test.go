@@ -164,8 +164,9 @@ func cpuSelf(t *testing.T) time.Duration {
 }
 
 // TestCPULimitMeasured runs a worker under steady load (a backbone that
-// keeps it busy, a computer that spins every core) at a CPU limit of 50 %
-// and 25 %, and at the default (no limit), and measures the process's CPU
+// keeps it busy, a computer that spins every core) at a CPU limit of 50 %,
+// 25 % and 10 % (which still bites on a machine other programs keep busy),
+// and at the default (no limit), and measures the process's CPU
 // time over wall time with getrusage around a window of a few seconds:
 // with a limit it stays within the limit plus the documented excess
 // (MinRest's share and one request), yet works (well above 0), through one
@@ -174,7 +175,7 @@ func cpuSelf(t *testing.T) time.Duration {
 // with no worker (measured first, since other programs share the machine).
 func TestCPULimitMeasured(t *testing.T) {
 	if testing.Short() {
-		t.Skip("measures 16 s of CPU time; -short leaves it out")
+		t.Skip("measures CPU time for 16 s; -short leaves it out")
 	}
 	n := cores
 	// What spinning every core gets on this machine now.
@@ -189,7 +190,7 @@ func TestCPULimitMeasured(t *testing.T) {
 	for _, c := range []struct {
 		pct    int
 		window time.Duration
-	}{{100, 3 * time.Second}, {50, 5 * time.Second}, {25, 5 * time.Second}} {
+	}{{100, 3 * time.Second}, {50, 4 * time.Second}, {25, 4 * time.Second}, {10, 4 * time.Second}} {
 		bb := &loadBackbone{d: 4, kick: make(chan struct{}, 1)}
 		srv := httptest.NewServer(bb)
 		comp := &burner{d: 4, threads: n}

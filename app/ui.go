@@ -427,11 +427,11 @@ func (u *UI) showState(s status.Snapshot) {
 		gw = "—"
 	}
 	line := "gateway " + gw + " · round trip " + status.FormatRTT(s.RTT)
+	if l := s.CPULimitLine(); l != "" {
+		line += " · " + l // before the session id, which a narrow window cuts first
+	}
 	if s.Session != "" {
 		line += " · session " + s.Session
-	}
-	if l := s.CPULimitLine(); l != "" {
-		line += " · " + l
 	}
 	u.gateway.SetText(line)
 	was := u.whyCard.Visible()

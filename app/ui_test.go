@@ -176,7 +176,7 @@ func TestStatusShowsStatsAndWallet(t *testing.T) {
 	// status says so beside the gateway, not as "not earning".
 	be.snap.CPULimit = 50
 	u.Poll(t0.Add(6*time.Second), false)()
-	if want := "gateway 127.0.0.1:8443 · round trip 1.5 ms · session s1 · limited to 50% CPU"; u.gateway.Text != want || u.whyCard.Visible() {
+	if want := "gateway 127.0.0.1:8443 · round trip 1.5 ms · limited to 50% CPU · session s1"; u.gateway.Text != want || u.whyCard.Visible() {
 		t.Errorf("CPU limit: %q (why card shown: %v), want %q", u.gateway.Text, u.whyCard.Visible(), want)
 	}
 }

@@ -52,7 +52,7 @@ func xvfbShot(path string) int {
 	}
 	a := fyneapp.NewWithID(AppID + ".xvfbtest")
 	be := &fakeBackend{snap: status.Snapshot{State: status.Connected, Gateway: "127.0.0.1:8443", RTT: 1200 * time.Microsecond,
-		Session: "demo-1", ConnectedSince: time.Now()}, sum: sampleSummary(),
+		Session: "demo-1", ConnectedSince: time.Now(), CPULimit: 50}, sum: sampleSummary(),
 		slice: status.SliceInfo{Dir: "/var/lib/kvasir/slice", Layers: 2, Experts: 256, Bytes: 48 << 20, QuotaBytes: 4 << 30, Verified: true, VerifiedAt: time.Now()}}
 	w := NewWindow(a, be, nil, nil, true)
 	resizeFromEnv(w)
@@ -98,17 +98,26 @@ func xvfbShot(path string) int {
 			code = 0
 		}
 		if ws := os.Getenv("KVASIR_XVFB_WALLET_SHOT"); ws != "" {
-			fyne.DoAndWait(func() { w.UI.Tabs.SelectIndex(1) })
-			time.Sleep(2500 * time.Millisecond)
-			if out, err := exec.Command("import", "-window", "root", ws).CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
-			}
+			shootTab(w, 1, ws)
+		}
+		if ss := os.Getenv("KVASIR_XVFB_SETTINGS_SHOT"); ss != "" {
+			shootTab(w, 3, ss)
 		}
 		fyne.Do(a.Quit)
 	}()
 	w.Win.ShowAndRun()
 	close(stop)
 	return code
+}
+
+// shootTab selects tab i of w's window, lets it draw and writes the
+// screen to path (ImageMagick's import).
+func shootTab(w *Window, i int, path string) {
+	fyne.DoAndWait(func() { w.UI.Tabs.SelectIndex(i) })
+	time.Sleep(2500 * time.Millisecond)
+	if out, err := exec.Command("import", "-window", "root", path).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
+	}
 }
 
 // xvfbSwarmShot is xvfbShot against a real loopback swarm
@@ -206,6 +215,9 @@ func xvfbSwarmShot(path string, secs int) int {
 			if out, err := exec.Command("import", "-window", "root", ws).CombinedOutput(); err != nil {
 				fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
 			}
+		}
+		if ss := os.Getenv("KVASIR_XVFB_SETTINGS_SHOT"); ss != "" {
+			shootTab(w, 3, ss)
 		}
 		// Close the window as its close button does.
 		if !strings.Contains(w.TrayStatus(), "closing the window quits") {

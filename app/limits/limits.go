@@ -3,6 +3,10 @@
 // the CPU is too hot (with hysteresis, so the worker does not flap around
 // the threshold). It reads what the OS tells through a Probe; SysProbe
 // reads Linux's /sys and /proc, and reports "unknown" elsewhere.
+//
+// The CPU percentage limit is not a pause decided here: the worker keeps
+// to it itself, resting between requests (engine/worker Config.CPULimit,
+// a duty cycle on its measured process CPU time).
 package limits
 
 import (

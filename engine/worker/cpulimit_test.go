@@ -71,8 +71,12 @@ func TestDutyCycleWorked(t *testing.T) {
 	// Both cores busy: 200 ms CPU in 100 ms, 100 ms of it paid back.
 	step(100*ms, 200*ms, 0.1, false, 100*ms)
 	step(400*ms, 800*ms, 0.4, false, 400*ms)
-	// 1 s of CPU in 500 ms: 0.5 s owed, rest 500 ms (= MinRest).
+	// 1 s of CPU in 500 ms: 0.5 s owed, rest 500 ms (= MinRest), the
+	// closed form's rest for that work taken as one request.
 	step(500*ms, 1000*ms, 0.5, true, 500*ms)
+	if r := restAfter(1000*ms, 500*ms, 50, 2); r != d.rest() {
+		t.Fatalf("restAfter %v, the debt's rest %v", r, d.rest())
+	}
 	// The rest: the process used 10 ms meanwhile, so 10 ms more.
 	step(1000*ms, 1010*ms, 0.01, false, 10*ms)
 	if !d.owed() {

@@ -48,7 +48,7 @@ func ExplainDial(gateway, lastError string) (kind, text string) {
 		return ProblemRefused, gateway + " refused the connection: the gateway is down or the address is wrong"
 	case has("unknown authority", "certificate signed by unknown"):
 		return ProblemTLS, "TLS: " + gateway + "'s certificate is not signed by an authority this device trusts " +
-			"(for a private gateway, set its CA file in Settings)"
+			"(for a private gateway, give its CA file: Settings in the window, --ca FILE headless)"
 	case has("certificate is valid for", "not valid for any names", "doesn't contain any ip sans"):
 		return ProblemTLS, "TLS: " + gateway + "'s certificate is for another name (check the gateway address)"
 	case has("certificate has expired", "expired", "not yet valid"):

@@ -70,7 +70,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&serveAPI, "serve", false, "instead of one decode: serve the OpenAI-compatible API over the swarm until Ctrl-C")
 	fs.BoolVar(&o.Capacity, "capacity", false, "the backbone loads a backbone-only file (no routed experts) and the workers download theirs from a loopback HTTP model source: every expert remote, replicated twice, verified by replica comparison")
 	o.API = run.APIOptions{ChatTemplate: "auto", MaxBatch: serve.DefaultMaxBatchRows, MaxSeqs: serve.DefaultMaxSeqs,
-		Queue: serve.DefaultQueueSize, Lanes: 1}
+		Queue: serve.DefaultQueueSize}
 	fs.StringVar(&o.API.HTTPAddr, "http", "127.0.0.1:8080", "with --serve: HTTP listen address of the API (port 0: any free port)")
 	fs.StringVar(&o.API.APIKey, "api-key", os.Getenv("KVASIR_API_KEY"), "with --serve: require 'Authorization: Bearer KEY' on /v1/ (default $KVASIR_API_KEY; empty: open)")
 	fs.IntVar(&o.API.Requests, "serve-requests", 0, "with --serve: stop after this many completion requests (0: serve until interrupted)")

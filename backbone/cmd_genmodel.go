@@ -19,7 +19,7 @@ func init() {
 
 // genmodelMain implements
 //
-//	backbone genmodel --preset P --layers N --type T --seed S [--fused-gate-up] --out FILE
+//	backbone genmodel --preset P --layers N --type T --seed S [--fused-gate-up] [--nextn 1] --out FILE
 //
 // (P one of modelgen.Presets) and returns the exit code (2: bad usage, 1: failure).
 func genmodelMain(args []string, stdout, stderr io.Writer) int {
@@ -29,6 +29,7 @@ func genmodelMain(args []string, stdout, stderr io.Writer) int {
 	layers := fs.Int("layers", 0, "number of layers (0: the preset's)")
 	typ := fs.String("type", "", "weight type: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, or Q4_K_M (mix); empty: the preset's")
 	seed := fs.Uint64("seed", 1, "random seed")
+	nextn := fs.Int("nextn", 0, "qwen35moe: multi-token-prediction blocks after the main layers (nextn_predict_layers, 0 or 1), as Qwen3.5's MTP head")
 	fused := fs.Bool("fused-gate-up", false, "write each layer's routed experts' gate and up as one ffn_gate_up_exps tensor (same weights)")
 	out := fs.String("out", "", "output GGUF file (required)")
 	if err := fs.Parse(args); err != nil {
@@ -59,6 +60,7 @@ func genmodelMain(args []string, stdout, stderr io.Writer) int {
 	}
 	s.Seed = *seed
 	s.FusedGateUp = *fused
+	s.NextN = *nextn
 	start := time.Now()
 	w, err := modelgen.Build(s)
 	if err != nil {

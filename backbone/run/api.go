@@ -42,7 +42,7 @@ type APIOptions struct {
 	MaxBatch, MaxSeqs, Queue int
 	// Threads are the goroutines for matrix products (0: all CPUs).
 	Threads int
-	// Lanes are the model instances decoding in turn (1..16).
+	// Lanes are the model instances decoding in turn (1..16; 0: AutoLanes).
 	Lanes int
 	// StateMemory is --max-state-memory as given (ParseBytes).
 	StateMemory string
@@ -74,14 +74,31 @@ func AddAPIFlags(fs *flag.FlagSet, o *APIOptions) {
 	fs.IntVar(&o.MaxSeqs, "max-seqs", serve.DefaultMaxSeqs, "sequences decoded at once (at most --max-batch)")
 	fs.IntVar(&o.Queue, "queue", serve.DefaultQueueSize, "requests that may wait for a slot before 429")
 	fs.StringVar(&o.StateMemory, "max-state-memory", "4GiB", "bytes of recurrent state (qwen35moe: per sequence, whatever its length) the sequences decoded at once may hold; lowers --max-seqs to fit (KiB/MiB/GiB suffix)")
-	fs.IntVar(&o.Lanes, "lanes", 1, "model instances decoding in turn, so one computes while another waits on its expert round trips")
+	fs.IntVar(&o.Lanes, "lanes", 0, "model instances decoding in turn, so one computes while another waits on its expert round trips (0: auto, 2 with a swarm and 1 without)")
 	fs.IntVar(&o.ReadyHolders, "ready-holders", 0, "with a swarm: /readyz reports ready once every expert is held by at least this many workers (0: once none is missing)")
+}
+
+// AutoLanes is --lanes 0: two lanes when the experts are computed over a
+// swarm (one lane computes attention, router and shared expert while the
+// other's experts are away: the two-batch overlap of the round trip), one
+// when they are local (nothing to overlap; a second lane would only split
+// the batch). A lane costs its own activation buffers (a few MB at the
+// default --max-batch), not a copy of the weights.
+func AutoLanes(lanes int, swarm bool) int {
+	switch {
+	case lanes > 0:
+		return lanes
+	case swarm:
+		return 2
+	default:
+		return 1
+	}
 }
 
 // Check reports whether the options AddAPIFlags registers are in range.
 func (o *APIOptions) Check() error {
-	if o.MaxBatch < 1 || o.MaxSeqs < 1 || o.Queue < 0 || o.Lanes < 1 || o.Lanes > 16 || o.ReadyHolders < 0 {
-		return errors.New("a non-positive --max-batch/--max-seqs, a negative --queue or --ready-holders, or --lanes outside 1..16")
+	if o.MaxBatch < 1 || o.MaxSeqs < 1 || o.Queue < 0 || o.Lanes < 0 || o.Lanes > 16 || o.ReadyHolders < 0 {
+		return errors.New("a non-positive --max-batch/--max-seqs, a negative --queue or --ready-holders, or --lanes outside 0..16")
 	}
 	if n, err := ParseBytes(o.StateMemory); err != nil || n <= 0 {
 		return fmt.Errorf("--max-state-memory %q: want a positive byte count with an optional KiB/MiB/GiB suffix", o.StateMemory)
@@ -159,7 +176,7 @@ func APIName(lm *Model, o APIOptions) string {
 // o.Requests > 0, that many completion requests (POST /v1/completions or
 // /v1/chat/completions, any status) have been answered; then it lets
 // in-flight requests finish for up to 10 s and returns. It installs
-// ex.Computer in lm's engine, loads o.Lanes-1 more engine instances of
+// ex.Computer in lm's engine, loads AutoLanes(o.Lanes)-1 more engine instances of
 // lm's file for lanes, logs a "serving" line and calls ready (if set) with
 // the bound address.
 // Errors: a bad chat-template choice is only logged (chat completions then
@@ -176,8 +193,9 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	if ex.Computer != nil {
 		m.SetExperts(ex.Computer)
 	}
+	nLanes := AutoLanes(o.Lanes, ex.Computer != nil)
 	var lanes []*model.Model
-	for range o.Lanes - 1 {
+	for range nLanes - 1 {
 		l, err := model.Load(f) // the same weights (views of f), its own buffers
 		if err != nil {
 			return err
@@ -225,7 +243,7 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	p := m.Params()
 	log.Info("serving", "http", ln.Addr().String(), "model", id, "layers", p.Layers, "experts", p.Experts,
 		"context", p.Context, "chat", chat != nil, "max_batch", o.MaxBatch, "max_seqs", o.MaxSeqs, "queue", o.Queue,
-		"lanes", o.Lanes, "where", ex.Describe)
+		"lanes", nLanes, "where", ex.Describe)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

@@ -258,7 +258,7 @@ type genParams struct {
 	FrequencyPenalty    *float64           `json:"frequency_penalty"` // 0 only
 	User                *string            `json:"user"`              // accepted, not used
 	Metadata            map[string]string  `json:"metadata"`          // accepted, not used
-	Draft               *string            `json:"draft"`             // extension: none | ngram (Job.Draft)
+	Draft               *string            `json:"draft"`             // extension: none | ngram | mtp (Job.Draft)
 	DraftMax            *intParam          `json:"draft_max"`         // extension: drafts per step (Job.DraftMax)
 	Stream              bool               `json:"stream"`
 	StreamOptions       *struct {
@@ -334,7 +334,7 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 	if p.Draft != nil {
 		d, err := spec.ParseMode(*p.Draft)
 		if err != nil || d == spec.ModeMTP {
-			return Job{}, badRequest("draft", "invalid_value", "draft must be none or ngram (got %q)", *p.Draft)
+			return Job{}, badRequest("draft", "invalid_value", "draft must be none, ngram or mtp (got %q)", *p.Draft)
 		}
 		j.Draft = d
 	}

@@ -82,8 +82,14 @@ func TestCompletionMatchesDirectDecode(t *testing.T) {
 }
 
 // TestStreamGoClient streams with a net/http client and an SSE parser.
+// Each expert call takes a millisecond (a token tens of them), so the
+// tokens are produced more slowly than the client reads them even on a
+// loaded machine: a stream that arrives in fewer than 3 events was not
+// streamed token by token (rather than coalesced by a busy writer).
 func TestStreamGoClient(t *testing.T) {
-	srv := newTestServer(t, nil)
+	srv := newTestServer(t, func(c *Config) {
+		c.Model.SetExperts(&slowExperts{inner: c.Model.LocalExperts(), delay: time.Millisecond})
+	})
 	prompt := srv.tok.Tokenize(testPrompt, true, false)
 	want := directGreedy(t, prompt, 24)
 	req, _ := http.NewRequest("POST", srv.ts.URL+"/v1/completions", strings.NewReader(jsonBody(t, map[string]any{

@@ -34,6 +34,13 @@ type seqState struct {
 	drafts    []int32
 	base, row int
 	kept      int
+	// mtp drafts with the model's multi-token-prediction head (Job.Draft
+	// spec.ModeMTP; nil otherwise, or after a draft failed): it is shown
+	// every row of the sequence the model ran (observe) and truncated with
+	// the sequence after a verification. first is the index in
+	// scheduler.rows of the sequence's first row in the current step.
+	mtp   *model.MTPDrafter
+	first int
 }
 
 // poolMaxPositions: sequences that used at most this many positions are
@@ -89,8 +96,10 @@ type scheduler struct {
 	rows    []model.Row
 	owners  []*seqState // the sequence of each logits row, in row order
 	logits  []float32
-	seqs    int // sequences with rows in the current step
-	prefill int // prompt rows in the current step
+	seqs    int       // sequences with rows in the current step
+	prefill int       // prompt rows in the current step
+	hidden  []float32 // the step's output-normed hidden states, for MTP drafters (rows x Embd)
+	toks    []int32   // scratch: one sequence's tokens of the step
 }
 
 // loop is one lane's scheduler: the only goroutine that touches its model.
@@ -138,6 +147,7 @@ func (sc *scheduler) run() {
 			sc.fail(err)
 			continue
 		}
+		sc.observe()
 		sc.deliver(start)
 	}
 }
@@ -205,8 +215,13 @@ func (sc *scheduler) admit() {
 		}
 		a := &seqState{st: st, seq: seq, sampler: model.NewSampler(st.job.Sampler),
 			dec: s.tok.NewDecoder(false), stop: stopMatcher{stops: stops}}
-		if st.job.Draft == spec.ModeNGram {
+		switch st.job.Draft {
+		case spec.ModeNGram:
 			a.hist = append(make([]int32, 0, len(st.job.Prompt)+64), st.job.Prompt...)
+		case spec.ModeMTP:
+			if d, err := l.m.NewMTPDrafter(); err == nil { // checked by Submit
+				a.mtp = d
+			}
 		}
 		sc.active = append(sc.active, a)
 	}
@@ -233,7 +248,7 @@ func (sc *scheduler) build() {
 		a.inStep, a.chunk = false, 0
 		a.drafts, a.row, a.kept = a.drafts[:0], 0, 0
 		if a.decoding && budget > 0 {
-			a.base = a.seq.Len()
+			a.base, a.first = a.seq.Len(), len(sc.rows)
 			sc.rows = append(sc.rows, model.Row{Seq: a.seq, Token: a.next, Pos: a.base, Logits: true})
 			sc.owners = append(sc.owners, a)
 			a.inStep = true
@@ -255,6 +270,7 @@ func (sc *scheduler) build() {
 		}
 		p := a.st.job.Prompt
 		c := min(budget, len(p)-a.fed)
+		a.first = len(sc.rows)
 		for i := range c {
 			pos := a.fed + i
 			last := pos == len(p)-1
@@ -274,11 +290,12 @@ func (sc *scheduler) build() {
 }
 
 // draft sets a.drafts to at most spare drafts after a.next (n-gram
-// prompt lookup over a.hist, within DraftMax, MaxTokens and the context)
-// and checkpoints a's sequence before they are verified.
+// prompt lookup over a.hist, or the model's MTP head, within DraftMax,
+// MaxTokens and the context) and checkpoints a's sequence before they are
+// verified.
 func (sc *scheduler) draft(a *seqState, spare int) {
 	j := &a.st.job
-	if j.Draft != spec.ModeNGram {
+	if j.Draft != spec.ModeNGram && a.mtp == nil {
 		return
 	}
 	k := j.DraftMax
@@ -289,9 +306,84 @@ func (sc *scheduler) draft(a *seqState, spare int) {
 	if k <= 0 {
 		return
 	}
-	a.drafts = spec.NGram(a.drafts, a.hist, k)
+	if a.mtp != nil {
+		sc.mtpDraft(a, k)
+	} else {
+		a.drafts = spec.NGram(a.drafts, a.hist, k)
+	}
 	if len(a.drafts) > 0 && a.seq.Checkpoint() != nil {
 		a.drafts = a.drafts[:0]
+	}
+}
+
+// mtpDraft sets a.drafts to k drafts of a's MTP head, holding the lanes'
+// baton (with lanes) while the head computes, as forward does. A failed
+// draft (an expert call that failed, the server stopping) leaves the step
+// without drafts and the request without its drafter: drafts never
+// change the output, so the request goes on undrafted.
+func (sc *scheduler) mtpDraft(a *seqState, k int) {
+	l := sc.l
+	if l.baton != nil && !l.holdsCPU {
+		if l.baton.acquire(sc.ctx) != nil {
+			return
+		}
+		l.holdsCPU = true
+	}
+	d, err := a.mtp.Draft(sc.ctx, a.drafts, a.next, k)
+	if l.holdsCPU {
+		l.baton.release()
+		l.holdsCPU = false
+	}
+	if err != nil {
+		if sc.ctx.Err() == nil {
+			sc.s.log.Warn("serve: MTP draft failed; the request goes on without drafts", "err", err)
+		}
+		a.drafts, a.mtp = a.drafts[:0], nil
+		return
+	}
+	a.drafts = d
+}
+
+// observe shows each MTP drafter of the step its sequence's rows: their
+// tokens and output-normed hidden states (model.Model.Hidden), read once
+// for the whole step before anything else runs on the model. A drafter
+// that cannot take them is dropped (the request goes on undrafted).
+func (sc *scheduler) observe() {
+	e := sc.s.p.Embd
+	var need bool
+	for _, a := range sc.active {
+		need = need || a.inStep && a.mtp != nil
+	}
+	if !need {
+		return
+	}
+	if n := len(sc.rows) * e; cap(sc.hidden) < n {
+		sc.hidden = make([]float32, n)
+	}
+	hidden := sc.hidden[:len(sc.rows)*e]
+	if err := sc.l.m.Hidden(hidden); err != nil {
+		sc.s.log.Warn("serve: hidden states for MTP drafts", "err", err)
+		for _, a := range sc.active {
+			a.mtp = nil
+		}
+		return
+	}
+	for _, a := range sc.active {
+		if !a.inStep || a.mtp == nil {
+			continue
+		}
+		n, pos := a.chunk, a.fed
+		if a.decoding {
+			n, pos = 1+len(a.drafts), a.base
+		}
+		sc.toks = sc.toks[:0]
+		for _, r := range sc.rows[a.first : a.first+n] {
+			sc.toks = append(sc.toks, r.Token)
+		}
+		if err := a.mtp.Observe(pos, sc.toks, hidden[a.first*e:(a.first+n)*e]); err != nil {
+			sc.s.log.Warn("serve: MTP drafter", "err", err)
+			a.mtp = nil
+		}
 	}
 }
 
@@ -375,6 +467,8 @@ func (sc *scheduler) deliver(start time.Time) {
 		if a.row < 0 {
 			if err := a.seq.Truncate(a.base + 1 + a.kept); err != nil {
 				sc.end(a, "", FinishError, fmt.Errorf("rewind after drafts: %w", err))
+			} else if a.mtp != nil && a.mtp.Truncate(a.base+1+a.kept) != nil {
+				a.mtp = nil // the drafter goes; the request goes on
 			}
 			a.row = -1
 		}

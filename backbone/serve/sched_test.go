@@ -383,3 +383,62 @@ func TestLanes(t *testing.T) {
 		t.Error("the primary model as its own lane was accepted")
 	}
 }
+
+// TestLanesLogits: the two-batch overlap changes no bit. The same 24
+// requests (greedy, each token's log-probability and its 5 best
+// alternatives asked) are served once by one lane, all sequences in one
+// batch per step, and once by two lanes over an expert computer that
+// takes a millisecond (so the lanes overlap); every token and every
+// float64 log-probability, which is a function of the whole logits row,
+// must be equal, not merely close.
+func TestLanesLogits(t *testing.T) {
+	const n, maxTok = 24, 8
+	run := func(lanes int) [][]TokenLogprob {
+		m, tok := loadTiny(t)
+		cfg := Config{Model: m, Tokenizer: tok, Registry: prometheus.NewRegistry(), Logger: quiet}
+		if lanes > 1 {
+			cfg.Experts = &slowExperts{inner: m.LocalExperts(), delay: time.Millisecond}
+			for range lanes - 1 {
+				l, _ := loadTiny(t)
+				cfg.Lanes = append(cfg.Lanes, l)
+			}
+		}
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		prompts := randomPrompts(n, s.p.Vocab, 11)
+		streams := make([]*Stream, n)
+		for i, p := range prompts {
+			if streams[i], err = s.Submit(context.Background(), Job{Prompt: p, MaxTokens: maxTok, Logprobs: true, TopLogprobs: 5}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.Start()
+		out := make([][]TokenLogprob, n)
+		for i, st := range streams {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			for {
+				d, err := st.Next(ctx)
+				if err != nil {
+					t.Fatalf("lanes %d request %d: %v", lanes, i, err)
+				}
+				out[i] = append(out[i], d.Logprobs...)
+				if d.Done {
+					break
+				}
+			}
+			cancel()
+		}
+		return out
+	}
+	one, two := run(1), run(2)
+	for i := range one {
+		if len(one[i]) == 0 || !slices.EqualFunc(one[i], two[i], func(a, b TokenLogprob) bool {
+			return a.Token == b.Token && a.Logprob == b.Logprob && slices.Equal(a.Top, b.Top)
+		}) {
+			t.Errorf("request %d: one lane %v, two lanes %v", i, one[i], two[i])
+		}
+	}
+}

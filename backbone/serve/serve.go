@@ -381,7 +381,10 @@ type Job struct {
 	// each step verifies the request's next token and up to DraftMax
 	// drafted ones in one forward. The tokens are the same as without
 	// (each row sampled in order with the request's sampler; greedy and
-	// seeded sampling alike). spec.ModeNGram only (ErrParams otherwise).
+	// seeded sampling alike). spec.ModeNGram, or spec.ModeMTP on a model
+	// with an MTP head (model.Model.MTPErr nil); ErrParams otherwise. MTP
+	// drafts run the head once per draft token and request, before the
+	// step (its expert calls are round trips of their own over a swarm).
 	Draft spec.Mode
 	// DraftMax is the most drafts per step (<= 0: spec.DefaultMax); a
 	// step's drafts also fit its row budget, leaving every other active
@@ -429,8 +432,10 @@ func (s *Server) check(j Job) error {
 		return fmt.Errorf("%w: temperature %v", ErrParams, j.Sampler.Temperature)
 	case j.Sampler.TopP < 0 || j.Sampler.TopP != j.Sampler.TopP:
 		return fmt.Errorf("%w: top_p %v", ErrParams, j.Sampler.TopP)
-	case j.Draft != "" && j.Draft != spec.ModeNone && j.Draft != spec.ModeNGram:
-		return fmt.Errorf("%w: draft %q: this server drafts none or ngram", ErrParams, j.Draft)
+	case j.Draft != "" && j.Draft != spec.ModeNone && j.Draft != spec.ModeNGram && j.Draft != spec.ModeMTP:
+		return fmt.Errorf("%w: draft %q: want none, ngram or mtp", ErrParams, j.Draft)
+	case j.Draft == spec.ModeMTP && s.cfg.Model.MTPErr() != nil:
+		return fmt.Errorf("%w: draft mtp: %w (use ngram)", ErrParams, s.cfg.Model.MTPErr())
 	}
 	for i, t := range j.Prompt {
 		if t < 0 || int(t) >= s.p.Vocab {

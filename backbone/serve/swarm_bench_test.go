@@ -94,10 +94,10 @@ func (p *delayProxy) pipe(dst, src net.Conn) {
 }
 
 // newSwarm starts a dispatcher for m, a hub, a TLS gateway, a delaying
-// proxy between gateway and hub, and one worker holding every expert (an
-// independent instance of the tiny model); it returns the dispatcher once
-// the worker is connected.
-func newSwarm(tb testing.TB, m *model.Model, oneWay time.Duration) *dispatch.Dispatcher {
+// proxy between gateway and hub, and workers (each an independent instance
+// of the tiny model) holding every expert; it returns the dispatcher once
+// the workers are connected.
+func newSwarm(tb testing.TB, m *model.Model, oneWay time.Duration, workers int) *dispatch.Dispatcher {
 	tb.Helper()
 	p := m.Params()
 	d, err := dispatch.New(dispatch.Config{Listen: "127.0.0.1:0", Fallback: m.LocalExperts(), Logger: quiet,
@@ -138,22 +138,24 @@ func newSwarm(tb testing.TB, m *model.Model, oneWay time.Duration) *dispatch.Dis
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { g.Close() })
-	wm, _ := loadTiny(tb)
-	local := wm.LocalExperts()
-	_, key, _ := ed25519.GenerateKey(nil)
-	w, err := worker.New(worker.Config{GatewayURL: "wss://" + g.Addr(), Key: key, RootCAs: pool, Computer: local,
-		Holdings: worker.HoldingsOf(local, nil), ModelID: "tiny", Backend: "cpu", Threads: 2, Logger: quiet,
-		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-	if err != nil {
-		tb.Fatal(err)
+	for range workers {
+		wm, _ := loadTiny(tb)
+		local := wm.LocalExperts()
+		_, key, _ := ed25519.GenerateKey(nil)
+		w, err := worker.New(worker.Config{GatewayURL: "wss://" + g.Addr(), Key: key, RootCAs: pool, Computer: local,
+			Holdings: worker.HoldingsOf(local, nil), ModelID: "tiny", Backend: "cpu", Threads: 2, Logger: quiet,
+			BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = w.Run(ctx) }()
+		tb.Cleanup(func() { cancel(); <-done })
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	tb.Cleanup(func() { cancel(); <-done })
 	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer wcancel()
-	if err := d.WaitWorkers(wctx, 1); err != nil {
+	if err := d.WaitWorkers(wctx, workers); err != nil {
 		tb.Fatal(err)
 	}
 	return d
@@ -162,17 +164,28 @@ func newSwarm(tb testing.TB, m *model.Model, oneWay time.Duration) *dispatch.Dis
 // BenchmarkRealSwarm is BenchmarkSwarmBatching over the real swarm: every
 // expert call goes dispatcher -> hub -> delaying proxy (6.5 ms each way,
 // KVASIR_BENCH_RTT_MS overrides the 13 ms round trip) -> TLS gateway ->
-// worker and back. The worker runs on the same machine, so it competes with
-// the backbone for the CPU. Also reported: the share of expert outputs the
-// worker computed (remote%) and deadline misses.
+// two workers, each holding every expert, and back. The workers run on the
+// same machine, so they compete with the backbone for the CPU. local/ is
+// the same server with the experts computed in-process (no swarm, one
+// lane: the baseline of serve's swarm/local ratio); lanes=2 is the
+// two-batch overlap (serve's default over a swarm). Also reported: the
+// share of expert outputs the workers computed (remote%) and deadline
+// misses.
 func BenchmarkRealSwarm(b *testing.B) {
 	rtt := benchRTT()
 	maxTok := benchTokens()
+	seqs := []int{1, 8, 64, 512}
+	for _, n := range seqs {
+		b.Run(fmt.Sprintf("local/seqs=%d", n), func(b *testing.B) {
+			m, tok := loadTiny(b)
+			benchServer(b, Config{Model: m, Tokenizer: tok, MaxBatchRows: 512, MaxSeqs: 512, Registry: prometheus.NewRegistry(), Logger: quiet}, n, maxTok)
+		})
+	}
 	for _, lanes := range []int{1, 2} {
-		for _, n := range []int{1, 8, 64, 512} {
+		for _, n := range seqs {
 			b.Run(fmt.Sprintf("lanes=%d/seqs=%d", lanes, n), func(b *testing.B) {
 				m, tok := loadTiny(b)
-				d := newSwarm(b, m, rtt/2)
+				d := newSwarm(b, m, rtt/2, 2)
 				m.SetExperts(d)
 				cfg := Config{Model: m, Tokenizer: tok, MaxBatchRows: 512, MaxSeqs: 512, Registry: prometheus.NewRegistry(), Logger: quiet}
 				for range lanes - 1 {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -271,17 +272,28 @@ func withHealth(ctx context.Context, h http.Handler, ex *APIExperts, holders int
 }
 
 // coverageReady is nil when no expert pair of cv is missing and every
-// pair is held by at least holders workers.
+// pair is held by at least holders workers. It reads cv.Layers, the
+// numbers the kvasir_swarm_layer_* gauges export, and names the layers
+// that fall short.
 func coverageReady(cv dispatch.Coverage, holders int) error {
-	if cv.Missing > 0 {
-		return fmt.Errorf("%d of %d experts held by no worker and not computed here", cv.Missing, cv.Experts)
+	var missing, short []string
+	nMissing := 0
+	for l, lc := range cv.Layers {
+		if lc.Missing > 0 {
+			nMissing += lc.Missing
+			missing = append(missing, fmt.Sprintf("%d (%d)", l, lc.Missing))
+		}
+		if lc.MinHolders < holders {
+			short = append(short, fmt.Sprintf("%d (fewest %d, %d workers in the layer)", l, lc.MinHolders, lc.Holders))
+		}
 	}
-	short := 0
-	for n := 0; n < holders && n < len(cv.ByReplicas); n++ {
-		short += cv.ByReplicas[n]
+	if nMissing > 0 {
+		return fmt.Errorf("%d of %d experts held by no worker and not computed here; layers (missing): %s",
+			nMissing, cv.Experts, strings.Join(missing, ", "))
 	}
-	if short > 0 {
-		return fmt.Errorf("%d of %d experts held by fewer than %d workers", short, cv.Experts, holders)
+	if len(short) > 0 {
+		return fmt.Errorf("experts held by fewer than the %d workers --ready-holders asks in %d of %d layers: %s",
+			holders, len(short), len(cv.Layers), strings.Join(short, ", "))
 	}
 	return nil
 }

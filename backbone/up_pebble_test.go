@@ -199,6 +199,11 @@ metrics-listen = "127.0.0.1:0"
 			t.Errorf("%s: %d %s", u, code, body)
 		}
 	}
+	// The gateway's readiness covers its wallets store and the hub's ledger.
+	if _, body := httpGet(t, "http://"+gwMetrics+"/readyz"); !strings.Contains(body, `"wallets": "ok"`) || !strings.Contains(body, `"ledger": "ok"`) ||
+		!strings.Contains(body, `"hub": "ok"`) || !strings.Contains(body, `"certificate": "ok"`) {
+		t.Errorf("gateway /readyz lacks a check: %s", body)
+	}
 
 	// The swarm's greedy completion equals a local decode.
 	const prompt, n = "The network decodes", 12

@@ -159,7 +159,9 @@ func APIName(lm *Model, o APIOptions) string {
 // o.HTTPAddr with its experts computed by ex, until ctx ends or, with
 // o.Requests > 0, that many completion requests (POST /v1/completions or
 // /v1/chat/completions, any status) have been answered; then it lets
-// in-flight requests finish for up to 10 s and returns. It installs
+// in-flight requests finish for up to serve.DefaultShutdownDrain (10 s),
+// ends the rest (serve.Server.Shutdown) and returns. The HTTP server is
+// serve.NewHTTPServer's. It installs
 // ex.Computer in lm's engine, loads o.Lanes-1 more engine instances of
 // lm's file for lanes, logs a "serving" line and calls ready (if set) with
 // the bound address.
@@ -220,7 +222,7 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	if o.Requests > 0 {
 		handler = countCompletions(handler, o.Requests, func() { close(enough) })
 	}
-	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := serve.NewHTTPServer(handler)
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	p := m.Params()
@@ -238,7 +240,7 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	}
 	// Let in-flight requests finish for a while, then end the rest
 	// (serve.Server.Shutdown: error event and [DONE], or 503).
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), serve.DefaultShutdownDrain)
 	defer cancel()
 	if err := s.Shutdown(sctx, hs); err != nil {
 		log.Warn("shutdown", "err", err)

@@ -37,8 +37,9 @@ func init() {
 // [--metrics-listen 127.0.0.1:9102] [--handshake-timeout 10s]
 // [--max-handshakes 256] [--max-handshakes-per-address 8] [--idle-timeout 90s]
 // [--log-format text|json]. The metrics listener also serves /healthz and
-// /readyz (ready: the hub accepts connections and, with ACME, the
-// certificate is obtained).
+// /readyz (ready: the hub accepts connections; with --wallets, the wallets
+// store and the hub's ledger answer; with ACME, the certificate is
+// obtained).
 func runGateway(args []string) int {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8443", "TLS address to listen on (443 in production; ACME's TLS-ALPN-01 validates there)")
@@ -133,13 +134,13 @@ func runGateway(args []string) int {
 	}
 	reg := prometheus.NewRegistry()
 	credits.registry = reg
-	extra, stopCredit, err := credits.start(context.Background(), *hubAddr, secret, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gateway: "+f+"\n", a...) })
+	crediting, err := credits.start(context.Background(), *hubAddr, secret, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gateway: "+f+"\n", a...) })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		return 1
 	}
-	defer stopCredit()
-	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret, TLSConfig: tlsConf, Extra: extra,
+	defer crediting.Stop()
+	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret, TLSConfig: tlsConf, Extra: crediting.Handlers,
 		Registry: reg, Logger: log, IdleTimeout: *idle, HandshakeTimeout: *hsTimeout, MaxHandshakes: *maxHS, MaxHandshakesPerIP: *maxHSAddr})
 	if err == nil {
 		err = g.Start()
@@ -167,7 +168,7 @@ func runGateway(args []string) int {
 			}()
 		}
 	}
-	checks := []health.Check{health.Dial("hub", *hubAddr)}
+	checks := append([]health.Check{health.Dial("hub", *hubAddr)}, crediting.Checks...) // with --wallets: the wallets store and the hub's ledger answer
 	if acmeMgr != nil {
 		checks = append(checks, health.Check{Name: "certificate", Fn: func(context.Context) error {
 			if n := certsReady.Load(); n < int64(len(domains)) {

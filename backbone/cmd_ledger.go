@@ -174,9 +174,8 @@ func addCreditFlags(fs *flag.FlagSet) *creditFlags {
 
 // start is credit.StartFromHub with the flags: crediting from the hub
 // at hubAddr into --wallets every --credit-every, its metrics on
-// c.registry; it returns the handlers to mount on the gateway and a
-// function that stops crediting.
-func (c *creditFlags) start(ctx context.Context, hubAddr string, secret []byte, logf func(string, ...any)) (map[string]http.Handler, func(), error) {
+// c.registry.
+func (c *creditFlags) start(ctx context.Context, hubAddr string, secret []byte, logf func(string, ...any)) (*credit.Crediting, error) {
 	sign := func(r *http.Request) error {
 		hub.SignGateway(r.Header, secret, "", time.Now())
 		return nil

@@ -104,9 +104,9 @@ func TestLedgerFilesLeftAlone(t *testing.T) {
 		if err := fs.Parse([]string{"--wallets", f}); err != nil {
 			t.Fatal(err)
 		}
-		_, stop, err := cf.start(context.Background(), "127.0.0.1:1", []byte("secret"), t.Logf)
+		cr, err := cf.start(context.Background(), "127.0.0.1:1", []byte("secret"), t.Logf)
 		if err == nil {
-			stop()
+			cr.Stop()
 		}
 		if !strings.Contains(errString(err), say) {
 			t.Errorf("gateway --wallets %s: %v, want %q", filepath.Base(f), err, say)

@@ -129,14 +129,14 @@ func TestGatewayCreditsThroughHub(t *testing.T) {
 	if err := fs.Parse([]string{"--wallets", filepath.Join(dir, "wallets.db"), "--rate-nkvr-per-byte", "7", "--credit-every", "20ms"}); err != nil {
 		t.Fatal(err)
 	}
-	extra, stop, err := cf.start(context.Background(), h.Addr(), secret, t.Logf)
+	cr, err := cf.start(context.Background(), h.Addr(), secret, t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stop()
+	defer cr.Stop()
 	srvTLS, pool := loopbackTLS(t)
 	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: h.Addr(), Secret: secret,
-		TLSConfig: srvTLS, Extra: extra})
+		TLSConfig: srvTLS, Extra: cr.Handlers})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,7 +106,7 @@ func TestDeployDashboard(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"kvasir_serve_generated_tokens_total", "kvasir_swarm_expert_replicas", "kvasir_gateway_credit_lag_seconds",
-		"kvasir_swarm_check_mismatches_total", "kvasir_swarm_banned_workers"} {
+		"kvasir_swarm_check_mismatches_total", "kvasir_swarm_banned_workers", "kvasir_swarm_layer_holders", "kvasir_swarm_layer_min_holders"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("dashboard lacks %s", want)
 		}

@@ -57,7 +57,8 @@ func freePort(t *testing.T) int {
 // TestUpPebbleNetwork stands up Let's Encrypt's ACME test server (Debian's
 // pebble) and, from one config file, `backbone up`: the backbone (serve),
 // a hub and a gateway that obtains its certificate by ACME (TLS-ALPN-01).
-// Two workers that trust only pebble's root (--ca) dial the gateway by its
+// Two workers that trust only pebble's root (one by --ca, one without
+// --ca: pebble's root is its whole system store) dial the gateway by its
 // name, each serving half the layers: the API's greedy completion equals a
 // local decode, every creditable byte in the ledger is the protocol's
 // count, and the wallets credit exactly those bytes.
@@ -177,13 +178,21 @@ metrics-listen = "127.0.0.1:0"
 	}
 	gwMetrics := m[1]
 
-	// Two workers, each half the layers, trusting only pebble's root.
+	// Two workers, each half the layers, trusting only pebble's root: the
+	// first given it with --ca, the second without --ca, pebble's root
+	// being its whole system store (as Let's Encrypt's root is a real
+	// machine's).
 	gwURL := fmt.Sprintf("wss://%s:%d", gateName, gwPort)
 	for i, layers := range []string{"0,2", "1,3"} {
 		name := "worker" + strconv.Itoa(i+1)
-		bin, args := nsWrap(hosts, backboneBin(t), "worker", "--gateway", gwURL, "--ca", rootFile, "--key", filepath.Join(dir, name+".key"),
-			"--model-tiny", "--layers", layers, "--threads", "1")
-		w, err := demo.Start(name, log, []string{asBackbone, "SSL_CERT_FILE=/nonexistent", "SSL_CERT_DIR=/nonexistent"}, bin, args...)
+		args := []string{"worker", "--gateway", gwURL, "--key", filepath.Join(dir, name+".key"), "--model-tiny", "--layers", layers, "--threads", "1"}
+		env := []string{asBackbone, "SSL_CERT_FILE=" + rootFile, "SSL_CERT_DIR=/nonexistent"}
+		if i == 0 {
+			args = append(args, "--ca", rootFile)
+			env[1] = "SSL_CERT_FILE=/nonexistent"
+		}
+		bin, args := nsWrap(hosts, backboneBin(t), args...)
+		w, err := demo.Start(name, log, env, bin, args...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,6 +207,11 @@ metrics-listen = "127.0.0.1:0"
 		if code, body := httpGet(t, u); code != 200 {
 			t.Errorf("%s: %d %s", u, code, body)
 		}
+	}
+	// The gateway's readiness covers its wallets store and the hub's ledger.
+	if _, body := httpGet(t, "http://"+gwMetrics+"/readyz"); !strings.Contains(body, `"wallets": "ok"`) || !strings.Contains(body, `"ledger": "ok"`) ||
+		!strings.Contains(body, `"hub": "ok"`) || !strings.Contains(body, `"certificate": "ok"`) {
+		t.Errorf("gateway /readyz lacks a check: %s", body)
 	}
 
 	// The swarm's greedy completion equals a local decode.

@@ -183,6 +183,35 @@ func (s *Service) Cursor() (int64, error) {
 	return c, nil
 }
 
+// Ping reports whether the wallets store answers: it reads the cursor
+// within ctx. Errors name the store ("wallets store (sqlite): ...").
+func (s *Service) Ping(ctx context.Context) error {
+	if _, err := s.st.Cursor(ctx); err != nil {
+		return fmt.Errorf("wallets store (%s): %w", s.st.Kind(), err)
+	}
+	return nil
+}
+
+// PingLedger reports whether the ledger source answers: it reads at most
+// one row after the cursor within ctx (for the hub's ledger, one signed
+// HTTP request, so a wrong shared secret fails here too). Errors: the
+// store's, as Ping words them, or the source's as it returned them
+// (ledger.Client: "ledger: ..."); a service without a source
+// (OpenReadOnly) fails.
+func (s *Service) PingLedger(ctx context.Context) error {
+	if s.src == nil {
+		return errors.New("credit: no ledger source")
+	}
+	cur, err := s.st.Cursor(ctx)
+	if err != nil {
+		return fmt.Errorf("wallets store (%s): %w", s.st.Kind(), err)
+	}
+	if _, err := s.src.Read(ctx, cur, 1); err != nil {
+		return err
+	}
+	return nil
+}
+
 // Result summarises one Credit call.
 type Result struct {
 	Rows       int    // ledger rows consumed

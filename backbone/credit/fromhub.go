@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvasir-ai/kvasir/backbone/health"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/backbone/pgstore"
 )
@@ -33,16 +34,38 @@ type HubConfig struct {
 	Logf func(format string, args ...any)
 }
 
+// Crediting is a running StartFromHub: the wallet API to mount on the
+// gateway, the readiness checks of the crediting, and Stop.
+type Crediting struct {
+	// Handlers are the wallet API at /v1/wallet/ (nil without wallets).
+	Handlers map[string]http.Handler
+	// Checks are the gateway's readiness conditions for crediting (nil
+	// without wallets): "wallets", the wallets store answers a read
+	// (Service.Ping), and "ledger", the hub's ledger answers a signed read
+	// (Service.PingLedger).
+	Checks []health.Check
+
+	stop func()
+}
+
+// Stop stops crediting and closes the store; it is safe to call more than
+// once.
+func (c *Crediting) Stop() {
+	if c.stop != nil {
+		c.stop()
+		c.stop = nil
+	}
+}
+
 // StartFromHub opens the wallets store and credits from the hub's ledger
-// (ledger.Client over HTTP, every request signed by c.Sign)
-// every c.Every until ctx is done, and registers the crediting metrics on
-// c.Registry. It returns the handlers to mount on the gateway (the wallet
-// API at /v1/wallet/; nil when c.Wallets is empty) and a function that
-// stops crediting and closes the store. Errors: Open's and the metric
+// (ledger.Client over HTTP, every request signed by c.Sign) every c.Every
+// until ctx is done or Stop, and registers the crediting metrics on
+// c.Registry. With c.Wallets empty it does nothing and returns a Crediting
+// with no handlers and no checks. Errors: Open's and the metric
 // registration's.
-func StartFromHub(ctx context.Context, c HubConfig) (map[string]http.Handler, func(), error) {
+func StartFromHub(ctx context.Context, c HubConfig) (*Crediting, error) {
 	if c.Wallets == "" {
-		return nil, func() {}, nil
+		return &Crediting{}, nil
 	}
 	base := c.Hub
 	if !strings.Contains(base, "://") {
@@ -51,12 +74,12 @@ func StartFromHub(ctx context.Context, c HubConfig) (map[string]http.Handler, fu
 	src := &ledger.Client{BaseURL: base, Sign: c.Sign}
 	svc, err := Open(Config{Path: c.Wallets, Source: src, RateNKVRPerByte: c.RateNKVRPerByte})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if c.Registry != nil {
 		if err := c.Registry.Register(svc.Collector()); err != nil {
 			svc.Close()
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	c.Logf("wallets on %s (%s)", svc.Store().Kind(), pgstore.RedactPath(c.Wallets))
@@ -66,10 +89,13 @@ func StartFromHub(ctx context.Context, c HubConfig) (map[string]http.Handler, fu
 		defer close(done)
 		_ = svc.Run(ctx, c.Every, c.Logf)
 	}()
-	stop := func() {
-		cancel()
-		<-done
-		svc.Close()
-	}
-	return map[string]http.Handler{"/v1/wallet/": svc.Handler(HandlerOptions{})}, stop, nil
+	return &Crediting{
+		Handlers: map[string]http.Handler{"/v1/wallet/": svc.Handler(HandlerOptions{})},
+		Checks:   []health.Check{{Name: "wallets", Fn: svc.Ping}, {Name: "ledger", Fn: svc.PingLedger}},
+		stop: func() {
+			cancel()
+			<-done
+			svc.Close()
+		},
+	}, nil
 }

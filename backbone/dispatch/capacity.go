@@ -603,6 +603,24 @@ type Coverage struct {
 	// Verify is the verification policy (Config.Verify): under quorum a
 	// pair needs two holders (keys) for a worker's output to be used.
 	Verify VerifyMode
+	// Layers[l] is layer l's share (l = 0 .. NLayer-1, the layer index
+	// the workers' holdings and --layers use). The holder gauges
+	// (kvasir_swarm_layer_*) and the backbone's /readyz read these.
+	Layers []LayerCoverage
+}
+
+// LayerCoverage is one layer's part of Coverage. Workers are counted by
+// distinct key, connected and unpaused: a worker that leaves, pauses or
+// is banned (its sessions closed) stops counting at once.
+type LayerCoverage struct {
+	Holders int // workers holding at least one expert of the layer
+	Held    int // experts of the layer held by at least one worker
+	Local   int // experts of the layer the backbone computes itself
+	Missing int // experts neither local nor held
+	// MinHolders is the fewest workers holding any one expert of the
+	// layer, local experts included (0 when one is held by none): every
+	// expert of the layer has at least this many holders.
+	MinHolders int
 }
 
 // Coverage returns which experts are covered now, and by how many workers.
@@ -611,28 +629,46 @@ func (d *Dispatcher) Coverage() Coverage {
 	d.mu.Lock()
 	idx := d.index
 	d.mu.Unlock()
-	cv := Coverage{Experts: m.NLayer * m.NExpert, MinReplicas: -1, Verify: d.cfg.Verify}
+	cv := Coverage{Experts: m.NLayer * m.NExpert, MinReplicas: -1, Verify: d.cfg.Verify, Layers: make([]LayerCoverage, m.NLayer)}
+	holders := map[string]struct{}{}
 	for l := 0; l < m.NLayer; l++ {
+		lc := &cv.Layers[l]
+		lc.MinHolders = -1
+		clear(holders)
 		for e := 0; e < m.NExpert; e++ {
-			n := distinctWorkers(idx[key(l, e)])
+			cs := idx[key(l, e)]
+			for _, c := range cs {
+				holders[c.worker] = struct{}{}
+			}
+			n := distinctWorkers(cs)
 			for len(cv.ByReplicas) <= n {
 				cv.ByReplicas = append(cv.ByReplicas, 0)
 			}
 			cv.ByReplicas[n]++
+			if n > 0 {
+				lc.Held++
+			}
+			if lc.MinHolders < 0 || n < lc.MinHolders {
+				lc.MinHolders = n
+			}
 			local := d.localOK(l, e)
 			switch {
 			case local:
 				cv.Local++
+				lc.Local++
 				cv.Covered++
 			case n > 0:
 				cv.Covered++
 			default:
 				cv.Missing++
+				lc.Missing++
 			}
 			if !local && (cv.MinReplicas < 0 || n < cv.MinReplicas) {
 				cv.MinReplicas = n
 			}
 		}
+		lc.Holders = len(holders)
+		lc.MinHolders = max(lc.MinHolders, 0) // a model without experts
 	}
 	return cv
 }

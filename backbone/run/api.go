@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -175,7 +176,9 @@ func APIName(lm *Model, o APIOptions) string {
 // o.HTTPAddr with its experts computed by ex, until ctx ends or, with
 // o.Requests > 0, that many completion requests (POST /v1/completions or
 // /v1/chat/completions, any status) have been answered; then it lets
-// in-flight requests finish for up to 10 s and returns. It installs
+// in-flight requests finish for up to serve.DefaultShutdownDrain (10 s),
+// ends the rest (serve.Server.Shutdown) and returns. The HTTP server is
+// serve.NewHTTPServer's. It installs
 // ex.Computer in lm's engine, loads AutoLanes(o.Lanes)-1 more engine instances of
 // lm's file for lanes, logs a "serving" line and calls ready (if set) with
 // the bound address.
@@ -237,7 +240,7 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	if o.Requests > 0 {
 		handler = countCompletions(handler, o.Requests, func() { close(enough) })
 	}
-	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := serve.NewHTTPServer(handler)
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	p := m.Params()
@@ -255,7 +258,7 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	}
 	// Let in-flight requests finish for a while, then end the rest
 	// (serve.Server.Shutdown: error event and [DONE], or 503).
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), serve.DefaultShutdownDrain)
 	defer cancel()
 	if err := s.Shutdown(sctx, hs); err != nil {
 		log.Warn("shutdown", "err", err)
@@ -289,17 +292,28 @@ func withHealth(ctx context.Context, h http.Handler, ex *APIExperts, holders int
 }
 
 // coverageReady is nil when no expert pair of cv is missing and every
-// pair is held by at least holders workers.
+// pair is held by at least holders workers. It reads cv.Layers, the
+// numbers the kvasir_swarm_layer_* gauges export, and names the layers
+// that fall short.
 func coverageReady(cv dispatch.Coverage, holders int) error {
-	if cv.Missing > 0 {
-		return fmt.Errorf("%d of %d experts held by no worker and not computed here", cv.Missing, cv.Experts)
+	var missing, short []string
+	nMissing := 0
+	for l, lc := range cv.Layers {
+		if lc.Missing > 0 {
+			nMissing += lc.Missing
+			missing = append(missing, fmt.Sprintf("%d (%d)", l, lc.Missing))
+		}
+		if lc.MinHolders < holders {
+			short = append(short, fmt.Sprintf("%d (fewest %d, %d workers in the layer)", l, lc.MinHolders, lc.Holders))
+		}
 	}
-	short := 0
-	for n := 0; n < holders && n < len(cv.ByReplicas); n++ {
-		short += cv.ByReplicas[n]
+	if nMissing > 0 {
+		return fmt.Errorf("%d of %d experts held by no worker and not computed here; layers (missing): %s",
+			nMissing, cv.Experts, strings.Join(missing, ", "))
 	}
-	if short > 0 {
-		return fmt.Errorf("%d of %d experts held by fewer than %d workers", short, cv.Experts, holders)
+	if len(short) > 0 {
+		return fmt.Errorf("experts held by fewer than the %d workers --ready-holders asks in %d of %d layers: %s",
+			holders, len(short), len(cv.Layers), strings.Join(short, ", "))
 	}
 	return nil
 }

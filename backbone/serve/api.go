@@ -360,40 +360,81 @@ type completionRequest struct {
 	Logprobs *intParam       `json:"logprobs"` // 0..MaxLogprobsCompletions alternatives per token
 }
 
-// prompt parses the "prompt" field: a string, or an array holding one
-// string, or an array of token ids, or an array holding one such array.
+// completionPrompt parses the "prompt" field: a string, or an array
+// holding one string, or an array of token ids, or an array holding one
+// such array. raw is valid JSON (decodeJSON parsed the body). Token ids
+// are read in place (jsonElements), at most the context plus one: a
+// longer array is refused without allocating for it, whatever the body
+// holds.
 func (s *Server) completionPrompt(raw json.RawMessage) ([]int32, *apiError) {
-	if len(raw) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil, badRequest("prompt", "missing_required_parameter", "prompt is required")
 	}
-	var text string
-	if err := json.Unmarshal(raw, &text); err == nil {
+	badType := badRequest("prompt", "invalid_type", "prompt must be a string, an array of strings or an array of token ids")
+	switch raw[0] {
+	case '"':
+		var text string
+		if err := json.Unmarshal(raw, &text); err != nil {
+			return nil, badType
+		}
 		return s.encodePrompt(text)
+	case '[':
+	default:
+		return nil, badType
 	}
-	var texts []string
-	if err := json.Unmarshal(raw, &texts); err == nil {
-		if len(texts) != 1 {
-			return nil, badRequest("prompt", "unsupported_value", "exactly one prompt per request is supported (got %d)", len(texts))
+	// An array: of strings, of token-id arrays, or of token ids; the kind
+	// of its first element says which, and every element must be of it.
+	n, kind, mixed := 0, byte(0), false
+	var first []byte
+	jsonElements(raw, func(e []byte) bool {
+		k := e[0]
+		if k != '"' && k != '[' {
+			k = '0'
 		}
-		return s.encodePrompt(texts[0])
+		if n == 0 {
+			kind, first = k, e
+		}
+		mixed = mixed || k != kind
+		n++
+		return kind == '0' || !mixed // a token-id array is read below, element by element
+	})
+	switch {
+	case n == 0:
+		return nil, badRequest("prompt", "unsupported_value", "exactly one prompt per request is supported (got 0)")
+	case kind != '0' && mixed:
+		return nil, badType
+	case kind != '0' && n != 1:
+		return nil, badRequest("prompt", "unsupported_value", "exactly one prompt per request is supported (got %d)", n)
+	case kind == '"':
+		var text string
+		if err := json.Unmarshal(first, &text); err != nil {
+			return nil, badType
+		}
+		return s.encodePrompt(text)
+	case kind == '[':
+		raw = first
 	}
-	var ids []int64
-	if err := json.Unmarshal(raw, &ids); err != nil {
-		var idss [][]int64
-		if err := json.Unmarshal(raw, &idss); err != nil {
-			return nil, badRequest("prompt", "invalid_type", "prompt must be a string, an array of strings or an array of token ids")
+	out := make([]int32, 0, min(n, s.p.Context+1))
+	var e *apiError
+	jsonElements(raw, func(el []byte) bool {
+		t, ok := jsonInt(el)
+		switch {
+		case !ok:
+			e = badType
+		case t < 0 || t >= int64(s.p.Vocab):
+			e = badRequest("prompt", "invalid_value", "prompt token %d is %d, outside the vocabulary of %d", len(out), t, s.p.Vocab)
+		case len(out) == s.p.Context:
+			e = badRequest("prompt", "context_length_exceeded",
+				"this model's maximum context length is %d tokens; the prompt has more token ids", s.p.Context)
+		default:
+			out = append(out, int32(t))
+			return true
 		}
-		if len(idss) != 1 {
-			return nil, badRequest("prompt", "unsupported_value", "exactly one prompt per request is supported (got %d)", len(idss))
-		}
-		ids = idss[0]
-	}
-	out := make([]int32, len(ids))
-	for i, t := range ids {
-		if t < 0 || t >= int64(s.p.Vocab) {
-			return nil, badRequest("prompt", "invalid_value", "prompt token %d is %d, outside the vocabulary of %d", i, t, s.p.Vocab)
-		}
-		out[i] = int32(t)
+		return false
+	})
+	if e != nil {
+		return nil, e
 	}
 	return out, nil
 }
@@ -468,9 +509,9 @@ type chatMessage struct {
 
 type chatRequest struct {
 	genParams
-	Messages    []chatMessage `json:"messages"`
-	Logprobs    *bool         `json:"logprobs"`
-	TopLogprobs *intParam     `json:"top_logprobs"` // 0..MaxLogprobsChat, needs logprobs
+	Messages    json.RawMessage `json:"messages"` // []chatMessage, decoded by chatMessages once counted
+	Logprobs    *bool           `json:"logprobs"`
+	TopLogprobs *intParam       `json:"top_logprobs"` // 0..MaxLogprobsChat, needs logprobs
 }
 
 func messageText(raw json.RawMessage) (string, error) {
@@ -498,6 +539,86 @@ func messageText(raw json.RawMessage) (string, error) {
 	return b.String(), nil
 }
 
+// chatMessages decodes the "messages" array raw (valid JSON), counting
+// its elements first: more than the context holds (a template gives each
+// message at least one token, and one to the assistant's turn) are
+// refused before any is decoded. Errors name the field: invalid_type
+// ("messages", "messages.role"), unsupported_parameter for a message
+// field this server does not implement, missing_required_parameter for
+// none.
+func (s *Server) chatMessages(raw json.RawMessage) ([]chatMessage, *apiError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, badRequest("messages", "missing_required_parameter", "messages must be a non-empty array")
+	}
+	if raw[0] != '[' {
+		return nil, badRequest("messages", "invalid_type", "messages must be an array, not %s", article(jsonKind(raw)))
+	}
+	n := 0
+	jsonElements(raw, func([]byte) bool { n++; return n < s.p.Context })
+	switch {
+	case n == 0:
+		return nil, badRequest("messages", "missing_required_parameter", "messages must be a non-empty array")
+	case n >= s.p.Context:
+		return nil, badRequest("messages", "context_length_exceeded",
+			"this model's maximum context length is %d tokens; %d or more messages take at least one more", s.p.Context, n)
+	}
+	if e := checkMessageFields(raw); e != nil {
+		return nil, e
+	}
+	// json.Unmarshal reads raw in place (a Decoder would copy it first).
+	var msgs []chatMessage
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			field := "messages"
+			if te.Field != "" {
+				field += "." + te.Field
+			}
+			return nil, badRequest(field, "invalid_type", "%s must be %s, not %s", field, typeWant(te.Type), article(te.Value))
+		}
+		return nil, jsonError(err)
+	}
+	return msgs, nil
+}
+
+// checkMessageFields refuses a field of a message (an object of the
+// "messages" array raw) that chatMessage does not have, as decodeJSON
+// refuses unknown fields elsewhere: unsupported_parameter naming it. Names
+// match case-insensitively, as encoding/json matches them.
+func checkMessageFields(raw []byte) *apiError {
+	var e *apiError
+	jsonElements(raw, func(el []byte) bool {
+		if el[0] != '{' {
+			return true // not an object: json.Unmarshal's type error
+		}
+		jsonObjectKeys(el, func(key []byte) bool {
+			for _, known := range [...]string{"role", "content", "name"} {
+				if len(key) == len(known) && strings.EqualFold(string(key), known) {
+					return true
+				}
+			}
+			name := string(key)
+			if bytes.IndexByte(key, '\\') >= 0 { // an escaped name: decode it
+				_ = json.Unmarshal([]byte(`"`+name+`"`), &name)
+				for _, known := range [...]string{"role", "content", "name"} {
+					if strings.EqualFold(name, known) {
+						return true
+					}
+				}
+			}
+			if why, ok := unsupportedFields[name]; ok {
+				e = badRequest(name, "unsupported_parameter", "%s: %s by this server", name, why)
+			} else {
+				e = badRequest(name, "unsupported_parameter", "unknown parameter %q in a message", name)
+			}
+			return false
+		})
+		return e == nil
+	})
+	return e
+}
+
 // parseChat turns a /v1/chat/completions body into a Job.
 func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
 	var req chatRequest
@@ -514,12 +635,13 @@ func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
 		}
 		return Job{}, nil, badRequest("messages", "unsupported_chat_template", "%s; use /v1/completions", msg)
 	}
-	if len(req.Messages) == 0 {
-		return Job{}, nil, badRequest("messages", "missing_required_parameter", "messages must be a non-empty array")
+	messages, e := s.chatMessages(req.Messages)
+	if e != nil {
+		return Job{}, nil, e
 	}
-	msgs := make([]Message, len(req.Messages))
+	msgs := make([]Message, len(messages))
 	nbytes := 0
-	for i, m := range req.Messages {
+	for i, m := range messages {
 		switch m.Role {
 		case "system", "developer", "user", "assistant", "tool":
 		default:

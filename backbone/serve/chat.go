@@ -25,7 +25,9 @@ type ChatTemplate interface {
 	// Name identifies the template ("chatml").
 	Name() string
 	// Apply returns the prompt tokens for msgs followed by the opening of
-	// the assistant's turn. Errors wrap ErrChatTemplate.
+	// the assistant's turn: at least one token per message and one for
+	// the opening (the server refuses more messages than the context
+	// holds before applying the template). Errors wrap ErrChatTemplate.
 	Apply(msgs []Message) ([]int32, error)
 }
 

@@ -51,6 +51,16 @@ func TestTypedErrors(t *testing.T) {
 		{"logit_bias key", "/v1/completions", `{"prompt":"x","logit_bias":{"abc":1}}`, "invalid_value", "logit_bias"},
 		{"logit_bias vocab", "/v1/completions", `{"prompt":"x","logit_bias":{"99999":1}}`, "invalid_value", "logit_bias"},
 		{"logit_bias value", "/v1/completions", `{"prompt":"x","logit_bias":{"5":101}}`, "invalid_value", "logit_bias"},
+		{"prompt [null]", "/v1/completions", `{"prompt":[null]}`, "invalid_type", "prompt"},
+		{"prompt ids mixed", "/v1/completions", `{"prompt":[1,"a"]}`, "invalid_type", "prompt"},
+		{"prompt ids fraction", "/v1/completions", `{"prompt":[[1,2.5]]}`, "invalid_type", "prompt"},
+		{"two id prompts", "/v1/completions", `{"prompt":[[1],[2]]}`, "unsupported_value", "prompt"},
+		{"ids past the context", "/v1/completions", `{"prompt":[` + strings.Repeat("1,", 4096) + `1]}`, "context_length_exceeded", "prompt"},
+		{"messages object", "/v1/chat/completions", `{"messages":{"role":"user","content":"x"}}`, "invalid_type", "messages"},
+		{"message number", "/v1/chat/completions", `{"messages":[5]}`, "invalid_type", "messages"},
+		{"message tool_calls", "/v1/chat/completions", `{"messages":[{"role":"assistant","content":"x","tool_calls":[]}]}`, "unsupported_parameter", "tool_calls"},
+		{"message unknown field", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x","mood":"\"]}"}]}`, "unsupported_parameter", "mood"},
+		{"messages past the context", "/v1/chat/completions", `{"messages":[` + strings.Repeat(`{"role":"user","content":""},`, 4095) + `{"role":"user","content":""}]}`, "context_length_exceeded", "messages"},
 	}
 	for _, c := range cases {
 		resp, body := srv.post(t, c.path, c.body)
@@ -68,6 +78,23 @@ func TestTypedErrors(t *testing.T) {
 		if strings.Contains(e.Error.Message, "Go") || strings.Contains(e.Error.Message, "json: cannot") {
 			t.Errorf("%s: a Go message: %s", c.name, e.Error.Message)
 		}
+	}
+}
+
+// TestMessageFieldNames: message fields match case-insensitively and with
+// escapes in their names, as encoding/json matches the body's other
+// fields; 4,095 messages (one short of the 4,096-token context) pass the
+// count and fail only on their tokens.
+func TestMessageFieldNames(t *testing.T) {
+	srv := newTestServer(t, nil)
+	resp, body := srv.post(t, "/v1/chat/completions", `{"messages":[{"ROLE":"user","Content":"hi","n\u0061me":"x"}],"max_tokens":2}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	resp, body = srv.post(t, "/v1/chat/completions", `{"messages":[`+strings.Repeat(`{"role":"user","content":""},`, 4094)+`{"role":"user","content":""}]}`)
+	var e apiErrorBody
+	if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != 400 || *e.Error.Code != "context_length_exceeded" || *e.Error.Param != "prompt" {
+		t.Fatalf("4,095 messages: %d %.300s", resp.StatusCode, body)
 	}
 }
 
@@ -362,45 +389,6 @@ func TestHugePromptBounded(t *testing.T) {
 			t.Errorf("%s: %d bytes allocated for a %d-byte body (tokenized?)", c.path, alloc, len(c.body))
 		}
 	}
-}
-
-// TestStalledBodyDefaults: on the default BodyTimeout, a client that sends
-// headers and part of a body and then stalls gets 408 and its connection
-// back; meanwhile normal requests are answered.
-func TestStalledBodyDefaults(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits for the 30 s default body timeout")
-	}
-	t.Parallel()
-	srv := newTestServer(t, nil)
-	addr := strings.TrimPrefix(srv.ts.URL, "http://")
-	var conns []net.Conn
-	for range 3 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
-		conns = append(conns, c)
-	}
-	resp, b := srv.post(t, "/v1/completions", `{"prompt":"hello","max_tokens":2}`)
-	if resp.StatusCode != 200 {
-		t.Fatalf("a normal request beside stalled bodies: %d %s", resp.StatusCode, b)
-	}
-	start := time.Now()
-	for _, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(DefaultBodyTimeout + 15*time.Second))
-		r, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatalf("stalled body: %v after %v", err, time.Since(start))
-		}
-		r.Body.Close()
-		if r.StatusCode != http.StatusRequestTimeout {
-			t.Errorf("stalled body: status %d, want 408", r.StatusCode)
-		}
-	}
-	t.Logf("stalled bodies answered 408 after %v", time.Since(start).Round(time.Millisecond))
 }
 
 // TestParseSlotsDefaults: with the default ParseSlots and ParseWait, more

@@ -265,13 +265,21 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 //	kvasir_swarm_experts{state}              (layer, expert) pairs, state = local | held | missing
 //	kvasir_swarm_expert_replicas{replicas}   pairs held by exactly that many connected workers
 //	kvasir_swarm_expert_min_replicas         fewest workers holding a pair the backbone cannot compute (-1: it computes all)
+//	kvasir_swarm_layer_holders{layer}         workers holding at least one expert of the layer
+//	kvasir_swarm_layer_experts_held{layer}    experts of the layer held by at least one worker
+//	kvasir_swarm_layer_experts_missing{layer} experts of the layer neither held nor computed by the backbone
+//	kvasir_swarm_layer_min_holders{layer}     fewest workers holding any one expert of the layer (what --ready-holders asks)
 //
 // held counts the pairs the backbone cannot compute that at least one
 // worker holds; missing the ones none holds (a step routed to one waits,
-// then answers 503).
+// then answers 503). Workers are connected, unpaused sessions counted by
+// distinct key (dispatch.LayerCoverage); layer is the layer index the
+// workers' --layers use, 0 .. layers-1, one series per layer.
 type CoverageCollector struct {
 	cov                         func() dispatch.Coverage
 	experts, replicas, minRepls *prometheus.Desc
+	lHolders, lHeld, lMissing   *prometheus.Desc
+	lMin                        *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*CoverageCollector)(nil)
@@ -286,6 +294,14 @@ func NewCoverageCollector(cov func() dispatch.Coverage) *CoverageCollector {
 			[]string{"replicas"}, nil),
 		minRepls: prometheus.NewDesc("kvasir_swarm_expert_min_replicas", "Fewest connected workers holding a pair the backbone cannot compute (-1: it computes every pair).",
 			nil, nil),
+		lHolders: prometheus.NewDesc("kvasir_swarm_layer_holders", "Connected workers (distinct keys) holding at least one expert of the layer.",
+			[]string{"layer"}, nil),
+		lHeld: prometheus.NewDesc("kvasir_swarm_layer_experts_held", "Experts of the layer held by at least one connected worker.",
+			[]string{"layer"}, nil),
+		lMissing: prometheus.NewDesc("kvasir_swarm_layer_experts_missing", "Experts of the layer no connected worker holds and the backbone cannot compute.",
+			[]string{"layer"}, nil),
+		lMin: prometheus.NewDesc("kvasir_swarm_layer_min_holders", "Fewest connected workers holding any one expert of the layer (local experts included; /readyz compares it with --ready-holders).",
+			[]string{"layer"}, nil),
 	}
 }
 
@@ -294,6 +310,10 @@ func (c *CoverageCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.experts
 	ch <- c.replicas
 	ch <- c.minRepls
+	ch <- c.lHolders
+	ch <- c.lHeld
+	ch <- c.lMissing
+	ch <- c.lMin
 }
 
 // Collect implements prometheus.Collector.
@@ -309,4 +329,11 @@ func (c *CoverageCollector) Collect(ch chan<- prometheus.Metric) {
 		g(c.replicas, v, strconv.Itoa(n))
 	}
 	g(c.minRepls, cv.MinReplicas)
+	for l, lc := range cv.Layers {
+		layer := strconv.Itoa(l)
+		g(c.lHolders, lc.Holders, layer)
+		g(c.lHeld, lc.Held, layer)
+		g(c.lMissing, lc.Missing, layer)
+		g(c.lMin, lc.MinHolders, layer)
+	}
 }

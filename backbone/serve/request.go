@@ -292,3 +292,116 @@ func article(kind string) string {
 	}
 	return "a " + kind
 }
+
+// jsonElements calls fn with each element of the JSON array b (its raw
+// bytes, from the first byte of the value to its last), in order, until fn
+// returns false or the array ends. b must be valid JSON starting with '['
+// (surrounding space allowed); jsonElements does not allocate, so a
+// caller can bound what it keeps of an array whatever its length.
+func jsonElements(b []byte, fn func(elem []byte) bool) {
+	i := bytes.IndexByte(b, '[') + 1
+	for i > 0 {
+		i = skipJSONSpace(b, i)
+		if i >= len(b) || b[i] == ']' {
+			return
+		}
+		end := skipJSONValue(b, i)
+		if !fn(b[i:end]) {
+			return
+		}
+		i = skipJSONSpace(b, end)
+		if i < len(b) && b[i] == ',' {
+			i++
+		}
+	}
+}
+
+// jsonObjectKeys calls fn with each key of the JSON object b (the raw
+// bytes between its quotes, escapes not decoded), in order, until fn
+// returns false. b must be valid JSON starting with '{'; it does not
+// allocate.
+func jsonObjectKeys(b []byte, fn func(key []byte) bool) {
+	i := bytes.IndexByte(b, '{') + 1
+	for i > 0 {
+		i = skipJSONSpace(b, i)
+		if i >= len(b) || b[i] != '"' {
+			return
+		}
+		end := skipJSONValue(b, i)
+		if !fn(b[i+1 : end-1]) {
+			return
+		}
+		i = skipJSONSpace(b, end) + 1 // past ':'
+		i = skipJSONValue(b, skipJSONSpace(b, i))
+		i = skipJSONSpace(b, i)
+		if i < len(b) && b[i] == ',' {
+			i++
+		}
+	}
+}
+
+func skipJSONSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipJSONValue returns the index just past the valid JSON value that
+// starts at b[i].
+func skipJSONValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		for i++; i < len(b); i++ {
+			switch b[i] {
+			case '\\':
+				i++
+			case '"':
+				return i + 1
+			}
+		}
+		return len(b)
+	case '[', '{':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				i = skipJSONValue(b, i) - 1
+			case '[', '{':
+				depth++
+			case ']', '}':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return len(b)
+	}
+	for i < len(b) && strings.IndexByte(",]} \t\r\n", b[i]) < 0 {
+		i++
+	}
+	return i
+}
+
+// jsonInt parses a JSON number that is an integer written without a
+// fraction or exponent, as a token id is, within int64.
+func jsonInt(b []byte) (int64, bool) {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 18 {
+		return 0, false
+	}
+	var v int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int64(c-'0')
+	}
+	if neg {
+		v = -v
+	}
+	return v, true
+}

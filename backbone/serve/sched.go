@@ -145,11 +145,23 @@ func (sc *scheduler) run() {
 		start := time.Now()
 		if err := sc.forward(); err != nil {
 			sc.fail(err)
-			continue
+		} else {
+			sc.observe()
+			sc.deliver(start)
 		}
-		sc.observe()
-		sc.deliver(start)
+		sc.forget()
 	}
+}
+
+// forget drops the step's references to its sequences and requests
+// (rows and owners keep their capacity for the next step): a sequence
+// released during the step, a long one whose KV cache is left to the
+// garbage collector (release), must not stay reachable from the reused
+// slices while the server idles or runs smaller steps.
+func (sc *scheduler) forget() {
+	clear(sc.rows)
+	clear(sc.owners)
+	sc.rows, sc.owners = sc.rows[:0], sc.owners[:0]
 }
 
 // release gives up a's sequence. Short sequences are kept for reuse; a
@@ -203,7 +215,12 @@ func (sc *scheduler) admit() {
 	for _, st := range admitted {
 		var seq *model.Sequence
 		if k := len(sc.free); k > 0 {
-			seq, sc.free = sc.free[k-1], sc.free[:k-1]
+			// The slot is cleared: a sequence taken from the pool that then
+			// grows past poolMaxPositions is not pooled again, and the
+			// pool's backing array must not keep its cache reachable.
+			seq = sc.free[k-1]
+			sc.free[k-1] = nil
+			sc.free = sc.free[:k-1]
 		} else {
 			seq = l.m.NewSequence()
 		}

@@ -324,6 +324,27 @@ func (s *Server) Drain() {
 // generations, for their handlers to write the last event or the 503.
 const ShutdownGrace = 5 * time.Second
 
+// DefaultShutdownDrain is how long backbone serve lets active generations
+// run on after SIGTERM (Shutdown's ctx) before it ends them.
+const DefaultShutdownDrain = 10 * time.Second
+
+// Timeouts of the http.Server the API runs on (NewHTTPServer).
+const (
+	// ReadHeaderTimeout bounds reading a request's headers; a client that
+	// stalls in them is disconnected without an answer.
+	ReadHeaderTimeout = 10 * time.Second
+	// IdleTimeout closes a keep-alive connection idle this long.
+	IdleTimeout = 2 * time.Minute
+)
+
+// NewHTTPServer returns the http.Server backbone serve runs h on:
+// ReadHeaderTimeout and IdleTimeout set, no whole-request read or write
+// timeout (a stream may last minutes; the Server bounds each body read
+// with Config.BodyTimeout and each write with Config.WriteTimeout).
+func NewHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: ReadHeaderTimeout, IdleTimeout: IdleTimeout}
+}
+
 // Shutdown is the drain a SIGTERM starts (docs/serve.md, "Shutdown"): the
 // listener closes, queued requests get 503 shutting_down at once, active
 // generations run on until ctx ends; then the rest end: a stream with an

@@ -1,9 +1,12 @@
 package serve
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -292,6 +295,90 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if err := s.check(j); err != nil {
 			t.Fatalf("parsed job fails Submit's checks: %v", err)
+		}
+	})
+}
+
+// FuzzJSONScan: on valid JSON, jsonElements yields exactly the elements
+// encoding/json finds in an array, jsonObjectKeys the keys it finds in an
+// object (after unescaping), and jsonInt agrees with strconv.ParseInt on
+// plain integers of up to 18 digits.
+func FuzzJSONScan(f *testing.F) {
+	for _, s := range []string{`[]`, ` [ 1 , -2,3 ] `, `[[1,2],[3]]`, `["a\"]b", {"k":[1,{"x":"}"}]}, null, true, 1.5e3]`,
+		`{"a":1,"b\u0022":[2],"c":{"d":"e"}}`, `{}`, `{"role" : "user" , "content":"x"}`, `[123456789012345678, -0, 1234567890123456789]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if !json.Valid(data) {
+			return
+		}
+		b := bytes.TrimSpace(data)
+		switch b[0] {
+		case '[':
+			var want []json.RawMessage
+			if err := json.Unmarshal(b, &want); err != nil {
+				t.Fatal(err)
+			}
+			var got [][]byte
+			jsonElements(b, func(e []byte) bool { got = append(got, e); return true })
+			if len(got) != len(want) {
+				t.Fatalf("%d elements, encoding/json %d", len(got), len(want))
+			}
+			for i := range got {
+				if !bytes.Equal(got[i], want[i]) {
+					t.Fatalf("element %d: %q, encoding/json %q", i, got[i], want[i])
+				}
+				v, ok := jsonInt(got[i])
+				digits := strings.TrimPrefix(string(got[i]), "-")
+				w, err := strconv.ParseInt(string(got[i]), 10, 64)
+				plain := err == nil && len(digits) <= 18 && !strings.ContainsAny(digits, "+eE.")
+				if ok != plain || ok && v != w {
+					t.Fatalf("jsonInt(%q) = %d %v; ParseInt %d %v", got[i], v, ok, w, err)
+				}
+			}
+		case '{':
+			dec := json.NewDecoder(bytes.NewReader(b))
+			var want []string
+			depth := 0
+			key := true
+			for {
+				tk, err := dec.Token()
+				if err != nil {
+					break
+				}
+				switch tk {
+				case json.Delim('{'), json.Delim('['):
+					depth++
+					if depth == 2 {
+						key = true
+					}
+					continue
+				case json.Delim('}'), json.Delim(']'):
+					depth--
+					if depth == 1 {
+						key = true
+					}
+					continue
+				}
+				if depth == 1 {
+					if key {
+						want = append(want, tk.(string))
+					}
+					key = !key
+				}
+			}
+			var got []string
+			jsonObjectKeys(b, func(k []byte) bool {
+				var s string
+				if err := json.Unmarshal(append(append([]byte{'"'}, k...), '"'), &s); err != nil {
+					t.Fatalf("key %q: %v", k, err)
+				}
+				got = append(got, s)
+				return true
+			})
+			if !slices.Equal(got, want) {
+				t.Fatalf("keys %q, encoding/json %q", got, want)
+			}
 		}
 	})
 }

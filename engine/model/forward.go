@@ -266,6 +266,7 @@ func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err 
 		return fmt.Errorf("%w: logits buffer holds %d floats, want %d x %d", ErrBatch, len(logits), nl, p.Vocab)
 	}
 	ws := &m.ws
+	defer ws.dropGroups()
 	defer func() {
 		if ws.touched && err != nil {
 			for i := range rows {
@@ -426,6 +427,17 @@ func (m *Model) checkRows(rows []Row) (nl int, err error) {
 		}
 	}
 	return nl, nil
+}
+
+// dropGroups forgets the batch's sequences when a Forward returns, so
+// that the workspace, kept for the model's life, does not keep a finished
+// sequence (and its KV cache) reachable; the groups' row slices are kept
+// for reuse.
+func (ws *workspace) dropGroups() {
+	for i := range ws.groups {
+		ws.groups[i].seq = nil
+	}
+	ws.groups = ws.groups[:0]
 }
 
 // groupRows sets ws.groups to the batch's rows by sequence, sequences in

@@ -315,6 +315,7 @@ func (m *Model) mtpForward(ctx context.Context, rows []Row, hin, cat, logits, ho
 	h, p, ws := m.MTP, m.p, &m.ws
 	n, d := len(rows), p.Embd
 	nl, err := m.prepare(rows, true)
+	defer ws.dropGroups()
 	if err != nil {
 		return err
 	}

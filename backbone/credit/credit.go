@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
@@ -430,7 +431,11 @@ func (s *Service) Run(ctx context.Context, interval time.Duration, logf func(for
 	defer t.Stop()
 	for {
 		if _, err := s.Credit(ctx); err != nil && logf != nil && ctx.Err() == nil {
-			logf("credit: %v", err)
+			if msg := err.Error(); strings.HasPrefix(msg, "credit: ") {
+				logf("%s", msg) // the package's errors name it already
+			} else {
+				logf("credit: %s", msg)
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -3,6 +3,9 @@ package dispatch_test
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,5 +118,85 @@ func TestVulkanWorkerDecode(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestVulkanProvisionedWorker: a provisioned worker (an empty slice
+// folder and a quota: the backbone assigns every expert of the fixture,
+// the worker downloads them) whose store hands its experts to a Vulkan
+// device as they arrive, declaring "vulkan:<device>", serves every expert
+// of a greedy decode whose tokens equal the local decode's, every result
+// checked within the tolerance and none refused. With a device that fails
+// at its first submission (an injected lost device) the same decode is
+// answered from the CPU path: same tokens, no mismatch, the fault
+// recorded and no pair computed on the device.
+func TestVulkanProvisionedWorker(t *testing.T) {
+	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
+	for _, fault := range []bool{false, true} {
+		name := "device"
+		if fault {
+			name = "device-lost"
+		}
+		t.Run(name, func(t *testing.T) {
+			devs, err := vulkan.Devices()
+			if err != nil || len(devs) == 0 {
+				t.Skipf("no Vulkan device (%v): install mesa-vulkan-drivers for lavapipe", err)
+			}
+			s := newProvStack(t, func(c *dispatch.Config) { c.Probation, c.CheckRate = 1000, 1 })
+			p := s.bb.Params()
+			_, wantToks := decode(t, loadFixture(t, provFixture), prompt, 6)
+			opt := vulkan.Options{Device: devs[0].Index, Logf: t.Logf}
+			if fault {
+				opt.InjectFault = func() error { return errors.New("VK_ERROR_DEVICE_LOST (injected)") }
+			}
+			gpu, err := vulkan.Open(opt)
+			if err != nil {
+				t.Skipf("vulkan: %v", err)
+			}
+			_, key, _ := ed25519.GenerateKey(nil)
+			w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, SliceDir: filepath.Join(t.TempDir(), "slice"),
+				Quota: 64 << 20, Accelerator: gpu, Backend: vulkan.BackendName(devs[0]), Threads: 1, Logger: quiet,
+				BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = w.Run(ctx) }()
+			t.Cleanup(func() { cancel(); <-done; w.Close(); gpu.Close() })
+			n := p.Layers * p.Experts
+			waitUntil(t, 60*time.Second, "the download", func() bool {
+				ws, ok := workerStats(s.stack, keyID(key))
+				return ok && ws.Holdings == n
+			})
+			if gs := gpu.Stats(); gs.ResidentExperts != n {
+				t.Fatalf("device stats %+v after the download, want all %d experts resident", gs, n)
+			}
+			s.bb.SetExperts(s.disp)
+			_, gotToks := decode(t, s.bb, prompt, 6)
+			for i := range wantToks {
+				if gotToks[i] != wantToks[i] {
+					t.Fatalf("token %d: swarm %d, local %d (tokens %v, want %v)", i, gotToks[i], wantToks[i], gotToks, wantToks)
+				}
+			}
+			st := s.disp.Stats()
+			ws, _ := workerStats(s.stack, keyID(key))
+			gs := gpu.Stats()
+			t.Logf("backend %q: tokens %v; checks %d mismatches %d; remote %d local %d; device %+v",
+				ws.Backend, gotToks, st.Checks, st.Mismatches, st.ExpertsRemote, st.ExpertsLocal, gs)
+			want := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
+			if ws.Backend != vulkan.BackendName(devs[0]) || st.Mismatches != 0 || st.Caught != 0 || st.Checks == 0 ||
+				st.ExpertsRemote != want || st.ExpertsLocal != 0 {
+				t.Fatalf("backend %q, checks %d mismatches %d caught %d remote %d local %d (want %d remote)", ws.Backend,
+					st.Checks, st.Mismatches, st.Caught, st.ExpertsRemote, st.ExpertsLocal, want)
+			}
+			if fault {
+				if !strings.Contains(gs.Fault, "DEVICE_LOST") || gs.GPUPairs != 0 || gs.CPUPairs == 0 {
+					t.Fatalf("device stats %+v: want the fault recorded and every pair on the CPU", gs)
+				}
+			} else if gs.GPUPairs == 0 || gs.CPUPairs != 0 || gs.Fault != "" {
+				t.Fatalf("device stats %+v: want every pair on the device", gs)
+			}
+		})
 	}
 }

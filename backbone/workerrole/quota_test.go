@@ -36,7 +36,7 @@ func (s *syncBuffer) String() string {
 
 // lastInt returns the value of the last "name=N" in text, or -1.
 func lastInt(text, name string) int {
-	m := regexp.MustCompile(name + `=([0-9]+)`).FindAllStringSubmatch(text, -1)
+	m := regexp.MustCompile(name+`=([0-9]+)`).FindAllStringSubmatch(text, -1)
 	if len(m) == 0 {
 		return -1
 	}

@@ -66,7 +66,7 @@ type Store struct {
 
 	rw    sync.RWMutex // read: ComputeExperts; write: changes to the served set
 	local *expert.Local
-	acc   Accelerator // computes local's experts when set (SetAccelerator)
+	acc   Accelerator       // computes local's experts when set (SetAccelerator)
 	uses  map[uint64]uint64 // pairs computed per expert, guarded by umu
 	umu   sync.Mutex
 

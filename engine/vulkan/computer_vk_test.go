@@ -604,6 +604,12 @@ func TestRebaseAfterFault(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer gpu.Close()
+	if got, want := Describe(gpu), gpu.Device().Name+" (Vulkan)"; got != want {
+		t.Errorf("Describe before the fault: %q, want %q", got, want)
+	}
+	if got := Describe(nil); got != "CPU" {
+		t.Errorf("Describe(nil) = %q", got)
+	}
 	for i, keep := range [][]int{{0, 1}, {1, 2, 3}} {
 		local, err := expert.NewLocal([]*expert.Layer{subset(full, keep...)}, 2)
 		if err != nil {
@@ -630,6 +636,9 @@ func TestRebaseAfterFault(t *testing.T) {
 		st := gpu.Stats()
 		if !strings.Contains(st.Fault, "DEVICE_LOST") {
 			t.Fatalf("round %d: %+v, want the fault recorded", i, st)
+		}
+		if got, want := Describe(gpu), "CPU (the Vulkan device "+gpu.Device().Name+" failed: VK_ERROR_DEVICE_LOST (injected))"; got != want {
+			t.Errorf("Describe after the fault: %q, want %q", got, want)
 		}
 		if i == 1 && (st.ResidentExperts != 0 || st.CPUExperts != 3) {
 			t.Fatalf("after the fault: %+v, want every expert on the CPU", st)

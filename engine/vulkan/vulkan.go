@@ -352,7 +352,9 @@ func Describe(c *Computer) string {
 		return "CPU"
 	}
 	if f := c.Stats().Fault; f != "" {
-		return "CPU (the Vulkan device " + c.Device().Name + " failed: " + f + ")"
+		name := c.Device().Name
+		f = strings.TrimPrefix(f, ErrDevice.Error()+": "+name+": ")
+		return "CPU (the Vulkan device " + name + " failed: " + f + ")"
 	}
 	return c.Device().Name + " (Vulkan)"
 }

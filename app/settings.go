@@ -27,11 +27,11 @@ var ErrSettings = errors.New("settings")
 // Settings are the owner's choices, persisted in fyne Preferences under
 // the Pref* keys.
 type Settings struct {
-	GatewayURL     string  // wss://host[:port]; "" = node.DefaultGateway (the public gateway)
-	CAFile         string  // PEM file of extra root CAs for the gateway; "" = system roots
-	SliceDir       string  // folder of the expert slice; "" = node.DefaultSliceDir (DATA/slice)
-	QuotaGB        float64 // disk quota for experts the backbone assigns, GB (10^9 bytes); 0 = serve the slice folder as it is (node.Config.QuotaBytes)
-	Threads        int     // compute threads; 0 = all CPUs
+	GatewayURL string  // wss://host[:port]; "" = node.DefaultGateway (the public gateway)
+	CAFile     string  // PEM file of extra root CAs for the gateway; "" = system roots
+	SliceDir   string  // folder of the expert slice; "" = node.DefaultSliceDir (DATA/slice)
+	QuotaGB    float64 // disk quota for experts the backbone assigns, GB (10^9 bytes); 0 = serve the slice folder as it is (node.Config.QuotaBytes)
+	Threads    int     // compute threads; 0 = all CPUs
 	// Backend is where the experts are computed ("Compute on"): "auto" (a
 	// GPU through Vulkan if there is one, else the CPU; never a software
 	// renderer such as lavapipe), "cpu" or "vulkan:N" (device N of

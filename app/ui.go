@@ -74,7 +74,7 @@ type UI struct {
 	stateIcon           *canvas.Image
 	state               *canvas.Text
 	gateway             *widget.Label
-	device              *widget.Label // "Computing on: DEVICE · N rows/s"
+	device              *widget.Label   // "Computing on: DEVICE · N rows/s"
 	statusTab           *fyne.Container // relaid out when the why card shows or hides
 	whyCard             *fyne.Container // "Not earning:" and why, one compact line (wraps when long)
 	why                 *widget.Label

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"math"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,15 +34,21 @@ func vulkanExperts(t *testing.T, local *expert.Local) (*vulkan.Computer, string)
 	return c, vulkan.BackendName(devs[0])
 }
 
-// scaledBy is a Computer whose outputs are inner's times f.
+// scaledBy is a Computer whose outputs are inner's times f after its
+// first honest calls.
 type scaledBy struct {
-	inner expert.Computer
-	f     float32
+	inner  expert.Computer
+	f      float32
+	honest int64
+	calls  atomic.Int64
 }
 
-func (c scaledBy) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+func (c *scaledBy) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
 	if err := c.inner.ComputeExperts(ctx, layer, hidden, ids, n, k, out); err != nil {
 		return err
+	}
+	if c.calls.Add(1) <= c.honest {
+		return nil
 	}
 	for i := range out {
 		out[i] *= c.f
@@ -50,10 +58,14 @@ func (c scaledBy) ComputeExperts(ctx context.Context, layer int, hidden []float3
 
 // TestVulkanWorkerDecode: a worker computing every expert of the fixture
 // models on a Vulkan device, declaring "vulkan:<device>", serves a greedy
-// decode whose tokens equal the local decode's, with every result checked
-// (within the default tolerance) and accepted; the same worker with its
-// outputs scaled by 1.01 is caught and the decode still equals the local
-// one (the reference replaces its result).
+// decode whose tokens equal the local decode's and whose logits have a
+// cosine >= 0.9999 with the local ones at every step, with every result
+// checked (within the default tolerance) and accepted, and the hub's
+// creditable bytes exactly the worker's DISPATCH and RESULT bytes; the
+// same worker with its
+// outputs scaled by 1.01 (after 8 honest results) is caught, banned and
+// its session's bytes forfeited, and the decode still equals the local one
+// (the reference replaces its result).
 func TestVulkanWorkerDecode(t *testing.T) {
 	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
 	for _, name := range []string{"tiny-qwen3moe-Q8_0.gguf", "tiny-qwen3moe-Q4_K_M.gguf"} {
@@ -65,7 +77,7 @@ func TestVulkanWorkerDecode(t *testing.T) {
 			t.Run(sub, func(t *testing.T) {
 				ref := loadFixture(t, name)
 				p := ref.Params()
-				_, wantToks := decode(t, ref, prompt, 6)
+				wantLogits, wantToks := decode(t, ref, prompt, 6)
 
 				bb := loadFixture(t, name)
 				local := bb.LocalExperts()
@@ -79,12 +91,14 @@ func TestVulkanWorkerDecode(t *testing.T) {
 				gpu, backend := vulkanExperts(t, wl)
 				var comp expert.Computer = gpu
 				if liar {
-					comp = scaledBy{gpu, 1.01}
+					comp = &scaledBy{inner: gpu, f: 1.01, honest: 8} // earns first, so that it has something to forfeit
 				}
 				_, key, _ := ed25519.GenerateKey(nil)
+				var servedIn, servedOut atomic.Uint64 // DISPATCH and RESULT bytes, as the worker counts them
 				w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
 					Holdings: worker.HoldingsOf(wl, nil), ModelID: md.ID, Backend: backend, Threads: 1, Logger: quiet,
-					BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+					BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+					OnServed: func(_ string, in, out uint64) { servedIn.Add(in); servedOut.Add(out) }})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -94,19 +108,46 @@ func TestVulkanWorkerDecode(t *testing.T) {
 				t.Cleanup(func() { cancel(); <-done })
 				s.waitWorkers(t, 1)
 				bb.SetExperts(s.disp)
-				_, gotToks := decode(t, bb, prompt, 6)
+				gotLogits, gotToks := decode(t, bb, prompt, 6)
 				for i := range wantToks {
 					if gotToks[i] != wantToks[i] {
 						t.Fatalf("token %d: swarm %d, local %d (tokens %v, want %v)", i, gotToks[i], wantToks[i], gotToks, wantToks)
 					}
 				}
+				// Logits of every step against the local decode's.
+				worst, worstStep := 1.0, 0
+				for step := range wantToks {
+					a, b := gotLogits[step*p.Vocab:(step+1)*p.Vocab], wantLogits[step*p.Vocab:(step+1)*p.Vocab]
+					var ab, aa, bb2 float64
+					for i := range a {
+						ab += float64(a[i]) * float64(b[i])
+						aa += float64(a[i]) * float64(a[i])
+						bb2 += float64(b[i]) * float64(b[i])
+					}
+					if c := ab / math.Sqrt(aa*bb2); !(c >= worst) {
+						worst, worstStep = c, step
+					}
+				}
+				t.Logf("logits cosine vs the local decode: worst %.7f (step %d)", worst, worstStep)
+				if !(worst >= 0.9999) {
+					t.Fatalf("logits cosine %.7f at step %d, want >= 0.9999", worst, worstStep)
+				}
 				st := s.disp.Stats()
 				t.Logf("%s: tokens %v; checks %d mismatches %d caught %d; remote %d local %d",
 					backend, gotToks, st.Checks, st.Mismatches, st.Caught, st.ExpertsRemote, st.ExpertsLocal)
 				if liar {
-					if st.Mismatches == 0 || st.Caught != 1 {
-						t.Fatalf("scaled worker: mismatches %d caught %d, want it caught", st.Mismatches, st.Caught)
+					if st.Mismatches == 0 || st.Caught != 1 || st.Banned != 1 {
+						t.Fatalf("scaled worker: mismatches %d caught %d banned %d, want it caught and banned", st.Mismatches, st.Caught, st.Banned)
 					}
+					// The hub forfeits what its session had metered.
+					waitUntil(t, 10*time.Second, "the scaled worker's session forfeited", func() bool {
+						for _, ss := range s.hub.Sessions() {
+							if ss.Forfeited > 0 {
+								return true
+							}
+						}
+						return false
+					})
 					return
 				}
 				want := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
@@ -115,6 +156,17 @@ func TestVulkanWorkerDecode(t *testing.T) {
 				}
 				if gs := gpu.Stats(); gs.GPUPairs == 0 || gs.Fault != "" {
 					t.Fatalf("vulkan stats %+v", gs)
+				}
+				// Metering is exact: the hub's creditable bytes are the
+				// worker's DISPATCH and RESULT bytes, every RESULT accepted.
+				waitUntil(t, 10*time.Second, "every verdict at the hub", func() bool {
+					ss := s.hub.Sessions()
+					return len(ss) == 1 && ss[0].Pending == 0 && ss[0].CreditIn == servedOut.Load()
+				})
+				ss := s.hub.Sessions()[0]
+				if ss.CreditOut != servedIn.Load() || ss.CreditIn != servedOut.Load() || ss.Rejected != 0 || ss.Forfeited != 0 {
+					t.Fatalf("hub metered %d out / %d in creditable (%d rejected), worker served %d in / %d out",
+						ss.CreditOut, ss.CreditIn, ss.Rejected, servedIn.Load(), servedOut.Load())
 				}
 			})
 		}

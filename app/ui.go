@@ -152,6 +152,7 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.gateway = widget.NewLabel("gateway —")
 	u.device = widget.NewLabel(status.ComputeLine(status.Snapshot{}, 0))
 	u.device.Truncation = fyne.TextTruncateEllipsis
+	u.device.Alignment = fyne.TextAlignTrailing
 	u.why = widget.NewLabel("")
 	u.why.Wrapping = fyne.TextWrapWord
 	u.whyCard = container.NewBorder(nil, nil, widget.NewLabelWithStyle("Not earning:", fyne.TextAlignLeading, fyne.TextStyle{Bold: true}), nil, u.why)
@@ -180,7 +181,9 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 
 	u.gateway.Truncation = fyne.TextTruncateEllipsis
 	header := container.NewBorder(nil, nil, u.stateIcon, nil,
-		container.NewVBox(u.state, u.gateway, u.device))
+		// The device shares the title's row: a line of its own made the
+		// not-earning status taller than a 640x480 window.
+		container.NewVBox(container.NewBorder(nil, nil, u.state, nil, u.device), u.gateway))
 	tiles := container.NewVBox(
 		container.NewGridWithColumns(2, tile("Throughput", u.rowsPS), tile("Traffic", u.mbPS)),
 		container.NewGridWithColumns(3, tile("Earned (estimate, live)", u.estT),

@@ -5,33 +5,55 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"math"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/vulkan"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
-// vulkanExperts returns a Vulkan Computer (the first device; lavapipe on
-// a machine without a GPU) over local, and its HELLO backend name, or
-// skips.
-func vulkanExperts(t *testing.T, local *expert.Local) (*vulkan.Computer, string) {
+// vulkanDevice returns the Vulkan device to test on, or skips:
+// $KVASIR_VULKAN_DEVICE when set (scripts/gpu-check.sh sets it), else the
+// GPU "auto" would take, else the first device (lavapipe on a machine
+// without a GPU).
+func vulkanDevice(t *testing.T) vulkan.Device {
 	t.Helper()
 	devs, err := vulkan.Devices()
 	if err != nil || len(devs) == 0 {
 		t.Skipf("no Vulkan device (%v): install mesa-vulkan-drivers for lavapipe", err)
 	}
-	c, err := vulkan.New(local, vulkan.Options{Device: devs[0].Index, Logf: t.Logf})
+	if v := os.Getenv("KVASIR_VULKAN_DEVICE"); v != "" {
+		i, err := strconv.Atoi(v)
+		if err != nil || i < 0 || i >= len(devs) {
+			t.Fatalf("KVASIR_VULKAN_DEVICE=%q: want 0..%d", v, len(devs)-1)
+		}
+		return devs[i]
+	}
+	if d, ok := vulkan.Pick(devs); ok {
+		return d
+	}
+	return devs[0]
+}
+
+// vulkanExperts returns a Vulkan Computer (vulkanDevice) over local, and
+// its HELLO backend name, or skips.
+func vulkanExperts(t *testing.T, local *expert.Local) (*vulkan.Computer, string) {
+	t.Helper()
+	dev := vulkanDevice(t)
+	c, err := vulkan.New(local, vulkan.Options{Device: dev.Index, Logf: t.Logf})
 	if err != nil {
 		t.Skipf("vulkan: %v", err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return c, vulkan.BackendName(devs[0])
+	return c, vulkan.BackendName(dev)
 }
 
 // scaledBy is a Computer whose outputs are inner's times f after its
@@ -82,10 +104,14 @@ func TestVulkanWorkerDecode(t *testing.T) {
 				bb := loadFixture(t, name)
 				local := bb.LocalExperts()
 				md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
-				s := newStack(t, md, 0, func(c *dispatch.Config) {
+				s := newStackHub(t, md, 0, func(c *dispatch.Config) {
 					c.Fallback = local
 					c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
 					c.Probation, c.CheckRate = 1000, 1 // check every result
+				}, func(c *hub.Config) {
+					// The hub command's settling: what the worker earned is
+					// still unsettled when its lie is caught.
+					c.SettleDelay, c.SettleResults = hub.DefaultSettleDelay, hub.DefaultSettleResults
 				})
 				wl := loadFixture(t, name).LocalExperts() // the worker's own copy
 				gpu, backend := vulkanExperts(t, wl)
@@ -190,14 +216,11 @@ func TestVulkanProvisionedWorker(t *testing.T) {
 			name = "device-lost"
 		}
 		t.Run(name, func(t *testing.T) {
-			devs, err := vulkan.Devices()
-			if err != nil || len(devs) == 0 {
-				t.Skipf("no Vulkan device (%v): install mesa-vulkan-drivers for lavapipe", err)
-			}
+			dev := vulkanDevice(t)
 			s := newProvStack(t, func(c *dispatch.Config) { c.Probation, c.CheckRate = 1000, 1 })
 			p := s.bb.Params()
 			_, wantToks := decode(t, loadFixture(t, provFixture), prompt, 6)
-			opt := vulkan.Options{Device: devs[0].Index, Logf: t.Logf}
+			opt := vulkan.Options{Device: dev.Index, Logf: t.Logf}
 			if fault {
 				opt.InjectFault = func() error { return errors.New("VK_ERROR_DEVICE_LOST (injected)") }
 			}
@@ -207,7 +230,7 @@ func TestVulkanProvisionedWorker(t *testing.T) {
 			}
 			_, key, _ := ed25519.GenerateKey(nil)
 			w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, SliceDir: filepath.Join(t.TempDir(), "slice"),
-				Quota: 64 << 20, Accelerator: gpu, Backend: vulkan.BackendName(devs[0]), Threads: 1, Logger: quiet,
+				Quota: 64 << 20, Accelerator: gpu, Backend: vulkan.BackendName(dev), Threads: 1, Logger: quiet,
 				BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
@@ -237,7 +260,7 @@ func TestVulkanProvisionedWorker(t *testing.T) {
 			t.Logf("backend %q: tokens %v; checks %d mismatches %d; remote %d local %d; device %+v",
 				ws.Backend, gotToks, st.Checks, st.Mismatches, st.ExpertsRemote, st.ExpertsLocal, gs)
 			want := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
-			if ws.Backend != vulkan.BackendName(devs[0]) || st.Mismatches != 0 || st.Caught != 0 || st.Checks == 0 ||
+			if ws.Backend != vulkan.BackendName(dev) || st.Mismatches != 0 || st.Caught != 0 || st.Checks == 0 ||
 				st.ExpertsRemote != want || st.ExpertsLocal != 0 {
 				t.Fatalf("backend %q, checks %d mismatches %d caught %d remote %d local %d (want %d remote)", ws.Backend,
 					st.Checks, st.Mismatches, st.Caught, st.ExpertsRemote, st.ExpertsLocal, want)

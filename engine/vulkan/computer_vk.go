@@ -504,6 +504,27 @@ func (c *Computer) blocks() int {
 	return int(C.kv_blocks(c.ctx))
 }
 
+// copyBandwidth measures the device's memory bandwidth the way copy
+// benchmarks do: iters copies of bytes between two device-local buffers
+// in one submission (after a warm-up of two), timed on the host; it
+// returns bytes read plus bytes written per second.
+func (c *Computer) copyBandwidth(bytes uint64, iters int) (float64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil || c.fault != nil {
+		return 0, fmt.Errorf("%w: no device", ErrDevice)
+	}
+	var errb [C.KV_ERRLEN]C.char
+	if C.kv_copy_bench(c.ctx, C.uint64_t(bytes), 2, &errb[0]) != 0 {
+		return 0, fmt.Errorf("%w: %s", ErrDevice, cerr(&errb[0]))
+	}
+	t0 := time.Now()
+	if C.kv_copy_bench(c.ctx, C.uint64_t(bytes), C.int(iters), &errb[0]) != 0 {
+		return 0, fmt.Errorf("%w: %s", ErrDevice, cerr(&errb[0]))
+	}
+	return 2 * float64(bytes) * float64(iters) / time.Since(t0).Seconds(), nil
+}
+
 // Device returns the device the Computer runs on.
 func (c *Computer) Device() Device { return c.dev }
 

@@ -39,6 +39,9 @@ int kv_run(kv_ctx *c, const kv_cmd *cmds, int n, uint64_t timeout_ns, char *err)
 uint64_t kv_device_bytes(kv_ctx *c) { (void)c; return 0; }
 void kv_release(kv_ctx *c, kv_wbuf *b) { (void)c; (void)b; }
 int kv_blocks(kv_ctx *c) { (void)c; return 0; }
+int kv_copy_bench(kv_ctx *c, uint64_t bytes, int iters, char *err) {
+	(void)c; (void)bytes; (void)iters; return kv_missing(err);
+}
 
 #else
 
@@ -793,6 +796,48 @@ int kv_run(kv_ctx *c, const kv_cmd *cmds, int n, uint64_t timeout_ns, char *err)
 	r = c->f.vkEndCommandBuffer(c->cmd);
 	if (r != VK_SUCCESS) return fail(err, "vkEndCommandBuffer", r);
 	return submit_wait(c, c->cmd, timeout_ns, err);
+}
+
+int kv_copy_bench(kv_ctx *c, uint64_t bytes, int iters, char *err) {
+	VkBuffer b[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
+	VkDeviceMemory m[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
+	int rc = -1;
+	for (int i = 0; i < 2; i++) {
+		VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = bytes,
+			.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+		VkResult r = c->f.vkCreateBuffer(c->dev, &bi, NULL, &b[i]);
+		if (r != VK_SUCCESS) { fail(err, "vkCreateBuffer (bandwidth)", r); goto done; }
+		VkMemoryRequirements req;
+		c->f.vkGetBufferMemoryRequirements(c->dev, b[i], &req);
+		int mt = find_mem(c, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+		if (mt < 0) mt = find_mem(c, req.memoryTypeBits, 0, 0);
+		VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = (uint32_t)mt};
+		r = c->f.vkAllocateMemory(c->dev, &ai, NULL, &m[i]);
+		if (r != VK_SUCCESS) { fail(err, "vkAllocateMemory (bandwidth)", r); goto done; }
+		r = c->f.vkBindBufferMemory(c->dev, b[i], m[i], 0);
+		if (r != VK_SUCCESS) { fail(err, "vkBindBufferMemory (bandwidth)", r); goto done; }
+	}
+	VkCommandBufferBeginInfo cbi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+	VkResult r = c->f.vkBeginCommandBuffer(c->cmd, &cbi);
+	if (r != VK_SUCCESS) { fail(err, "vkBeginCommandBuffer", r); goto done; }
+	for (int it = 0; it < iters; it++) {
+		if (it > 0) {
+			VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+				.dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
+			c->f.vkCmdPipelineBarrier(c->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+		}
+		VkBufferCopy cp = {.srcOffset = 0, .dstOffset = 0, .size = bytes};
+		c->f.vkCmdCopyBuffer(c->cmd, b[it % 2], b[(it + 1) % 2], 1, &cp);
+	}
+	r = c->f.vkEndCommandBuffer(c->cmd);
+	if (r != VK_SUCCESS) { fail(err, "vkEndCommandBuffer", r); goto done; }
+	rc = submit_wait(c, c->cmd, UINT64_MAX, err);
+done:
+	for (int i = 0; i < 2; i++) {
+		if (b[i]) c->f.vkDestroyBuffer(c->dev, b[i], NULL);
+		if (m[i]) c->f.vkFreeMemory(c->dev, m[i], NULL);
+	}
+	return rc;
 }
 
 #endif // KV_HAVE_VULKAN_H

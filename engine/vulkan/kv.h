@@ -46,6 +46,10 @@ int kv_flush(kv_ctx *c, char *err);
 float *kv_scratch(kv_ctx *c, uint64_t bytes, char *err);
 int kv_run(kv_ctx *c, const kv_cmd *cmds, int n, uint64_t timeout_ns, char *err);
 uint64_t kv_device_bytes(kv_ctx *c);
+// kv_copy_bench runs iters copies of bytes between two device-local
+// buffers, one after the other, in one submission, and waits for them (a
+// memory bandwidth probe; the caller times it).
+int kv_copy_bench(kv_ctx *c, uint64_t bytes, int iters, char *err);
 // kv_blocks returns the number of device memory blocks weights are placed in.
 int kv_blocks(kv_ctx *c);
 

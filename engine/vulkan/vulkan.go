@@ -247,14 +247,24 @@ func (b Backend) resolve(devs []Device, derr error) (dev Device, ok bool, reason
 	if derr != nil {
 		return Device{}, false, derr.Error(), nil
 	}
+	if d, ok := Pick(devs); ok {
+		return d, true, "", nil
+	}
+	return Device{}, false, fmt.Sprintf("no GPU among %d Vulkan devices (software drivers need --backend vulkan:N)", len(devs)), nil
+}
+
+// Pick is the "auto" backend's rule: the first discrete GPU of devs, else
+// the first integrated one, else the first virtual one; false when devs
+// holds none (only software drivers such as lavapipe, or nothing).
+func Pick(devs []Device) (Device, bool) {
 	for _, want := range []DeviceType{TypeDiscrete, TypeIntegrated, TypeVirtual} {
 		for _, d := range devs {
 			if d.Type == want {
-				return d, true, "", nil
+				return d, true
 			}
 		}
 	}
-	return Device{}, false, fmt.Sprintf("no GPU among %d Vulkan devices (software drivers need --backend vulkan:N)", len(devs)), nil
+	return Device{}, false
 }
 
 // BackendName returns the HELLO backend string of a worker computing on

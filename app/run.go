@@ -253,7 +253,29 @@ func applyAutostart(s Settings, dataArgs []string) error {
 // quota).
 func NodeConfig(s Settings, data string, warn io.Writer) (node.Config, error) {
 	return node.Config{GatewayURL: s.GatewayURL, CAFile: s.CAFile, SliceDir: s.SliceDir, DataDir: data, Threads: s.Threads,
-		CPULimit: s.CPULimit, QuotaBytes: s.QuotaBytes(), Warn: warn}.WithDefaults()
+		CPULimit: s.CPULimit, QuotaBytes: s.QuotaBytes(), Backend: s.Backend, Warn: warn}.WithDefaults()
+}
+
+// StartNode starts cfg's node on mgr; when its compute device cannot be
+// had (node.ErrBackend) it starts the node on the CPU instead and calls
+// notice with a title and the reason, so that the owner keeps earning
+// and learns why the GPU is not used; a start that works calls notice
+// with an empty text (clearing an earlier notice). It returns the
+// error of the start that failed last (nil when a node runs).
+func StartNode(mgr *node.Manager, cfg node.Config, notice func(title, text string)) error {
+	err := mgr.Start(cfg)
+	if errors.Is(err, node.ErrBackend) {
+		cfg.Backend = "cpu"
+		if err2 := mgr.Start(cfg); err2 != nil {
+			return err2
+		}
+		notice("Computing on the CPU", fmt.Sprintf("the chosen compute device cannot be used (%v). Choose another in Settings → Compute on.", err))
+		return nil
+	}
+	if err == nil {
+		notice("", "")
+	}
+	return err
 }
 
 // ExitRunning is Main's exit code when another instance holds the data
@@ -261,8 +283,11 @@ func NodeConfig(s Settings, data string, warn io.Writer) (node.Config, error) {
 const ExitRunning = 3
 
 // Main runs the desktop app: `kvasir [--gateway URL] [--slice DIR] [--ca
-// FILE] [--data DIR] [--threads N] [--cpu-limit PCT]`; flags override the
-// saved settings for this run (and are saved). With nothing set it starts as a first run
+// FILE] [--data DIR] [--threads N] [--cpu-limit PCT] [--backend
+// auto|cpu|vulkan:N]`; flags override the saved settings for this run (and
+// are saved). When the saved compute device cannot be had (a GPU removed,
+// its driver gone), the worker starts on the CPU and the status tab says
+// why. With nothing set it starts as a first run
 // (NodeConfig). One instance runs per data folder: a second launch asks
 // the first to show its window and returns ExitRunning. It returns the
 // exit code.
@@ -275,6 +300,7 @@ func Main(args []string, stderr io.Writer) int {
 	threads := fs.Int("threads", -1, "compute threads (default: saved setting; 0 = all CPUs)")
 	cpuLimit := fs.Int("cpu-limit", 0, "percent of this computer's CPU time kvasir may use, 1-100 (default: saved setting; 100 = no limit)")
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
+	backend := fs.String("backend", "", "where experts are computed: auto, cpu or vulkan:N (default: saved setting, else auto: a GPU if there is one)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -322,6 +348,9 @@ func Main(args []string, stderr io.Writer) int {
 	if *cpuLimit != 0 {
 		s.CPULimit = *cpuLimit
 	}
+	if *backend != "" {
+		s.Backend = *backend
+	}
 	if err := s.Validate(); err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 2
@@ -330,10 +359,18 @@ func Main(args []string, stderr io.Writer) int {
 
 	mgr := &node.Manager{}
 	warn := io.MultiWriter(stderr, noticeWriter{&win})
+	var cpuNotice atomic.Bool // the status tab shows StartNode's notice
 	start := func(s Settings) {
 		cfg, err := NodeConfig(s, dataDir, warn)
 		if err == nil {
-			err = mgr.Start(cfg)
+			err = StartNode(mgr, cfg, func(title, text string) {
+				w := win.Load()
+				if w == nil || (text == "" && !cpuNotice.Load()) {
+					return // nothing of ours to clear (the notice may be the key store's)
+				}
+				cpuNotice.Store(text != "")
+				fyne.Do(func() { w.UI.SetNotice(title, text) })
+			})
 		}
 		if err != nil {
 			fyne.LogError("starting the worker", err)

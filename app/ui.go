@@ -74,6 +74,7 @@ type UI struct {
 	stateIcon           *canvas.Image
 	state               *canvas.Text
 	gateway             *widget.Label
+	device              *widget.Label   // "Computing on: DEVICE · N rows/s"
 	statusTab           *fyne.Container // relaid out when the why card shows or hides
 	whyCard             *fyne.Container // "Not earning:" and why, one compact line (wraps when long)
 	why                 *widget.Label
@@ -149,6 +150,9 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 	u.stateIcon.SetMinSize(fyne.NewSize(48, 48))
 	u.state = bigText("offline", theme.ColorNameForeground)
 	u.gateway = widget.NewLabel("gateway —")
+	u.device = widget.NewLabel(status.ComputeLine(status.Snapshot{}, 0))
+	u.device.Truncation = fyne.TextTruncateEllipsis
+	u.device.Alignment = fyne.TextAlignTrailing
 	u.why = widget.NewLabel("")
 	u.why.Wrapping = fyne.TextWrapWord
 	u.whyCard = container.NewBorder(nil, nil, widget.NewLabelWithStyle("Not earning:", fyne.TextAlignLeading, fyne.TextStyle{Bold: true}), nil, u.why)
@@ -177,7 +181,9 @@ func NewUI(a fyne.App, be Backend, ctl *status.Control, settings *SettingsForm) 
 
 	u.gateway.Truncation = fyne.TextTruncateEllipsis
 	header := container.NewBorder(nil, nil, u.stateIcon, nil,
-		container.NewVBox(u.state, u.gateway))
+		// The device shares the title's row: a line of its own made the
+		// not-earning status taller than a 640x480 window.
+		container.NewVBox(container.NewBorder(nil, nil, u.state, nil, u.device), u.gateway))
 	tiles := container.NewVBox(
 		container.NewGridWithColumns(2, tile("Throughput", u.rowsPS), tile("Traffic", u.mbPS)),
 		container.NewGridWithColumns(3, tile("Earned (estimate, live)", u.estT),
@@ -361,6 +367,12 @@ func (u *UI) Apply(now time.Time, snap status.Snapshot, sum *wallet.Summary, sli
 	}
 	u.rowsPS.Text = status.FormatRows(rows)
 	u.mbPS.Text = status.FormatMBps(bytes)
+	if t := status.ComputeLine(snap, rows); u.device.Text != t {
+		u.device.SetText(t)
+	}
+	if u.Settings != nil {
+		u.Settings.ShowComputing(snap.Device)
+	}
 	u.rowsPS.Refresh()
 	u.mbPS.Refresh()
 	since := ""

@@ -15,6 +15,7 @@ import (
 	"github.com/kvasir-ai/kvasir/app/limits"
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
+	"github.com/kvasir-ai/kvasir/engine/vulkan"
 	"github.com/kvasir-ai/kvasir/wallet"
 )
 
@@ -105,12 +106,21 @@ func sampleSummary() wallet.Summary {
 	}
 }
 
+// testDevices is a machine with a discrete GPU and Mesa's software
+// renderer, for the "Compute on" picker.
+var testDevices = []vulkan.Device{
+	{Index: 0, Name: "llvmpipe (LLVM 15.0.6, 256 bits)", Type: vulkan.TypeCPU, MemoryBytes: 2 << 30, APIVersion: "1.3.230"},
+	{Index: 1, Name: "NVIDIA GeForce RTX 4090", Type: vulkan.TypeDiscrete, MemoryBytes: 24 << 30, APIVersion: "1.3.277"},
+}
+
 func newTestUI(t *testing.T) (*UI, *fakeBackend, fyne.Window) {
 	t.Helper()
 	a := test.NewTempApp(t)
 	be := &fakeBackend{}
 	ctl := status.NewControl(be)
-	u := NewUI(a, be, ctl, NewSettingsForm(a.Preferences(), nil))
+	form := NewSettingsForm(a.Preferences(), nil)
+	form.SetDevices(testDevices, nil) // the same picker on every machine
+	u := NewUI(a, be, ctl, form)
 	u.background = func(f func()) { f() }
 	w := a.NewWindow("kvasir")
 	w.SetContent(u.Tabs)
@@ -123,7 +133,7 @@ func TestStatusShowsStatsAndWallet(t *testing.T) {
 	u, be, w := newTestUI(t)
 	since := time.Date(2026, 11, 29, 11, 59, 0, 0, time.Local)
 	be.snap = status.Snapshot{State: status.Connected, Gateway: "127.0.0.1:8443", RTT: 1500 * time.Microsecond,
-		Session: "s1", ConnectedSince: since}
+		Session: "s1", ConnectedSince: since, Device: "NVIDIA GeForce RTX 4090 (Vulkan)"}
 	u.Poll(t0, false)()
 	// Five one-second steps: 12,345 rows and 1,277,952 bytes in all.
 	rowSteps := []uint64{2000, 3000, 2500, 2345, 2500}
@@ -150,6 +160,8 @@ func TestStatusShowsStatsAndWallet(t *testing.T) {
 		{u.paidT.Text, "0.00000 KVR"},
 		{u.state.Text, "Connected — earning"},
 		{u.gateway.Text, "gateway 127.0.0.1:8443 · round trip 1.5 ms · session s1"},
+		{u.device.Text, "Computing on: NVIDIA GeForce RTX 4090 (Vulkan) · 2469.0 rows/s"},
+		{u.Settings.computeNow.Text, "Now computing on: NVIDIA GeForce RTX 4090 (Vulkan)"},
 		// In: 160,000 + 240,000 + 222,361 + 200,000 + 200,000 bytes; out: the rest of 1,277,952.
 		{u.counters.Text, "12345 rows · 100 requests · received 1.02 MB · sent 256 kB · connected since 11:59:00"},
 		{u.metered.Text, "0.00910 KVR estimated from this computer's own count of 1.30 MB, at 0.00700 KVR per MB"},
@@ -270,7 +282,7 @@ func TestSettingsPersist(t *testing.T) {
 		t.Fatalf("defaults %+v", got)
 	}
 	want := Settings{GatewayURL: "wss://127.0.0.1:8443", CAFile: "/tmp/ca.pem", SliceDir: "/srv/slice", QuotaGB: 0.5,
-		Threads: 3, CPULimit: 60, OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70, WorkHours: "22:00-07:00"}
+		Threads: 3, CPULimit: 60, Backend: "auto", OnlyWhenIdle: true, MaxTempC: 85, ResumeTempC: 70, WorkHours: "22:00-07:00"}
 	test.Type(f.gateway, want.GatewayURL)
 	f.ca.SetText(want.CAFile)
 	f.slice.SetText(want.SliceDir)
@@ -283,7 +295,7 @@ func TestSettingsPersist(t *testing.T) {
 	test.Tap(f.battery) // was on by default
 	test.Tap(f.idle)
 	test.Tap(f.save)
-	if f.message.Text != "Saved. The worker reconnects to apply the new gateway, slice, quota or threads." || len(saved) != 1 || saved[0] != want {
+	if f.message.Text != "Saved. The worker restarts to apply the new gateway, slice, quota, threads or compute device." || len(saved) != 1 || saved[0] != want {
 		t.Fatalf("message %q saved %+v", f.message.Text, saved)
 	}
 	// A limit alone applies to the running worker.

@@ -9,8 +9,12 @@
 # `import`, check it is not blank and shows non-zero throughput, the live
 # estimate and pending KVR, close the window and check the app quits, and
 # write the window's area to OUT.png (default: a temp file).
-# KVASIR_XVFB_WALLET_SHOT=FILE.png also shoots the wallet tab,
-# KVASIR_XVFB_SETTINGS_SHOT=FILE.png the settings tab.
+# KVASIR_XVFB_WALLET_SHOT=FILE.png also shoots the wallet tab;
+# KVASIR_XVFB_SETTINGS_SHOT=FILE.png the settings tab (and FILE_scrolled.png
+# scrolled to "Compute on" when the window is too short to show it, and
+# FILE_open.png with its list of devices open).
+# KVASIR_XVFB_BACKEND=vulkan:0 makes the swarm mode's node compute on that
+# device (lavapipe here: automatic never takes a software renderer).
 # KVASIR_XVFB_MODE=fake uses a fake backend instead of the swarm;
 # KVASIR_XVFB_SECONDS sets the time before the shot (default 45: the swarm's
 # hub settles on its defaults, so credits follow the work by ~35 s);

@@ -16,6 +16,7 @@ import (
 
 	"fyne.io/fyne/v2"
 	fyneapp "fyne.io/fyne/v2/app"
+	"fyne.io/fyne/v2/container"
 
 	"github.com/kvasir-ai/kvasir/app/instance"
 	"github.com/kvasir-ai/kvasir/app/node"
@@ -103,6 +104,7 @@ func xvfbShot(path string) int {
 		if ss := os.Getenv("KVASIR_XVFB_SETTINGS_SHOT"); ss != "" {
 			shootTab(w, 3, ss)
 		}
+		settingsShot(w)
 		fyne.Do(a.Quit)
 	}()
 	w.Win.ShowAndRun()
@@ -161,6 +163,12 @@ func xvfbSwarmShot(path string, secs int) int {
 	// 30 s), then within a second here.
 	cfg.Threads, cfg.SyncEvery = 1, time.Second
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if b := os.Getenv("KVASIR_XVFB_BACKEND"); b != "" {
+		// e.g. vulkan:0: lavapipe, which automatic never takes; saved as
+		// `kvasir --backend` saves it, so that Settings shows the choice.
+		cfg.Backend, s.Backend = b, b
+		s.Save(a.Preferences())
+	}
 	lock, err := instance.Acquire(cfg.DataDir, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "instance:", err)
@@ -216,9 +224,7 @@ func xvfbSwarmShot(path string, secs int) int {
 				fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
 			}
 		}
-		if ss := os.Getenv("KVASIR_XVFB_SETTINGS_SHOT"); ss != "" {
-			shootTab(w, 3, ss)
-		}
+		settingsShot(w)
 		// Close the window as its close button does.
 		if !strings.Contains(w.TrayStatus(), "closing the window quits") {
 			fmt.Fprintf(os.Stderr, "no tray host on this desktop, yet: %q\n", w.TrayStatus())
@@ -235,6 +241,46 @@ func xvfbSwarmShot(path string, secs int) int {
 		fmt.Println("closing the window quit the app:", w.TrayStatus())
 	}
 	return code
+}
+
+// settingsShot writes the settings tab to $KVASIR_XVFB_SETTINGS_SHOT when
+// set (the "Compute on" picker and the device in use), scrolled to the
+// top, again scrolled to the picker's row when the window is too short to
+// show it (..._scrolled.png), and with the picker open (..._open.png).
+func settingsShot(w *Window) {
+	ss := os.Getenv("KVASIR_XVFB_SETTINGS_SHOT")
+	if ss == "" {
+		return
+	}
+	fyne.DoAndWait(func() { w.UI.Tabs.SelectIndex(3) })
+	time.Sleep(2000 * time.Millisecond)
+	if out, err := exec.Command("import", "-window", "root", ss).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
+	}
+	var fits bool
+	fyne.DoAndWait(func() {
+		sc := w.UI.Settings.Content.(*container.Scroll)
+		drv := fyne.CurrentApp().Driver()
+		y := drv.AbsolutePositionForObject(w.UI.Settings.compute).Y - drv.AbsolutePositionForObject(sc).Y + sc.Offset.Y
+		fits = y+180 < sc.Size().Height
+		if !fits {
+			sc.ScrollToOffset(fyne.NewPos(0, y-20))
+		}
+	})
+	if !fits {
+		time.Sleep(1000 * time.Millisecond)
+		scrolled := strings.TrimSuffix(ss, ".png") + "_scrolled.png"
+		if out, err := exec.Command("import", "-window", "root", scrolled).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
+		}
+	}
+	// The picker opened: the devices found.
+	fyne.DoAndWait(func() { w.UI.Settings.compute.Tapped(&fyne.PointEvent{}) })
+	time.Sleep(1000 * time.Millisecond)
+	open := strings.TrimSuffix(ss, ".png") + "_open.png"
+	if out, err := exec.Command("import", "-window", "root", open).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "import: %v: %s\n", err, out)
+	}
 }
 
 // resizeFromEnv sizes the window to $KVASIR_XVFB_SIZE (WxH, e.g.

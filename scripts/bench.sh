@@ -160,6 +160,7 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   run model-q30 ./engine/model 'BenchmarkQwen3_30B_A3B_4L' 2s
   run model-q35 ./engine/model 'BenchmarkQwen35_35B_A3B_4L|BenchmarkFixtureQwen35Q4KM' 2s
   run expert ./engine/expert 'BenchmarkLocalQwen3_30B' 2s
+  run vulkan ./engine/vulkan 'BenchmarkDeviceBandwidth|BenchmarkExperts$|BenchmarkExpertsBatch' 1x
   real_shape
   run dispatch-rtt ./backbone/dispatch 'BenchmarkDispatchRTT13ms' 2s
   run dispatch-quorum ./backbone/dispatch 'BenchmarkQuorumRTT13ms' 2s 3
@@ -371,6 +372,16 @@ END {
   for (i = 1; i <= nb; i++) if (grp[i] == "expert")
     print "| " names[i] " | " f(num(names[i], "GB/s"), 2) " | " f(num(names[i], "rows/s"), 0) " | " f(ratio(num(names[i], "GB/s"), bw), 2) " |"
   print ""
+
+  print "## Vulkan expert path next to the CPU path (`engine/vulkan`)"
+  print ""
+  print "The same expert computations on the first GPU (`--backend auto`'\''s pick), else the first Vulkan device: here"
+  print "Mesa'\''s lavapipe, which runs the Vulkan kernels on these CPU cores — a correctness vehicle, not a speed"
+  print "reference. rows/s counts (row, slot) pairs, weight-GB/s the used experts'\'' bytes once per call, bw-frac that"
+  print "over the device'\''s copy bandwidth (DeviceBandwidth). `scripts/gpu-check.sh` runs these with the correctness"
+  print "checks on a real GPU (goal there: bw-frac >= 0.5 on Q4_K at 64 rows and more)."
+  print ""
+  table("vulkan")
 
   print "## Dispatcher: rows per step behind a 13 ms round trip (`backbone/dispatch`)"
   print ""

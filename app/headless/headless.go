@@ -116,7 +116,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	syncEvery := fs.Duration("sync", 30*time.Second, "how often to fetch credit statements from the gateway")
 	quotaFlag := fs.String("quota", "", "disk quota for experts the backbone assigns, bytes with an optional suffix, e.g. 500MB or 4GB (KiB/MiB/GiB also read): "+
 		"the worker keeps --slice DIR (may start empty) and downloads its assignment; unset: serve --slice as it is")
-	backend := fs.String("backend", "auto", "where a --slice served as it is computes: auto (a GPU through Vulkan if there is one, else the CPU), cpu, vulkan or vulkan:N")
+	backend := fs.String("backend", "auto", "where the experts are computed (a --slice served as it is or kept within --quota): auto (a GPU through Vulkan if there is one, else the CPU), cpu, vulkan or vulkan:N (device N, software drivers such as lavapipe included)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -154,7 +154,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer n.Close()
-	fmt.Fprintf(stdout, "kvasir worker %s\ngateway: %s\nslice: %s\n", n.Identity().Address, cfg.GatewayURL, n.Slice().Summary())
+	fmt.Fprintf(stdout, "kvasir worker %s\ngateway: %s\nslice: %s\ncompute: %s\n", n.Identity().Address, cfg.GatewayURL, n.Slice().Summary(), n.Device())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

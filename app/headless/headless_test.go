@@ -155,12 +155,14 @@ func TestHeadlessWithoutSlice(t *testing.T) {
 		t.Fatalf("exit %d, stderr %s", code, e.String())
 	}
 	lines := strings.Split(strings.TrimSpace(o.String()), "\n")
-	if len(lines) < 5 || !strings.HasPrefix(lines[0], "kvasir worker kvr1") {
+	if len(lines) < 6 || !strings.HasPrefix(lines[0], "kvasir worker kvr1") {
 		t.Fatalf("output:\n%s", o.String())
 	}
 	addr := strings.TrimPrefix(lines[0], "kvasir worker ")
-	if lines[1] != "gateway: wss://127.0.0.1:1" || !strings.Contains(lines[3], " offline gw=- rtt=— 0.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR (no slice: slice: bad manifest: ") {
-		t.Errorf("lines %q", lines[1:4])
+	// No slice loaded: nothing is put on a device.
+	if lines[1] != "gateway: wss://127.0.0.1:1" || lines[3] != "compute: CPU" ||
+		!strings.Contains(lines[4], " offline gw=- rtt=— 0.0 rows/s 0.00 MB/s earned≈0.00000 KVR pending=0.00000 KVR (no slice: slice: bad manifest: ") {
+		t.Errorf("lines %q", lines[1:5])
 	}
 	if last := lines[len(lines)-1]; last != "stopped: served 0 B, earned≈0.00000 KVR, pending 0.00000 KVR, credited 0.00000 KVR" {
 		t.Errorf("last line %q", last)

@@ -20,7 +20,7 @@ func applyBackend(backend string, sl *Slice, logf func(string, ...any)) error {
 	}
 	comp, name, closeDev, err := vulkan.Wrap(backend, local, 0, logf)
 	if err != nil {
-		return fmt.Errorf("%w: backend %q: %v", ErrConfig, backend, err)
+		return fmt.Errorf("%w: %w: backend %q: %v", ErrBackend, ErrConfig, backend, err)
 	}
 	if name == "" {
 		return nil

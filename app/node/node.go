@@ -26,6 +26,8 @@ import (
 
 	"github.com/kvasir-ai/kvasir/app/status"
 	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/slice"
+	"github.com/kvasir-ai/kvasir/engine/vulkan"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 	"github.com/kvasir-ai/kvasir/wallet"
@@ -37,6 +39,11 @@ var (
 	ErrConfig = errors.New("node: bad configuration")
 	// ErrNoSliceLoader: no SliceLoader was configured or registered.
 	ErrNoSliceLoader = errors.New("node: no slice loader")
+	// ErrBackend: Config.Backend names a device that cannot be had (a
+	// malformed value, or "vulkan[:N]" without that device, loader or
+	// build); the error wraps ErrConfig too. The app then starts on the
+	// CPU and says why.
+	ErrBackend = errors.New("node: compute device not available")
 )
 
 // Slice is what a worker serves: the expert function over the experts held
@@ -100,10 +107,13 @@ type Config struct {
 	// within this many bytes and serves those that verify. 0 serves the
 	// slice directory or GGUF file at SliceDir as it is (LoadSlice).
 	QuotaBytes uint64
-	// Backend says where a slice served as it is (QuotaBytes 0) computes:
-	// "" or "auto" (a GPU through Vulkan if there is one, else the CPU),
-	// "cpu", or "vulkan[:N]" (engine/vulkan; device N of vulkan.Devices).
-	// A provisioned slice (QuotaBytes > 0) computes on the CPU.
+	// Backend says where the experts are computed, for a slice served as
+	// it is and a provisioned one alike: "" or "auto" (a GPU through
+	// Vulkan if there is one, else the CPU; a software driver such as
+	// lavapipe never), "cpu", or "vulkan[:N]" (engine/vulkan; device N of
+	// vulkan.Devices, whatever its kind). The worker declares the device
+	// in its HELLO ("vulkan:<device>"). Fixed for the node's life: a new
+	// choice needs a new node (Manager.Start).
 	Backend string
 
 	LoadSlice SliceLoader     // nil: the registered loader
@@ -194,7 +204,8 @@ type Node struct {
 	slice   *Slice
 	info    status.SliceInfo
 	w       *worker.Worker
-	prov    bool // provisioning mode (QuotaBytes > 0)
+	dev     *vulkan.Computer // the compute device; nil: the CPU
+	prov    bool             // provisioning mode (QuotaBytes > 0)
 	hc      *http.Client
 	base    string    // https://host[:port] of the gateway, for wallet sync
 	problem string    // why there is no worker
@@ -288,8 +299,19 @@ func Open(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("%w: quota %d bytes", ErrConfig, cfg.QuotaBytes)
 		}
 		n.prov = true
+		dev, name, err := vulkan.OpenBackend(cfg.Backend, 0, func(f string, a ...any) { n.log.Info(fmt.Sprintf(f, a...)) })
+		if err != nil {
+			n.Close()
+			return nil, fmt.Errorf("%w: %w: backend %q: %v", ErrBackend, ErrConfig, cfg.Backend, err)
+		}
+		var acc slice.Accelerator
+		if dev != nil {
+			n.dev, acc = dev, dev
+		} else {
+			name = "cpu"
+		}
 		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool, SliceDir: cfg.SliceDir,
-			Quota: int64(cfg.QuotaBytes), Backend: "cpu", Threads: cfg.Threads, CPULimit: cfg.CPULimit, OnServed: n.wal.Served, Logger: n.log})
+			Quota: int64(cfg.QuotaBytes), Backend: name, Accelerator: acc, Threads: cfg.Threads, CPULimit: cfg.CPULimit, OnServed: n.wal.Served, Logger: n.log})
 		if err != nil {
 			n.problem = "no slice: " + err.Error()
 			n.info.Problem = n.problem
@@ -313,6 +335,7 @@ func Open(cfg Config) (*Node, error) {
 			return nil, err
 		}
 		n.slice = sl
+		n.dev, _ = sl.Computer.(*vulkan.Computer) // closed by sl.Close
 		n.info = sl.Info
 		n.info.Dir, n.info.QuotaBytes = cfg.SliceDir, cfg.QuotaBytes
 		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool,
@@ -393,7 +416,7 @@ func (n *Node) SyncNow(ctx context.Context) (int, error) {
 // the reason when the node has no worker.
 func (n *Node) Stats() status.Snapshot {
 	if n.w == nil {
-		return status.Snapshot{State: status.Offline, Reason: n.problem}
+		return status.Snapshot{State: status.Offline, Reason: n.problem, Device: n.Device()}
 	}
 	ws := n.w.Stats()
 	now := time.Now()
@@ -403,7 +426,24 @@ func (n *Node) Stats() status.Snapshot {
 	}
 	since := now.Sub(n.reasonAt)
 	n.mu.Unlock()
-	return fromWorker(ws, since)
+	s := fromWorker(ws, since)
+	s.Device = n.Device()
+	return s
+}
+
+// Device says where the node computes, for people: "CPU", or the Vulkan
+// device's name and "(Vulkan)", or "CPU (the Vulkan device ... failed:
+// ...)" after a device fault (engine/vulkan.Describe).
+func (n *Node) Device() string { return vulkan.Describe(n.dev) }
+
+// DeviceStats returns the compute device's counters (engine/vulkan.Stats:
+// pairs computed on the device and by the CPU path, resident experts, a
+// fault) and true, or false when the node computes on the CPU.
+func (n *Node) DeviceStats() (vulkan.Stats, bool) {
+	if n.dev == nil {
+		return vulkan.Stats{}, false
+	}
+	return n.dev.Stats(), true
 }
 
 // FromWorker converts the worker's stats to a status.Snapshot. While the
@@ -523,6 +563,9 @@ func (n *Node) Close() error {
 	}
 	if n.w != nil {
 		err = errors.Join(err, n.w.Close())
+	}
+	if n.prov && n.dev != nil {
+		err = errors.Join(err, n.dev.Close()) // after the worker's store emptied it
 	}
 	return err
 }

@@ -122,6 +122,17 @@ func (m *Meter) Series() []Sample {
 // FormatRows renders a rows/s rate with one decimal: "2469.0 rows/s".
 func FormatRows(rowsPS float64) string { return fmt.Sprintf("%.1f rows/s", rowsPS) }
 
+// ComputeLine says where the worker computes and how fast, for people:
+// "Computing on: NVIDIA GeForce RTX 4090 (Vulkan) · 2469.0 rows/s", or
+// "Computing on: CPU · 0.0 rows/s"; "—" for an unknown device.
+func ComputeLine(s Snapshot, rowsPS float64) string {
+	d := s.Device
+	if d == "" {
+		d = "—"
+	}
+	return "Computing on: " + d + " · " + FormatRows(rowsPS)
+}
+
 // FormatMBps renders a bytes/s rate in MB/s (10^6 bytes) with two
 // decimals: "1.28 MB/s".
 func FormatMBps(bytesPS float64) string { return fmt.Sprintf("%.2f MB/s", bytesPS/BytesPerMB) }

@@ -52,6 +52,10 @@ type Snapshot struct {
 	Session        string        // current session id; "" when none
 	ConnectedSince time.Time     // zero when not connected
 	LastError      string        // last connection error; "" if none
+	// Device says where the experts are computed, for people: "CPU",
+	// "NVIDIA GeForce RTX 4090 (Vulkan)", or "CPU (the Vulkan device ...
+	// failed: ...)"; "" when not known.
+	Device string
 
 	// Download of the experts the backbone assigned (slice provisioning;
 	// zero without): bytes and experts of the assignment held so far and

@@ -215,3 +215,19 @@ func TestSliceSummary(t *testing.T) {
 		}
 	}
 }
+
+func TestComputeLine(t *testing.T) {
+	for _, c := range []struct {
+		dev  string
+		rows float64
+		want string
+	}{
+		{"NVIDIA GeForce RTX 4090 (Vulkan)", 2469, "Computing on: NVIDIA GeForce RTX 4090 (Vulkan) · 2469.0 rows/s"},
+		{"CPU", 0, "Computing on: CPU · 0.0 rows/s"},
+		{"", 12.25, "Computing on: — · 12.2 rows/s"},
+	} {
+		if got := ComputeLine(Snapshot{Device: c.dev}, c.rows); got != c.want {
+			t.Errorf("ComputeLine(%q, %v) = %q, want %q", c.dev, c.rows, got, c.want)
+		}
+	}
+}

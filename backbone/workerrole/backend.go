@@ -6,6 +6,7 @@ import (
 	"runtime"
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/vulkan"
 )
 
@@ -31,11 +32,37 @@ func applyBackend(spec string, local *expert.Local, log io.Writer) (expert.Compu
 	return comp, name, closeDev, nil
 }
 
-// warnQuotaBackend says on log that a --quota worker (whose experts
-// engine/worker keeps and reloads as they download) computes on the CPU
-// whatever --backend asks.
-func warnQuotaBackend(spec string, log io.Writer) {
-	if b, err := vulkan.ParseBackend(spec); err == nil && b.Kind == "vulkan" {
-		fmt.Fprintf(log, "worker: --backend %s: a --quota worker computes on the CPU (GPU serving needs --slice or --model-tiny)\n", spec)
+// openQuotaBackend opens the spec device for a --quota worker, whose
+// experts engine/slice.Store hands over as they download
+// (engine/vulkan.OpenBackend): the device (nil for the CPU), its HELLO
+// backend name ("cpu-" + GOARCH for the CPU) and the Accelerator to give
+// worker.Config (nil for the CPU, never a typed nil).
+func openQuotaBackend(spec string, log io.Writer) (*vulkan.Computer, string, slice.Accelerator, error) {
+	dev, name, err := vulkan.OpenBackend(spec, 0, func(f string, a ...any) {
+		fmt.Fprintf(log, "worker: "+f+"\n", a...)
+	})
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("--backend %s: %w", spec, err)
 	}
+	if dev == nil {
+		return nil, "cpu-" + runtime.GOARCH, nil, nil
+	}
+	return dev, name, dev, nil
+}
+
+// deviceStatus is the status line's part about the device: "" for the
+// CPU, else " device_rows=N cpu_rows=M resident=R/E" (rows are (row,
+// expert) pairs computed on the device and by the CPU path; R of E held
+// experts in device memory) and " fault=..." after a device fault.
+func deviceStatus(c *vulkan.Computer) string {
+	if c == nil {
+		return ""
+	}
+	st := c.Stats()
+	s := fmt.Sprintf(" device_rows=%d cpu_rows=%d resident=%d/%d", st.GPUPairs, st.CPUPairs, st.ResidentExperts,
+		st.ResidentExperts+st.CPUExperts)
+	if st.Fault != "" {
+		s += fmt.Sprintf(" fault=%q", st.Fault)
+	}
+	return s
 }

@@ -15,12 +15,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/engine/slice"
+	"github.com/kvasir-ai/kvasir/engine/vulkan"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
@@ -59,8 +59,8 @@ type Config struct {
 	StatusEvery time.Duration
 	// Backend is where the experts are computed: "" or "auto" (a GPU
 	// through Vulkan if there is one, else the CPU), "cpu", "vulkan" or
-	// "vulkan:N" (engine/vulkan.ParseBackend). A Quota worker computes on
-	// the CPU.
+	// "vulkan:N" (engine/vulkan.ParseBackend), for a Quota worker too (its
+	// experts go to the device as they download).
 	Backend string
 }
 
@@ -144,11 +144,16 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return &Error{"--key " + c.KeyFile, err}
 	}
-	backend := "cpu-" + runtime.GOARCH
 	if c.Quota > 0 {
-		warnQuotaBackend(c.Backend, c.Log)
+		dev, backend, acc, err := openQuotaBackend(c.Backend, c.Log)
+		if err != nil {
+			return &Error{"", err}
+		}
+		if dev != nil {
+			defer dev.Close() // after w.Close (deferred below), which empties the device
+		}
 		w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, SliceDir: c.Slice, Quota: c.Quota,
-			Source: c.Source, Backend: backend, Threads: c.Threads})
+			Source: c.Source, Backend: backend, Threads: c.Threads, Accelerator: acc})
 		if err != nil {
 			if rest, ok := strings.CutPrefix(err.Error(), "worker: slice: "); ok {
 				err = fmt.Errorf("--slice %s: %s", c.Slice, rest)
@@ -157,13 +162,13 @@ func Run(ctx context.Context, c Config) error {
 		}
 		defer w.Close()
 		st := w.Stats()
-		fmt.Fprintf(c.Log, "worker: slice %s: %d experts, %d of %d quota bytes used, %d bad experts deleted; key %x, gateway %s\n",
-			c.Slice, st.Experts, st.SliceBytes, st.Quota, st.BadExperts, key.Public(), c.Gateway)
+		fmt.Fprintf(c.Log, "worker: slice %s: %d experts, %d of %d quota bytes used, %d bad experts deleted; backend %s, key %x, gateway %s\n",
+			c.Slice, st.Experts, st.SliceBytes, st.Quota, st.BadExperts, backend, key.Public(), c.Gateway)
 		go every(ctx, c.StatusEvery, func() {
 			s := w.Stats()
-			fmt.Fprintf(c.Log, "worker: %s %s experts=%d download=%d/%d bytes %d/%d experts slice=%d/%d rows=%d source_requests=%d source_failures=%d\n",
+			fmt.Fprintf(c.Log, "worker: %s %s experts=%d download=%d/%d bytes %d/%d experts slice=%d/%d rows=%d%s source_requests=%d source_failures=%d\n",
 				s.State, s.Reason, s.Experts, s.DownloadBytesDone, s.DownloadBytesTotal, s.DownloadExpertsDone,
-				s.DownloadExpertsTotal, s.SliceBytes, s.Quota, s.Rows, s.SourceRequests, s.SourceFailures)
+				s.DownloadExpertsTotal, s.SliceBytes, s.Quota, s.Rows, deviceStatus(dev), s.SourceRequests, s.SourceFailures)
 		})
 		_ = w.Run(ctx)
 		return nil
@@ -194,12 +199,13 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return &Error{"", err}
 	}
-	fmt.Fprintf(c.Log, "worker: %d experts of model %q, key %x, gateway %s\n",
-		len(sl.Holdings), sl.ModelID, key.Public(), c.Gateway)
+	fmt.Fprintf(c.Log, "worker: %d experts of model %q, backend %s, key %x, gateway %s\n",
+		len(sl.Holdings), sl.ModelID, backend, key.Public(), c.Gateway)
+	dev, _ := comp.(*vulkan.Computer)
 	go every(ctx, c.StatusEvery, func() {
 		s := w.Stats()
-		fmt.Fprintf(c.Log, "worker: %s %s rows=%d requests=%d in=%d out=%d rtt=%v\n",
-			s.State, s.Reason, s.Rows, s.Requests, s.BytesIn, s.BytesOut, s.RTT.Round(time.Millisecond))
+		fmt.Fprintf(c.Log, "worker: %s %s rows=%d%s requests=%d in=%d out=%d rtt=%v\n",
+			s.State, s.Reason, s.Rows, deviceStatus(dev), s.Requests, s.BytesIn, s.BytesOut, s.RTT.Round(time.Millisecond))
 	})
 	_ = w.Run(ctx)
 	return nil

@@ -66,6 +66,7 @@ type Store struct {
 
 	rw    sync.RWMutex // read: ComputeExperts; write: changes to the served set
 	local *expert.Local
+	acc   Accelerator       // computes local's experts when set (SetAccelerator)
 	uses  map[uint64]uint64 // pairs computed per expert, guarded by umu
 	umu   sync.Mutex
 
@@ -77,6 +78,56 @@ type Store struct {
 }
 
 var _ expert.Computer = (*Store)(nil)
+
+// Accelerator computes a Store's experts on a device (engine/vulkan's
+// Computer): the Store hands it every new set of held experts and computes
+// through it. Implementations answer from the given expert.Local whatever
+// they cannot compute themselves (a device fault included), so results
+// never depend on the device's health.
+type Accelerator interface {
+	expert.Computer
+	// Rebase makes local (nil: nothing held) the experts to compute.
+	// sum(layer, e) is the SHA-256 of a held expert's bytes (its
+	// identity: an expert already on the device with the same sum need
+	// not be copied again). The Store calls it under its write lock,
+	// never while a ComputeExperts is in progress. An error means the
+	// device failed; the Accelerator then computes on local (the Store
+	// goes on).
+	Rebase(local *expert.Local, sum func(layer, e int) ([32]byte, bool)) error
+}
+
+// SetAccelerator makes a compute the held experts from now on (nil: the
+// CPU path, expert.Local, as without one), handing it the experts held now
+// and, after every change of the held set, the new set (Accelerator.Rebase).
+// The Store does not close a; Close hands it an empty set. It returns
+// a.Rebase's error (a device fault: a still computes, on the CPU path).
+func (s *Store) SetAccelerator(a Accelerator) error {
+	s.rw.Lock()
+	defer s.rw.Unlock()
+	s.acc = a
+	if a == nil {
+		return nil
+	}
+	return s.rebaseLocked()
+}
+
+// rebaseLocked hands the accelerator, if any, the held set (s.rw held for
+// writing, s.mu not held).
+func (s *Store) rebaseLocked() error {
+	if s.acc == nil {
+		return nil
+	}
+	s.mu.Lock()
+	sums := make(map[uint64][32]byte, len(s.held))
+	for k, h := range s.held {
+		sums[k] = h.sum
+	}
+	s.mu.Unlock()
+	return s.acc.Rebase(s.local, func(l, e int) ([32]byte, bool) {
+		v, ok := sums[skey(l, e)]
+		return v, ok
+	})
+}
 
 func skey(l, e int) uint64 { return uint64(l)<<32 | uint64(uint32(e)) }
 
@@ -531,8 +582,16 @@ func (s *Store) rebuild() {
 	s.rebuildLocked()
 }
 
-// rebuildLocked builds the Computer (s.rw held for writing).
+// rebuildLocked builds the Computer and hands it to the accelerator, if
+// any (s.rw held for writing, s.mu not held).
 func (s *Store) rebuildLocked() {
+	s.buildLocked()
+	_ = s.rebaseLocked() // a device fault: the accelerator computes on the CPU path, and logs it
+}
+
+// buildLocked builds the CPU Computer over the held experts (s.rw held for
+// writing).
+func (s *Store) buildLocked() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.header == nil || len(s.held) == 0 {
@@ -569,7 +628,11 @@ func (s *Store) ComputeExperts(ctx context.Context, layer int, hidden []float32,
 	if s.local == nil {
 		return fmt.Errorf("%w: %d (nothing held)", expert.ErrUnknownLayer, layer)
 	}
-	if err := s.local.ComputeExperts(ctx, layer, hidden, ids, n, k, out); err != nil {
+	var c expert.Computer = s.local
+	if s.acc != nil {
+		c = s.acc
+	}
+	if err := c.ComputeExperts(ctx, layer, hidden, ids, n, k, out); err != nil {
 		return err
 	}
 	s.umu.Lock()
@@ -750,10 +813,15 @@ func (s *Store) Abort(l, e int) {
 	delete(s.parts, skey(l, e))
 }
 
-// Close unmaps every expert; the Store must not be used afterwards.
+// Close hands the accelerator, if any, an empty set and unmaps every
+// expert; the Store must not be used afterwards.
 func (s *Store) Close() error {
 	s.rw.Lock()
 	defer s.rw.Unlock()
+	s.local = nil
+	if s.acc != nil {
+		_ = s.acc.Rebase(nil, nil)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error

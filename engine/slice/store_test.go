@@ -222,3 +222,116 @@ func TestStoreRefusesForeignDir(t *testing.T) {
 		t.Fatalf("err = %v, want ErrDir", err)
 	}
 }
+
+// recordingAcc is an Accelerator that computes with the Local it was
+// given, scaled by 2 (so the test sees which path answered), and records
+// every Rebase: the held experts and their sums.
+type recordingAcc struct {
+	local   *expert.Local
+	rebases []map[[2]int][32]byte // per Rebase: (layer, expert) -> sum; nil for a nil Local
+}
+
+func (a *recordingAcc) Rebase(local *expert.Local, sum func(l, e int) ([32]byte, bool)) error {
+	a.local = local
+	if local == nil {
+		a.rebases = append(a.rebases, nil)
+		return nil
+	}
+	m := map[[2]int][32]byte{}
+	for l := range local.NumLayers() {
+		if ly := local.Layer(l); ly != nil {
+			for e := range ly.NExpert {
+				if ly.Held(e) {
+					s, ok := sum(l, e)
+					if !ok {
+						s = [32]byte{0xff} // a held expert without a sum: caught below
+					}
+					m[[2]int{l, e}] = s
+				}
+			}
+		}
+	}
+	a.rebases = append(a.rebases, m)
+	return nil
+}
+
+func (a *recordingAcc) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	if err := a.local.ComputeExperts(ctx, layer, hidden, ids, n, k, out); err != nil {
+		return err
+	}
+	for i := range out {
+		out[i] *= 2
+	}
+	return nil
+}
+
+// TestStoreAccelerator: an accelerator set on a Store gets the held set
+// at once and after every change (a download, a drop by a lower quota),
+// each held expert with its SHA-256 as identity, and an empty set at
+// Close; while set, every computation goes through it.
+func TestStoreAccelerator(t *testing.T) {
+	f := genGGUF(t, tinySpec(t))
+	cat, err := NewCatalog(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := cat.Header()
+	chunk := int(cat.Size(0, 0))
+	st, _, err := OpenStore(t.TempDir(), 1<<30, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.SetModel(h); err != nil {
+		t.Fatal(err)
+	}
+	download(t, st, cat, 0, 1, chunk, -1)
+	acc := &recordingAcc{}
+	if err := st.SetAccelerator(acc); err != nil {
+		t.Fatal(err)
+	}
+	sumOf := func(l, e int) [32]byte {
+		s, _ := HashExpert(cat.Layer(l), e)
+		return s
+	}
+	check := func(i int, want ...[2]int) {
+		t.Helper()
+		if len(acc.rebases) != i+1 {
+			t.Fatalf("%d rebases, want %d", len(acc.rebases), i+1)
+		}
+		got := acc.rebases[i]
+		if len(got) != len(want) {
+			t.Fatalf("rebase %d: held %v, want %v", i, got, want)
+		}
+		for _, w := range want {
+			if s, ok := got[w]; !ok || s != sumOf(w[0], w[1]) {
+				t.Fatalf("rebase %d: expert %v missing or with the wrong sum", i, w)
+			}
+		}
+	}
+	check(0, [2]int{0, 1})
+	download(t, st, cat, 1, 2, chunk, -1)
+	check(1, [2]int{0, 1}, [2]int{1, 2})
+	// Computations go through the accelerator (its doubled outputs).
+	x := randRows(rand.New(rand.NewPCG(1, 2)), 1, h.DModel)
+	got, want := make([]float32, h.DModel), make([]float32, h.DModel)
+	if err := st.ComputeExperts(context.Background(), 1, x, []int32{2}, 1, 1, got); err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := expert.NewLocal([]*expert.Layer{cat.Layer(0), cat.Layer(1)}, 1)
+	ref.ComputeExperts(context.Background(), 1, x, []int32{2}, 1, 1, want)
+	for i := range want {
+		if got[i] != 2*want[i] {
+			t.Fatalf("output %d: %v, want the accelerator's %v", i, got[i], 2*want[i])
+		}
+	}
+	// A quota for one expert drops the least used one (layer 0's, never
+	// computed).
+	if _, err := st.SetQuota(cat.Size(1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	check(2, [2]int{1, 2})
+	st.Close()
+	if len(acc.rebases) != 4 || acc.rebases[3] != nil || acc.local != nil {
+		t.Fatalf("Close: rebases %d, last %v: want an empty set", len(acc.rebases), acc.rebases[len(acc.rebases)-1])
+	}
+}

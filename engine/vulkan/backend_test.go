@@ -48,3 +48,52 @@ func anyGPU(devs []Device) bool {
 	}
 	return false
 }
+
+// TestAutoRule holds "auto" to its rule on made-up device lists: a
+// discrete GPU before an integrated one before a virtual one, whatever
+// their order; a software driver (lavapipe) never, even when it is the
+// only device; no devices or no loader: the CPU with a reason. An
+// explicit "vulkan:N" takes device N whatever its kind.
+func TestAutoRule(t *testing.T) {
+	lavapipe := Device{Index: 0, Name: "llvmpipe (LLVM 15.0.6, 256 bits)", Type: TypeCPU}
+	igpu := Device{Index: 1, Name: "Intel(R) UHD Graphics 620", Type: TypeIntegrated}
+	dgpu := Device{Index: 2, Name: "NVIDIA H200", Type: TypeDiscrete}
+	vgpu := Device{Index: 3, Name: "Virtio-GPU Venus", Type: TypeVirtual}
+	auto := Backend{Kind: "auto"}
+	for _, c := range []struct {
+		name string
+		devs []Device
+		derr error
+		want string // device name; "" = the CPU
+	}{
+		{"lavapipe only", []Device{lavapipe}, nil, ""},
+		{"lavapipe and an integrated GPU", []Device{lavapipe, igpu}, nil, igpu.Name},
+		{"discrete after integrated", []Device{lavapipe, igpu, dgpu}, nil, dgpu.Name},
+		{"virtual GPU", []Device{lavapipe, vgpu}, nil, vgpu.Name},
+		{"integrated before virtual", []Device{vgpu, igpu}, nil, igpu.Name},
+		{"no devices", nil, nil, ""},
+		{"no loader", nil, ErrNoLoader, ""},
+	} {
+		dev, ok, reason, err := auto.resolve(c.devs, c.derr)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		got := ""
+		if ok {
+			got = dev.Name
+		}
+		if got != c.want || (!ok && reason == "") {
+			t.Errorf("%s: auto took %q (reason %q), want %q", c.name, got, reason, c.want)
+		}
+	}
+	if dev, ok, _, err := (Backend{Kind: "vulkan", Index: 0}).resolve([]Device{lavapipe, dgpu}, nil); !ok || err != nil || dev.Name != lavapipe.Name {
+		t.Errorf("vulkan:0 = %v %v %v, want lavapipe", dev, ok, err)
+	}
+	if _, _, _, err := (Backend{Kind: "vulkan", Index: 2}).resolve([]Device{lavapipe}, nil); !errors.Is(err, ErrNoDevice) {
+		t.Errorf("vulkan:2 of 1 device: %v, want ErrNoDevice", err)
+	}
+	if _, _, _, err := (Backend{Kind: "vulkan"}).resolve(nil, ErrNoLoader); !errors.Is(err, ErrNoLoader) {
+		t.Errorf("vulkan without a loader: %v, want ErrNoLoader", err)
+	}
+}

@@ -73,12 +73,16 @@ func Devices() ([]Device, error) {
 
 // Computer is an expert.Computer on one Vulkan device (see the package
 // comment). It is safe for concurrent use; device work of concurrent calls
-// is serialised.
+// is serialised, and Rebase waits for the calls in progress.
 type Computer struct {
-	local  *expert.Local
-	dev    Device
-	logf   func(string, ...any)
-	mu     sync.Mutex // guards everything below
+	dev   Device
+	logf  func(string, ...any)
+	quota uint64 // device memory bytes for expert weights
+	// rw: ComputeExperts holds it for reading, Rebase for writing (local
+	// and the resident set change only between calls).
+	rw     sync.RWMutex
+	local  *expert.Local // the CPU path and the experts held; nil: none
+	mu     sync.Mutex    // guards everything below
 	ctx    *C.kv_ctx
 	layers []*gpuLayer // by layer number; nil: none resident
 	fault  error       // set once the device failed: CPU only from then on
@@ -101,6 +105,8 @@ var _ expert.Computer = (*Computer)(nil)
 type gpuLayer struct {
 	l                   *expert.Layer
 	buf                 []*C.kv_wbuf // by expert; nil: not resident
+	sum                 [][32]byte   // by expert: the resident weights' identity (Rebase's sum)
+	known               []bool       // by expert: sum is set
 	gOff, uOff, dOff    uint32       // byte offsets of gate, up, down in an expert's buffer
 	gRB, uRB, dRB       uint32       // row bytes
 	gPipe, uPipe, dPipe int32
@@ -142,6 +148,22 @@ func New(local *expert.Local, opt Options) (*Computer, error) {
 	if local == nil {
 		return nil, fmt.Errorf("vulkan: New needs an expert.Local")
 	}
+	c, err := Open(opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Rebase(local, nil); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Open opens device opt.Device (compiling the pipelines) with no experts:
+// until Rebase gives it some, every call fails with
+// expert.ErrUnknownLayer. Errors wrap ErrNoLoader, ErrNoDevice or
+// ErrDevice.
+func Open(opt Options) (*Computer, error) {
 	devs, err := Devices()
 	if err != nil {
 		return nil, err
@@ -149,7 +171,7 @@ func New(local *expert.Local, opt Options) (*Computer, error) {
 	if opt.Device < 0 || opt.Device >= len(devs) {
 		return nil, fmt.Errorf("%w: device %d asked for, %d found", ErrNoDevice, opt.Device, len(devs))
 	}
-	c := &Computer{local: local, dev: devs[opt.Device], logf: opt.Logf}
+	c := &Computer{dev: devs[opt.Device], logf: opt.Logf, inject: opt.InjectFault}
 	if c.logf == nil {
 		c.logf = func(string, ...any) {}
 	}
@@ -204,31 +226,129 @@ func New(local *expert.Local, opt Options) (*Computer, error) {
 		return nil, fmt.Errorf("%w: %s: %s", ErrDevice, c.dev.Name, cerr(&errb[0]))
 	}
 	runtime.SetFinalizer(c, func(c *Computer) { c.Close() })
-	quota := opt.MemoryBytes
-	if quota == 0 {
-		quota = uint64(C.kv_device_bytes(c.ctx)) / 4 * 3
-	}
-	if err := c.upload(quota); err != nil {
-		c.Close()
-		return nil, err
+	c.quota = opt.MemoryBytes
+	if c.quota == 0 {
+		c.quota = uint64(C.kv_device_bytes(c.ctx)) / 4 * 3
 	}
 	return c, nil
 }
 
-// upload plans which experts fit in quota and copies their weights.
-func (c *Computer) upload(quota uint64) error {
+// Rebase makes local the Computer's experts and CPU path (nil: none held;
+// calls then fail with expert.ErrUnknownLayer) and brings device memory in
+// line with it: a resident expert stays when local still holds it and sum
+// (nil: none) gives it the same identity as when it was uploaded (an
+// expert's SHA-256, as engine/slice.Store keeps them); the other resident
+// experts are released and their memory reused, and the held experts that
+// are not resident are uploaded within the memory quota, the largest left
+// to the CPU first (among experts of one size, those already resident
+// stay). It waits for the calls in progress and blocks new ones until it
+// returns. After a device fault it only swaps local in (every call is
+// computed by the CPU path). An upload failure other than running out of
+// device memory is a device fault: the error (wrapping ErrDevice) is
+// returned and the Computer answers from local from then on.
+func (c *Computer) Rebase(local *expert.Local, sum func(layer, e int) ([32]byte, bool)) error {
+	c.rw.Lock()
+	defer c.rw.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.local = local
+	c.stats.ResidentExperts, c.stats.CPUExperts, c.stats.ResidentBytes = 0, 0, 0
+	if c.fault != nil || c.ctx == nil {
+		// The device may be busy or gone: buffers stay until Close.
+		c.layers = nil
+		c.stats.CPUExperts = heldExperts(local)
+		return nil
+	}
+	err := c.plan(local, sum)
+	if err != nil {
+		c.setFault(err)
+		c.layers = nil
+		c.stats.ResidentExperts, c.stats.ResidentBytes = 0, 0
+		c.stats.CPUExperts = heldExperts(local)
+		c.logf("%v; computing on the CPU from now on", c.fault)
+		return c.fault
+	}
+	return nil
+}
+
+// heldExperts counts the experts local holds (0 for nil).
+func heldExperts(local *expert.Local) int {
+	if local == nil {
+		return 0
+	}
+	n := 0
+	for li := range local.NumLayers() {
+		if l := local.Layer(li); l != nil {
+			for e := range l.NExpert {
+				if l.Held(e) {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// sameShape reports whether layers a and b have the same weight types and
+// sizes (so that a's device buffers fit b's experts).
+func sameShape(a, b *expert.Layer) bool {
+	return a.Gate.Type == b.Gate.Type && a.Up.Type == b.Up.Type && a.Down.Type == b.Down.Type &&
+		a.DModel == b.DModel && a.DFF == b.DFF && a.NExpert == b.NExpert
+}
+
+// release frees expert e's buffer of g, if resident. c.mu is held and the
+// device idle.
+func (c *Computer) release(g *gpuLayer, e int) {
+	if g.buf[e] != nil {
+		C.kv_release(c.ctx, g.buf[e])
+		g.buf[e] = nil
+		g.known[e] = false
+	}
+}
+
+// plan chooses which of local's experts are resident (within c.quota),
+// releases the others and uploads what is missing. c.mu is held and the
+// device idle (every submission has been waited for).
+func (c *Computer) plan(local *expert.Local, sum func(layer, e int) ([32]byte, bool)) error {
+	old := c.layers
+	c.layers = nil
+	if local != nil {
+		c.layers = make([]*gpuLayer, local.NumLayers())
+	}
+	// Carry over the device buffers of layers whose shape is unchanged;
+	// release the rest.
+	for li, og := range old {
+		if og == nil {
+			continue
+		}
+		if li < len(c.layers) {
+			if l := local.Layer(li); l != nil && sameShape(og.l, l) {
+				continue // taken over below
+			}
+		}
+		for e := range og.buf {
+			c.release(og, e)
+		}
+		old[li] = nil
+	}
 	type cand struct {
 		layer, e int
 		bytes    uint64
+		resident bool
 	}
 	var cands []cand
-	c.layers = make([]*gpuLayer, c.local.NumLayers())
 	for li := range c.layers {
-		l := c.local.Layer(li)
+		l := local.Layer(li)
 		if l == nil {
 			continue
 		}
-		g := &gpuLayer{l: l, buf: make([]*C.kv_wbuf, l.NExpert)}
+		g := &gpuLayer{l: l, buf: make([]*C.kv_wbuf, l.NExpert), sum: make([][32]byte, l.NExpert), known: make([]bool, l.NExpert)}
+		if li < len(old) && old[li] != nil {
+			og := old[li]
+			copy(g.buf, og.buf)
+			copy(g.sum, og.sum)
+			copy(g.known, og.known)
+		}
 		var okG, okU, okD bool
 		var gp, up, dp int
 		gp, okG = kernelIndex(l.Gate.Type)
@@ -245,6 +365,9 @@ func (c *Computer) upload(quota uint64) error {
 			c.logf("vulkan: layer %d (gate %v, up %v, down %v, d %d, dff %d) has no GPU kernel: its %d experts run on the CPU",
 				li, l.Gate.Type, l.Up.Type, l.Down.Type, l.DModel, l.DFF, held)
 			c.stats.CPUExperts += held
+			for e := range g.buf {
+				c.release(g, e)
+			}
 			continue
 		}
 		grb, _ := l.Gate.Type.RowBytes(l.DModel)
@@ -260,23 +383,46 @@ func (c *Computer) upload(quota uint64) error {
 		g.sameAct = l.Gate.Type.VecDotType() == l.Up.Type.VecDotType()
 		c.layers[li] = g
 		for e := range l.NExpert {
-			if l.Held(e) {
-				cands = append(cands, cand{li, e, g.expertBytes})
+			if !l.Held(e) {
+				c.release(g, e) // no longer held
+				continue
 			}
+			if g.buf[e] != nil {
+				// Still the same weights? Only a known identity says so.
+				id, ok := [32]byte{}, false
+				if sum != nil {
+					id, ok = sum(li, e)
+				}
+				if !ok || !g.known[e] || id != g.sum[e] {
+					c.release(g, e)
+				}
+			}
+			cands = append(cands, cand{li, e, g.expertBytes, g.buf[e] != nil})
 		}
 	}
-	// Largest first out: keep the smallest experts that fit.
-	sort.SliceStable(cands, func(i, j int) bool { return cands[i].bytes < cands[j].bytes })
+	// Largest first out: keep the smallest experts that fit; among equal
+	// sizes the resident ones, so that a new expert does not displace one
+	// already uploaded.
+	sort.SliceStable(cands, func(i, j int) bool {
+		a, b := cands[i], cands[j]
+		if a.bytes != b.bytes {
+			return a.bytes < b.bytes
+		}
+		return a.resident && !b.resident
+	})
 	var total uint64
 	keep := 0
-	for keep < len(cands) && total+cands[keep].bytes <= quota {
+	for keep < len(cands) && total+cands[keep].bytes <= c.quota {
 		total += cands[keep].bytes
 		keep++
 	}
 	if keep < len(cands) {
 		c.logf("vulkan: %d of %d experts fit in %d bytes of device memory; the other %d run on the CPU",
-			keep, len(cands), quota, len(cands)-keep)
+			keep, len(cands), c.quota, len(cands)-keep)
 		c.stats.CPUExperts += len(cands) - keep
+		for _, k := range cands[keep:] {
+			c.release(c.layers[k.layer], k.e)
+		}
 	}
 	kept := cands[:keep]
 	sort.Slice(kept, func(i, j int) bool {
@@ -286,16 +432,38 @@ func (c *Computer) upload(quota uint64) error {
 		return kept[i].e < kept[j].e
 	})
 	var errb [C.KV_ERRLEN]C.char
-	left := total
+	var left uint64
+	for _, k := range kept {
+		if !k.resident {
+			left += k.bytes
+		}
+	}
 	for i, k := range kept {
 		g := c.layers[k.layer]
+		if k.resident {
+			c.stats.ResidentExperts++
+			c.stats.ResidentBytes += k.bytes
+			continue
+		}
 		hint := min(uint64(blockBytes), left)
 		b := C.kv_weights(c.ctx, C.uint64_t(k.bytes), C.uint64_t(hint), &errb[0])
 		if b == nil {
 			msg := cerr(&errb[0])
 			if strings.Contains(msg, "OUT_OF_DEVICE_MEMORY") || strings.Contains(msg, "OUT_OF_HOST_MEMORY") {
-				c.logf("vulkan: device memory ran out after %d experts (%s); the other %d run on the CPU", i, msg, len(kept)-i)
-				c.stats.CPUExperts += len(kept) - i
+				rest := 0
+				for _, k := range kept[i:] {
+					if !k.resident {
+						rest++
+					}
+				}
+				c.logf("vulkan: device memory ran out (%s); %d experts run on the CPU", msg, rest)
+				c.stats.CPUExperts += rest
+				for _, k := range kept[i:] {
+					if k.resident {
+						c.stats.ResidentExperts++
+						c.stats.ResidentBytes += k.bytes
+					}
+				}
 				break
 			}
 			return fmt.Errorf("%w: %s", ErrDevice, msg)
@@ -310,6 +478,11 @@ func (c *Computer) upload(quota uint64) error {
 			}
 		}
 		g.buf[k.e] = b
+		c.stats.UploadedBytes += k.bytes
+		g.known[k.e] = false
+		if sum != nil {
+			g.sum[k.e], g.known[k.e] = sum(k.layer, k.e)
+		}
 		c.stats.ResidentExperts++
 		c.stats.ResidentBytes += k.bytes
 		left -= k.bytes
@@ -318,6 +491,38 @@ func (c *Computer) upload(quota uint64) error {
 		return fmt.Errorf("%w: upload: %s", ErrDevice, cerr(&errb[0]))
 	}
 	return nil
+}
+
+// blocks returns the number of device memory blocks holding weights
+// (tests: released memory is reused).
+func (c *Computer) blocks() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil {
+		return 0
+	}
+	return int(C.kv_blocks(c.ctx))
+}
+
+// copyBandwidth measures the device's memory bandwidth the way copy
+// benchmarks do: iters copies of bytes between two device-local buffers
+// in one submission (after a warm-up of two), timed on the host; it
+// returns bytes read plus bytes written per second.
+func (c *Computer) copyBandwidth(bytes uint64, iters int) (float64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil || c.fault != nil {
+		return 0, fmt.Errorf("%w: no device", ErrDevice)
+	}
+	var errb [C.KV_ERRLEN]C.char
+	if C.kv_copy_bench(c.ctx, C.uint64_t(bytes), 2, &errb[0]) != 0 {
+		return 0, fmt.Errorf("%w: %s", ErrDevice, cerr(&errb[0]))
+	}
+	t0 := time.Now()
+	if C.kv_copy_bench(c.ctx, C.uint64_t(bytes), C.int(iters), &errb[0]) != 0 {
+		return 0, fmt.Errorf("%w: %s", ErrDevice, cerr(&errb[0]))
+	}
+	return 2 * float64(bytes) * float64(iters) / time.Since(t0).Seconds(), nil
 }
 
 // Device returns the device the Computer runs on.
@@ -354,13 +559,19 @@ func (c *Computer) Close() error {
 // fault) on the CPU path, concurrently; same shapes and errors as
 // expert.Local.
 func (c *Computer) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
-	l := c.local.Layer(layer)
+	c.rw.RLock()
+	defer c.rw.RUnlock()
+	local := c.local
+	if local == nil {
+		return fmt.Errorf("%w: %d (no experts held)", expert.ErrUnknownLayer, layer)
+	}
+	l := local.Layer(layer)
 	if l == nil || n <= 0 || k <= 0 || len(hidden) != n*l.DModel || len(ids) != n*k || len(out) != n*k*l.DModel {
-		return c.local.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
+		return local.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
 	}
 	for _, e := range ids {
-		if !l.Held(int(e)) {
-			return c.local.ComputeExperts(ctx, layer, hidden, ids, n, k, out) // its error
+		if e < 0 || int(e) >= l.NExpert || !l.Held(int(e)) {
+			return local.ComputeExperts(ctx, layer, hidden, ids, n, k, out) // its error
 		}
 	}
 	var g *gpuLayer
@@ -379,7 +590,7 @@ func (c *Computer) ComputeExperts(ctx context.Context, layer int, hidden []float
 	}
 	if len(gpu) == 0 {
 		c.count(0, len(cpu))
-		return c.local.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
+		return local.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
 	}
 	d := l.DModel
 	var wg sync.WaitGroup
@@ -394,7 +605,7 @@ func (c *Computer) ComputeExperts(ctx context.Context, layer int, hidden []float
 	err := c.gpuPairs(layer, g, hidden, ids, k, gpu, out)
 	if err != nil {
 		// A device fault: answer from the CPU path.
-		c.logf("vulkan: %v; computing on the CPU from now on", err)
+		c.logf("%v; computing on the CPU from now on", err)
 		err = c.cpuPairs(ctx, layer, hidden, ids, k, d, gpu, out)
 		c.count(0, len(gpu))
 	}
@@ -418,7 +629,7 @@ func (c *Computer) count(gpu, cpu int) {
 
 // cpuPairs computes the given pairs with the CPU path (one row per pair,
 // k = 1: expert.Local is batch-invariant, so each result is what the full
-// call would give) and scatters them into out.
+// call would give) and scatters them into out. c.rw is held for reading.
 func (c *Computer) cpuPairs(ctx context.Context, layer int, hidden []float32, ids []int32, k, d int, pairs []int32, out []float32) error {
 	m := len(pairs)
 	h := make([]float32, m*d)

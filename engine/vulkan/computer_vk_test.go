@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -36,8 +37,10 @@ const (
 	maxFlipRows = 0.02
 )
 
-// testDevice returns the index of a Vulkan device to test on (the first
-// one; lavapipe on machines without a GPU), or skips.
+// testDevice returns the index of the Vulkan device to test on, or skips:
+// $KVASIR_VULKAN_DEVICE when set (scripts/gpu-check.sh sets it), else the
+// GPU "auto" would take (Pick), else the first device (lavapipe on a
+// machine without a GPU).
 func testDevice(t testing.TB) int {
 	t.Helper()
 	devs, err := Devices()
@@ -46,6 +49,16 @@ func testDevice(t testing.TB) int {
 	}
 	if len(devs) == 0 {
 		t.Skip("no Vulkan device (install mesa-vulkan-drivers for lavapipe)")
+	}
+	if v := os.Getenv("KVASIR_VULKAN_DEVICE"); v != "" {
+		i, err := strconv.Atoi(v)
+		if err != nil || i < 0 || i >= len(devs) {
+			t.Fatalf("KVASIR_VULKAN_DEVICE=%q: want 0..%d", v, len(devs)-1)
+		}
+		return i
+	}
+	if d, ok := Pick(devs); ok {
+		return d.Index
 	}
 	return devs[0].Index
 }
@@ -123,7 +136,12 @@ func compare(t *testing.T, name string, gpu, cpu expert.Computer, layer, d int, 
 		}
 	}
 	t.Logf("%s: %d rows: worst rel L2 %.3g (row %d, expert %d), worst cosine %.7f", name, n*k, worstRel, worstRow, ids[worstRow], worstCos)
-	if !(worstRel <= flipRelL2) || !(worstCos >= minCosine) || float64(flips) > max(1, maxFlipRows*float64(n*k)) {
+	// KVASIR_VULKAN_STRICT (scripts/gpu-check.sh --strict) allows no flip.
+	allowed := max(1, maxFlipRows*float64(n*k))
+	if os.Getenv("KVASIR_VULKAN_STRICT") != "" {
+		allowed = 0
+	}
+	if !(worstRel <= flipRelL2) || !(worstCos >= minCosine) || float64(flips) > allowed {
 		t.Errorf("%s: worst rel L2 %.3g (max %.3g; %d rows above %.3g), worst cosine %.7f (min %.5f)",
 			name, worstRel, flipRelL2, flips, maxRelL2, worstCos, minCosine)
 	}
@@ -481,6 +499,167 @@ func TestConcurrent(t *testing.T) {
 	for range jobs {
 		if err := <-errs; err != nil {
 			t.Error(err)
+		}
+	}
+}
+
+// subset returns a copy of l holding only the experts in keep (the
+// others nil), as a worker's slice holds part of a layer.
+func subset(l *expert.Layer, keep ...int) *expert.Layer {
+	c := *l
+	c.Gate.Expert = make([][]byte, l.NExpert)
+	c.Up.Expert = make([][]byte, l.NExpert)
+	c.Down.Expert = make([][]byte, l.NExpert)
+	for _, e := range keep {
+		c.Gate.Expert[e], c.Up.Expert[e], c.Down.Expert[e] = l.Gate.Expert[e], l.Up.Expert[e], l.Down.Expert[e]
+	}
+	return &c
+}
+
+// TestRebase: a Computer opened without experts takes a changing held set
+// as engine/slice.Store hands it over: experts still held with the same
+// identity stay on the device (nothing is uploaded again), new ones are
+// uploaded within the quota (the rest on the CPU), dropped ones are
+// released and their memory reused (no new memory block), an expert whose
+// identity changed is uploaded again with its new weights, and every call
+// agrees with the CPU path of the held set.
+func TestRebase(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(21, 21))
+	const nExpert, d, dff = 6, 256, 256
+	full := randLayer(t, rng, nExpert, d, dff, quant.Q8_0, quant.Q8_0, quant.Q8_0)
+	other := randLayer(t, rng, nExpert, d, dff, quant.Q8_0, quant.Q8_0, quant.Q8_0)
+	gpu, err := Open(Options{Device: dev, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gpu.Close()
+	if err := gpu.ComputeExperts(context.Background(), 0, make([]float32, d), []int32{0}, 1, 1, make([]float32, d)); !errors.Is(err, expert.ErrUnknownLayer) {
+		t.Fatalf("no experts: %v, want ErrUnknownLayer", err)
+	}
+	ids := map[int][32]byte{}
+	for e := range nExpert {
+		ids[e] = [32]byte{byte(e + 1)}
+	}
+	sum := func(l, e int) ([32]byte, bool) { v, ok := ids[e]; return v, ok && l == 0 }
+	step := func(name string, l *expert.Layer) (*expert.Local, Stats) {
+		t.Helper()
+		local, err := expert.NewLocal([]*expert.Layer{l}, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gpu.Rebase(local, sum); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		held := []int32{}
+		for e := range nExpert {
+			if l.Held(e) {
+				held = append(held, int32(e))
+			}
+		}
+		const n = 6
+		hidden, _ := randInput(rng, n, 1, d, nExpert)
+		idx := make([]int32, n)
+		for r := range idx {
+			idx[r] = held[r%len(held)]
+		}
+		compare(t, name, gpu, local, 0, d, hidden, idx, n, 1)
+		return local, gpu.Stats()
+	}
+	_, st := step("experts 0-2", subset(full, 0, 1, 2))
+	eb := gpu.layers[0].expertBytes
+	if st.ResidentExperts != 3 || st.CPUExperts != 0 || st.UploadedBytes != 3*eb {
+		t.Fatalf("experts 0-2: %+v, want 3 resident, %d bytes uploaded", st, 3*eb)
+	}
+	gpu.quota = 4 * eb
+	_, st = step("experts 0-4, room for 4", subset(full, 0, 1, 2, 3, 4))
+	if st.ResidentExperts != 4 || st.CPUExperts != 1 || st.UploadedBytes != 4*eb || st.GPUPairs == 0 || st.CPUPairs == 0 {
+		t.Fatalf("experts 0-4: %+v, want 4 resident (only one more uploaded), 1 on the CPU, pairs on both", st)
+	}
+	for e := range 3 {
+		if gpu.layers[0].buf[e] == nil {
+			t.Errorf("resident expert %d was displaced by a new one", e)
+		}
+	}
+	blocks := gpu.blocks()
+	_, st = step("experts 1, 4", subset(full, 1, 4))
+	if st.ResidentExperts != 2 || st.CPUExperts != 0 || st.UploadedBytes != 5*eb || st.ResidentBytes != 2*eb {
+		t.Fatalf("experts 1, 4: %+v, want 2 resident, expert 4 uploaded", st)
+	}
+	if b := gpu.blocks(); b != blocks {
+		t.Fatalf("%d memory blocks after releasing experts, %d before: released memory not reused", b, blocks)
+	}
+	// Expert 1 changes (another model's weights under a new identity).
+	changed := subset(full, 1, 4)
+	changed.Gate.Expert[1], changed.Up.Expert[1], changed.Down.Expert[1] = other.Gate.Expert[1], other.Up.Expert[1], other.Down.Expert[1]
+	ids[1] = [32]byte{99}
+	_, st = step("expert 1 replaced", changed)
+	if st.ResidentExperts != 2 || st.UploadedBytes != 6*eb {
+		t.Fatalf("expert 1 replaced: %+v, want it uploaded again", st)
+	}
+	// Nothing held: calls fail as the CPU path's would, the memory is free.
+	if err := gpu.Rebase(nil, sum); err != nil {
+		t.Fatal(err)
+	}
+	if st := gpu.Stats(); st.ResidentExperts != 0 || st.ResidentBytes != 0 {
+		t.Fatalf("nothing held: %+v", st)
+	}
+	if err := gpu.ComputeExperts(context.Background(), 0, make([]float32, d), []int32{1}, 1, 1, make([]float32, d)); !errors.Is(err, expert.ErrUnknownLayer) {
+		t.Fatalf("nothing held: %v, want ErrUnknownLayer", err)
+	}
+}
+
+// TestRebaseAfterFault: after a device fault Rebase swaps in the new
+// experts without touching the device, and calls answer from the CPU
+// path with its exact bits.
+func TestRebaseAfterFault(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(23, 23))
+	const nExpert, d, dff = 4, 256, 256
+	full := randLayer(t, rng, nExpert, d, dff, quant.Q4_K, quant.Q4_K, quant.Q6_K)
+	gpu, err := Open(Options{Device: dev, Logf: t.Logf, InjectFault: func() error { return errors.New("VK_ERROR_DEVICE_LOST (injected)") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gpu.Close()
+	if got, want := Describe(gpu), gpu.Device().Name+" (Vulkan)"; got != want {
+		t.Errorf("Describe before the fault: %q, want %q", got, want)
+	}
+	if got := Describe(nil); got != "CPU" {
+		t.Errorf("Describe(nil) = %q", got)
+	}
+	for i, keep := range [][]int{{0, 1}, {1, 2, 3}} {
+		local, err := expert.NewLocal([]*expert.Layer{subset(full, keep...)}, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gpu.Rebase(local, nil); err != nil {
+			t.Fatal(err)
+		}
+		hidden, _ := randInput(rng, 2, 1, d, nExpert)
+		idx := []int32{int32(keep[0]), int32(keep[len(keep)-1])}
+		want := make([]float32, 2*d)
+		got := make([]float32, 2*d)
+		if err := local.ComputeExperts(context.Background(), 0, hidden, idx, 2, 1, want); err != nil {
+			t.Fatal(err)
+		}
+		if err := gpu.ComputeExperts(context.Background(), 0, hidden, idx, 2, 1, got); err != nil {
+			t.Fatal(err)
+		}
+		for j := range want {
+			if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+				t.Fatalf("round %d element %d: %v, want the CPU's %v", i, j, got[j], want[j])
+			}
+		}
+		st := gpu.Stats()
+		if !strings.Contains(st.Fault, "DEVICE_LOST") {
+			t.Fatalf("round %d: %+v, want the fault recorded", i, st)
+		}
+		if got, want := Describe(gpu), "CPU (the Vulkan device "+gpu.Device().Name+" failed: VK_ERROR_DEVICE_LOST (injected))"; got != want {
+			t.Errorf("Describe after the fault: %q, want %q", got, want)
+		}
+		if i == 1 && (st.ResidentExperts != 0 || st.CPUExperts != 3) {
+			t.Fatalf("after the fault: %+v, want every expert on the CPU", st)
 		}
 	}
 }

@@ -37,6 +37,11 @@ int kv_run(kv_ctx *c, const kv_cmd *cmds, int n, uint64_t timeout_ns, char *err)
 	(void)c; (void)cmds; (void)n; (void)timeout_ns; return kv_missing(err);
 }
 uint64_t kv_device_bytes(kv_ctx *c) { (void)c; return 0; }
+void kv_release(kv_ctx *c, kv_wbuf *b) { (void)c; (void)b; }
+int kv_blocks(kv_ctx *c) { (void)c; return 0; }
+int kv_copy_bench(kv_ctx *c, uint64_t bytes, int iters, char *err) {
+	(void)c; (void)bytes; (void)iters; return kv_missing(err);
+}
 
 #else
 
@@ -96,17 +101,26 @@ typedef struct {
 	uint64_t size;
 } hbuf; // a buffer with its own memory
 
-struct kv_wbuf {
-	VkBuffer buf;
-	VkDescriptorSet set;
-	uint64_t size;
-};
-
 typedef struct mblock {
 	VkDeviceMemory mem;
 	uint64_t size, used;
 	struct mblock *next;
 } mblock;
+
+struct kv_wbuf {
+	VkBuffer buf;
+	VkDescriptorSet set;
+	uint64_t size;
+	mblock *m;          // the memory block it is bound in
+	uint64_t off, span; // its range there: [off, off+span)
+};
+
+// A released range of a memory block, free for the next kv_weights.
+typedef struct frange {
+	mblock *m;
+	uint64_t off, size;
+	struct frange *next;
+} frange;
 
 typedef struct wlist {
 	kv_wbuf *b;
@@ -137,6 +151,9 @@ struct kv_ctx {
 	VkFence fence;
 	mblock *blocks;
 	wlist *wbufs;
+	frange *free;             // released ranges, sorted by (block, offset), adjacent ones merged
+	VkDescriptorSet *spare;   // descriptor sets of released buffers, for reuse
+	int nspare, capspare;
 	uint64_t dev_bytes;
 };
 
@@ -315,6 +332,10 @@ static void free_hbuf(kv_ctx *c, hbuf *h) {
 }
 
 static int alloc_set(kv_ctx *c, int which, VkDescriptorSet *set, char *err) {
+	if (which == 1 && c->nspare > 0) {
+		*set = c->spare[--c->nspare];
+		return 0;
+	}
 	if (which == 1 && c->pool_left == 0) {
 		if (c->npool == MAX_POOLS) {
 			snprintf(err, KV_ERRLEN, "too many descriptor pools");
@@ -480,6 +501,11 @@ void kv_close(kv_ctx *c) {
 				free(m);
 				m = nx;
 			}
+			for (frange *r = c->free; r != NULL;) {
+				frange *nx = r->next;
+				free(r);
+				r = nx;
+			}
 		}
 		if (c->f.vkDestroyDescriptorPool) {
 			for (int i = 0; i < c->npool; i++) c->f.vkDestroyDescriptorPool(c->dev, c->pools[i], NULL);
@@ -496,10 +522,112 @@ void kv_close(kv_ctx *c) {
 		if (c->f.vkDestroyDevice) c->f.vkDestroyDevice(c->dev, NULL);
 	}
 	if (c->inst && c->fi.vkDestroyInstance) c->fi.vkDestroyInstance(c->inst, NULL);
+	free(c->spare);
 	free(c);
 }
 
 uint64_t kv_device_bytes(kv_ctx *c) { return c->dev_bytes; }
+
+int kv_blocks(kv_ctx *c) {
+	int n = 0;
+	for (mblock *m = c->blocks; m != NULL; m = m->next) n++;
+	return n;
+}
+
+// take_range finds a released range that holds size bytes at an offset
+// aligned to align, removes that part from the free list (what is left
+// before and after it stays free) and returns its block and offset; -1
+// when none fits.
+static int take_range(kv_ctx *c, uint64_t size, uint64_t align, mblock **m, uint64_t *off) {
+	if (align == 0) align = 1;
+	for (frange **pr = &c->free; *pr != NULL; pr = &(*pr)->next) {
+		frange *r = *pr;
+		uint64_t a = (r->off + align - 1) / align * align;
+		if (a + size > r->off + r->size) continue;
+		*m = r->m;
+		*off = a;
+		uint64_t head = a - r->off, tail = r->off + r->size - (a + size);
+		if (head == 0 && tail == 0) {
+			*pr = r->next;
+			free(r);
+		} else if (head == 0) {
+			r->off = a + size;
+			r->size = tail;
+		} else {
+			r->size = head;
+			if (tail > 0) {
+				frange *t = calloc(1, sizeof *t);
+				if (t != NULL) { // else the tail is lost until kv_close
+					t->m = r->m;
+					t->off = a + size;
+					t->size = tail;
+					t->next = r->next;
+					r->next = t;
+				}
+			}
+		}
+		return 0;
+	}
+	return -1;
+}
+
+// put_range returns [off, off+size) of block m to the free list, merged
+// with free neighbours.
+static void put_range(kv_ctx *c, mblock *m, uint64_t off, uint64_t size) {
+	frange **pr = &c->free;
+	while (*pr != NULL && ((*pr)->m < m || ((*pr)->m == m && (*pr)->off < off))) pr = &(*pr)->next;
+	frange *next = *pr;
+	// pr points at the link to next; find the previous range to merge with.
+	frange *prev = NULL;
+	for (frange *r = c->free; r != NULL && r != next; r = r->next) prev = r;
+	if (prev != NULL && prev->m == m && prev->off + prev->size == off) {
+		prev->size += size;
+		if (next != NULL && next->m == m && prev->off + prev->size == next->off) {
+			prev->size += next->size;
+			prev->next = next->next;
+			free(next);
+		}
+		return;
+	}
+	if (next != NULL && next->m == m && off + size == next->off) {
+		next->off = off;
+		next->size += size;
+		return;
+	}
+	frange *r = calloc(1, sizeof *r);
+	if (r == NULL) return; // the range is lost until kv_close
+	r->m = m;
+	r->off = off;
+	r->size = size;
+	r->next = next;
+	*pr = r;
+}
+
+void kv_release(kv_ctx *c, kv_wbuf *b) {
+	if (c == NULL || b == NULL) return;
+	for (wlist **pl = &c->wbufs; *pl != NULL; pl = &(*pl)->next) {
+		if ((*pl)->b == b) {
+			wlist *l = *pl;
+			*pl = l->next;
+			free(l);
+			break;
+		}
+	}
+	c->f.vkDestroyBuffer(c->dev, b->buf, NULL);
+	put_range(c, b->m, b->off, b->span);
+	if (b->set != VK_NULL_HANDLE) {
+		if (c->nspare == c->capspare) {
+			int cap = c->capspare == 0 ? 64 : 2 * c->capspare;
+			VkDescriptorSet *s = realloc(c->spare, (size_t)cap * sizeof *s);
+			if (s != NULL) {
+				c->spare = s;
+				c->capspare = cap;
+			}
+		}
+		if (c->nspare < c->capspare) c->spare[c->nspare++] = b->set; // else the set stays allocated in its pool
+	}
+	free(b);
+}
 
 kv_wbuf *kv_weights(kv_ctx *c, uint64_t size, uint64_t block_hint, char *err) {
 	VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = size,
@@ -509,9 +637,12 @@ kv_wbuf *kv_weights(kv_ctx *c, uint64_t size, uint64_t block_hint, char *err) {
 	if (r != VK_SUCCESS) { fail(err, "vkCreateBuffer (weights)", r); return NULL; }
 	VkMemoryRequirements req;
 	c->f.vkGetBufferMemoryRequirements(c->dev, buf, &req);
-	mblock *m = c->blocks;
+	mblock *m = NULL;
 	uint64_t off = 0;
-	if (m != NULL) off = (m->used + req.alignment - 1) / req.alignment * req.alignment;
+	if (take_range(c, req.size, req.alignment, &m, &off) != 0) {
+		m = c->blocks;
+		if (m != NULL) off = (m->used + req.alignment - 1) / req.alignment * req.alignment;
+	}
 	int mt = find_mem(c, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
 	if (mt < 0) mt = find_mem(c, req.memoryTypeBits, 0, 0);
 	if (m == NULL || off + req.size > m->size) {
@@ -541,7 +672,7 @@ kv_wbuf *kv_weights(kv_ctx *c, uint64_t size, uint64_t block_hint, char *err) {
 		fail(err, "vkBindBufferMemory (weights)", r);
 		return NULL;
 	}
-	m->used = off + req.size;
+	if (off + req.size > m->used) m->used = off + req.size;
 	kv_wbuf *w = calloc(1, sizeof *w);
 	wlist *l = calloc(1, sizeof *l);
 	if (w == NULL || l == NULL) {
@@ -553,6 +684,9 @@ kv_wbuf *kv_weights(kv_ctx *c, uint64_t size, uint64_t block_hint, char *err) {
 	}
 	w->buf = buf;
 	w->size = size;
+	w->m = m;
+	w->off = off;
+	w->span = req.size;
 	l->b = w;
 	l->next = c->wbufs;
 	c->wbufs = l;
@@ -662,6 +796,48 @@ int kv_run(kv_ctx *c, const kv_cmd *cmds, int n, uint64_t timeout_ns, char *err)
 	r = c->f.vkEndCommandBuffer(c->cmd);
 	if (r != VK_SUCCESS) return fail(err, "vkEndCommandBuffer", r);
 	return submit_wait(c, c->cmd, timeout_ns, err);
+}
+
+int kv_copy_bench(kv_ctx *c, uint64_t bytes, int iters, char *err) {
+	VkBuffer b[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
+	VkDeviceMemory m[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
+	int rc = -1;
+	for (int i = 0; i < 2; i++) {
+		VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = bytes,
+			.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+		VkResult r = c->f.vkCreateBuffer(c->dev, &bi, NULL, &b[i]);
+		if (r != VK_SUCCESS) { fail(err, "vkCreateBuffer (bandwidth)", r); goto done; }
+		VkMemoryRequirements req;
+		c->f.vkGetBufferMemoryRequirements(c->dev, b[i], &req);
+		int mt = find_mem(c, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+		if (mt < 0) mt = find_mem(c, req.memoryTypeBits, 0, 0);
+		VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = (uint32_t)mt};
+		r = c->f.vkAllocateMemory(c->dev, &ai, NULL, &m[i]);
+		if (r != VK_SUCCESS) { fail(err, "vkAllocateMemory (bandwidth)", r); goto done; }
+		r = c->f.vkBindBufferMemory(c->dev, b[i], m[i], 0);
+		if (r != VK_SUCCESS) { fail(err, "vkBindBufferMemory (bandwidth)", r); goto done; }
+	}
+	VkCommandBufferBeginInfo cbi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+	VkResult r = c->f.vkBeginCommandBuffer(c->cmd, &cbi);
+	if (r != VK_SUCCESS) { fail(err, "vkBeginCommandBuffer", r); goto done; }
+	for (int it = 0; it < iters; it++) {
+		if (it > 0) {
+			VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+				.dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
+			c->f.vkCmdPipelineBarrier(c->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+		}
+		VkBufferCopy cp = {.srcOffset = 0, .dstOffset = 0, .size = bytes};
+		c->f.vkCmdCopyBuffer(c->cmd, b[it % 2], b[(it + 1) % 2], 1, &cp);
+	}
+	r = c->f.vkEndCommandBuffer(c->cmd);
+	if (r != VK_SUCCESS) { fail(err, "vkEndCommandBuffer", r); goto done; }
+	rc = submit_wait(c, c->cmd, UINT64_MAX, err);
+done:
+	for (int i = 0; i < 2; i++) {
+		if (b[i]) c->f.vkDestroyBuffer(c->dev, b[i], NULL);
+		if (m[i]) c->f.vkFreeMemory(c->dev, m[i], NULL);
+	}
+	return rc;
 }
 
 #endif // KV_HAVE_VULKAN_H

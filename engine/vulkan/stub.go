@@ -20,6 +20,14 @@ func Devices() ([]Device, error) { return nil, ErrNotBuilt }
 // New returns ErrNotBuilt in this build.
 func New(local *expert.Local, opt Options) (*Computer, error) { return nil, ErrNotBuilt }
 
+// Open returns ErrNotBuilt in this build.
+func Open(opt Options) (*Computer, error) { return nil, ErrNotBuilt }
+
+// Rebase returns ErrNotBuilt in this build.
+func (c *Computer) Rebase(local *expert.Local, sum func(layer, e int) ([32]byte, bool)) error {
+	return ErrNotBuilt
+}
+
 // ComputeExperts implements expert.Computer; unreachable in this build.
 func (c *Computer) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
 	return ErrNotBuilt

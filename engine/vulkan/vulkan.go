@@ -139,6 +139,11 @@ type Options struct {
 	// Logf, if set, receives one line per notable event (experts left to
 	// the CPU and why, device faults).
 	Logf func(format string, args ...any)
+	// InjectFault, if set, is called before each queue submission; an
+	// error it returns is taken as a device fault (as a lost device
+	// would be). For fault tests of the layers above (a worker answering
+	// from the CPU path); nil in use.
+	InjectFault func() error
 
 	// kernel forces the matvec kernels (tests): kernelAuto picks the
 	// row-per-lane kernels for CPU drivers and devices without subgroup
@@ -221,6 +226,15 @@ func (b Backend) Resolve() (dev Device, ok bool, reason string, err error) {
 		return Device{}, false, "backend cpu", nil
 	}
 	devs, derr := Devices()
+	return b.resolve(devs, derr)
+}
+
+// resolve is Resolve over the device list devs (or the error derr that
+// listing them gave).
+func (b Backend) resolve(devs []Device, derr error) (dev Device, ok bool, reason string, err error) {
+	if b.Kind == "cpu" {
+		return Device{}, false, "backend cpu", nil
+	}
 	if b.Kind == "vulkan" {
 		if derr != nil {
 			return Device{}, false, "", derr
@@ -233,14 +247,24 @@ func (b Backend) Resolve() (dev Device, ok bool, reason string, err error) {
 	if derr != nil {
 		return Device{}, false, derr.Error(), nil
 	}
+	if d, ok := Pick(devs); ok {
+		return d, true, "", nil
+	}
+	return Device{}, false, fmt.Sprintf("no GPU among %d Vulkan devices (software drivers need --backend vulkan:N)", len(devs)), nil
+}
+
+// Pick is the "auto" backend's rule: the first discrete GPU of devs, else
+// the first integrated one, else the first virtual one; false when devs
+// holds none (only software drivers such as lavapipe, or nothing).
+func Pick(devs []Device) (Device, bool) {
 	for _, want := range []DeviceType{TypeDiscrete, TypeIntegrated, TypeVirtual} {
 		for _, d := range devs {
 			if d.Type == want {
-				return d, true, "", nil
+				return d, true
 			}
 		}
 	}
-	return Device{}, false, fmt.Sprintf("no GPU among %d Vulkan devices (software drivers need --backend vulkan:N)", len(devs)), nil
+	return Device{}, false
 }
 
 // BackendName returns the HELLO backend string of a worker computing on
@@ -253,10 +277,48 @@ type Stats struct {
 	ResidentExperts int    // experts whose weights are in device memory
 	CPUExperts      int    // held experts left to the CPU path (no room, no kernel)
 	ResidentBytes   uint64 // weight bytes in device memory
+	UploadedBytes   uint64 // weight bytes copied to the device (cumulative: Rebase uploads only what is new)
 	GPUPairs        uint64 // (row, slot) pairs computed on the device (cumulative)
 	CPUPairs        uint64 // pairs computed by the CPU path (cumulative)
 	Submissions     uint64 // queue submissions of ComputeExperts (cumulative)
 	Fault           string // the device fault that turned the Computer to the CPU; "" if none
+}
+
+// OpenBackend applies a --backend value (ParseBackend) for a worker whose
+// experts come later (engine/slice.Store hands them over with Rebase): it
+// opens the chosen device with no experts (Open; memBytes:
+// Options.MemoryBytes) and returns it with its HELLO backend name
+// (BackendName). For "cpu", or "auto" without a usable GPU or on any
+// Vulkan error, it returns nil and "" and says through logf why the CPU
+// computes. An explicit "vulkan[:N]" that cannot be had is an error
+// (wrapping ErrNotBuilt, ErrNoLoader, ErrNoDevice or ErrDevice); so is a
+// malformed value. logf may be nil.
+func OpenBackend(backend string, memBytes uint64, logf func(string, ...any)) (*Computer, string, error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	b, err := ParseBackend(backend)
+	if err != nil {
+		return nil, "", err
+	}
+	dev, ok, reason, err := b.Resolve()
+	if err != nil {
+		return nil, "", err
+	}
+	if !ok {
+		logf("backend %s: computing on the CPU (%s)", b, reason)
+		return nil, "", nil
+	}
+	c, err := Open(Options{Device: dev.Index, MemoryBytes: memBytes, Logf: logf})
+	if err != nil {
+		if b.Kind == "vulkan" {
+			return nil, "", err
+		}
+		logf("backend auto: computing on the CPU (%v)", err)
+		return nil, "", nil
+	}
+	logf("backend %s: %s", b, dev)
+	return c, BackendName(dev), nil
 }
 
 // Wrap applies a --backend value to a worker's CPU Computer. For "cpu", or
@@ -271,27 +333,38 @@ func Wrap(backend string, local *expert.Local, memBytes uint64, logf func(string
 		logf = func(string, ...any) {}
 	}
 	noop := func() error { return nil }
-	b, err := ParseBackend(backend)
+	c, name, err := OpenBackend(backend, memBytes, logf)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	dev, ok, reason, err := b.Resolve()
-	if err != nil {
-		return nil, "", nil, err
-	}
-	if !ok {
-		logf("backend %s: computing on the CPU (%s)", b, reason)
+	if c == nil {
 		return local, "", noop, nil
 	}
-	c, err := New(local, Options{Device: dev.Index, MemoryBytes: memBytes, Logf: logf})
-	if err != nil {
-		if b.Kind == "vulkan" {
+	if err := c.Rebase(local, nil); err != nil {
+		c.Close()
+		if b, _ := ParseBackend(backend); b.Kind == "vulkan" {
 			return nil, "", nil, err
 		}
 		logf("backend auto: computing on the CPU (%v)", err)
 		return local, "", noop, nil
 	}
 	st := c.Stats()
-	logf("backend %s: %s; %d experts (%d MiB) on the device, %d on the CPU", b, dev, st.ResidentExperts, st.ResidentBytes>>20, st.CPUExperts)
-	return c, BackendName(dev), c.Close, nil
+	logf("%d experts (%d MiB) on the device, %d on the CPU", st.ResidentExperts, st.ResidentBytes>>20, st.CPUExperts)
+	return c, name, c.Close, nil
+}
+
+// Describe says in words where a worker computes, for people (the app's
+// status): "CPU" for a nil Computer, else the device's name and
+// "(Vulkan)", and after a device fault "CPU (the Vulkan device failed:
+// ...)".
+func Describe(c *Computer) string {
+	if c == nil {
+		return "CPU"
+	}
+	if f := c.Stats().Fault; f != "" {
+		name := c.Device().Name
+		f = strings.TrimPrefix(f, ErrDevice.Error()+": "+name+": ")
+		return "CPU (the Vulkan device " + name + " failed: " + f + ")"
+	}
+	return c.Device().Name + " (Vulkan)"
 }

@@ -140,6 +140,13 @@ type Config struct {
 	Speed    uint32 // download speed hint for the backbone, KiB/s; 0: unknown
 	// DownloadWindow is the number of CHUNK_REQs kept in flight; default 4.
 	DownloadWindow int
+	// Accelerator, with SliceDir, computes the slice's experts on a device
+	// (engine/vulkan's Computer): the store hands it every new set of
+	// held experts (slice.Store.SetAccelerator); nil computes on the CPU.
+	// Backend should then name the device ("vulkan:<device>"), so that
+	// the backbone checks its results within its tolerance. The worker
+	// does not close it; close it after Close.
+	Accelerator slice.Accelerator
 	// Source, when set, replaces the model source URL of an ASSIGN that
 	// names one (e.g. a mirror of the model file near the worker); the
 	// bytes are verified against the ASSIGN's hashes either way.
@@ -244,6 +251,13 @@ func New(cfg Config) (*Worker, error) {
 		for _, b := range bad {
 			lg.Warn("worker: expert deleted, to fetch again", "layer", b.Layer, "expert", b.Expert, "err", b.Err)
 		}
+		if cfg.Accelerator != nil {
+			if err := st.SetAccelerator(cfg.Accelerator); err != nil {
+				lg.Warn("worker: the device failed; computing on the CPU", "err", err)
+			}
+		}
+	} else if cfg.Accelerator != nil {
+		return nil, errors.New("worker: Accelerator needs SliceDir (pass a device's Computer as Computer instead)")
 	}
 	if cfg.Computer == nil {
 		return nil, errors.New("worker: Computer required")

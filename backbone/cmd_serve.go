@@ -30,7 +30,7 @@ func init() {
 //	backbone serve [--model FILE] [--http 127.0.0.1:8080] [--dispatch-listen ADDR [--wait-workers N]
 //	               [--min-deadline D] [--provision [--provision-rate BYTES]]]
 //	               [--model-id ID] [--api-key KEY] [--chat-template auto|chatml|none]
-//	               [--max-batch 512] [--max-seqs 512] [--queue 1024] [--threads N] [--lanes 1]
+//	               [--max-batch 512] [--max-seqs 512] [--queue 1024] [--threads N] [--lanes 0]
 //
 // --model-id is the name of the API (/v1/models, requests' "model");
 // workers always announce the model file's slice.ModelID. ready, if set,

@@ -13,9 +13,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,7 +43,10 @@ const benchOneWay = 6500 * time.Microsecond
 // adds the hub's gateway headers, as backbone/gateway's BenchmarkRoundTrip
 // does), "gateway" goes through the TLS gateway's authenticated splice.
 // Every other layer is computed locally: one round trip per token. The
-// worker runs in this process, on the same CPUs. Models: the embedded tiny
+// worker runs in this process, on the same CPUs, except in
+// "gateway-process": there it is a `backbone worker` process serving
+// layer 0 of the model's file (the fixtures and the 4-layer shapes, which
+// are written to the temp folder for it), as in a real swarm. Models: the embedded tiny
 // model (qwen35moe), the qwen3moe and qwen35moe Q4_K_M fixtures (if present)
 // and, with KVASIR_BENCH_Q30=1, 4-layer Q4_K models of Qwen3-30B-A3B's and
 // Qwen3.5-35B-A3B's layer shapes (1.4 and 1.9 GB, generated in memory).
@@ -76,7 +81,7 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 			lm.m.SetExperts(nil)
 			benchSteps(b, lm)
 		})
-		for _, via := range []string{"hub-direct", "gateway"} {
+		for _, via := range []string{"hub-direct", "gateway", "gateway-process"} {
 			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
 				lm := mc.load(b)
 				d := benchSwarm(b, lm, via)
@@ -118,8 +123,15 @@ func benchLoad(b *testing.B, path string) *loadedModel {
 		b.Fatal(err)
 	}
 	benchModels.Store(path, lm)
+	if path != "" {
+		benchFiles.Store(lm, path)
+	}
 	return lm
 }
+
+// benchFiles maps a benchmark model to its GGUF file (absent for the
+// embedded model), which a worker process serves.
+var benchFiles sync.Map // *loadedModel -> path
 
 // presetOnce holds a benchmark model generated in memory once per process.
 type presetOnce struct {
@@ -145,12 +157,27 @@ func benchPreset(b *testing.B, p *presetOnce, preset, size string) *loadedModel 
 		b.Skipf("set KVASIR_BENCH_Q30=1 (generates a %s model in memory)", size)
 	}
 	p.once.Do(func() {
-		f, err := modelgen.PresetFile(preset, 4, quant.Q4_K)
+		s, err := modelgen.Preset(preset)
 		if err != nil {
 			p.err = err
 			return
 		}
-		p.lm, p.err = loadGenModelFile(f)
+		s.Layers, s.Type = 4, quant.Q4_K
+		data, err := modelgen.Bytes(s)
+		if err != nil {
+			p.err = err
+			return
+		}
+		// A file for the worker process; the benchmark's process maps it.
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("kvasir-bench-%s-4L-Q4_K.gguf", preset))
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			p.err = err
+			return
+		}
+		p.lm, p.err = loadGenModel(path)
+		if p.err == nil {
+			benchFiles.Store(p.lm, path)
+		}
 	})
 	if p.err != nil {
 		b.Fatal(p.err)
@@ -200,13 +227,23 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher 
 	_, key, _ := ed25519.GenerateKey(nil)
 	var url string
 	var pool *x509.CertPool
+	var caPEM []byte
 	switch via {
 	case "hub-direct":
 		shim := newHubShim(b, h.Addr(), secret, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
 		url = "ws://" + newDelayProxy(b, shim, benchOneWay)
-	case "gateway":
-		var srvTLS *tls.Config
-		srvTLS, pool = loopbackTLS(b)
+	case "gateway", "gateway-process":
+		certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
+		if err != nil {
+			b.Fatal(err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			b.Fatal(err)
+		}
+		caPEM, pool = certPEM, x509.NewCertPool()
+		pool.AppendCertsFromPEM(certPEM)
+		srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}}
 		g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: h.Addr(), Secret: secret,
 			TLSConfig: srvTLS, Logger: quietLogger()})
 		if err == nil {
@@ -218,6 +255,21 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher 
 		b.Cleanup(func() { g.Close() })
 		url = "wss://" + newDelayProxy(b, g.Addr(), benchOneWay)
 	}
+	if via == "gateway-process" {
+		startWorkerProcess(b, lm, url, caPEM)
+	} else {
+		startWorker(b, lm, url, key, pool)
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer wcancel()
+	if err := d.WaitWorkers(wctx, 1); err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// startWorker runs an in-process worker serving layer 0 of lm on url.
+func startWorker(b *testing.B, lm *loadedModel, url string, key ed25519.PrivateKey, pool *x509.CertPool) {
 	local := lm.m.LocalExperts() // safe for concurrent use
 	w, err := worker.New(worker.Config{GatewayURL: url, Key: key, RootCAs: pool, Computer: local,
 		Holdings: worker.HoldingsOf(local, []int{0}), ModelID: lm.id, Backend: "cpu", Threads: 1, Logger: quietLogger()})
@@ -228,12 +280,39 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher 
 	done := make(chan struct{})
 	go func() { defer close(done); _ = w.Run(ctx) }()
 	b.Cleanup(func() { cancel(); <-done })
-	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer wcancel()
-	if err := d.WaitWorkers(wctx, 1); err != nil {
+}
+
+// startWorkerProcess runs `backbone worker` serving layer 0 of lm's file
+// on url (one thread, the CPU backend), trusting the PEM certificate ca.
+func startWorkerProcess(b *testing.B, lm *loadedModel, url string, ca []byte) {
+	path, ok := benchFiles.Load(lm)
+	if !ok {
+		b.Skip("the embedded model has no file for a worker process")
+	}
+	dir := b.TempDir()
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, ca, 0o644); err != nil {
 		b.Fatal(err)
 	}
-	return d
+	cmd := exec.Command(backboneBin(b), "worker", "--gateway", url, "--slice", path.(string), "--layers", "0",
+		"--ca", caFile, "--key", filepath.Join(dir, "worker.key"), "--threads", "1", "--backend", "cpu")
+	cmd.Env = append(os.Environ(), asBackbone)
+	var logs strings.Builder
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
 }
 
 // newHubShim listens on loopback and forwards each connection's HTTP

@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 
 // backboneBin returns the binary that runs as the backbone command with
 // the environment asBackbone.
-func backboneBin(t *testing.T) string {
+func backboneBin(t testing.TB) string {
 	t.Helper()
 	bin, err := os.Executable()
 	if err != nil {

@@ -160,9 +160,32 @@ func q4KSums(w, a []byte, out []int32)  { genericQ4KSums(w, a, out) }
 func q5KSums(w, a []byte, out []int32)  { genericQ5KSums(w, a, out) }
 func q6KSums(w, a []byte, out []int32)  { genericQ6KSums(w, a, out) }
 
-func dotF16Lanes(w, a []byte, acc *[32]float32)  { genericDotF16Lanes(w, a, acc) }
-func dotBF16Lanes(w, a []byte, acc *[32]float32) { genericDotBF16Lanes(w, a, acc) }
-func q5KDot(w, a []byte, nb int) float32         { return genericQ5KDot(w, a, nb) }
+//go:noescape
+func dotF16LanesNEON(w, a *byte, n int, acc *[32]float32)
+
+//go:noescape
+func dotBF16LanesNEON(w, a *byte, n int, acc *[32]float32)
+
+// dotF16Lanes is genericDotF16Lanes: two fp16 rows of len(w)/2 elements
+// (len(w) == len(a), a multiple of 64 bytes).
+func dotF16Lanes(w, a []byte, acc *[32]float32) {
+	if useSIMD && len(w) >= 64 && len(a) >= len(w) {
+		dotF16LanesNEON(&w[0], &a[0], len(w)/2&^31, acc)
+		return
+	}
+	genericDotF16Lanes(w, a, acc)
+}
+
+// dotBF16Lanes is genericDotBF16Lanes for two bf16 rows.
+func dotBF16Lanes(w, a []byte, acc *[32]float32) {
+	if useSIMD && len(w) >= 64 && len(a) >= len(w) {
+		dotBF16LanesNEON(&w[0], &a[0], len(w)/2&^31, acc)
+		return
+	}
+	genericDotBF16Lanes(w, a, acc)
+}
+
+func q5KDot(w, a []byte, nb int) float32 { return genericQ5KDot(w, a, nb) }
 
 func q4_0Dot(w, a []byte, nb int) float32 { return genericQ4_0Dot(w, a, nb) }
 func q4_1Dot(w, a []byte, nb int) float32 { return genericQ4_1Dot(w, a, nb) }

@@ -2761,3 +2761,111 @@ reduce:
 	BNE  rowloop
 	RET
 
+// func dotF16LanesNEON(w, a *byte, n int, acc *[32]float32)
+// acc[l] += float32(w[i]*a[i]) for i%32 == l over two fp16 rows of n
+// elements (n a multiple of 32, >= 32): both widened to float32 exactly
+// (FCVTL/FCVTL2), then FMUL and FADD per lane (lanes 4k..4k+3 in V<k>).
+TEXT ·dotF16LanesNEON(SB), NOSPLIT, $0-32
+	MOVD w+0(FP), R0
+	MOVD a+8(FP), R1
+	MOVD n+16(FP), R2
+	MOVD acc+24(FP), R3
+	VLD1 (R3), [V0.S4, V1.S4, V2.S4, V3.S4]
+	ADD  $64, R3, R4
+	VLD1 (R4), [V4.S4, V5.S4, V6.S4, V7.S4]
+	LSR  $5, R2, R2
+loop:
+	VLD1.P 64(R0), [V8.B16, V9.B16, V10.B16, V11.B16]
+	VLD1.P 64(R1), [V12.B16, V13.B16, V14.B16, V15.B16]
+	WORD $0x0e217910 // fcvtl v16.4s, v8.4h
+	WORD $0x4e217911 // fcvtl2 v17.4s, v8.8h
+	WORD $0x0e217998 // fcvtl v24.4s, v12.4h
+	WORD $0x4e217999 // fcvtl2 v25.4s, v12.8h
+	WORD $0x0e217932 // fcvtl v18.4s, v9.4h
+	WORD $0x4e217933 // fcvtl2 v19.4s, v9.8h
+	WORD $0x0e2179ba // fcvtl v26.4s, v13.4h
+	WORD $0x4e2179bb // fcvtl2 v27.4s, v13.8h
+	WORD $0x0e217954 // fcvtl v20.4s, v10.4h
+	WORD $0x4e217955 // fcvtl2 v21.4s, v10.8h
+	WORD $0x0e2179dc // fcvtl v28.4s, v14.4h
+	WORD $0x4e2179dd // fcvtl2 v29.4s, v14.8h
+	WORD $0x0e217976 // fcvtl v22.4s, v11.4h
+	WORD $0x4e217977 // fcvtl2 v23.4s, v11.8h
+	WORD $0x0e2179fe // fcvtl v30.4s, v15.4h
+	WORD $0x4e2179ff // fcvtl2 v31.4s, v15.8h
+	WORD $0x6e38de10 // fmul v16.4s, v16.4s, v24.4s
+	WORD $0x6e39de31 // fmul v17.4s, v17.4s, v25.4s
+	WORD $0x6e3ade52 // fmul v18.4s, v18.4s, v26.4s
+	WORD $0x6e3bde73 // fmul v19.4s, v19.4s, v27.4s
+	WORD $0x6e3cde94 // fmul v20.4s, v20.4s, v28.4s
+	WORD $0x6e3ddeb5 // fmul v21.4s, v21.4s, v29.4s
+	WORD $0x6e3eded6 // fmul v22.4s, v22.4s, v30.4s
+	WORD $0x6e3fdef7 // fmul v23.4s, v23.4s, v31.4s
+	WORD $0x4e30d400 // fadd v0.4s, v0.4s, v16.4s
+	WORD $0x4e31d421 // fadd v1.4s, v1.4s, v17.4s
+	WORD $0x4e32d442 // fadd v2.4s, v2.4s, v18.4s
+	WORD $0x4e33d463 // fadd v3.4s, v3.4s, v19.4s
+	WORD $0x4e34d484 // fadd v4.4s, v4.4s, v20.4s
+	WORD $0x4e35d4a5 // fadd v5.4s, v5.4s, v21.4s
+	WORD $0x4e36d4c6 // fadd v6.4s, v6.4s, v22.4s
+	WORD $0x4e37d4e7 // fadd v7.4s, v7.4s, v23.4s
+	SUBS $1, R2, R2
+	BNE  loop
+	VST1 [V0.S4, V1.S4, V2.S4, V3.S4], (R3)
+	VST1 [V4.S4, V5.S4, V6.S4, V7.S4], (R4)
+	RET
+
+// func dotBF16LanesNEON(w, a *byte, n int, acc *[32]float32)
+// acc[l] += float32(w[i]*a[i]) for i%32 == l over two bf16 rows of n
+// elements (n a multiple of 32, >= 32): both widened to float32 exactly
+// (SHLL/SHLL2 #16), then FMUL and FADD per lane (lanes 4k..4k+3 in V<k>).
+TEXT ·dotBF16LanesNEON(SB), NOSPLIT, $0-32
+	MOVD w+0(FP), R0
+	MOVD a+8(FP), R1
+	MOVD n+16(FP), R2
+	MOVD acc+24(FP), R3
+	VLD1 (R3), [V0.S4, V1.S4, V2.S4, V3.S4]
+	ADD  $64, R3, R4
+	VLD1 (R4), [V4.S4, V5.S4, V6.S4, V7.S4]
+	LSR  $5, R2, R2
+loop:
+	VLD1.P 64(R0), [V8.B16, V9.B16, V10.B16, V11.B16]
+	VLD1.P 64(R1), [V12.B16, V13.B16, V14.B16, V15.B16]
+	WORD $0x2e613910 // shll v16.4s, v8.4h, #16
+	WORD $0x6e613911 // shll2 v17.4s, v8.8h, #16
+	WORD $0x2e613998 // shll v24.4s, v12.4h, #16
+	WORD $0x6e613999 // shll2 v25.4s, v12.8h, #16
+	WORD $0x2e613932 // shll v18.4s, v9.4h, #16
+	WORD $0x6e613933 // shll2 v19.4s, v9.8h, #16
+	WORD $0x2e6139ba // shll v26.4s, v13.4h, #16
+	WORD $0x6e6139bb // shll2 v27.4s, v13.8h, #16
+	WORD $0x2e613954 // shll v20.4s, v10.4h, #16
+	WORD $0x6e613955 // shll2 v21.4s, v10.8h, #16
+	WORD $0x2e6139dc // shll v28.4s, v14.4h, #16
+	WORD $0x6e6139dd // shll2 v29.4s, v14.8h, #16
+	WORD $0x2e613976 // shll v22.4s, v11.4h, #16
+	WORD $0x6e613977 // shll2 v23.4s, v11.8h, #16
+	WORD $0x2e6139fe // shll v30.4s, v15.4h, #16
+	WORD $0x6e6139ff // shll2 v31.4s, v15.8h, #16
+	WORD $0x6e38de10 // fmul v16.4s, v16.4s, v24.4s
+	WORD $0x6e39de31 // fmul v17.4s, v17.4s, v25.4s
+	WORD $0x6e3ade52 // fmul v18.4s, v18.4s, v26.4s
+	WORD $0x6e3bde73 // fmul v19.4s, v19.4s, v27.4s
+	WORD $0x6e3cde94 // fmul v20.4s, v20.4s, v28.4s
+	WORD $0x6e3ddeb5 // fmul v21.4s, v21.4s, v29.4s
+	WORD $0x6e3eded6 // fmul v22.4s, v22.4s, v30.4s
+	WORD $0x6e3fdef7 // fmul v23.4s, v23.4s, v31.4s
+	WORD $0x4e30d400 // fadd v0.4s, v0.4s, v16.4s
+	WORD $0x4e31d421 // fadd v1.4s, v1.4s, v17.4s
+	WORD $0x4e32d442 // fadd v2.4s, v2.4s, v18.4s
+	WORD $0x4e33d463 // fadd v3.4s, v3.4s, v19.4s
+	WORD $0x4e34d484 // fadd v4.4s, v4.4s, v20.4s
+	WORD $0x4e35d4a5 // fadd v5.4s, v5.4s, v21.4s
+	WORD $0x4e36d4c6 // fadd v6.4s, v6.4s, v22.4s
+	WORD $0x4e37d4e7 // fadd v7.4s, v7.4s, v23.4s
+	SUBS $1, R2, R2
+	BNE  loop
+	VST1 [V0.S4, V1.S4, V2.S4, V3.S4], (R3)
+	VST1 [V4.S4, V5.S4, V6.S4, V7.S4], (R4)
+	RET
+

@@ -306,8 +306,17 @@ func matMulRowsArch(Type, []byte, int, int, []byte, int, int, []float32, int, in
 	return false
 }
 
-// deltaRule is genericDeltaRule on arm64 (its dot products run through
-// dotF32's NEON kernel).
+//go:noescape
+func deltaRuleNEON(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
+
+// deltaRule is genericDeltaRule (lengths checked by DeltaRule: n = len(q)
+// >= 1, len(o) >= 1 rows): one NEON kernel call for all rows when n is a
+// multiple of 32 (head sizes are), else the Go loop (its dot products
+// through dotF32's NEON kernel).
 func deltaRule(st, q, k, v, o []float32, beta, decay, scale float32) {
+	if useSIMD && len(q)%32 == 0 {
+		deltaRuleNEON(&st[0], &q[0], &k[0], &v[0], &o[0], len(q), len(o), beta, decay, scale)
+		return
+	}
 	genericDeltaRule(st, q, k, v, o, beta, decay, scale)
 }

@@ -2869,3 +2869,154 @@ loop:
 	VST1 [V4.S4, V5.S4, V6.S4, V7.S4], (R4)
 	RET
 
+// func deltaRuleNEON(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
+// genericDeltaRule for rows >= 1 state rows of n floats, n a multiple of 32
+// (>= 32). Per row j: pass 1 scales the row by decay (stored) and sums its
+// products with k in DotF32's 32 lanes (V0..V7); d = (v[j]-dot)*beta;
+// pass 2 adds float32(k*d) to the row (stored) and sums its products with
+// q; o[j] = dot*scale. Every multiply and add is its own FMUL / FADD.
+TEXT ·deltaRuleNEON(SB), NOSPLIT, $0-68
+	MOVD  st+0(FP), R0
+	MOVD  q+8(FP), R11
+	MOVD  k+16(FP), R10
+	MOVD  v+24(FP), R4
+	MOVD  o+32(FP), R5
+	MOVD  n+40(FP), R7
+	LSR   $5, R7, R7
+	MOVD  rows+48(FP), R6
+	FMOVS beta+56(FP), F29
+	FMOVS decay+60(FP), F28
+	FMOVS scale+64(FP), F30
+	WORD $0x4e04079c // dup v28.4s, v28.s[0]
+rowloop:
+	MOVD  R0, R13
+	MOVD  R10, R1
+	MOVD  R7, R8
+	WORD $0x6f00e400 // movi v0.2d, #0
+	WORD $0x6f00e401 // movi v1.2d, #0
+	WORD $0x6f00e402 // movi v2.2d, #0
+	WORD $0x6f00e403 // movi v3.2d, #0
+	WORD $0x6f00e404 // movi v4.2d, #0
+	WORD $0x6f00e405 // movi v5.2d, #0
+	WORD $0x6f00e406 // movi v6.2d, #0
+	WORD $0x6f00e407 // movi v7.2d, #0
+pass1:
+	VLD1  (R0), [V16.S4, V17.S4, V18.S4, V19.S4]
+	ADD   $64, R0, R12
+	VLD1  (R12), [V20.S4, V21.S4, V22.S4, V23.S4]
+	WORD $0x6e3cde10 // fmul v16.4s, v16.4s, v28.4s
+	WORD $0x6e3cde31 // fmul v17.4s, v17.4s, v28.4s
+	WORD $0x6e3cde52 // fmul v18.4s, v18.4s, v28.4s
+	WORD $0x6e3cde73 // fmul v19.4s, v19.4s, v28.4s
+	WORD $0x6e3cde94 // fmul v20.4s, v20.4s, v28.4s
+	WORD $0x6e3cdeb5 // fmul v21.4s, v21.4s, v28.4s
+	WORD $0x6e3cded6 // fmul v22.4s, v22.4s, v28.4s
+	WORD $0x6e3cdef7 // fmul v23.4s, v23.4s, v28.4s
+	VST1.P [V16.S4, V17.S4, V18.S4, V19.S4], 64(R0)
+	VST1.P [V20.S4, V21.S4, V22.S4, V23.S4], 64(R0)
+	VLD1.P 64(R1), [V8.S4, V9.S4, V10.S4, V11.S4]
+	VLD1.P 64(R1), [V12.S4, V13.S4, V14.S4, V15.S4]
+	WORD $0x6e28de10 // fmul v16.4s, v16.4s, v8.4s
+	WORD $0x6e29de31 // fmul v17.4s, v17.4s, v9.4s
+	WORD $0x6e2ade52 // fmul v18.4s, v18.4s, v10.4s
+	WORD $0x6e2bde73 // fmul v19.4s, v19.4s, v11.4s
+	WORD $0x6e2cde94 // fmul v20.4s, v20.4s, v12.4s
+	WORD $0x6e2ddeb5 // fmul v21.4s, v21.4s, v13.4s
+	WORD $0x6e2eded6 // fmul v22.4s, v22.4s, v14.4s
+	WORD $0x6e2fdef7 // fmul v23.4s, v23.4s, v15.4s
+	WORD $0x4e30d400 // fadd v0.4s, v0.4s, v16.4s
+	WORD $0x4e31d421 // fadd v1.4s, v1.4s, v17.4s
+	WORD $0x4e32d442 // fadd v2.4s, v2.4s, v18.4s
+	WORD $0x4e33d463 // fadd v3.4s, v3.4s, v19.4s
+	WORD $0x4e34d484 // fadd v4.4s, v4.4s, v20.4s
+	WORD $0x4e35d4a5 // fadd v5.4s, v5.4s, v21.4s
+	WORD $0x4e36d4c6 // fadd v6.4s, v6.4s, v22.4s
+	WORD $0x4e37d4e7 // fadd v7.4s, v7.4s, v23.4s
+	SUBS  $1, R8, R8
+	BNE   pass1
+	WORD $0x4e24d400 // fadd v0.4s, v0.4s, v4.4s
+	WORD $0x4e25d421 // fadd v1.4s, v1.4s, v5.4s
+	WORD $0x4e26d442 // fadd v2.4s, v2.4s, v6.4s
+	WORD $0x4e27d463 // fadd v3.4s, v3.4s, v7.4s
+	WORD $0x4e22d400 // fadd v0.4s, v0.4s, v2.4s
+	WORD $0x4e23d421 // fadd v1.4s, v1.4s, v3.4s
+	WORD $0x4e21d400 // fadd v0.4s, v0.4s, v1.4s
+	WORD $0x6e004001 // ext v1.16b, v0.16b, v0.16b, #8
+	WORD $0x4e21d400 // fadd v0.4s, v0.4s, v1.4s
+	WORD $0x7e30d800 // faddp s0, v0.2s
+	FMOVS.P 4(R4), F1
+	WORD $0x1e203821 // fsub s1, s1, s0
+	WORD $0x1e3d0821 // fmul s1, s1, s29
+	WORD $0x4e04043f // dup v31.4s, v1.s[0]
+	MOVD  R13, R0
+	MOVD  R10, R1
+	MOVD  R11, R2
+	MOVD  R7, R8
+	WORD $0x6f00e400 // movi v0.2d, #0
+	WORD $0x6f00e401 // movi v1.2d, #0
+	WORD $0x6f00e402 // movi v2.2d, #0
+	WORD $0x6f00e403 // movi v3.2d, #0
+	WORD $0x6f00e404 // movi v4.2d, #0
+	WORD $0x6f00e405 // movi v5.2d, #0
+	WORD $0x6f00e406 // movi v6.2d, #0
+	WORD $0x6f00e407 // movi v7.2d, #0
+pass2:
+	VLD1.P 64(R1), [V8.S4, V9.S4, V10.S4, V11.S4]
+	VLD1.P 64(R1), [V12.S4, V13.S4, V14.S4, V15.S4]
+	VLD1  (R0), [V16.S4, V17.S4, V18.S4, V19.S4]
+	ADD   $64, R0, R12
+	VLD1  (R12), [V20.S4, V21.S4, V22.S4, V23.S4]
+	WORD $0x6e3fdd08 // fmul v8.4s, v8.4s, v31.4s
+	WORD $0x6e3fdd29 // fmul v9.4s, v9.4s, v31.4s
+	WORD $0x6e3fdd4a // fmul v10.4s, v10.4s, v31.4s
+	WORD $0x6e3fdd6b // fmul v11.4s, v11.4s, v31.4s
+	WORD $0x6e3fdd8c // fmul v12.4s, v12.4s, v31.4s
+	WORD $0x6e3fddad // fmul v13.4s, v13.4s, v31.4s
+	WORD $0x6e3fddce // fmul v14.4s, v14.4s, v31.4s
+	WORD $0x6e3fddef // fmul v15.4s, v15.4s, v31.4s
+	WORD $0x4e28d610 // fadd v16.4s, v16.4s, v8.4s
+	WORD $0x4e29d631 // fadd v17.4s, v17.4s, v9.4s
+	WORD $0x4e2ad652 // fadd v18.4s, v18.4s, v10.4s
+	WORD $0x4e2bd673 // fadd v19.4s, v19.4s, v11.4s
+	WORD $0x4e2cd694 // fadd v20.4s, v20.4s, v12.4s
+	WORD $0x4e2dd6b5 // fadd v21.4s, v21.4s, v13.4s
+	WORD $0x4e2ed6d6 // fadd v22.4s, v22.4s, v14.4s
+	WORD $0x4e2fd6f7 // fadd v23.4s, v23.4s, v15.4s
+	VST1.P [V16.S4, V17.S4, V18.S4, V19.S4], 64(R0)
+	VST1.P [V20.S4, V21.S4, V22.S4, V23.S4], 64(R0)
+	VLD1.P 64(R2), [V8.S4, V9.S4, V10.S4, V11.S4]
+	VLD1.P 64(R2), [V12.S4, V13.S4, V14.S4, V15.S4]
+	WORD $0x6e28de10 // fmul v16.4s, v16.4s, v8.4s
+	WORD $0x6e29de31 // fmul v17.4s, v17.4s, v9.4s
+	WORD $0x6e2ade52 // fmul v18.4s, v18.4s, v10.4s
+	WORD $0x6e2bde73 // fmul v19.4s, v19.4s, v11.4s
+	WORD $0x6e2cde94 // fmul v20.4s, v20.4s, v12.4s
+	WORD $0x6e2ddeb5 // fmul v21.4s, v21.4s, v13.4s
+	WORD $0x6e2eded6 // fmul v22.4s, v22.4s, v14.4s
+	WORD $0x6e2fdef7 // fmul v23.4s, v23.4s, v15.4s
+	WORD $0x4e30d400 // fadd v0.4s, v0.4s, v16.4s
+	WORD $0x4e31d421 // fadd v1.4s, v1.4s, v17.4s
+	WORD $0x4e32d442 // fadd v2.4s, v2.4s, v18.4s
+	WORD $0x4e33d463 // fadd v3.4s, v3.4s, v19.4s
+	WORD $0x4e34d484 // fadd v4.4s, v4.4s, v20.4s
+	WORD $0x4e35d4a5 // fadd v5.4s, v5.4s, v21.4s
+	WORD $0x4e36d4c6 // fadd v6.4s, v6.4s, v22.4s
+	WORD $0x4e37d4e7 // fadd v7.4s, v7.4s, v23.4s
+	SUBS  $1, R8, R8
+	BNE   pass2
+	WORD $0x4e24d400 // fadd v0.4s, v0.4s, v4.4s
+	WORD $0x4e25d421 // fadd v1.4s, v1.4s, v5.4s
+	WORD $0x4e26d442 // fadd v2.4s, v2.4s, v6.4s
+	WORD $0x4e27d463 // fadd v3.4s, v3.4s, v7.4s
+	WORD $0x4e22d400 // fadd v0.4s, v0.4s, v2.4s
+	WORD $0x4e23d421 // fadd v1.4s, v1.4s, v3.4s
+	WORD $0x4e21d400 // fadd v0.4s, v0.4s, v1.4s
+	WORD $0x6e004001 // ext v1.16b, v0.16b, v0.16b, #8
+	WORD $0x4e21d400 // fadd v0.4s, v0.4s, v1.4s
+	WORD $0x7e30d800 // faddp s0, v0.2s
+	WORD $0x1e3e0800 // fmul s0, s0, s30
+	FMOVS.P F0, 4(R5)
+	SUBS  $1, R6, R6
+	BNE   rowloop
+	RET
+

@@ -2,8 +2,6 @@
 
 package quant
 
-//go:generate go run neon_gen.go
-
 import "golang.org/x/sys/cpu"
 
 // useSIMD selects the NEON kernels of kernels_arm64.s and

@@ -1,5 +1,9 @@
 package quant
 
+// The arm64 row kernels (kernels_rows_arm64.s) are generated; llvm-mc encodes
+// their NEON instructions.
+//go:generate go run neon_gen.go
+
 import (
 	"fmt"
 	"os"

@@ -12,8 +12,9 @@ import (
 // TestVecDotRowsMatchesGeneric holds vecDotRows (the multi-row kernels
 // where this build has them) to one generic vecDot per row, bit for bit:
 // every weight type, row counts 0, 1, 2, odd and past a kernel unroll,
-// rows packed or with a padded stride (garbage in the padding), on real
-// quantized rows and on random code bytes with finite scales.
+// rows packed or with an odd padded stride (rows at unaligned addresses,
+// garbage in the padding), on real quantized rows and on random code bytes
+// with finite scales.
 func TestVecDotRowsMatchesGeneric(t *testing.T) { eachSIMDPath(t, testVecDotRowsMatchesGeneric) }
 
 func testVecDotRowsMatchesGeneric(t *testing.T) {
@@ -26,11 +27,11 @@ func testVecDotRowsMatchesGeneric(t *testing.T) {
 		if typ == F16 { // every activation buffer size class of f16Rows, and past it
 			ns = append(ns, 2080, 4128, 16416)
 		} else if typ.BlockSize() == 32 {
-			ns = append(ns, 32, 96, 160) // 1, 3, 5 blocks: the Q8_0 kernel goes 4 blocks at a time
+			ns = append(ns, 32, 96, 160, 224) // 1, 3, 5, 7 blocks: the Q8_0 kernels go 4 blocks at a time
 		}
 		for _, n := range ns {
 			rb0, _ := typ.RowBytes(n)
-			for _, pad := range []int{0, 20} {
+			for _, pad := range []int{0, 21} {
 				rb := rb0 + pad
 				for _, rows := range []int{0, 1, 2, 7, 65} {
 					for _, random := range []bool{false, true} {
@@ -148,9 +149,10 @@ func testMatMulMatchesGeneric(t *testing.T) {
 
 // TestVecDot4RowsMatchesGeneric holds vecDot4Rows (where this build has
 // it) to the generic vecDot of every (weight row, activation row) pair:
-// row counts 0, 1, 2, odd and longer, packed or padded weight rows, real
-// quantized rows or random code bytes with finite scales, and a y stride
-// wider than rows whose gaps must stay untouched.
+// row counts 0, 1, 2, odd and longer, packed weight and activation rows or
+// both with an odd padded stride (unaligned rows, garbage in the padding),
+// real quantized rows or random code bytes with finite scales, and a y
+// stride wider than rows whose gaps must stay untouched.
 func TestVecDot4RowsMatchesGeneric(t *testing.T) { eachSIMDPath(t, testVecDot4RowsMatchesGeneric) }
 
 func testVecDot4RowsMatchesGeneric(t *testing.T) {
@@ -159,9 +161,9 @@ func testVecDot4RowsMatchesGeneric(t *testing.T) {
 		for _, nb := range []int{1, 3} {
 			n := nb * QK_K
 			rb0, _ := typ.RowBytes(n)
-			ab, _ := ActivationBytes(typ, n)
-			for _, pad := range []int{0, 12} {
-				rb := rb0 + pad
+			ab0, _ := ActivationBytes(typ, n)
+			for _, pad := range []int{0, 13} {
+				rb, ab := rb0+pad, ab0+pad/4 // ab: the stride of the activation rows
 				for _, c := range []struct {
 					rows   int
 					random bool
@@ -170,16 +172,18 @@ func testVecDot4RowsMatchesGeneric(t *testing.T) {
 					w := make([]byte, rows*rb)
 					randomCodes(r, w)
 					a := make([]byte, 4*ab)
+					randomCodes(r, a)
 					if c.random && typ.BlockSize() > 1 { // every code byte, -128 included; finite scales
-						randomCodes(r, a)
-						wb, qb := typ.BlockBytes(), ab/(n/typ.BlockSize())
+						wb, qb := typ.BlockBytes(), ab0/(n/typ.BlockSize())
 						for i := range rows {
 							for j := range 4 {
 								saneScales(r, w[i*rb:], a[j*ab:], wb, qb, n/typ.BlockSize())
 							}
 						}
 						if qb == 292 {
-							setQ8KBsums(a, 4*nb)
+							for j := range 4 {
+								setQ8KBsums(a[j*ab:], nb)
+							}
 						}
 					} else {
 						for i := range rows {
@@ -210,7 +214,7 @@ func testVecDot4RowsMatchesGeneric(t *testing.T) {
 								continue
 							}
 							var want float32
-							withGeneric(func() { want = vecDot(typ, w[i*rb:i*rb+rb0], a[j*ab:(j+1)*ab], n) })
+							withGeneric(func() { want = vecDot(typ, w[i*rb:i*rb+rb0], a[j*ab:j*ab+ab0], n) })
 							if !sameBits(got, want) {
 								t.Fatalf("%s nb=%d pad=%d rows=%d: y[%d][%d] = %g, generic %g", typ, nb, pad, rows, j, i, got, want)
 							}

@@ -1,5 +1,9 @@
 package quant
 
+// The arm64 row kernels (kernels_rows_arm64.s) are generated; llvm-mc encodes
+// their NEON instructions.
+//go:generate go run neon_gen.go
+
 import (
 	"fmt"
 	"os"
@@ -8,7 +12,8 @@ import (
 
 // SIMDEnv is the environment variable that forces a kernel path for the
 // whole process: "none" (the pure-Go code), "avx2" or "avx512" on amd64,
-// "neon" on arm64. Unset or empty: the best path the CPU has. Every path
+// "neon" or "dotprod" (NEON plus the ARMv8.2 SDOT instructions) on arm64.
+// Unset or empty: the best path the CPU has. Every path
 // gives the same bits (tests hold each to the pure-Go code), so this only
 // changes speed; it exists so that each path can be run on a machine that
 // would pick another.

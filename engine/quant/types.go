@@ -10,18 +10,20 @@
 // exact integer sums per block, then float32 scale products and a float32
 // accumulation, never fused - so MatMul is batch- and thread-invariant and
 // the SIMD kernels (amd64: AVX2+F16C in kernels_amd64.s, AVX-512 F/BW/VL/VNNI
-// in kernels_avx512_amd64.s; NEON on arm64: kernels_arm64.s) give the same
+// in kernels_avx512_amd64.s; arm64: NEON, with SDOT where the CPU has it,
+// in kernels_arm64.s and kernels_rows_arm64.s) give the same
 // bits as the pure-Go code (build tag noasm or other GOARCHes), which tests
 // check kernel by kernel on every path the CPU has. Results are therefore
 // also identical across amd64 and arm64. The path is chosen at run time
-// (the best the CPU has); SIMDEnv (KVASIR_SIMD=none|avx2|avx512|neon) forces
+// (the best the CPU has); SIMDEnv (KVASIR_SIMD=none|avx2|avx512|neon|dotprod) forces
 // one for a whole process, SetSIMDPath for tests and benchmarks.
 //
 // MatMulConverted validates once per call, then hands whole tiles of weight
 // rows to multi-row kernels (matmul.go: vecDotRows for one activation row,
 // vecDot4Rows for four; AVX2 for Q4_K, Q6_K, Q8_0 and F16; on AVX-512,
 // Q4_K runs 4 weight rows at a time for one activation row and 8 or 4
-// activation rows at a time per weight row), each element still the
+// activation rows at a time per weight row; NEON/SDOT for Q4_K, Q6_K and
+// Q8_0, one or four activation rows per weight block), each element still the
 // single-row operation order. Packed float steps in those kernels compute
 // lane r exactly as the scalar step for row r would.
 package quant

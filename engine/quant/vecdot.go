@@ -242,8 +242,9 @@ const sumChunk = 64 // blocks per integer-sum kernel call
 
 func vecDotQ8_0(w, a []byte, nb int) float32 { return q8_0Dot(w, a, nb) }
 
-// q8_0DotSums is the Q8_0 x Q8_0 float part shared by every path; the exact
-// per-block integer sums come from q8_0Sums (NEON on arm64, else Go).
+// q8_0DotSums is the Q8_0 x Q8_0 float part of the pure-Go path (the SIMD
+// kernels repeat it operation for operation); the exact per-block integer
+// sums come from q8_0Sums.
 // (Static calls only: a buffer passed to a func value would escape.)
 func q8_0DotSums(w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
@@ -369,12 +370,11 @@ func kMinsTerm(scales, y []byte) int32 {
 func vecDotQ4K(w, a []byte, nb int) float32 { return q4KDot(w, a, nb) }
 func vecDotQ5K(w, a []byte, nb int) float32 { return q5KDot(w, a, nb) }
 
-// kDotSums is the Q4_K/Q5_K x Q8_K float part shared by every path (block
+// kDotSums is the Q4_K/Q5_K x Q8_K float part of the pure-Go path (block
 // size bb: 144 or 176): per block sumf += d*isum, then sumf -= dmin*mins
 // term, with d = fp16 d_w * d_a and dmin = fp16 dmin_w * d_a
-// (ggml_vec_dot_q4_K_q8_K / _q5_K_q8_K). q4KSums / q5KSums (NEON on arm64,
-// else genericQ4KSums / genericQ5KSums) supply the exact scaled integer
-// sums.
+// (ggml_vec_dot_q4_K_q8_K / _q5_K_q8_K). q4KSums / q5KSums supply the exact
+// scaled integer sums (the SIMD kernels fuse both parts, same operations).
 func kDotSums(bb int, w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32
@@ -442,9 +442,9 @@ func genericQ5KSums(w, a []byte, out []int32) {
 
 func vecDotQ6K(w, a []byte, nb int) float32 { return q6KDot(w, a, nb) }
 
-// q6KDotSums is the Q6_K x Q8_K float part shared by every path: per block
+// q6KDotSums is the Q6_K x Q8_K float part of the pure-Go path: per block
 // sumf += (fp16 d_w * d_a) * isum (ggml_vec_dot_q6_K_q8_K), isum from
-// q6KSums (NEON on arm64, else genericQ6KSums).
+// q6KSums (the SIMD kernels fuse both parts, same operations).
 func q6KDotSums(w, a []byte, nb int) float32 {
 	var buf [sumChunk]int32
 	var sumf float32

@@ -9,4 +9,4 @@ const DefaultPrompt = "And the king said unto"
 // others. Its tests check the greedy continuations of these (readable
 // English, and the same tokens from engine/model, the training script's
 // PyTorch forward and llama.cpp; testdata/README.md).
-var Prompts = []string{DefaultPrompt, "In the beginning", "Blessed are the"}
+var Prompts = []string{DefaultPrompt, "Now it came to pass", "And the LORD spake unto Moses, saying,"}

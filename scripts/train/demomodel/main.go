@@ -8,17 +8,22 @@
 //	go run ./scripts/train/demomodel export --dir DIR --out engine/demomodel/kjv-qwen35moe.gguf
 //	go run ./scripts/train/demomodel check --model engine/demomodel/kjv-qwen35moe.gguf --dir DIR --out DIR2
 //	/usr/bin/python3 scripts/train/train_demo.py --eval DIR2   # DIR2/torch_ref.json -> engine/demomodel/testdata
+//	go run ./scripts/train/demomodel llamaref --bin /opt/llama.cpp/build/bin --out engine/demomodel/testdata/llamacpp_ref.json
 //
 // The logic is engine/demomodel/train's; this file only parses flags.
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/demomodel"
@@ -31,7 +36,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: demomodel prep|export|check [flags]")
+		fmt.Fprintln(os.Stderr, "usage: demomodel prep|export|check|llamaref [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -42,8 +47,10 @@ func main() {
 		err = export(os.Args[2:])
 	case "check":
 		err = check(os.Args[2:])
+	case "llamaref":
+		err = llamaref(os.Args[2:])
 	default:
-		fmt.Fprintf(os.Stderr, "demomodel: unknown step %q (prep, export, check)\n", os.Args[1])
+		fmt.Fprintf(os.Stderr, "demomodel: unknown step %q (prep, export, check, llamaref)\n", os.Args[1])
 		os.Exit(2)
 	}
 	if err != nil {
@@ -161,4 +168,76 @@ func check(args []string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(*out, "prompts.json"), js, 0o644)
+}
+
+// llamaref runs llama.cpp's llama-tokenize (--ids) and llama-simple (-n
+// 32, greedy) from --bin on the embedded model for each of
+// demomodel.Prompts, and with --dumper a small program of ours linked to
+// libllama that prints each greedy step's gap and top-8 logits, and writes
+// their output as the test data of engine/demomodel's
+// TestLlamaCppReference. llama.cpp and the dumper are built outside the
+// repository (engine/demomodel/testdata/README.md).
+func llamaref(args []string) error {
+	fs := flag.NewFlagSet("llamaref", flag.ExitOnError)
+	bin := fs.String("bin", "", "folder of llama.cpp's llama-tokenize and llama-simple")
+	model := fs.String("model", filepath.Join("engine", "demomodel", demomodel.FileName), "GGUF file")
+	n := fs.Int("n", 32, "tokens to generate")
+	out := fs.String("out", "", "JSON file to write")
+	dumper := fs.String("dumper", "", "optional: a program linked to libllama, run as DUMPER MODEL TOK,TOK,... N, printing JSON {greedy, gaps, top} (testdata/README.md)")
+	_ = fs.Parse(args)
+	if *bin == "" || *out == "" {
+		return fmt.Errorf("llamaref: --bin and --out are required")
+	}
+	type ref struct {
+		Prompt   string         `json:"prompt"`
+		Tokens   []int32        `json:"tokens"`
+		Text     string         `json:"text"`
+		Greedy   []int32        `json:"greedy"`
+		Gaps     []float64      `json:"gaps"`
+		Top      [][][2]float64 `json:"top"`
+		Commands [][]string     `json:"commands"`
+	}
+	var refs []ref
+	for _, p := range demomodel.Prompts {
+		tc := []string{filepath.Join(*bin, "llama-tokenize"), "-m", *model, "-p", p, "--ids", "--log-disable"}
+		b, err := exec.Command(tc[0], tc[1:]...).Output()
+		if err != nil {
+			return fmt.Errorf("%v: %w", tc, err)
+		}
+		var ids []int32
+		if err := json.Unmarshal(bytes.TrimSpace(b), &ids); err != nil {
+			return fmt.Errorf("llama-tokenize printed %q: %w", b, err)
+		}
+		sc := []string{filepath.Join(*bin, "llama-simple"), "-m", *model, "-n", strconv.Itoa(*n), p}
+		b, err = exec.Command(sc[0], sc[1:]...).Output()
+		if err != nil {
+			return fmt.Errorf("%v: %w", sc, err)
+		}
+		text, ok := strings.CutPrefix(strings.TrimSuffix(string(b), "\n"), p)
+		if !ok {
+			return fmt.Errorf("llama-simple printed %q, which does not start with the prompt", b)
+		}
+		r := ref{Prompt: p, Tokens: ids, Text: text, Commands: [][]string{tc, sc}}
+		if *dumper != "" {
+			toks := make([]string, len(ids))
+			for i, id := range ids {
+				toks[i] = strconv.Itoa(int(id))
+			}
+			dc := []string{*dumper, *model, strings.Join(toks, ","), strconv.Itoa(*n)}
+			b, err = exec.Command(dc[0], dc[1:]...).Output()
+			if err != nil {
+				return fmt.Errorf("%v: %w", dc, err)
+			}
+			if err := json.Unmarshal(b, &r); err != nil {
+				return fmt.Errorf("%s printed %q: %w", *dumper, b, err)
+			}
+			r.Commands = append(r.Commands, dc)
+		}
+		refs = append(refs, r)
+	}
+	js, err := json.MarshalIndent(refs, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(*out, append(js, '\n'), 0o644)
 }

@@ -571,16 +571,11 @@ func Tiny() ([]byte, error) { return tiny.get("tiny") }
 // like Tiny (callers must not modify them).
 func TinyQwen35MoE() ([]byte, error) { return tinyQwen35.get("tiny-qwen35moe") }
 
-// DefaultPreset is the preset of the embedded default model that commands
-// run without a model file: a tiny model of the seed deployment's family
-// (qwen35moe).
+// DefaultPreset is `backbone genmodel`'s default preset: a tiny model of
+// the seed deployment's family (qwen35moe) with random weights. (The
+// commands' default model is no longer generated: it is the trained
+// engine/demomodel.)
 const DefaultPreset = "tiny-qwen35moe"
-
-// Default returns the bytes of the embedded default model,
-// Preset(DefaultPreset) (TinyQwen35MoE), generated on first use and cached
-// (callers must not modify them): what `backbone genmodel` writes with its
-// default flags.
-func Default() ([]byte, error) { return TinyQwen35MoE() }
 
 // Bytes generates the model described by s (Build) and returns its whole
 // GGUF file in memory, ready for gguf.Parse. Errors wrap ErrSpec or come from

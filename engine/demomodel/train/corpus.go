@@ -33,7 +33,8 @@ type Chapter struct {
 func (c Chapter) Text() string { return strings.Join(c.Verses, " ") }
 
 // KJVVerses is the number of verses of the King James Version (Genesis 1:1
-// to Revelation 22:21), which ParseKJV checks with WantVerses.
+// to Revelation 22:21): pass it to ParseKJV as wantVerses to check a whole
+// Bible.
 const KJVVerses = 31102
 
 var (

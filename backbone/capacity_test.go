@@ -20,7 +20,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/demo"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/run"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 )
 
 // writeFullAndBackbone writes the embedded tiny model and its
@@ -28,7 +28,7 @@ import (
 // with the slice command, returning both paths.
 func writeFullAndBackbone(t *testing.T, hot ...string) (full, bo string) {
 	t.Helper()
-	data, err := modelgen.Default()
+	data, err := demomodel.Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/demo"
 	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/backbone/serve"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
 
@@ -56,7 +57,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.SetOutput(stderr)
 	var o demo.Options
 	var asJSON, serveAPI bool
-	fs.StringVar(&o.Prompt, "prompt", "Once upon a time, in a swarm of experts,", "prompt text")
+	fs.StringVar(&o.Prompt, "prompt", demomodel.DefaultPrompt, "prompt text")
 	fs.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens to generate")
 	fs.IntVar(&o.Workers, "workers", 2, "worker processes; layer l is served by worker l mod N (--verify quorum: every worker serves every layer)")
 	fs.IntVar(&o.WorkerThreads, "worker-threads", 1, "compute threads per worker")

@@ -17,6 +17,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/config"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/run"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/spec"
 )
@@ -89,7 +90,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	fs.SetOutput(stderr)
 	modelPath := fs.String("model", "", "GGUF model file (default: the embedded tiny model)")
 	resident := run.AddResidentFlag(fs)
-	prompt := fs.String("prompt", "The capital of France is", "prompt text")
+	prompt := fs.String("prompt", demomodel.DefaultPrompt, "prompt text")
 	maxTokens := fs.Int("max-tokens", 32, "tokens to generate")
 	temp := fs.Float64("temperature", 0, "sampling temperature; 0 = greedy")
 	topK := fs.Int("top-k", 0, "keep the K most likely tokens (0: all)")

@@ -107,13 +107,13 @@ func TestGenmodelCommand(t *testing.T) {
 	if code := genmodelMain([]string{"--preset", "tiny-qwen35moe", "--seed", "1", "--out", path}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	data, _ := modelgen.Default()
+	data, _ := modelgen.TinyQwen35MoE()
 	file, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(file, data) {
-		t.Error("genmodel --preset tiny-qwen35moe --seed 1 differs from the embedded model")
+		t.Error("genmodel --preset tiny-qwen35moe --seed 1 differs from modelgen.TinyQwen35MoE")
 	}
 	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "1", "--type", "Q4_K_M", "--seed", "3", "--out", path}, &out, &errb); code != 0 {
 		t.Fatalf("Q4_K_M: exit %d: %s", code, errb.String())

@@ -17,9 +17,9 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
@@ -27,7 +27,7 @@ import (
 // tinyLocal loads an independent instance of the embedded tiny model.
 func tinyLocal(t *testing.T) (*model.Model, *tokenizer.Tokenizer) {
 	t.Helper()
-	data, err := modelgen.Default()
+	data, err := demomodel.Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}

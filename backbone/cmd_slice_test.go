@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 )
 
@@ -18,7 +18,7 @@ import (
 // --check reports it (engine/slice's TestLoad checks that the worker's
 // loader, slice.Load, leaves it out).
 func TestSliceCommand(t *testing.T) {
-	data, err := modelgen.Default()
+	data, err := demomodel.Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/demo"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
 
@@ -247,7 +247,7 @@ func TestDemoProvision(t *testing.T) {
 	}
 
 	// The expert files' bytes, from a slice of every layer.
-	data, err := modelgen.Default()
+	data, err := demomodel.Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/demo"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 )
 
 // metricValue returns the value of the metric line that starts with name
@@ -64,7 +64,7 @@ func TestServeSwarmWorkerProcess(t *testing.T) {
 func testServeSwarmWorkerProcess(t *testing.T, provision bool) {
 	log := newTestLog(t)
 	dir := t.TempDir()
-	data, err := modelgen.Default()
+	data, err := demomodel.Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,8 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/run"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/engine/expert"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 	"github.com/kvasir-ai/kvasir/wallet"
@@ -147,7 +147,7 @@ func startFull(ctx context.Context, o Options, dir string, log io.Writer) (_ *fu
 			s.Close()
 		}
 	}()
-	data, err := modelgen.Default()
+	data, err := demomodel.Bytes()
 	if err != nil {
 		return nil, err
 	}
@@ -630,9 +630,6 @@ func Print(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "kvasir demo: loopback swarm (hub, TLS gateway, %d worker processes), model %s\n", len(r.Workers), r.ModelID)
 	fmt.Fprintf(w, "prompt:  %q\n", r.Prompt)
 	fmt.Fprintf(w, "text:    %q\n", r.Text)
-	if strings.HasPrefix(r.ModelID, "kvasir-tiny") {
-		fmt.Fprintln(w, "         (the embedded model has random weights, so the text is noise; what the demo shows is that the swarm's tokens equal a local decode's)")
-	}
 	fmt.Fprintf(w, "tokens equal to a local decode: %s (%d tokens; logits bit-identical: %s)\n",
 		yes(r.TokensEqual), len(r.Tokens), yes(r.LogitsEqual))
 	fmt.Fprintf(w, "experts: %d computed by workers, %d locally\n", r.ExpertsRemote, r.ExpertsLocal)

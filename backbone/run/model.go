@@ -19,9 +19,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
@@ -53,18 +53,15 @@ func Load(path string) (*Model, error) {
 }
 
 // OpenFile opens the GGUF file at path (mapped), or parses the embedded
-// default model (engine/modelgen.Default, the tiny qwen35moe that `backbone
-// genmodel` writes by default) when path is "". Errors are those of
-// gguf.Open, gguf.Parse or modelgen.Default.
+// default model (engine/demomodel: a tiny qwen35moe trained on the King
+// James Bible, its SHA-256 and model id checked) when path is "". Errors
+// are those of gguf.Open, or demomodel.File's (demomodel.ErrChecksum,
+// gguf.Parse's).
 func OpenFile(path string) (*gguf.File, error) {
 	if path != "" {
 		return gguf.Open(path)
 	}
-	data, err := modelgen.Default()
-	if err != nil {
-		return nil, err
-	}
-	return gguf.Parse(data)
+	return demomodel.File()
 }
 
 // FromFile loads model and tokenizer from the open file f, which the

@@ -11,14 +11,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 )
 
 // residentModel writes the tiny preset to a file (Resident applies to
 // mapped files only) and loads it.
 func residentModel(t *testing.T) *Model {
 	t.Helper()
-	data, err := modelgen.Default()
+	data, err := demomodel.Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,10 +29,12 @@ import (
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// loadTiny loads a fresh Model (its own buffers) of the embedded tiny model.
+// loadTiny loads a fresh Model (its own buffers) of the generated
+// tiny-qwen35moe (random weights, vocabulary 512): these tests are of the
+// server, not of the commands' default model.
 func loadTiny(tb testing.TB) (*model.Model, *tokenizer.Tokenizer) {
 	tb.Helper()
-	data, err := modelgen.Default()
+	data, err := modelgen.TinyQwen35MoE()
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -33,8 +33,8 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/moeshape"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 )
@@ -97,7 +97,7 @@ func StartWith(dir string, o Options) (_ *Swarm, err error) {
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	data, err := modelgen.Default()
+	data, err := demomodel.Bytes()
 	if err != nil {
 		return nil, err
 	}

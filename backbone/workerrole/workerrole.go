@@ -115,9 +115,9 @@ func LoadCA(path string) (*x509.CertPool, error) {
 }
 
 // LoadTiny serves the experts of the given layers (nil: all) of the
-// embedded tiny model (engine/modelgen.Tiny, the bytes `backbone genmodel
-// --preset tiny` writes), as views into its in-memory GGUF, with their
-// hashes and slice.ModelID.
+// embedded default model (engine/demomodel, run.OpenFile("")), as views
+// into its in-memory GGUF, with their hashes and slice.ModelID. Errors are
+// run.OpenFile's and slice.LoadFile's.
 func LoadTiny(layers []int, threads int) (*slice.Served, error) {
 	f, err := run.OpenFile("")
 	if err != nil {

@@ -5,7 +5,9 @@
 // Qwen3.5-122B-A10B layer shapes. The files carry the metadata keys
 // llama.cpp reads for the architecture (the same keys as the fixtures, see
 // fixtures/README.md and fixtures/qwen35moe/README.md) and a small
-// byte-level BPE vocabulary from tokenizer.DefaultConfig.
+// byte-level BPE vocabulary from tokenizer.DefaultConfig. BuildFrom writes
+// the same layout with given (trained) weights and tokenizer: the embedded
+// demo model (engine/demomodel) is made that way.
 //
 // Each architecture is one file (qwen3moe.go, qwen35moe.go) that registers
 // its generator: the Spec fields it checks, the metadata keys and per-layer
@@ -353,7 +355,56 @@ func Build(s Spec) (*gguf.Writer, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	tc := tokenizer.DefaultConfig(s.Vocab)
+	return buildWith(s, tokenizer.DefaultConfig(s.Vocab), func(t *tensorSpec) error { return t.generate(s.Seed) })
+}
+
+// Weights supplies BuildFrom with one tensor's values: name is its GGUF
+// name and dims its ggml ne (dims[0] the row length); it returns the
+// product of dims float32 values, rows in order (for a stack of expert
+// matrices ne [cols, rows, experts]: expert 0's rows first, as PyTorch's
+// row-major [experts, rows, cols]). A layer's fused ffn_gate_up_exps
+// (Spec.FusedGateUp) is asked for as its ffn_gate_exps and ffn_up_exps.
+type Weights func(name string, dims []uint64) ([]float32, error)
+
+// BuildFrom writes the model described by s with the tokenizer tc and the
+// values weights gives (a trained model) instead of random ones: the same
+// metadata keys, tensor names, shapes, order and types as Build, each
+// tensor quantized from its float32 values to its type. s.Vocab must be
+// len(tc.Tokens), and s.Seed is not used. Errors wrap ErrSpec for an
+// invalid spec, vocabulary or wrong count of values, or are weights'.
+func BuildFrom(s Spec, tc tokenizer.Config, weights Weights) (*gguf.Writer, error) {
+	if weights == nil {
+		return nil, fmt.Errorf("%w: no weights", ErrSpec)
+	}
+	if s.Vocab != len(tc.Tokens) {
+		return nil, fmt.Errorf("%w: vocab %d, but the tokenizer has %d tokens", ErrSpec, s.Vocab, len(tc.Tokens))
+	}
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	return buildWith(s, tc, func(t *tensorSpec) error {
+		x, err := weights(t.name, t.dims)
+		if err != nil {
+			return err
+		}
+		if len(x) != t.rows*t.cols {
+			return fmt.Errorf("%w: %s: %d values, want %d (ne %v)", ErrSpec, t.name, len(x), t.rows*t.cols, t.dims)
+		}
+		rb, err := t.typ.RowBytes(t.cols)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrSpec, t.name, err)
+		}
+		t.data = make([]byte, t.rows*rb)
+		if err := quant.Quantize(t.typ, x, t.data); err != nil {
+			return fmt.Errorf("modelgen: %s: %w", t.name, err)
+		}
+		return nil
+	})
+}
+
+// buildWith writes the model s (checked) with the tokenizer tc, filling each
+// planned tensor's data with fill (on all CPUs).
+func buildWith(s Spec, tc tokenizer.Config, fill func(t *tensorSpec) error) (*gguf.Writer, error) {
 	vocab := len(tc.Tokens)
 	if vocab == 0 {
 		return nil, fmt.Errorf("%w: empty tokenizer vocabulary", ErrSpec)
@@ -369,7 +420,7 @@ func Build(s Spec) (*gguf.Writer, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			errs[i] = t.generate(s.Seed)
+			errs[i] = fill(t)
 		}()
 	}
 	wg.Wait()
@@ -520,16 +571,11 @@ func Tiny() ([]byte, error) { return tiny.get("tiny") }
 // like Tiny (callers must not modify them).
 func TinyQwen35MoE() ([]byte, error) { return tinyQwen35.get("tiny-qwen35moe") }
 
-// DefaultPreset is the preset of the embedded default model that commands
-// run without a model file: a tiny model of the seed deployment's family
-// (qwen35moe).
+// DefaultPreset is `backbone genmodel`'s default preset: a tiny model of
+// the seed deployment's family (qwen35moe) with random weights. (The
+// commands' default model is no longer generated: it is the trained
+// engine/demomodel.)
 const DefaultPreset = "tiny-qwen35moe"
-
-// Default returns the bytes of the embedded default model,
-// Preset(DefaultPreset) (TinyQwen35MoE), generated on first use and cached
-// (callers must not modify them): what `backbone genmodel` writes with its
-// default flags.
-func Default() ([]byte, error) { return TinyQwen35MoE() }
 
 // Bytes generates the model described by s (Build) and returns its whole
 // GGUF file in memory, ready for gguf.Parse. Errors wrap ErrSpec or come from

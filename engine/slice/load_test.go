@@ -19,7 +19,7 @@ import (
 // serves the same holdings as FromGGUF, and refuses a layer out of range.
 // (It was the worker command's part of backbone's TestSliceCommand.)
 func TestLoad(t *testing.T) {
-	data, err := modelgen.Default()
+	data, err := modelgen.TinyQwen35MoE()
 	if err != nil {
 		t.Fatal(err)
 	}

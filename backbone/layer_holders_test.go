@@ -5,15 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/demo"
-	"github.com/kvasir-ai/kvasir/engine/modelgen"
 )
 
 // TestServeLayerHolders: `backbone serve --dispatch-listen --ready-holders
@@ -27,16 +24,8 @@ import (
 // same numbers.
 func TestServeLayerHolders(t *testing.T) {
 	log := newTestLog(t)
-	dir := t.TempDir()
-	data, err := modelgen.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	modelPath := filepath.Join(dir, "tiny.gguf")
-	if err := os.WriteFile(modelPath, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := demo.Start("serve", log, []string{asBackbone}, backboneBin(t), "serve", "--model", modelPath,
+	// serve's default model is the embedded one that --model-tiny workers hold.
+	srv, err := demo.Start("serve", log, []string{asBackbone}, backboneBin(t), "serve",
 		"--http", "127.0.0.1:0", "--dispatch-listen", "127.0.0.1:0", "--ready-holders", "1", "--threads", "1")
 	if err != nil {
 		t.Fatal(err)
@@ -53,14 +42,14 @@ func TestServeLayerHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := h[1]
-	lm, err := loadGenModel(modelPath)
+	lm, err := loadGenModel("") // the embedded model
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := lm.m.Params()
 	lm.Close()
 	if p.ExpertLayers != 4 {
-		t.Fatalf("the tiny model has %d expert layers; this test's holdings assume 4", p.ExpertLayers)
+		t.Fatalf("the embedded model has %d expert layers; this test's holdings assume 4", p.ExpertLayers)
 	}
 
 	sw := startTestSwarm(t, m[1], log)

@@ -217,7 +217,7 @@ func TestServeCommandLocal(t *testing.T) {
 }
 
 func TestServeCommandFlags(t *testing.T) {
-	for _, args := range [][]string{{"extra"}, {"--max-batch", "0"}, {"--wait-workers", "1"}, {"--queue", "-1"}, {"--lanes", "0"},
+	for _, args := range [][]string{{"extra"}, {"--max-batch", "0"}, {"--wait-workers", "1"}, {"--queue", "-1"}, {"--lanes", "-1"}, {"--lanes", "17"},
 		{"--provision-rate", "fast"}, {"--provision-rate", "-1"}} {
 		var errb bytes.Buffer
 		if c := serveMain(context.Background(), args, &errb, nil); c != 2 {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/run"
-	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 )
@@ -32,15 +31,6 @@ func viewModel(rm *run.Model) *loadedModel {
 // loadGenModel is run.Load.
 func loadGenModel(path string) (*loadedModel, error) {
 	rm, err := run.Load(path)
-	if err != nil {
-		return nil, err
-	}
-	return viewModel(rm), nil
-}
-
-// loadGenModelFile is run.FromFile.
-func loadGenModelFile(f *gguf.File) (*loadedModel, error) {
-	rm, err := run.FromFile(f)
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
@@ -431,11 +430,7 @@ func (s *Service) Run(ctx context.Context, interval time.Duration, logf func(for
 	defer t.Stop()
 	for {
 		if _, err := s.Credit(ctx); err != nil && logf != nil && ctx.Err() == nil {
-			if msg := err.Error(); strings.HasPrefix(msg, "credit: ") {
-				logf("%s", msg) // the package's errors name it already
-			} else {
-				logf("credit: %s", msg)
-			}
+			logf("%v", err) // the package's errors begin with "credit: "
 		}
 		select {
 		case <-ctx.Done():

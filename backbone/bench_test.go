@@ -13,15 +13,14 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/backbone/demo"
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
@@ -294,25 +293,13 @@ func startWorkerProcess(b *testing.B, lm *loadedModel, url string, ca []byte) {
 	if err := os.WriteFile(caFile, ca, 0o644); err != nil {
 		b.Fatal(err)
 	}
-	cmd := exec.Command(backboneBin(b), "worker", "--gateway", url, "--slice", path.(string), "--layers", "0",
-		"--ca", caFile, "--key", filepath.Join(dir, "worker.key"), "--threads", "1", "--backend", "cpu")
-	cmd.Env = append(os.Environ(), asBackbone)
-	var logs strings.Builder
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
+	w, err := demo.Start("worker", io.Discard, []string{asBackbone}, backboneBin(b), "worker", "--gateway", url,
+		"--slice", path.(string), "--layers", "0", "--ca", caFile, "--key", filepath.Join(dir, "worker.key"),
+		"--threads", "1", "--backend", "cpu")
+	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
+	b.Cleanup(func() { _ = w.Stop(10 * time.Second) })
 }
 
 // newHubShim listens on loopback and forwards each connection's HTTP

@@ -73,11 +73,14 @@ func TestGatewayMetrics(t *testing.T) {
 	if _, _, err := dial(t, g2, pool2, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())); err == nil {
 		t.Fatal("hub down: upgrade accepted")
 	}
+	// The splice's end is counted (sessions open, its error reason) by its
+	// own goroutine after the client saw the close: wait for both.
 	deadline := time.Now().Add(5 * time.Second)
-	for g.Stats().Active != 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
 	body := scrape(t, g)
+	for (g.Stats().Active != 0 || !strings.Contains(body, `reason="idle_timeout"`)) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		body = scrape(t, g)
+	}
 	for _, want := range []string{
 		"kvasir_gateway_sessions_total 1",
 		"kvasir_gateway_sessions_open 0",

@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -24,10 +23,12 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/quant"
+	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
@@ -74,20 +75,25 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 		}},
 		{"qwen3.5-35b-shape-4L", benchQ35},
 	}
+	localStep := map[string]time.Duration{} // median step time of each model's local run
 	for _, mc := range models {
 		b.Run(mc.name+"/local", func(b *testing.B) {
 			lm := mc.load(b)
 			lm.m.SetExperts(nil)
-			benchSteps(b, lm)
+			localStep[mc.name] = benchSteps(b, lm)
+			b.ReportMetric(ms(localStep[mc.name]), "step-p50-ms")
 		})
 		for _, via := range []string{"hub-direct", "gateway", "gateway-process"} {
 			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
 				lm := mc.load(b)
-				d := benchSwarm(b, lm, via)
+				d, link := benchSwarm(b, lm, via)
+				pm := lm.m.Params()
+				echo := echoRTT(b, wire.DispatchSize(1, pm.Embd, pm.ExpertsUsed), wire.ResultSize(pm.ExpertsUsed, pm.Embd))
 				tc := &timedComputer{Computer: d}
 				lm.m.SetExperts(tc)
 				defer lm.m.SetExperts(nil)
-				benchSteps(b, lm)
+				step := benchSteps(b, lm)
+				b.ReportMetric(ms(step), "step-p50-ms")
 				// The call's own time (the remote layer's ComputeExperts,
 				// wall): a token's other work is what local does.
 				b.ReportMetric(tc.p50ms(), "call-ms")
@@ -100,11 +106,21 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 					// the worker's queue and compute, the rest of the
 					// wire (TLS, gateway, hub, WebSocket), and the
 					// backbone's encode + write + decode + wake.
-					b.ReportMetric(linkRTT.p50ms(), "link-rtt-ms")
+					b.ReportMetric(ms(link.RTTp50()), "link-rtt-ms")
+					b.ReportMetric(ms(echo), "echo-rtt-ms")
 					b.ReportMetric(w.QueueP50ms, "queue-ms")
 					b.ReportMetric(w.ComputeP50ms, "compute-ms")
-					b.ReportMetric(w.WireP50ms-linkRTT.p50ms(), "wire-over-link-ms")
+					b.ReportMetric(w.WireP50ms-ms(link.RTTp50()), "wire-over-link-ms")
 					b.ReportMetric(w.EncodeP50ms+w.WriteP50ms+w.DecodeP50ms+st.WakeP50ms, "backbone-ms")
+					// Issue 19's goal: the median step's time added by
+					// the remote layer, beyond the link's round trip (as
+					// a plain TCP client sees it: echo-rtt-ms) and the
+					// worker's compute, <= 0.5 ms.
+					if ls, ok := localStep[mc.name]; ok {
+						added := ms(step - ls)
+						b.ReportMetric(added, "added-ms")
+						b.ReportMetric(added-ms(echo)-w.ComputeP50ms, "added-beyond-ms")
+					}
 				}
 			})
 		}
@@ -185,30 +201,35 @@ func benchPreset(b *testing.B, p *presetOnce, preset, size string) *loadedModel 
 }
 
 // benchSteps decodes b.N greedy tokens one forward pass each on one
-// sequence (restarted every 256 positions) and reports tok/s.
-func benchSteps(b *testing.B, lm *loadedModel) {
+// sequence (restarted every 256 positions), reports tok/s and returns the
+// median step's wall time.
+func benchSteps(b *testing.B, lm *loadedModel) time.Duration {
 	ctx := context.Background()
 	m := lm.m
 	logits := make([]float32, m.Params().Vocab)
 	seq := m.NewSequence()
 	tok := int32(1)
+	steps := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if seq.Len() >= 256 {
 			seq = m.NewSequence()
 		}
+		t0 := time.Now()
 		if err := m.Forward(ctx, []model.Row{{Seq: seq, Token: tok, Pos: seq.Len(), Logits: true}}, logits); err != nil {
 			b.Fatal(err)
 		}
+		steps = append(steps, time.Since(t0))
 		tok = model.Greedy(logits)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+	slices.Sort(steps)
+	return steps[len(steps)/2]
 }
 
 // benchSwarm starts dispatcher and hub in this process and an in-process
 // worker holding layer 0 of lm, linked as via says, and waits for it.
-func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher {
-	linkRTT.reset()
+func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher, *swarmtest.Link) {
 	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), nil)
 	if err != nil {
 		b.Fatal(err)
@@ -225,12 +246,14 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher 
 	b.Cleanup(func() { h.Close() })
 	_, key, _ := ed25519.GenerateKey(nil)
 	var url string
+	var link *swarmtest.Link
 	var pool *x509.CertPool
 	var caPEM []byte
 	switch via {
 	case "hub-direct":
 		shim := newHubShim(b, h.Addr(), secret, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
-		url = "ws://" + newDelayProxy(b, shim, benchOneWay)
+		link = newBenchLink(b, shim)
+		url = "ws://" + link.Addr()
 	case "gateway", "gateway-process":
 		certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
 		if err != nil {
@@ -252,7 +275,8 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher 
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { g.Close() })
-		url = "wss://" + newDelayProxy(b, g.Addr(), benchOneWay)
+		link = newBenchLink(b, g.Addr())
+		url = "wss://" + link.Addr()
 	}
 	if via == "gateway-process" {
 		startWorkerProcess(b, lm, url, caPEM)
@@ -264,7 +288,7 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) *dispatch.Dispatcher 
 	if err := d.WaitWorkers(wctx, 1); err != nil {
 		b.Fatal(err)
 	}
-	return d
+	return d, link
 }
 
 // startWorker runs an in-process worker serving layer 0 of lm on url.
@@ -357,53 +381,58 @@ func serveLoopback(tb testing.TB, handle func(net.Conn)) string {
 	return ln.Addr().String()
 }
 
-// newDelayProxy listens on loopback and relays each connection to target,
-// delivering every chunk read oneWay later in each direction.
-func newDelayProxy(tb testing.TB, target string, oneWay time.Duration) string {
-	return serveLoopback(tb, func(c net.Conn) {
-		t, err := net.Dial("tcp", target)
-		if err != nil {
-			c.Close()
-			return
-		}
-		done := make(chan struct{})
-		go func() { defer close(done); delayPipe(t, c, oneWay) }()
-		delayPipe(c, t, oneWay)
-		<-done
-	})
+// newBenchLink is a swarmtest.Link to target with benchOneWay of delay
+// each way, closed when the benchmark ends.
+func newBenchLink(tb testing.TB, target string) *swarmtest.Link {
+	l, err := swarmtest.NewLink(target, benchOneWay)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	return l
 }
 
-func delayPipe(dst, src net.Conn, delay time.Duration) {
-	defer dst.Close()
-	defer src.Close()
-	type chunk struct {
-		at time.Time
-		b  []byte
-	}
-	q := make(chan chunk, 4096)
-	go func() {
-		defer close(q)
-		buf := make([]byte, 64<<10)
+// echoRTT is the median round trip, over 100 tries, of a plain TCP client
+// sending req bytes through a fresh benchmark link (benchOneWay each way)
+// to a loopback server that answers resp bytes: what the link itself
+// costs a message pair of a remote layer's sizes, its relay hops included.
+func echoRTT(tb testing.TB, req, resp int) time.Duration {
+	srv := serveLoopback(tb, func(c net.Conn) {
+		defer c.Close()
+		in, out := make([]byte, req), make([]byte, resp)
 		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				q <- chunk{time.Now().Add(delay), append([]byte(nil), buf[:n]...)}
+			if _, err := io.ReadFull(c, in); err != nil {
+				return
 			}
-			if err != nil {
+			if _, err := c.Write(out); err != nil {
 				return
 			}
 		}
-	}()
-	for c := range q {
-		preciseSleepUntil(c.at)
-		if _, err := dst.Write(c.b); err != nil {
-			for range q {
-			}
-			return
-		}
-		linkRTT.add(time.Since(c.at.Add(-delay)))
+	})
+	link := newBenchLink(tb, srv)
+	c, err := net.Dial("tcp", link.Addr())
+	if err != nil {
+		tb.Fatal(err)
 	}
+	defer c.Close()
+	in, out := make([]byte, resp), make([]byte, req)
+	rtts := make([]time.Duration, 100)
+	for i := range rtts {
+		t0 := time.Now()
+		if _, err := c.Write(out); err != nil {
+			tb.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, in); err != nil {
+			tb.Fatal(err)
+		}
+		rtts[i] = time.Since(t0)
+	}
+	slices.Sort(rtts)
+	return rtts[len(rtts)/2]
 }
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 // timedComputer times every ComputeExperts call of the Computer it wraps
 // (the calls of layers the worker does not hold return at once: their
@@ -422,31 +451,19 @@ func (t *timedComputer) ComputeExperts(ctx context.Context, layer int, hidden []
 	return err
 }
 
-func (t *timedComputer) p50ms() float64 { return t.calls.p50ms() }
-
-// preciseSleepUntil returns at t, give or take the scheduler: the Go
-// runtime's timers on Linux wait in epoll with millisecond resolution, so
-// time.Sleep(6.5 ms) returns after ~7 ms or more (a 13 ms round trip
-// injected with it is ~15 ms); the last 1.5 ms are waited by yielding.
-func preciseSleepUntil(t time.Time) {
-	if d := time.Until(t) - 1500*time.Microsecond; d > 0 {
-		time.Sleep(d)
-	}
-	for time.Now().Before(t) {
-		runtime.Gosched()
-	}
+// Delegate lets the model compute the layers no worker holds on its own
+// threads, as it does without the wrapper (expert.Delegator).
+func (t *timedComputer) Delegate(layer int, ids []int32, own expert.Computer) bool {
+	dg, ok := t.Computer.(expert.Delegator)
+	return ok && dg.Delegate(layer, ids, own)
 }
 
-// linkRTT collects how long the delay proxies really held each chunk
-// (read to written): twice its median is the link's own round trip.
-var linkRTT holdTimes
+func (t *timedComputer) p50ms() float64 { return t.calls.p50ms() }
 
 type holdTimes struct {
 	mu sync.Mutex
 	v  []time.Duration
 }
-
-func (h *holdTimes) reset() { h.mu.Lock(); h.v = nil; h.mu.Unlock() }
 
 func (h *holdTimes) add(d time.Duration) {
 	h.mu.Lock()

@@ -238,7 +238,7 @@ func TestUpgradeRefused(t *testing.T) {
 			t.Errorf("%s: status %d err %v, want %d", tc.name, code, err, tc.code)
 		}
 	}
-	if n := s.px.conns.Load(); n != 0 {
+	if n := s.px.Conns(); n != 0 {
 		t.Fatalf("hub saw %d connections from refused upgrades", n)
 	}
 	// Replay: the first use splices, the second is refused without a hub connection.
@@ -254,7 +254,7 @@ func TestUpgradeRefused(t *testing.T) {
 		}
 		t.Fatalf("replay: status %d err %v, want 403", code, err)
 	}
-	if n := s.px.conns.Load(); n != 1 {
+	if n := s.px.Conns(); n != 1 {
 		t.Fatalf("hub saw %d connections, want 1 (the first, valid use)", n)
 	}
 	// The gateway counts an upgrade once its splice has started, which

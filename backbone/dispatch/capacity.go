@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
@@ -686,4 +687,34 @@ func distinctWorkers(cs []*conn) int {
 		seen[c.worker] = struct{}{}
 	}
 	return len(seen)
+}
+
+// Delegate implements expert.Delegator: it reports whether a call on layer
+// with ids would compute every pair with Fallback, own being Fallback itself
+// — no connected, unpaused worker holds any of the experts and Fallback
+// holds them all (under quorum too: a pair without holders has no second
+// opinion to ask). The model then runs the layer on its own helper threads
+// instead of through computePairs. True counts the call, its rows, its
+// expert usage and its local outputs in Stats as ComputeExperts would.
+func (d *Dispatcher) Delegate(layer int, ids []int32, own expert.Computer) bool {
+	K, NE := d.cfg.Model.K, d.cfg.Model.NExpert
+	if own == nil || own != d.cfg.Fallback || layer < 0 || layer >= d.cfg.Model.NLayer ||
+		len(ids) == 0 || len(ids)%K != 0 {
+		return false
+	}
+	d.mu.Lock()
+	idx := d.index
+	d.mu.Unlock()
+	for _, e := range ids {
+		if e < 0 || int(e) >= NE || len(idx[key(layer, int(e))]) > 0 || !d.localOK(layer, int(e)) {
+			return false
+		}
+	}
+	d.calls.Add(1)
+	d.rows[layer].Add(uint64(len(ids) / K))
+	for _, e := range ids {
+		d.usage[layer*NE+int(e)].Add(1)
+	}
+	d.local.Add(uint64(len(ids)))
+	return true
 }

@@ -285,3 +285,53 @@ func TestOldProtocolRefused(t *testing.T) {
 		t.Fatalf("old HELLO: %v", err)
 	}
 }
+
+// TestDelegate: a layer no connected worker holds is handed back to the
+// caller's own experts when they are the Fallback (expert.Delegator), and
+// counted as a local call; a held layer, another Computer, an expert
+// Fallback lacks, a bad id or a ragged ids are not.
+func TestDelegate(t *testing.T) {
+	m := testModel()
+	lacks := func(layer, e int) bool { return !(layer == 2 && e == 5) }
+	s := newStack(t, m, 0, func(c *dispatch.Config) { c.LocalHeld = lacks })
+	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
+	s.waitWorkers(t, 1)
+	ids := []int32{1, 2, 3, 4} // two rows of K = 2
+	before := s.disp.Stats()
+	if !s.disp.Delegate(1, ids, s.local) {
+		t.Fatal("layer 1 (no holder): not delegated")
+	}
+	st := s.disp.Stats()
+	if st.Calls != before.Calls+1 || st.ExpertsLocal != before.ExpertsLocal+uint64(len(ids)) || st.ExpertsRemote != before.ExpertsRemote {
+		t.Fatalf("stats after a delegated call: %+v (before %+v)", st, before)
+	}
+	for _, c := range []struct {
+		name  string
+		layer int
+		ids   []int32
+		own   expert.Computer
+	}{
+		{"held layer", 0, ids, s.local},
+		{"another computer", 1, ids, &fakeExperts{d: m.D, nExpert: m.NExpert}},
+		{"nil computer", 1, ids, nil},
+		{"expert Fallback lacks", 2, []int32{4, 5}, s.local},
+		{"expert id out of range", 1, []int32{1, int32(m.NExpert)}, s.local},
+		{"negative expert id", 1, []int32{-1, 2}, s.local},
+		{"ragged ids", 1, []int32{1, 2, 3}, s.local},
+		{"no ids", 1, nil, s.local},
+		{"layer out of range", m.NLayer, ids, s.local},
+	} {
+		if s.disp.Delegate(c.layer, c.ids, c.own) {
+			t.Errorf("%s: delegated", c.name)
+		}
+	}
+	if got := s.disp.Stats(); got.Calls != st.Calls || got.ExpertsLocal != st.ExpertsLocal {
+		t.Fatalf("refused delegations counted: %+v", got)
+	}
+	// The same ids on the held layer go to the worker.
+	c := randomCall(t, m, rand.New(rand.NewPCG(7, 8)), 0, 2)
+	s.run(t, c)
+	if got := s.disp.Stats(); got.ExpertsRemote == st.ExpertsRemote {
+		t.Fatalf("held layer not computed remotely: %+v", got)
+	}
+}

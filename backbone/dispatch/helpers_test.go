@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/wire"
@@ -98,88 +98,13 @@ func (m *memMeter) entries() []ledger.Entry {
 	return append([]ledger.Entry(nil), m.es...)
 }
 
-// proxy is a loopback TCP proxy that counts connections and can delay every
-// chunk by oneWay in each direction (an injected round trip of 2*oneWay).
-type proxy struct {
-	ln    net.Listener
-	conns atomic.Int64
-	delay time.Duration
-	wg    sync.WaitGroup
-}
-
-func newProxy(tb testing.TB, target string, oneWay time.Duration) *proxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p := &proxy{ln: ln, delay: oneWay}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.conns.Add(1)
-			t, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go p.pipe(t, c)
-			go p.pipe(c, t)
-		}
-	}()
-	tb.Cleanup(func() { ln.Close(); p.wg.Wait() })
-	return p
-}
-
-func (p *proxy) Addr() string { return p.ln.Addr().String() }
-
-type chunk struct {
-	at time.Time
-	b  []byte
-}
-
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer dst.Close()
-	defer src.Close()
-	if p.delay == 0 {
-		_, _ = io.Copy(dst, src)
-		return
-	}
-	q := make(chan chunk, 4096)
-	go func() {
-		defer close(q)
-		buf := make([]byte, 256<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				q <- chunk{time.Now().Add(p.delay), append([]byte(nil), buf[:n]...)}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	for c := range q {
-		time.Sleep(time.Until(c.at))
-		if _, err := dst.Write(c.b); err != nil {
-			for range q {
-			}
-			return
-		}
-	}
-}
-
 // stack is dispatcher + hub + gateway (TLS) on loopback, with a counting
 // (optionally delaying) proxy between gateway and hub.
 type stack struct {
 	disp   *dispatch.Dispatcher
 	hub    *hub.Hub
 	gw     *gateway.Gateway
-	px     *proxy
+	px     *swarmtest.Link
 	url    string
 	pool   *x509.CertPool
 	caFile string
@@ -234,7 +159,11 @@ func newStackHub(tb testing.TB, m dispatch.Model, oneWay time.Duration, mod func
 	}
 	tb.Cleanup(func() { h.Close() })
 	s.hub = h
-	s.px = newProxy(tb, h.Addr(), oneWay)
+	s.px, err = swarmtest.NewLink(h.Addr(), oneWay)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.px.Close() })
 	certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
 	if err != nil {
 		tb.Fatal(err)

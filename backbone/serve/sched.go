@@ -82,6 +82,14 @@ func (e *batonExperts) ComputeExperts(ctx context.Context, layer int, hidden []f
 	return err
 }
 
+// Delegate implements expert.Delegator for the inner Computer when it does:
+// a layer the lane computes with its own experts keeps the baton, as a
+// local step would.
+func (e *batonExperts) Delegate(layer int, ids []int32, own expert.Computer) bool {
+	dg, ok := e.inner.(expert.Delegator)
+	return ok && dg.Delegate(layer, ids, own)
+}
+
 // scheduler is one lane's continuous batching and its state; its
 // goroutine (loop) is the only one that touches the lane's model. A step
 // is a phase per method: admit, dropCancelled, build, forward, then

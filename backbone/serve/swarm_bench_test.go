@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"os"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
@@ -24,79 +24,6 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/tokenizer"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
-
-// delayProxy forwards TCP connections to target, delivering every chunk
-// oneWay later in each direction (a round trip of 2 x oneWay), in order.
-type delayProxy struct {
-	ln     net.Listener
-	target string
-	oneWay time.Duration
-	wg     sync.WaitGroup
-}
-
-func newDelayProxy(tb testing.TB, target string, oneWay time.Duration) *delayProxy {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p := &delayProxy{ln: ln, target: target, oneWay: oneWay}
-	p.wg.Add(1)
-	go p.accept()
-	tb.Cleanup(func() { ln.Close(); p.wg.Wait() })
-	return p
-}
-
-func (p *delayProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		t, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.wg.Add(2)
-		go p.pipe(t, c)
-		go p.pipe(c, t)
-	}
-}
-
-type timedChunk struct {
-	due time.Time
-	b   []byte
-}
-
-func (p *delayProxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	q := make(chan timedChunk, 1024)
-	go func() {
-		defer close(q)
-		for {
-			b := make([]byte, 64<<10)
-			n, err := src.Read(b)
-			if n > 0 {
-				q <- timedChunk{time.Now().Add(p.oneWay), b[:n]}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	for c := range q {
-		time.Sleep(time.Until(c.due))
-		if _, err := dst.Write(c.b); err != nil {
-			break
-		}
-	}
-	dst.Close()
-	src.Close()
-	for range q { // let the reader finish
-	}
-}
 
 // newSwarm starts a dispatcher for m, a hub, a TLS gateway, a delaying
 // proxy between gateway and hub, and workers (each an independent instance
@@ -129,7 +56,11 @@ func newSwarmOf(tb testing.TB, m *model.Model, oneWay time.Duration, workers int
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { h.Close() })
-	px := newDelayProxy(tb, h.Addr(), oneWay)
+	px, err := swarmtest.NewLink(h.Addr(), oneWay)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { px.Close() })
 	certPEM, keyPEM, err := gateway.SelfSigned("127.0.0.1")
 	if err != nil {
 		tb.Fatal(err)
@@ -140,7 +71,7 @@ func newSwarmOf(tb testing.TB, m *model.Model, oneWay time.Duration, workers int
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(certPEM)
-	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: px.ln.Addr().String(), Secret: secret,
+	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", HubURL: px.Addr(), Secret: secret,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Logger: quiet})
 	if err != nil {
 		tb.Fatal(err)

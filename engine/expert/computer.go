@@ -24,3 +24,18 @@ import "context"
 type Computer interface {
 	ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error
 }
+
+// Delegator is implemented by a Computer that computes some calls with
+// another Computer in full, such as a swarm dispatcher whose Fallback
+// computes the layers no worker holds (backbone/dispatch). A caller holding
+// that very Computer (its own experts) may then compute the call itself, on
+// its own threads and without the delegator's per-pair bookkeeping; the
+// outputs are the same bits by Computer's batch-invariance contract.
+type Delegator interface {
+	// Delegate reports whether a call on layer with ids (n x k expert ids,
+	// row-major) made now would compute every (row, slot) pair with own.
+	// True counts the call in the delegator's statistics as if it had been
+	// made, and the caller must then compute it with own; false (also for
+	// invalid ids) leaves the call to ComputeExperts.
+	Delegate(layer int, ids []int32, own Computer) bool
+}

@@ -88,8 +88,15 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 	}
 	eo := ws.eo[:n*k*d]
 	var err error
+	own := m.experts == expert.Computer(m.local)
+	if dg, ok := m.experts.(expert.Delegator); ok && !own && m.local != nil {
+		// A layer no worker holds: the dispatcher would hand every pair
+		// to these very experts, one goroutine per call; the helpers
+		// are faster and give the same bits.
+		own = dg.Delegate(il, ws.ids[:n*k], m.local)
+	}
 	switch {
-	case m.experts == expert.Computer(m.local):
+	case own:
 		// The model's own experts run on its helper goroutines.
 		run := expert.Runner(serial)
 		if m.team.helpers > 0 {

@@ -11,12 +11,12 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
@@ -83,12 +83,12 @@ func startServe(t *testing.T, args ...string) string {
 }
 
 // startServeLogs is startServe that also returns serve's log (stderr).
-func startServeLogs(t *testing.T, args ...string) (string, *syncBuffer) {
+func startServeLogs(t *testing.T, args ...string) (string, *swarmtest.SyncBuffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	code := make(chan int, 1)
-	logs := &syncBuffer{}
+	logs := &swarmtest.SyncBuffer{}
 	go func() {
 		code <- serveMain(ctx, append([]string{"--http", "127.0.0.1:0"}, args...), logs, func(a string) { addr <- a })
 	}()
@@ -113,23 +113,6 @@ func startServeLogs(t *testing.T, args ...string) (string, *syncBuffer) {
 		t.Fatalf("serve not ready: %s", logs.String())
 	}
 	return "", logs
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // streamCompletion streams a greedy completion and returns its text.

@@ -1,13 +1,11 @@
 package workerrole
 
 import (
-	"bytes"
 	"context"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,24 +13,6 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/engine/vulkan"
 )
-
-// syncBuffer is a bytes.Buffer safe for the worker's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // lastInt returns the value of the last "name=N" in text, or -1.
 func lastInt(text, name string) int {
@@ -65,7 +45,7 @@ func TestQuotaWorkerVulkan(t *testing.T) {
 	}
 	defer sw.Close()
 	dir := t.TempDir()
-	log := &syncBuffer{}
+	log := &swarmtest.SyncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {

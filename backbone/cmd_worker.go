@@ -37,14 +37,19 @@ func runWorker(args []string) int {
 	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with optional KiB/MiB/GiB suffix; the backbone assigns experts and the worker downloads them (issue 6)")
 	source := fs.String("model-source", "", "with --quota: http(s) URL of the full model GGUF to download assigned experts from instead of the one the backbone names (a mirror); bytes are verified against the backbone's hashes either way")
 	backend := fs.String("backend", "auto", workerrole.BackendFlagHelp)
+	cpuLimit := fs.Int("cpu-limit", 0, "limit the worker to this percent of the machine's CPU time, 1-100 (0 or 100: no limit); it pauses between requests, answering every request it took")
 	if err := config.Parse(fs, "worker", args, os.Stdout); err != nil {
 		if errors.Is(err, config.ErrPrinted) {
 			return 0
 		}
 		return 2
 	}
+	if *cpuLimit < 0 || *cpuLimit > 100 {
+		fmt.Fprintf(os.Stderr, "worker: --cpu-limit %d: want 1-100 (0 or 100: no limit)\n", *cpuLimit)
+		return 2
+	}
 	c := workerrole.Config{Gateway: *gw, Slice: *slice, Tiny: *modelTiny, CAFile: *caFile, KeyFile: *keyFile,
-		Threads: *threads, ModelID: *modelID, Source: *source, Backend: *backend}
+		Threads: *threads, ModelID: *modelID, Source: *source, Backend: *backend, CPULimit: *cpuLimit}
 	if *quotaFlag != "" {
 		quota, err := run.ParseBytes(*quotaFlag)
 		if err != nil || *gw == "" || *slice == "" {

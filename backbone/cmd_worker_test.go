@@ -40,32 +40,40 @@ func TestWorkerErrorMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		name string
-		run  func() int
-		want string
+		name  string
+		run   func() int
+		want  string
+		usage bool // a flag's value refused before anything runs: exit 2
 	}{
 		{"slice", func() int {
 			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--slice", missing, "--key", key})
-		}, "worker: --slice " + missing + ": "},
+		}, "worker: --slice " + missing + ": ", false},
 		{"ca", func() int {
 			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--ca", missing, "--key", key})
-		}, "worker: --ca " + missing + ": open " + missing},
+		}, "worker: --ca " + missing + ": open " + missing, false},
 		{"ca not pem", func() int {
 			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--ca", notPEM, "--key", key})
-		}, "worker: --ca " + notPEM + ": no PEM certificate in the file"},
+		}, "worker: --ca " + notPEM + ": no PEM certificate in the file", false},
 		{"quota ca", func() int {
 			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--slice", filepath.Join(dir, "s"), "--quota", "1MiB", "--ca", missing, "--key", key})
-		}, "worker: --ca " + missing + ": open " + missing},
+		}, "worker: --ca " + missing + ": open " + missing, false},
 		{"gateway url", func() int {
 			return runWorker([]string{"--gateway", "http://127.0.0.1:1", "--model-tiny", "--key", key})
-		}, `worker: gateway URL "http://127.0.0.1:1" must be wss://host[:port]`},
+		}, `worker: gateway URL "http://127.0.0.1:1" must be wss://host[:port]`, false},
+		{"cpu limit", func() int {
+			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--key", key, "--cpu-limit", "150"})
+		}, "worker: --cpu-limit 150: want 1-100", true},
 		{"hub public", func() int {
 			return runHub([]string{"--listen", "0.0.0.0:0", "--ledger", "", "--secret-file", filepath.Join(dir, "secret")})
-		}, "pass --allow-public"},
+		}, "pass --allow-public", false},
 	} {
 		code, out := stderrOf(t, tc.run)
-		if code != 1 || !strings.Contains(out, tc.want) || strings.Contains(out, "worker: worker:") || strings.Contains(out, "AllowPublic") {
-			t.Errorf("%s: exit %d, stderr %q; want exit 1 and %q", tc.name, code, out, tc.want)
+		want := 1
+		if tc.usage {
+			want = 2
+		}
+		if code != want || !strings.Contains(out, tc.want) || strings.Contains(out, "worker: worker:") || strings.Contains(out, "AllowPublic") {
+			t.Errorf("%s: exit %d, stderr %q; want exit %d and %q", tc.name, code, out, want, tc.want)
 		}
 	}
 }

@@ -62,6 +62,10 @@ type Config struct {
 	// "vulkan:N" (engine/vulkan.ParseBackend), for a Quota worker too (its
 	// experts go to the device as they download).
 	Backend string
+	// CPULimit limits the process to this percent of the machine's CPU
+	// time (1-100; 0 or 100: no limit), by pausing between requests
+	// (engine/worker Config.CPULimit).
+	CPULimit int
 }
 
 // Error is a failure of Run: what led to it (a flag with its value, e.g.
@@ -152,7 +156,7 @@ func Run(ctx context.Context, c Config) error {
 		if dev != nil {
 			defer dev.Close() // after w.Close (deferred below), which empties the device
 		}
-		w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, SliceDir: c.Slice, Quota: c.Quota,
+		w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, SliceDir: c.Slice, Quota: c.Quota, CPULimit: c.CPULimit,
 			Source: c.Source, Backend: backend, Threads: c.Threads, Accelerator: acc})
 		if err != nil {
 			if rest, ok := strings.CutPrefix(err.Error(), "worker: slice: "); ok {
@@ -194,7 +198,7 @@ func Run(ctx context.Context, c Config) error {
 		return &Error{"", err}
 	}
 	defer closeDev()
-	w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, Computer: comp,
+	w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, Computer: comp, CPULimit: c.CPULimit,
 		Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: backend, Threads: c.Threads})
 	if err != nil {
 		return &Error{"", err}

@@ -280,7 +280,7 @@ func StartNode(mgr *node.Manager, cfg node.Config, notice func(title, text strin
 
 // ExitRunning is Main's exit code when another instance holds the data
 // folder (it was asked to show its window).
-const ExitRunning = 3
+const ExitRunning = instance.ExitRunning
 
 // Main runs the desktop app: `kvasir [--gateway URL] [--slice DIR] [--ca
 // FILE] [--data DIR] [--threads N] [--cpu-limit PCT] [--backend

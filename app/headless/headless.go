@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/app/instance"
 	"github.com/kvasir-ai/kvasir/app/limits"
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
@@ -148,6 +149,17 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1
 	}
+	// One worker per data folder, GUI or headless: a second one would
+	// share the identity and the wallet.
+	lock, err := instance.Acquire(cfg.DataDir, nil)
+	if err != nil {
+		fmt.Fprintln(stderr, "kvasir:", err)
+		if errors.Is(err, instance.ErrRunning) {
+			return instance.ExitRunning
+		}
+		return 1
+	}
+	defer lock.Release()
 	n, err := node.Open(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)

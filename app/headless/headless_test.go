@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/app/limits"
 	"github.com/kvasir-ai/kvasir/app/node"
+	"github.com/kvasir-ai/kvasir/app/instance"
 	"github.com/kvasir-ai/kvasir/app/status"
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
@@ -375,5 +376,35 @@ func TestFirstRun(t *testing.T) {
 	}
 	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "stopped: served ") || strings.HasPrefix(last, "stopped: served 0 ") {
 		t.Errorf("last line %q", last)
+	}
+}
+
+// TestHeadlessOneInstance: `kvasir --headless` on a data folder another
+// instance holds (the GUI's or a headless one's instance.Acquire) refuses
+// to start a second worker on the same identity and wallet: exit
+// instance.ExitRunning, the folder named, nothing written to stdout; once
+// the first lets go, it starts.
+func TestHeadlessOneInstance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens a real wallet")
+	}
+	t.Setenv("DBUS_SESSION_BUS_ADDRESS", "unix:path=/nonexistent") // keyring unavailable: file store
+	data := t.TempDir()
+	first, err := instance.Acquire(data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--headless", "--gateway", "wss://127.0.0.1:1", "--slice", t.TempDir(), "--data", data,
+		"--interval", "100ms", "--duration", "150ms"}
+	var o, e bytes.Buffer
+	if code := Main(args, &o, &e); code != instance.ExitRunning || o.Len() != 0 ||
+		!strings.Contains(e.String(), "already running") || !strings.Contains(e.String(), data) {
+		t.Fatalf("second instance: exit %d, stdout %q, stderr %q", code, o.String(), e.String())
+	}
+	first.Release()
+	o.Reset()
+	e.Reset()
+	if code := Main(args, &o, &e); code != 0 || !strings.HasPrefix(o.String(), "kvasir worker kvr1") {
+		t.Fatalf("after release: exit %d, stdout %q, stderr %q", code, o.String(), e.String())
 	}
 }

@@ -23,6 +23,10 @@ import (
 	"time"
 )
 
+// ExitRunning is the exit code of a second launch on a data folder another
+// instance holds (the app's window and `kvasir --headless` alike).
+const ExitRunning = 3
+
 // ErrRunning is wrapped by Acquire's error when another process holds the
 // data folder.
 var ErrRunning = errors.New("kvasir is already running")

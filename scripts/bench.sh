@@ -6,14 +6,14 @@
 # (kernel GB/s over the measured memory bandwidth, decode tok/s x weight
 # bytes per token over it, swarm over local tok/s, batching gains).
 #
-#   bash scripts/bench.sh               # ~10 min on a 2-core machine
+#   bash scripts/bench.sh               # ~25 min on a 2-core machine (estimate; +~7 min the first time: the models)
 #   KVASIR_BENCH_QUICK=1 bash scripts/bench.sh   # each benchmark once: checks the script, numbers meaningless
 #   KVASIR_BENCH_DOC_ONLY=1 bash scripts/bench.sh  # only regenerate the doc from docs/bench-raw.txt
 #   KVASIR_BENCH_RAW=F KVASIR_BENCH_DOC=F KVASIR_BENCH_COMMIT=ID  # other output files; the commit to record
 #   KVASIR_BENCH_CACHE=DIR   # where the generated real-size models are written once (default ~/.cache/kvasir-bench)
 #   KVASIR_BENCH_REAL_REPS=N # alternating rounds of the side-by-side groups (default 2; 0 skips them)
 #   KVASIR_BENCH_LAYERS_Q30=N KVASIR_BENCH_LAYERS_Q35=N  # their depths (default 32 of the 30B shape's 48
-#                            # layers, 11.3 GB; 20 of the 35B shape's 40, ~8.7 GB: each fits in the page
+#                            # layers, 11.3 GB; 20 of the 35B shape's 40, ~9.5 GB: each fits in the page
 #                            # cache of a 23 GiB machine with room to spare)
 #   KVASIR_BENCH_BIG_LAYERS=N KVASIR_BENCH_BIG_REPS=N  # the larger-than-the-page-cache file (default the
 #                            # 48-layer 30B shape, 16.9 GB) and its alternating rounds (default 2; 0 skips)
@@ -32,14 +32,14 @@
 # BenchmarkRealModel vs llama-bench, each file read into the page cache before each engine's round),
 # big-kvasir/big-llama (decode of the 16.9 GB file, the page cache dropped before each engine's round:
 # `backbone generate --json` vs `llama-bench -p 0 -n 32`). On a 2-core machine the side-by-side groups
-# take ~5 min per shape and the big file ~5 min (estimates; each table gives the seconds it took), plus,
-# the first time only, ~2 min per file to write the models (37 GB of disk in the cache folder; genmodel
+# take ~4-5 min per shape and the big file ~3 min (estimates; each table gives the seconds it took), plus,
+# the first time only, ~2-3 min per file to write the models (38 GB of disk in the cache folder; genmodel
 # holds a model in memory while writing it: ~17 GB of RAM for the 48-layer one).
 #
 # The machine's load matters (shared CI boxes): the load average before and
 # after each group is recorded and shown in the doc.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 RAW=${KVASIR_BENCH_RAW:-docs/bench-raw.txt}
 DOC=${KVASIR_BENCH_DOC:-docs/BENCHMARKS.md}
@@ -134,13 +134,15 @@ block_end() {
 # threads, -r 2, CSV) on MODEL (NOTE, when not empty: a "### page-cache:"
 # line for the block), its results written to the raw file as benchmark lines
 # LlamaCpp/tg32 and LlamaCpp/pp512 (tok/s), so that the doc treats them like
-# Go's, and LlamaCpp/process (the whole run's wall seconds and peak RSS: load
-# and weight repacking included).
+# Go's, and LlamaCpp/process: the whole run's wall seconds and peak RSS (load
+# and weight repacking included) and, from its -v log, the model's load time
+# and its buffers (weights used from the mapping, weights repacked into its
+# own memory).
 llama_run() {
   local group=$1 model=$2 note=$3
   shift 3
   want "$group" || return 0
-  local args=(-m "$model" -t 2 "$@" -r 2 -o csv)
+  local args=(-m "$model" -t 2 "$@" -r 2 -o csv -v)
   block_begin "$group" "$LLAMA_BENCH ${args[*]}"
   {
     [ -n "$note" ] && echo "### page-cache: $note"
@@ -163,7 +165,17 @@ llama_run() {
         if (p + 0 > 0 && g + 0 == 0) printf "BenchmarkLlamaCpp/pp%d-2 \t 1 \t %s tok/s\n", p, ts
         if (g + 0 > 0 && p + 0 == 0) printf "BenchmarkLlamaCpp/tg%d-2 \t 1 \t %s tok/s\n", g, ts }'
     read -r secs kb <"$TMPD/llama.time"
-    [ "$rc" = 0 ] && printf 'BenchmarkLlamaCpp/process-2 \t 1 \t %s wall_s%s\n' "$secs" "$([ "$kb" != '?' ] && awk -v k="$kb" 'BEGIN { printf " \t %.2f peakRSS_GB", k * 1024 / 1e9 }')"
+    # -v log: "load_tensors: CPU_Mapped model buffer size = 347.42 MiB", "... CPU_REPACK ...", "llama_perf_context_print: load time = 6843.72 ms"
+    [ "$rc" = 0 ] && awk -v secs="$secs" -v kb="$kb" '
+      /model buffer size =/ && /CPU_Mapped/ && !m { m = 1; mapped = $(NF - 1) * 1048576 / 1e9 }
+      /model buffer size =/ && /CPU_REPACK/ && !r { r = 1; repack = $(NF - 1) * 1048576 / 1e9 }
+      /load time =/ && !l { l = 1; for (i = 1; i <= NF; i++) if ($i == "=") load = $(i + 1) / 1000 }
+      END { printf "BenchmarkLlamaCpp/process-2 \t 1 \t %s wall_s", secs
+        if (kb != "?") printf " \t %.2f peakRSS_GB", kb * 1024 / 1e9
+        if (l) printf " \t %.2f load_s", load
+        if (m) printf " \t %.2f mapped_GB", mapped
+        if (r) printf " \t %.2f repacked_GB", repack
+        printf "\n" }' "$TMPD/llama.err"
   } | tee -a "$RAW" >&2
   echo "### file-cached-after: $(cached "$model") of $(fsize "$model") bytes; $(meminfo)" >>"$RAW"
   block_end "$group" "$rc"
@@ -183,8 +195,12 @@ model_file() {
     mkdir -p "$CACHE" || return 1
     echo "bench.sh: writing $model once" >&2
     backbone_bin || return 1
-    "$BACKBONE" genmodel --preset "$1" --layers "$2" --type Q4_K --seed 1 --out "$model.part" >&2 &&
-      mv "$model.part" "$model" || { rm -f "$model.part"; echo "bench.sh: genmodel failed" >&2; return 1; }
+    if ! "$BACKBONE" genmodel --preset "$1" --layers "$2" --type Q4_K --seed 1 --out "$model.part" >&2 ||
+      ! mv "$model.part" "$model"; then
+      rm -f "$model.part"
+      echo "bench.sh: genmodel failed" >&2
+      return 1
+    fi
   fi
   echo "$model"
 }
@@ -445,6 +461,9 @@ END {
     for (i = 1; i <= n; i++) srt[i] = vals[key, i]
     for (i = 2; i <= n; i++) for (j = i; j > 1 && srt[j - 1] + 0 > srt[j] + 0; j--) { x = srt[j]; srt[j] = srt[j - 1]; srt[j - 1] = x }
     val[key] = srt[int((n + 1) / 2)]
+    if (n % 2 == 0) { # the mean of the middle two, without trailing zeros
+      x = sprintf("%.4f", (srt[n / 2] + srt[n / 2 + 1]) / 2); sub(/0+$/, "", x); sub(/\.$/, "", x); val[key] = x
+    }
   }
   print "# Benchmarks"
   print ""
@@ -566,7 +585,7 @@ END {
     print "| ... / BW (" f(bw, 2) " GB/s, membw group) | " f(ratio(wgbs(kd, rwb), bw), 2) " | " (lm ? f(ratio(wgbs(ld, rwb), bw), 2) : "") " | | >= 0.8 (kvasir) | " goal(ratio(wgbs(kd, rwb), bw), 0.8) " |"
     print "| decode bound BW / bytes per token (tok/s) | " f(rwb > 0 ? bw * 1e9 / rwb : -1, 1) " | | | | |"
     print "| kvasir CPU per token, decode / prefill (cpu-us/tok) | " f(num(kg "/RealModel/tg32", "cpu-us/tok"), 0) " / " f(num(kg "/RealModel/pp512", "cpu-us/tok"), 0) " | | | | |"
-    print "| llama-bench process: wall s, peak RSS (load and repacking included) | | " (lm ? f(num(lg "/LlamaCpp/process", "wall_s"), 1) " s, " f(num(lg "/LlamaCpp/process", "peakRSS_GB"), 2) " GB" : "") " | | | |"
+    print "| llama-bench process: wall s, peak RSS; load s; weights mapped + repacked GB | | " (lm ? f(num(lg "/LlamaCpp/process", "wall_s"), 1) " s, " f(num(lg "/LlamaCpp/process", "peakRSS_GB"), 2) " GB; " f(num(lg "/LlamaCpp/process", "load_s"), 1) " s; " f(num(lg "/LlamaCpp/process", "mapped_GB"), 2) " + " f(num(lg "/LlamaCpp/process", "repacked_GB"), 2) : "") " | | | |"
     print ""
     table(kg); if (lm) table(lg)
   }
@@ -580,13 +599,21 @@ END {
     print "The file: `backbone genmodel --preset qwen3-30b-a3b --layers " depth(fg) " --type Q4_K --seed 1` (`KVASIR_BENCH_BIG_LAYERS`),"
     print "**" f(fs, 1) " GB**. The machine: CPU " cpuid[fg] "; **MemTotal " f(mt, 1) " GB**, **MemAvailable " f(ma, 1) " GB** at the"
     print "start of the first round (page cache: " meta[fg, 1, "page-cache"] "). The file is " f(ratio(fs, mt), 2) " of RAM and " f(ratio(fs, ma), 2) " of"
-    print "the memory available: it fits in RAM once, but not beside a private copy of its weights (file + copy = " f(2 * fs, 1) " GB)"
-    print "nor beside other memory use of more than " f(ma - fs, 1) " GB; then the page cache cannot hold it and every weight"
-    print "evicted is read from disk again when a token needs it. Before each engine'\''s round the page cache is emptied"
-    print "(`KVASIR_BENCH_DROP`), so both start from the disk. kvasir: `backbone generate --model FILE --max-tokens 32"
+    if (fs < 0 || ma < 0) print "the memory available."
+    else if (fs > ma) print "the memory available: **larger than what the page cache can hold**, though smaller than RAM" (fs < mt ? "" : " (**not**: larger than RAM too)") "."
+    else if (2 * fs > ma) {
+      print "the memory available: it fits in the page cache once, but not beside a private copy of its weights (file + copy"
+      print "= " f(2 * fs, 1) " GB) nor beside other memory use of more than " f(ma - fs, 1) " GB: there the page cache cannot hold it and"
+      print "every weight evicted is read from disk again when a token needs it."
+    } else {
+      print "the memory available: **the page cache can hold it (and a copy) here**, so this run did not measure the"
+      print "larger-than-the-page-cache case; choose `KVASIR_BENCH_BIG_LAYERS` so that the file exceeds half of MemAvailable."
+    }
+    print "The page cache is emptied before each engine'\''s round (`KVASIR_BENCH_DROP`; see above for what was possible),"
+    print "so both engines start from the disk. kvasir: `backbone generate --model FILE --max-tokens 32"
     print "--threads 2 --json` (default `--resident auto`: it locks the weights in memory when they fit in available"
     print "memory, else maps them and warns); llama.cpp: `llama-bench -m FILE -t 2 -p 0 -n 32 -r 2` (its default mmap,"
-    print "then repacks the Q4_K weights into its own buffers). Wall seconds and peak RSS (GNU time) cover the whole"
+    print "then repacks the Q4_K weights it can into its own buffers: its -v log gives both sizes). Wall seconds and peak RSS (GNU time) cover the whole"
     print "process: reading the file from disk, locking or repacking, and the decode; `in page cache` = the file'\''s pages"
     print "cached (fincore) before and after the round." (lm ? "" : " **llama.cpp was not measured in this run** (no llama-bench: `LLAMA_BENCH` unset and none on PATH).")
     print ""
@@ -599,7 +626,7 @@ END {
         print "| " r " | kvasir | " f(k, 2) " (" rval(bg "/Generate/decode", "tokens", r) " tokens) | " ((bg, r, "resident-mode") in meta ? meta[bg, r, "resident-mode"] ", " f(rval(bg "/Generate/decode", "resident_GB", r), 2) " GB" : "?") " | " \
           f(rval(bg "/Generate/decode", "peakRSS_GB", r), 2) " | " f(rval(bg "/Generate/decode", "wall_s", r), 1) " | " incache(meta[bg, r, "before"]) " | " incache(meta[bg, r, "after"]) " | |"
       if (r <= rnd[lg])
-        print "| " r " | llama.cpp | " f(l, 2) " | its own buffers (repack) | " f(rval(lg "/LlamaCpp/process", "peakRSS_GB", r), 2) " | " f(rval(lg "/LlamaCpp/process", "wall_s", r), 1) " | " \
+        print "| " r " | llama.cpp | " f(l, 2) " | mapped " f(rval(lg "/LlamaCpp/process", "mapped_GB", r), 2) " GB + repacked " f(rval(lg "/LlamaCpp/process", "repacked_GB", r), 2) " GB, loaded in " f(rval(lg "/LlamaCpp/process", "load_s", r), 1) " s | " f(rval(lg "/LlamaCpp/process", "peakRSS_GB", r), 2) " | " f(rval(lg "/LlamaCpp/process", "wall_s", r), 1) " | " \
           incache(meta[lg, r, "before"]) " | " incache(meta[lg, r, "after"]) " | " f(ratio(k, l), 2) " |"
     }
     print ""

@@ -219,7 +219,7 @@ backbone_bin() {
 # cache before each engine's round.
 side_by_side() {
   local tag=$1 preset=$2 layers=$3 model
-  want "real-$tag" || want "llama-$tag" || return 0
+  want "real-$tag" || { want "llama-$tag" && [ -n "$LLAMA_BENCH" ]; } || return 0
   [ "$REPS" -gt 0 ] 2>/dev/null || return 0
   model=$(model_file "$preset" "$layers") || return 0
   for _ in $(seq "$REPS"); do
@@ -248,7 +248,7 @@ side_by_side() {
 # auto: it locks the weights when they fit in available memory) in group
 # big-kvasir, llama-bench -p 0 -n 32 in group big-llama, alternating.
 big_file() {
-  want big-kvasir || want big-llama || return 0
+  want big-kvasir || { want big-llama && [ -n "$LLAMA_BENCH" ]; } || return 0
   local reps=${KVASIR_BENCH_BIG_REPS:-2} model
   [ "$reps" -gt 0 ] 2>/dev/null || return 0
   [ "$QUICK" = 1 ] && reps=1
@@ -395,6 +395,11 @@ function memv(s, key,    t) { if (!match(s, key ": [0-9.]+")) return -1; t = sub
 function incache(s,    a) { split(s, a, " "); return (a[1] ~ /^[0-9]+$/ && a[3] + 0 > 0) ? sprintf("%.1f of %.1f GB", a[1] / 1e9, a[3] / 1e9) : "?" }
 # fileGB(g): the size in GB of the file group g measured (-1: unknown).
 function fileGB(g,    a) { if (!((g, 1, "before") in meta)) return -1; split(meta[g, 1, "before"], a, " "); return a[3] / 1e9 }
+# dropped(g): how the page cache was emptied before the first round of group g, in a few words.
+function dropped(g,    d) {
+  d = meta[g, 1, "page-cache"]
+  return (d ~ /^dropped/) ? "page cache dropped first" : (d ~ /file.s own pages evicted/) ? "its own pages evicted first" : "page cache not dropped"
+}
 # depth(g): "N layers" from the model file name in the command of group g.
 function depth(g,    t) { if (!(g in cmd) || !match(cmd[g], /-[0-9]+L-Q4_K/)) return "?"; t = substr(cmd[g], RSTART + 1, RLENGTH - 1); sub(/L-.*/, "", t); return t }
 # span(name, unit, d): "min - max" of the repeated results (one value: it alone).
@@ -493,6 +498,7 @@ END {
   print "| decode, Qwen3-30B-A3B shapes (4 layers, Q4_K): tok/s x weight bytes/token / BW | " f(ratio(t * wb / 1e9, bw), 2) " |"
   t = num("FixtureQ4KM/decode", "tok/s"); wb = num("FixtureQ4KM/decode", "weightB/tok")
   print "| decode, fixture Q4_K_M: tok/s x weight bytes/token / BW | " f(ratio(t * wb / 1e9, bw), 2) " |"
+  for (j = 1; j <= 3; j++) { x = (j == 1) ? "real-q30" : (j == 2) ? "real-q35" : "big-kvasir"; if (x in cpuid) { print "| CPU of the side-by-side runs (lscpu model name, AVX-512) | " cpuid[x] " |"; break } }
   split("q30 q35", tags, " ")
   sname["q30"] = "30B shape (qwen3moe)"; sname["q35"] = "35B shape (qwen35moe)"
   sfull["q30"] = 48; sfull["q35"] = 40
@@ -507,7 +513,7 @@ END {
     print "| decode, " sh ": tok/s x weight bytes/token / BW, kvasir (goal >= 0.8) / llama.cpp | " f(ratio(wgbs(kd, rwb), bw), 2) " / " f(ratio(wgbs(ld, rwb), bw), 2) " |"
   }
   bk = num("big-kvasir/Generate/decode", "tok/s"); bl = num("big-llama/LlamaCpp/tg32", "tok/s")
-  print "| decode of a file larger than the page cache (" f(fileGB("big-kvasir"), 1) " GB, page cache dropped first): kvasir / llama.cpp tok/s (goal >= 1.0)" ((!("big-kvasir" in cmd) || ("big-llama" in cmd)) ? "" : " (llama.cpp not measured in this run)") " | " f(ratio(bk, bl), 2) " |"
+  print "| decode of a file larger than the page cache (" f(fileGB("big-kvasir"), 1) " GB, " dropped(("big-kvasir" in cmd) ? "big-kvasir" : "big-llama") "): kvasir / llama.cpp tok/s (goal >= 1.0)" ((!("big-kvasir" in cmd) || ("big-llama" in cmd)) ? "" : " (llama.cpp not measured in this run)") " | " f(ratio(bk, bl), 2) " |"
   l = num("SwarmDecode13ms/qwen3-30b-shape-4L/local", "tok/s")
   print "| swarm / local tok/s, 1 of 4 layers remote at 13 ms, 30B shapes: direct to hub | " f(ratio(num("SwarmDecode13ms/qwen3-30b-shape-4L/layer0-remote-hub-direct", "tok/s"), l), 3) " |"
   print "| same, through the TLS gateway | " f(ratio(num("SwarmDecode13ms/qwen3-30b-shape-4L/layer0-remote-gateway", "tok/s"), l), 3) " |"
@@ -574,10 +580,11 @@ END {
     print "### " sname[tg] ", " depth(kg) " of " sfull[tg] " layers, Q4_K"
     print ""
     if (!(kg in cmd)) { print "_not run_\n"; continue }
-    print "CPU: " cpuid[kg] ". File: " f(fileGB(kg), 1) " GB; " incache(meta[kg, 1, "before"]) " in the page cache at the start of kvasir'\''s first round, MemTotal " f(memv(meta[kg, 1, "before"], "MemTotal"), 1) " GB, MemAvailable " f(memv(meta[kg, 1, "before"], "MemAvailable"), 1) " GB." (lm ? "" : " **llama.cpp was not measured in this run** (no llama-bench: `LLAMA_BENCH` unset and none on PATH).")
+    print "File: " f(fileGB(kg), 1) " GB; " incache(meta[kg, 1, "before"]) " in the page cache at the start of kvasir'\''s first round, MemTotal " f(memv(meta[kg, 1, "before"], "MemTotal"), 1) " GB, MemAvailable " f(memv(meta[kg, 1, "before"], "MemAvailable"), 1) " GB." (lm ? "" : " **llama.cpp was not measured in this run** (no llama-bench: `LLAMA_BENCH` unset and none on PATH).")
     print ""
     print "| | kvasir | llama.cpp | kvasir / llama.cpp | goal | met |"
     print "|---|---:|---:|---:|---:|---:|"
+    print "| CPU (lscpu), 2 threads | " cpuid[kg] " | " (lm ? ((lg in cpuid) ? cpuid[lg] : "?") : "not measured") " | | | |"
     print "| decode tg32 tok/s | " f(kd, 2) " (" span(kg "/RealModel/tg32", "tok/s", 2) ") | " (lm ? f(ld, 2) " (" span(lg "/LlamaCpp/tg32", "tok/s", 2) ")" : "not measured") " | " f(ratio(kd, ld), 2) " | >= 1.4 | " goal(ratio(kd, ld), 1.4) " |"
     print "| prefill pp512 tok/s | " f(kp, 2) " (" span(kg "/RealModel/pp512", "tok/s", 2) ") | " (lm ? f(lp, 2) " (" span(lg "/LlamaCpp/pp512", "tok/s", 2) ")" : "not measured") " | " f(ratio(kp, lp), 2) " | >= 1.2 | " goal(ratio(kp, lp), 1.2) " |"
     print "| weight bytes read per decoded token | " f(rwb, 0) " | same file | | | |"
@@ -609,16 +616,20 @@ END {
       print "the memory available: **the page cache can hold it (and a copy) here**, so this run did not measure the"
       print "larger-than-the-page-cache case; choose `KVASIR_BENCH_BIG_LAYERS` so that the file exceeds half of MemAvailable."
     }
-    print "The page cache is emptied before each engine'\''s round (`KVASIR_BENCH_DROP`; see above for what was possible),"
-    print "so both engines start from the disk. kvasir: `backbone generate --model FILE --max-tokens 32"
-    print "--threads 2 --json` (default `--resident auto`: it locks the weights in memory when they fit in available"
-    print "memory, else maps them and warns); llama.cpp: `llama-bench -m FILE -t 2 -p 0 -n 32 -r 2` (its default mmap,"
-    print "then repacks the Q4_K weights it can into its own buffers: its -v log gives both sizes). Wall seconds and peak RSS (GNU time) cover the whole"
-    print "process: reading the file from disk, locking or repacking, and the decode; `in page cache` = the file'\''s pages"
-    print "cached (fincore) before and after the round." (lm ? "" : " **llama.cpp was not measured in this run** (no llama-bench: `LLAMA_BENCH` unset and none on PATH).")
+    d = dropped(fg)
+    if (d ~ /^page cache dropped/) print "The page cache was emptied before each engine'\''s round, so both engines started from the disk. kvasir:"
+    else if (d ~ /evicted/) print "The page cache was not emptied (not root, or KVASIR_BENCH_DROP=file); the file'\''s own pages were evicted before each engine'\''s round, so both read it from the disk, but other files stayed cached. kvasir:"
+    else print "**The page cache was not emptied** (`KVASIR_BENCH_DROP=none`, or neither way worked): the file may have been partly cached. kvasir:"
+    print "`backbone generate --model FILE --max-tokens 32 --threads 2 --json` (default `--resident auto`: it locks the"
+    print "weights in memory when they fit in available memory, else maps them and warns); llama.cpp: `llama-bench -m"
+    print "FILE -t 2 -p 0 -n 32 -r 2` (its default mmap, then it repacks the Q4_K weights it can into its own buffers; its"
+    print "-v log gives both sizes). Wall seconds and peak RSS (GNU time) cover the whole process: reading the file"
+    print "from disk, locking or repacking, and the decode; `in page cache` = the file'\''s pages cached (fincore) before"
+    print "and after the round." (lm ? "" : " **llama.cpp was not measured in this run** (no llama-bench: `LLAMA_BENCH` unset and none on PATH).")
     print ""
     print "| round | engine | decode tok/s | resident | peak RSS GB | wall s | in page cache before | after | kvasir / llama.cpp |"
     print "|---:|---|---:|---|---:|---:|---|---|---:|"
+    print "| | CPU (lscpu), 2 threads: " cpuid[fg] " | | | | | | | |"
     nr = (rnd[bg] > rnd[lg]) ? rnd[bg] : rnd[lg]
     for (r = 1; r <= nr; r++) {
       k = rval(bg "/Generate/decode", "tok/s", r); l = rval(lg "/LlamaCpp/tg32", "tok/s", r)

@@ -235,7 +235,7 @@ side_by_side() {
         echo "### seconds: $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }')"
       } >>"$RAW"
     fi
-    if [ -n "$LLAMA_BENCH" ]; then
+    if [ -n "$LLAMA_BENCH" ] && want "llama-$tag"; then
       cat "$model" >/dev/null
       llama_run "llama-$tag" "$model" "" -p 512 -n 32
     fi

@@ -6,88 +6,285 @@
 # (kernel GB/s over the measured memory bandwidth, decode tok/s x weight
 # bytes per token over it, swarm over local tok/s, batching gains).
 #
-#   bash scripts/bench.sh               # ~10 min on a 2-core machine
+#   bash scripts/bench.sh               # ~25 min on a 2-core machine (estimate; +~7 min the first time: the models)
 #   KVASIR_BENCH_QUICK=1 bash scripts/bench.sh   # each benchmark once: checks the script, numbers meaningless
 #   KVASIR_BENCH_DOC_ONLY=1 bash scripts/bench.sh  # only regenerate the doc from docs/bench-raw.txt
 #   KVASIR_BENCH_RAW=F KVASIR_BENCH_DOC=F KVASIR_BENCH_COMMIT=ID  # other output files; the commit to record
-#   KVASIR_BENCH_CACHE=DIR   # where the 48-layer 30B-shape model is written once (default ~/.cache/kvasir-bench)
-#   KVASIR_BENCH_REAL_REPS=N # alternating rounds of the real-shape comparison (default 3; 0 skips it)
-#   KVASIR_BENCH_GROUPS="expert model-real llama-bench"  # rerun only these groups: their old blocks
+#   KVASIR_BENCH_CACHE=DIR   # where the generated real-size models are written once (default ~/.cache/kvasir-bench)
+#   KVASIR_BENCH_REAL_REPS=N # alternating rounds of the side-by-side groups (default 2; 0 skips them)
+#   KVASIR_BENCH_LAYERS_Q30=N KVASIR_BENCH_LAYERS_Q35=N  # their depths (default 32 of the 30B shape's 48
+#                            # layers, 11.3 GB; 20 of the 35B shape's 40, ~9.5 GB: each fits in the page
+#                            # cache of a 23 GiB machine with room to spare)
+#   KVASIR_BENCH_BIG_LAYERS=N KVASIR_BENCH_BIG_REPS=N  # the larger-than-the-page-cache file (default the
+#                            # 48-layer 30B shape, 16.9 GB) and its alternating rounds (default 2; 0 skips)
+#   KVASIR_BENCH_DROP=auto|file|none  # before each of those rounds: auto drops the whole page cache when
+#                            # /proc/sys/vm/drop_caches is writable (root), else evicts the file's own
+#                            # pages (dd iflag=nocache); file always does the latter (a shared machine)
+#   KVASIR_BENCH_GROUPS="expert real-q30 llama-q30"  # rerun only these groups: their old blocks
 #                            # leave the raw file, the new ones are appended (the header notes it)
-#   LLAMA_BENCH=PATH         # a llama-bench binary (llama.cpp, built outside this repo): measured in
-#                            # the same rounds, alternating with kvasir, on the same file and 2 threads
+#   LLAMA_BENCH=PATH         # a llama-bench binary (llama.cpp, built outside this repo; default: llama-bench
+#                            # on PATH): measured in the same rounds, alternating with kvasir, on the same
+#                            # file and 2 threads. Without one the doc says llama.cpp was not measured.
 #   LLAMA_BENCH_COMMIT=ID LLAMA_BENCH_NOTE=TEXT  # its source commit (when its build does not know it)
 #                            # and how it was built, for the doc
 #
-# The real-shape comparison needs the 16.9 GB model in the page cache: about 17 GB of free RAM (genmodel
-# also holds the model in memory while writing it once, ~2.5 min).
+# Groups against llama.cpp: real-q30/llama-q30 and real-q35/llama-q35 (tg32 and pp512 of both shapes,
+# BenchmarkRealModel vs llama-bench, each file read into the page cache before each engine's round),
+# big-kvasir/big-llama (decode of the 16.9 GB file, the page cache dropped before each engine's round:
+# `backbone generate --json` vs `llama-bench -p 0 -n 32`). On a 2-core machine the side-by-side groups
+# take ~4-5 min per shape and the big file ~3 min (estimates; each table gives the seconds it took), plus,
+# the first time only, ~2-3 min per file to write the models (38 GB of disk in the cache folder; genmodel
+# holds a model in memory while writing it: ~17 GB of RAM for the 48-layer one).
 #
 # The machine's load matters (shared CI boxes): the load average before and
 # after each group is recorded and shown in the doc.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 RAW=${KVASIR_BENCH_RAW:-docs/bench-raw.txt}
 DOC=${KVASIR_BENCH_DOC:-docs/BENCHMARKS.md}
 QUICK=${KVASIR_BENCH_QUICK:-0}
 GO=${GO:-go}
+CACHE=${KVASIR_BENCH_CACHE:-$HOME/.cache/kvasir-bench}
+REPS=${KVASIR_BENCH_REAL_REPS:-2}
+[ "$QUICK" = 1 ] && [ "$REPS" -gt 1 ] 2>/dev/null && REPS=1
+LLAMA_BENCH=${LLAMA_BENCH:-$(command -v llama-bench 2>/dev/null)}
+TMPD=$(mktemp -d "${TMPDIR:-/tmp}/kvasir-bench.XXXXXX") || exit 1
+trap 'rm -rf "$TMPD"' EXIT
+BACKBONE=$TMPD/backbone
 
 load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime | sed 's/.*load average[s]*: //'; }
 
-# llama_run MODEL: one llama-bench run (tg32 and pp512, 2 threads) on MODEL, its
-# results written to the raw file as benchmark lines LlamaCpp/tg32 and
-# LlamaCpp/pp512 (tok/s), so that the doc treats them like Go's.
-llama_run() {
-  local model=$1 cmd="$LLAMA_BENCH -m $1 -t 2 -p 512 -n 32 -r 2 -o csv"
+# cpu_id: the CPU as lscpu names it and whether it has AVX-512 (the avx512f
+# flag), for the tables of the side-by-side groups.
+cpu_id() {
+  local name avx=no
+  name=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n1)
+  [ -n "$name" ] || name=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')
+  grep -qw avx512f /proc/cpuinfo 2>/dev/null && avx=yes
+  echo "${name:-unknown} x $(nproc 2>/dev/null || echo '?'), AVX-512 (avx512f): $avx"
+}
+
+# meminfo: MemTotal, MemAvailable and Cached of /proc/meminfo in GB (1e9 bytes).
+meminfo() {
+  awk '/^(MemTotal|MemAvailable|Cached):/ { printf "%s%s %.1f GB", sep, $1, $2 * 1024 / 1e9; sep = ", " }' /proc/meminfo 2>/dev/null
+}
+
+# cached FILE: bytes of FILE in the page cache (fincore, util-linux), or "?".
+cached() { fincore -b -n -o RES "$1" 2>/dev/null | tr -d ' ' | grep -E '^[0-9]+$' || echo '?'; }
+
+# fsize FILE: its size in bytes.
+fsize() { stat -c %s "$1" 2>/dev/null || wc -c <"$1"; }
+
+# timed OUT CMD...: runs CMD; writes "SECONDS MAXRSS_KB" to OUT (wall time;
+# peak resident set size from GNU time, "?" without it); CMD's exit status.
+timed() {
+  local out=$1 t0=$EPOCHREALTIME rc
+  shift
+  if [ -x /usr/bin/time ]; then
+    /usr/bin/time -f 'timed: %e %M' -o "$out.t" "$@"
+    rc=$?
+    sed -n 's/^timed: //p' "$out.t" | tail -n1 >"$out"
+  else
+    "$@"
+    rc=$?
+    echo "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') ?" >"$out"
+  fi
+  return "$rc"
+}
+
+# drop_cache FILE: empties the page cache before a larger-than-the-page-cache
+# round and says how: all of it when this user may (root: echo 3 >
+# /proc/sys/vm/drop_caches), else FILE's own pages (dd iflag=nocache:
+# posix_fadvise DONTNEED, which any reader may ask). KVASIR_BENCH_DROP=file
+# asks for the second on a shared machine, none for neither.
+drop_cache() {
+  local how=${KVASIR_BENCH_DROP:-auto}
+  sync
+  if [ "$how" = auto ] && [ -w /proc/sys/vm/drop_caches ] && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+    echo "dropped before the round (echo 3 > /proc/sys/vm/drop_caches)"
+  elif [ "$how" != none ] && dd if="$1" iflag=nocache count=0 status=none 2>/dev/null; then
+    echo "not dropped (/proc/sys/vm/drop_caches not writable$([ "$how" = file ] && echo ' or KVASIR_BENCH_DROP=file')): only the file's own pages evicted (dd iflag=nocache)"
+  else
+    echo "not dropped (KVASIR_BENCH_DROP=$how, or neither drop_caches nor dd iflag=nocache worked): the file may be partly cached"
+  fi
+}
+
+# block_begin GROUP COMMAND / block_end GROUP RC: the lines around one
+# measurement in the raw file (group, command, load and CPU, seconds taken).
+block_begin() {
+  BLOCK_T0=$EPOCHREALTIME
   {
-    echo "### group: llama-bench"
-    echo "### command: $cmd"
+    echo "### group: $1"
+    echo "### command: $2"
     echo "### load-before: $(load)"
-    [ -n "${LLAMA_BENCH_COMMIT:-}" ] && echo "### llama-bench-commit: $LLAMA_BENCH_COMMIT"
-    [ -n "${LLAMA_BENCH_NOTE:-}" ] && echo "### llama-bench-note: $LLAMA_BENCH_NOTE"
+    echo "### cpu-id: $(cpu_id)"
   } >>"$RAW"
-  echo "bench.sh: llama-bench ($cmd)" >&2
-  local out
-  out=$("$LLAMA_BENCH" -m "$model" -t 2 -p 512 -n 32 -r 2 -o csv 2>/dev/null)
-  local rc=$?
-  printf '%s\n' "$out" | sed 's/^/# /' >>"$RAW"
-  printf '%s\n' "$out" | awk -F, '
-    NR == 1 { for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); col[h] = i }; next }
-    { p = $col["n_prompt"]; g = $col["n_gen"]; ts = $col["avg_ts"]; bc = $col["build_commit"]
-      gsub(/"/, "", p); gsub(/"/, "", g); gsub(/"/, "", ts); gsub(/"/, "", bc)
-      if (bc != "" && bc != "unknown") print "### llama-bench-commit: " bc
-      if (p + 0 > 0 && g + 0 == 0) printf "BenchmarkLlamaCpp/pp%d-2 \t 1 \t %s tok/s\n", p, ts
-      if (g + 0 > 0 && p + 0 == 0) printf "BenchmarkLlamaCpp/tg%d-2 \t 1 \t %s tok/s\n", g, ts }' | tee -a "$RAW" >&2
+  echo "bench.sh: $1 ($2)" >&2
+}
+block_end() {
   {
-    [ "$rc" = 0 ] || echo "### FAILED: llama-bench (exit $rc)"
+    [ "$2" = 0 ] || echo "### FAILED: $1 (exit $2)"
+    echo "### seconds: $(awk -v a="$BLOCK_T0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }')"
     echo "### load-after: $(load)"
   } >>"$RAW"
 }
 
-# real_shape: decode (tg32) and prefill (pp512) of the 48-layer Qwen3-30B-A3B-shape
-# Q4_K model on 2 threads, written once to the cache folder; with LLAMA_BENCH,
-# llama.cpp's llama-bench on the same file, the two alternating.
-real_shape() {
-  want model-real || want llama-bench || return 0
-  local reps=${KVASIR_BENCH_REAL_REPS:-3}
-  [ "$reps" -gt 0 ] 2>/dev/null || return 0
-  local cache=${KVASIR_BENCH_CACHE:-$HOME/.cache/kvasir-bench}
-  local model=$cache/qwen3-30b-a3b-48L-Q4_K-s1.gguf
+# llama_run GROUP MODEL NOTE LLAMA-BENCH-ARGS...: one llama-bench run (2
+# threads, -r 2, CSV) on MODEL (NOTE, when not empty: a "### page-cache:"
+# line for the block), its results written to the raw file as benchmark lines
+# LlamaCpp/tg32 and LlamaCpp/pp512 (tok/s), so that the doc treats them like
+# Go's, and LlamaCpp/process: the whole run's wall seconds and peak RSS (load
+# and weight repacking included) and, from its -v log, the model's load time
+# and its buffers (weights used from the mapping, weights repacked into its
+# own memory).
+llama_run() {
+  local group=$1 model=$2 note=$3
+  shift 3
+  want "$group" || return 0
+  local args=(-m "$model" -t 2 "$@" -r 2 -o csv -v)
+  block_begin "$group" "$LLAMA_BENCH ${args[*]}"
+  {
+    [ -n "$note" ] && echo "### page-cache: $note"
+    echo "### file-cached-before: $(cached "$model") of $(fsize "$model") bytes; $(meminfo)"
+    [ -n "${LLAMA_BENCH_COMMIT:-}" ] && echo "### llama-bench-commit: $LLAMA_BENCH_COMMIT"
+    [ -n "${LLAMA_BENCH_NOTE:-}" ] && echo "### llama-bench-note: $LLAMA_BENCH_NOTE"
+  } >>"$RAW"
+  local out rc
+  timed "$TMPD/llama.time" "$LLAMA_BENCH" "${args[@]}" >"$TMPD/llama.csv" 2>"$TMPD/llama.err"
+  rc=$?
+  out=$(cat "$TMPD/llama.csv")
+  printf '%s\n' "$out" | sed 's/^/# /' >>"$RAW"
+  [ "$rc" = 0 ] || tail -n 5 "$TMPD/llama.err" | sed 's/^/# stderr: /' >>"$RAW"
+  {
+    printf '%s\n' "$out" | awk -F, '
+      NR == 1 { for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); col[h] = i }; next }
+      { p = $col["n_prompt"]; g = $col["n_gen"]; ts = $col["avg_ts"]; bc = $col["build_commit"]
+        gsub(/"/, "", p); gsub(/"/, "", g); gsub(/"/, "", ts); gsub(/"/, "", bc)
+        if (bc != "" && bc != "unknown") print "### llama-bench-commit: " bc
+        if (p + 0 > 0 && g + 0 == 0) printf "BenchmarkLlamaCpp/pp%d-2 \t 1 \t %s tok/s\n", p, ts
+        if (g + 0 > 0 && p + 0 == 0) printf "BenchmarkLlamaCpp/tg%d-2 \t 1 \t %s tok/s\n", g, ts }'
+    read -r secs kb <"$TMPD/llama.time"
+    # -v log: "load_tensors: CPU_Mapped model buffer size = 347.42 MiB", "... CPU_REPACK ...", "llama_perf_context_print: load time = 6843.72 ms"
+    [ "$rc" = 0 ] && awk -v secs="$secs" -v kb="$kb" '
+      /model buffer size =/ && /CPU_Mapped/ && !m { m = 1; mapped = $(NF - 1) * 1048576 / 1e9 }
+      /model buffer size =/ && /CPU_REPACK/ && !r { r = 1; repack = $(NF - 1) * 1048576 / 1e9 }
+      /load time =/ && !l { l = 1; for (i = 1; i <= NF; i++) if ($i == "=") load = $(i + 1) / 1000 }
+      END { printf "BenchmarkLlamaCpp/process-2 \t 1 \t %s wall_s", secs
+        if (kb != "?") printf " \t %.2f peakRSS_GB", kb * 1024 / 1e9
+        if (l) printf " \t %.2f load_s", load
+        if (m) printf " \t %.2f mapped_GB", mapped
+        if (r) printf " \t %.2f repacked_GB", repack
+        printf "\n" }' "$TMPD/llama.err"
+  } | tee -a "$RAW" >&2
+  echo "### file-cached-after: $(cached "$model") of $(fsize "$model") bytes; $(meminfo)" >>"$RAW"
+  block_end "$group" "$rc"
+}
+
+# model_file PRESET LAYERS: prints the path of the Q4_K file of that shape and
+# depth in the cache folder (seed 1), writing it with backbone genmodel the
+# first time (about 9 s and 0.35 GB of RAM and disk per layer of the 30B
+# shape); fails in quick mode when it is not there yet.
+model_file() {
+  local model=$CACHE/$1-$2L-Q4_K-s1.gguf
   if [ ! -s "$model" ]; then
     if [ "$QUICK" = 1 ]; then
-      echo "bench.sh: quick mode: $model not written, real-shape runs skipped" >&2
-      return 0
+      echo "bench.sh: quick mode: $model not written, its runs skipped" >&2
+      return 1
     fi
-    mkdir -p "$cache" || return 0
-    echo "bench.sh: writing $model once (16.9 GB, ~17 GB of RAM while writing)" >&2
-    "$GO" run ./backbone genmodel --preset qwen3-30b-a3b --layers 48 --type Q4_K --seed 1 --out "$model.part" >&2 &&
-      mv "$model.part" "$model" || { rm -f "$model.part"; echo "bench.sh: genmodel failed" >&2; return 0; }
+    mkdir -p "$CACHE" || return 1
+    echo "bench.sh: writing $model once" >&2
+    backbone_bin || return 1
+    if ! "$BACKBONE" genmodel --preset "$1" --layers "$2" --type Q4_K --seed 1 --out "$model.part" >&2 ||
+      ! mv "$model.part" "$model"; then
+      rm -f "$model.part"
+      echo "bench.sh: genmodel failed" >&2
+      return 1
+    fi
   fi
+  echo "$model"
+}
+
+# backbone_bin: builds the backbone command once into the scratch folder
+# ($BACKBONE), so that no round times the Go compiler.
+backbone_bin() {
+  [ -x "$BACKBONE" ] && return 0
+  "$GO" build -o "$BACKBONE" ./backbone || { echo "bench.sh: go build ./backbone failed" >&2; return 1; }
+}
+
+# side_by_side TAG PRESET LAYERS: decode (tg32) and prefill (pp512) of a
+# LAYERS-deep file of the PRESET shape on 2 threads, kvasir's
+# BenchmarkRealModel (group real-TAG) and, with llama-bench, llama.cpp's on
+# the same file (group llama-TAG), alternating, the file read into the page
+# cache before each engine's round.
+side_by_side() {
+  local tag=$1 preset=$2 layers=$3 model
+  want "real-$tag" || { want "llama-$tag" && [ -n "$LLAMA_BENCH" ]; } || return 0
+  [ "$REPS" -gt 0 ] 2>/dev/null || return 0
+  model=$(model_file "$preset" "$layers") || return 0
+  for _ in $(seq "$REPS"); do
+    if want "real-$tag"; then
+      cat "$model" >/dev/null # into the page cache (llama-bench's repacked copy may have pushed it out)
+      local before
+      before="### file-cached-before: $(cached "$model") of $(fsize "$model") bytes; $(meminfo)"
+      local t0=$EPOCHREALTIME
+      run "real-$tag" ./engine/model 'BenchmarkRealModel' 2x 1 KVASIR_BENCH_MODEL="$model" KVASIR_BENCH_THREADS=2
+      {
+        echo "$before"
+        echo "### cpu-id: $(cpu_id)"
+        echo "### seconds: $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }')"
+      } >>"$RAW"
+    fi
+    if [ -n "$LLAMA_BENCH" ] && want "llama-$tag"; then
+      cat "$model" >/dev/null
+      llama_run "llama-$tag" "$model" "" -p 512 -n 32
+    fi
+  done
+}
+
+# big_file: decode of a file larger than the page cache but smaller than RAM
+# (the 48-layer 30B shape, 16.9 GB; KVASIR_BENCH_BIG_LAYERS), the page cache
+# dropped before each engine's round: kvasir's backbone generate (--resident
+# auto: it locks the weights when they fit in available memory) in group
+# big-kvasir, llama-bench -p 0 -n 32 in group big-llama, alternating.
+big_file() {
+  want big-kvasir || { want big-llama && [ -n "$LLAMA_BENCH" ]; } || return 0
+  local reps=${KVASIR_BENCH_BIG_REPS:-2} model
+  [ "$reps" -gt 0 ] 2>/dev/null || return 0
   [ "$QUICK" = 1 ] && reps=1
+  model=$(model_file qwen3-30b-a3b "${KVASIR_BENCH_BIG_LAYERS:-48}") || return 0
   for _ in $(seq "$reps"); do
-    cat "$model" >/dev/null # into the page cache (llama-bench's repacked copy may have pushed it out)
-    run model-real ./engine/model 'BenchmarkRealModel' 2x 1 KVASIR_BENCH_MODEL="$model" KVASIR_BENCH_THREADS=2
-    [ -n "${LLAMA_BENCH:-}" ] && want llama-bench && llama_run "$model"
+    if want big-kvasir && backbone_bin; then
+      local drop rc
+      drop=$(drop_cache "$model")
+      block_begin big-kvasir "backbone generate --model $model --max-tokens 32 --threads 2 --json"
+      {
+        echo "### page-cache: $drop"
+        echo "### file-cached-before: $(cached "$model") of $(fsize "$model") bytes; $(meminfo)"
+      } >>"$RAW"
+      timed "$TMPD/gen.time" "$BACKBONE" generate --model "$model" --max-tokens 32 --threads 2 --json >"$TMPD/gen.json" 2>"$TMPD/gen.err"
+      rc=$?
+      sed 's/^/# /' "$TMPD/gen.json" >>"$RAW"
+      tail -n 5 "$TMPD/gen.err" | sed 's/^/# stderr: /' >>"$RAW"
+      if [ "$rc" = 0 ]; then
+        local secs kb
+        read -r secs kb <"$TMPD/gen.time"
+        sed -n 's/.*"resident":{"mode":"\([a-z]*\)".*/### resident-mode: \1/p' "$TMPD/gen.json" >>"$RAW"
+        # generate --json: decode_tok_s, tokens (ids), peak_rss_bytes, resident.bytes (backbone/cmd_generate.go).
+        awk -v secs="$secs" '
+          function field(re,    s) { if (!match($0, re)) return ""; s = substr($0, RSTART, RLENGTH); sub(/.*:/, "", s); return s }
+          { tps = field("\"decode_tok_s\":[-0-9.eE+]+"); rss = field("\"peak_rss_bytes\":[0-9]+")
+            res = field("\"resident\":\\{\"mode\":\"[a-z]*\",\"bytes\":[0-9]+")
+            n = 0; if (match($0, /"tokens":\[[^]]*\]/)) n = split(substr($0, RSTART + 10, RLENGTH - 11), t, ",")
+            if (tps == "") next
+            printf "BenchmarkGenerate/decode-2 \t 1 \t %s tok/s \t %d tokens \t %.2f peakRSS_GB \t %.2f resident_GB \t %s wall_s\n", tps, n, rss / 1e9, res / 1e9, secs }' "$TMPD/gen.json" | tee -a "$RAW" >&2
+      fi
+      echo "### file-cached-after: $(cached "$model") of $(fsize "$model") bytes; $(meminfo)" >>"$RAW"
+      block_end big-kvasir "$rc"
+    fi
+    if [ -n "$LLAMA_BENCH" ] && want big-llama; then
+      llama_run big-llama "$model" "$(drop_cache "$model")" -p 0 -n 32
+    fi
   done
 }
 
@@ -161,7 +358,9 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   run model-q35 ./engine/model 'BenchmarkQwen35_35B_A3B_4L|BenchmarkFixtureQwen35Q4KM' 2s
   run expert ./engine/expert 'BenchmarkLocalQwen3_30B' 2s
   run vulkan ./engine/vulkan 'BenchmarkDeviceBandwidth|BenchmarkExperts$|BenchmarkExpertsBatch' 1x
-  real_shape
+  side_by_side q30 qwen3-30b-a3b "${KVASIR_BENCH_LAYERS_Q30:-32}"
+  side_by_side q35 qwen3.5-35b-a3b "${KVASIR_BENCH_LAYERS_Q35:-20}"
+  big_file
   run dispatch-rtt ./backbone/dispatch 'BenchmarkDispatchRTT13ms' 2s
   run dispatch-quorum ./backbone/dispatch 'BenchmarkQuorumRTT13ms' 2s 3
   run dispatch-decode ./backbone/dispatch 'BenchmarkFixtureDecode' 2s
@@ -184,6 +383,25 @@ function has(name, unit) { return ((name, unit) in val) }
 function f(x, d) { if (x < 0) return "n/a"; return sprintf("%." d "f", x) }
 function pct(x) { if (x < 0) return "n/a"; return sprintf("%.1f %%", 100 * x) }
 function ratio(a, b) { return (a < 0 || b <= 0) ? -1 : a / b }
+# rval(name, unit, r): the result of round r of a side-by-side group (-1: none).
+function rval(name, unit, r) { return ((name, unit, r) in rv) ? rv[name, unit, r] + 0 : -1 }
+# goal(x, g): whether x reaches the goal g.
+# wgbs(t, wb): decode weight GB/s, tok/s x weight bytes per token (-1: either unknown).
+function wgbs(t, wb) { return (t < 0 || wb < 0) ? -1 : t * wb / 1e9 }
+function goal(x, g) { return (x < 0) ? "n/a" : (x >= g ? "yes" : "**no**") }
+# memv(line, key): the GB figure of key (MemTotal, MemAvailable, Cached) in a file-cached line (-1: none).
+function memv(s, key,    t) { if (!match(s, key ": [0-9.]+")) return -1; t = substr(s, RSTART, RLENGTH); sub(/.*: /, "", t); return t + 0 }
+# incache(line): "C of F GB" from a file-cached line ("CACHED of SIZE bytes; ..."): the bytes of the file in the page cache.
+function incache(s,    a) { split(s, a, " "); return (a[1] ~ /^[0-9]+$/ && a[3] + 0 > 0) ? sprintf("%.1f of %.1f GB", a[1] / 1e9, a[3] / 1e9) : "?" }
+# fileGB(g): the size in GB of the file group g measured (-1: unknown).
+function fileGB(g,    a) { if (!((g, 1, "before") in meta)) return -1; split(meta[g, 1, "before"], a, " "); return a[3] / 1e9 }
+# dropped(g): how the page cache was emptied before the first round of group g, in a few words.
+function dropped(g,    d) {
+  d = meta[g, 1, "page-cache"]
+  return (d ~ /^dropped/) ? "page cache dropped first" : (d ~ /file.s own pages evicted/) ? "its own pages evicted first" : "page cache not dropped"
+}
+# depth(g): "N layers" from the model file name in the command of group g.
+function depth(g,    t) { if (!(g in cmd) || !match(cmd[g], /-[0-9]+L-Q4_K/)) return "?"; t = substr(cmd[g], RSTART + 1, RLENGTH - 1); sub(/L-.*/, "", t); return t }
 # span(name, unit, d): "min - max" of the repeated results (one value: it alone).
 function span(name, unit, d,    k, lo, hi, x) {
   if (!((name, unit) in nv)) return "n/a"
@@ -195,7 +413,7 @@ function span(name, unit, d,    k, lo, hi, x) {
 function table(g,    i, j, n, u, nu, units, seen, line) {
   if (!(g in cmd)) { print "_not run_\n"; return }
   print "`" cmd[g] "`" (failed[g] ? " — **FAILED** (see docs/bench-raw.txt)" : "") (cmd[g] ~ /-count [2-9]/ ? " (medians)" : "") "  "
-  print "load average before/after: " lb[g] " / " la[g] "\n"
+  print "load average before/after: " lb[g] " / " la[g] ((g in secs) ? "; " nsec[g] " round(s), " secs[g] " s in all" : "") "\n"
   nu = 0
   for (i = 1; i <= nb; i++) if (grp[i] == g) {
     n = split(units_of[names[i]], units, " ")
@@ -221,16 +439,23 @@ function table(g,    i, j, n, u, nu, units, seen, line) {
 /^### llama-bench-commit: / { llcommit = rest }
 /^### llama-bench-note: / { llnote = rest }
 /^### rerun: / { reruns = reruns (reruns == "" ? "" : "; ") rest }
-/^### group: / { g = rest }
+/^### group: / { g = rest; rnd[g]++ }
+/^### cpu-id: / { cpuid[g] = rest }
+/^### seconds: / { secs[g] += rest; nsec[g]++ }
+/^### (page-cache|file-cached-before|file-cached-after|resident-mode): / { k = $2; sub(/:$/, "", k); sub(/^file-cached-/, "", k); meta[g, rnd[g], k] = rest }
 /^### command: / { cmd[g] = rest }
 /^### load-before: / { lb[g] = rest }
 /^### load-after: / { la[g] = rest }
 /^### FAILED/ { failed[g] = 1 }
 /^Benchmark[^ \t]*[ \t]+[0-9]+[ \t]/ {
   name = $1; sub(/-[0-9]+$/, "", name); sub(/^Benchmark/, "", name)
+  # The same benchmark on several files: named after its group.
+  perround = (g ~ /^(real|llama)-q3[05]$/ || g ~ /^big-(kvasir|llama)$/)
+  if (perround) name = g "/" name
   if (!(name in idx)) { idx[name] = ++nb; names[nb] = name; grp[nb] = g }
   for (i = 3; i + 1 <= NF; i += 2) {
     u = $(i + 1); k = ++nv[name, u]; vals[name, u, k] = $i
+    if (perround) rv[name, u, rnd[g]] = $i
     if (index(" " units_of[name] " ", " " u " ") == 0) units_of[name] = units_of[name] " " u
   }
 }
@@ -241,6 +466,9 @@ END {
     for (i = 1; i <= n; i++) srt[i] = vals[key, i]
     for (i = 2; i <= n; i++) for (j = i; j > 1 && srt[j - 1] + 0 > srt[j] + 0; j--) { x = srt[j]; srt[j] = srt[j - 1]; srt[j - 1] = x }
     val[key] = srt[int((n + 1) / 2)]
+    if (n % 2 == 0) { # the mean of the middle two, without trailing zeros
+      x = sprintf("%.4f", (srt[n / 2] + srt[n / 2 + 1]) / 2); sub(/0+$/, "", x); sub(/\.$/, "", x); val[key] = x
+    }
   }
   print "# Benchmarks"
   print ""
@@ -270,11 +498,22 @@ END {
   print "| decode, Qwen3-30B-A3B shapes (4 layers, Q4_K): tok/s x weight bytes/token / BW | " f(ratio(t * wb / 1e9, bw), 2) " |"
   t = num("FixtureQ4KM/decode", "tok/s"); wb = num("FixtureQ4KM/decode", "weightB/tok")
   print "| decode, fixture Q4_K_M: tok/s x weight bytes/token / BW | " f(ratio(t * wb / 1e9, bw), 2) " |"
-  kd = num("RealModel/tg32", "tok/s"); kp = num("RealModel/pp512", "tok/s"); rwb = num("RealModel/tg32", "weightB/tok")
-  ld = num("LlamaCpp/tg32", "tok/s"); lp = num("LlamaCpp/pp512", "tok/s")
-  print "| decode tg32, 48-layer 30B shape, 2 threads: tok/s x weight bytes/token / BW | " f(ratio(kd * rwb / 1e9, bw), 2) " |"
-  print "| same: kvasir / llama.cpp tok/s" (ld < 0 ? " (reference llama.cpp 17.3, not measured in this run)" : " (same run)") " | " f(ratio(kd, ld < 0 ? 17.3 : ld), 2) " |"
-  print "| prefill pp512, same model: kvasir / llama.cpp tok/s" (lp < 0 ? " (reference llama.cpp 30.2, not measured in this run)" : " (same run)") " | " f(ratio(kp, lp < 0 ? 30.2 : lp), 2) " |"
+  for (j = 1; j <= 3; j++) { x = (j == 1) ? "real-q30" : (j == 2) ? "real-q35" : "big-kvasir"; if (x in cpuid) { print "| CPU of the side-by-side runs (lscpu model name, AVX-512) | " cpuid[x] " |"; break } }
+  split("q30 q35", tags, " ")
+  sname["q30"] = "30B shape (qwen3moe)"; sname["q35"] = "35B shape (qwen35moe)"
+  sfull["q30"] = 48; sfull["q35"] = 40
+  for (j = 1; j <= 2; j++) {
+    tg = tags[j]; kg = "real-" tg; lg = "llama-" tg
+    kd = num(kg "/RealModel/tg32", "tok/s"); kp = num(kg "/RealModel/pp512", "tok/s"); rwb = num(kg "/RealModel/tg32", "weightB/tok")
+    ld = num(lg "/LlamaCpp/tg32", "tok/s"); lp = num(lg "/LlamaCpp/pp512", "tok/s")
+    nm = (!(kg in cmd) || (lg in cmd)) ? "" : " (llama.cpp not measured in this run)"
+    sh = sname[tg] ", " depth(kg) " of " sfull[tg] " layers"
+    print "| decode tg32, " sh ", 2 threads: kvasir / llama.cpp tok/s (goal >= 1.4)" nm " | " f(ratio(kd, ld), 2) " |"
+    print "| prefill pp512, " sh ": kvasir / llama.cpp tok/s (goal >= 1.2)" nm " | " f(ratio(kp, lp), 2) " |"
+    print "| decode, " sh ": tok/s x weight bytes/token / BW, kvasir (goal >= 0.8) / llama.cpp | " f(ratio(wgbs(kd, rwb), bw), 2) " / " f(ratio(wgbs(ld, rwb), bw), 2) " |"
+  }
+  bk = num("big-kvasir/Generate/decode", "tok/s"); bl = num("big-llama/LlamaCpp/tg32", "tok/s")
+  print "| decode of a file larger than the page cache (" f(fileGB("big-kvasir"), 1) " GB, " dropped(("big-kvasir" in cmd) ? "big-kvasir" : "big-llama") "): kvasir / llama.cpp tok/s (goal >= 1.0)" ((!("big-kvasir" in cmd) || ("big-llama" in cmd)) ? "" : " (llama.cpp not measured in this run)") " | " f(ratio(bk, bl), 2) " |"
   l = num("SwarmDecode13ms/qwen3-30b-shape-4L/local", "tok/s")
   print "| swarm / local tok/s, 1 of 4 layers remote at 13 ms, 30B shapes: direct to hub | " f(ratio(num("SwarmDecode13ms/qwen3-30b-shape-4L/layer0-remote-hub-direct", "tok/s"), l), 3) " |"
   print "| same, through the TLS gateway | " f(ratio(num("SwarmDecode13ms/qwen3-30b-shape-4L/layer0-remote-gateway", "tok/s"), l), 3) " |"
@@ -321,30 +560,92 @@ END {
   print ""
   table("kernel")
 
-  print "## Real-shape engine speed: 48-layer Qwen3-30B-A3B shape vs llama.cpp (`engine/model`)"
+  print "## Side by side with llama.cpp: both shapes, files that fit in the page cache (`engine/model`)"
   print ""
-  print "The model: `backbone genmodel --preset qwen3-30b-a3b --layers 48 --type Q4_K --seed 1` (16.9 GB, written once"
-  print "to `~/.cache/kvasir-bench`, read from the page cache), 2 threads. kvasir: `BenchmarkRealModel` (tg32: 32"
-  print "tokens decoded one at a time from an empty sequence; pp512: a 512-token prompt as one batch), as"
-  print "llama.cpp'\''s `llama-bench -t 2 -p 512 -n 32` measures. With `LLAMA_BENCH` set, llama-bench ran on the same"
-  print "file in the same run, alternating with kvasir (" (llcommit != "" ? "llama.cpp " llcommit ", " : "") "built outside this repo" (llnote != "" ? ": " llnote : "") ");"
-  print "otherwise the llama.cpp column holds the figures of issue 14 (tg32 14.0 - 17.3, pp512 26.8 - 30.2 tok/s,"
-  print "measured on a 2-core AMD EPYC VM with ~46 GB/s of read bandwidth) and the ratio uses their upper ends."
-  print "Medians, with the range over the rounds. Decode reads every weight byte once per token, so its bound is"
-  print "BW / bytes per token; compare machines by the fraction of BW, not by tok/s."
+  print "Each file: `backbone genmodel --preset P --layers N --type Q4_K --seed 1`, written once to the cache folder"
+  print "(`~/.cache/kvasir-bench`), N chosen so that it fits in the page cache with room to spare"
+  print "(`KVASIR_BENCH_LAYERS_Q30`, `KVASIR_BENCH_LAYERS_Q35`), read into the page cache before each engine'\''s round;"
+  print "2 threads. kvasir: `BenchmarkRealModel` (tg32: 32 tokens decoded one at a time from an empty sequence; pp512:"
+  print "a 512-token prompt as one batch), as llama.cpp'\''s `llama-bench -t 2 -p 512 -n 32` measures. The engines"
+  print "alternate, kvasir first, two rounds each (" (llcommit != "" ? "llama.cpp " llcommit ", " : "") "built outside this repo" (llnote != "" ? ": " llnote : "") ")."
+  print "Medians, with the range over the rounds. Decode reads every weight byte of the active experts and the"
+  print "attention once per token, so its bound is BW / bytes per token; the llama.cpp fraction uses kvasir'\''s bytes per"
+  print "token of the same file (both engines read the same weights). Compare machines by the fraction of BW."
   print ""
-  kd = num("RealModel/tg32", "tok/s"); kp = num("RealModel/pp512", "tok/s"); rwb = num("RealModel/tg32", "weightB/tok")
-  ld = num("LlamaCpp/tg32", "tok/s"); lp = num("LlamaCpp/pp512", "tok/s")
-  print "| | kvasir | llama.cpp | kvasir / llama.cpp |"
-  print "|---|---:|---:|---:|"
-  print "| decode tg32 tok/s | " f(kd, 2) " (" span("RealModel/tg32", "tok/s", 2) ") | " (ld < 0 ? "14.0 - 17.3 (reference)" : f(ld, 2) " (" span("LlamaCpp/tg32", "tok/s", 2) ")") " | " f(ratio(kd, ld < 0 ? 17.3 : ld), 2) " |"
-  print "| prefill pp512 tok/s | " f(kp, 2) " (" span("RealModel/pp512", "tok/s", 2) ") | " (lp < 0 ? "26.8 - 30.2 (reference)" : f(lp, 2) " (" span("LlamaCpp/pp512", "tok/s", 2) ")") " | " f(ratio(kp, lp < 0 ? 30.2 : lp), 2) " |"
-  print "| weight bytes read per decoded token | " f(rwb, 0) " | same file | |"
-  print "| decode weight GB/s (tok/s x bytes/token) | " f(kd * rwb / 1e9, 2) " | " f((ld < 0 ? 17.3 : ld) * rwb / 1e9, 2) " | |"
-  print "| ... / BW (" f(bw, 2) " GB/s) | " f(ratio(kd * rwb / 1e9, bw), 2) " | " f(ratio((ld < 0 ? 17.3 : ld) * rwb / 1e9, bw), 2) " | |"
-  print "| decode bound BW / bytes per token (tok/s) | " f(rwb > 0 ? bw * 1e9 / rwb : -1, 1) " | | |"
+  for (j = 1; j <= 2; j++) {
+    tg = tags[j]; kg = "real-" tg; lg = "llama-" tg
+    kd = num(kg "/RealModel/tg32", "tok/s"); kp = num(kg "/RealModel/pp512", "tok/s"); rwb = num(kg "/RealModel/tg32", "weightB/tok")
+    ld = num(lg "/LlamaCpp/tg32", "tok/s"); lp = num(lg "/LlamaCpp/pp512", "tok/s")
+    lm = (lg in cmd)
+    print "### " sname[tg] ", " depth(kg) " of " sfull[tg] " layers, Q4_K"
+    print ""
+    if (!(kg in cmd)) { print "_not run_\n"; continue }
+    print "File: " f(fileGB(kg), 1) " GB; " incache(meta[kg, 1, "before"]) " in the page cache at the start of kvasir'\''s first round, MemTotal " f(memv(meta[kg, 1, "before"], "MemTotal"), 1) " GB, MemAvailable " f(memv(meta[kg, 1, "before"], "MemAvailable"), 1) " GB." (lm ? "" : " **llama.cpp was not measured in this run** (no llama-bench: `LLAMA_BENCH` unset and none on PATH).")
+    print ""
+    print "| | kvasir | llama.cpp | kvasir / llama.cpp | goal | met |"
+    print "|---|---:|---:|---:|---:|---:|"
+    print "| CPU (lscpu), 2 threads | " cpuid[kg] " | " (lm ? ((lg in cpuid) ? cpuid[lg] : "?") : "not measured") " | | | |"
+    print "| decode tg32 tok/s | " f(kd, 2) " (" span(kg "/RealModel/tg32", "tok/s", 2) ") | " (lm ? f(ld, 2) " (" span(lg "/LlamaCpp/tg32", "tok/s", 2) ")" : "not measured") " | " f(ratio(kd, ld), 2) " | >= 1.4 | " goal(ratio(kd, ld), 1.4) " |"
+    print "| prefill pp512 tok/s | " f(kp, 2) " (" span(kg "/RealModel/pp512", "tok/s", 2) ") | " (lm ? f(lp, 2) " (" span(lg "/LlamaCpp/pp512", "tok/s", 2) ")" : "not measured") " | " f(ratio(kp, lp), 2) " | >= 1.2 | " goal(ratio(kp, lp), 1.2) " |"
+    print "| weight bytes read per decoded token | " f(rwb, 0) " | same file | | | |"
+    print "| decode weight GB/s (tok/s x bytes/token) | " f(wgbs(kd, rwb), 2) " | " (lm ? f(wgbs(ld, rwb), 2) : "") " | | | |"
+    print "| ... / BW (" f(bw, 2) " GB/s, membw group) | " f(ratio(wgbs(kd, rwb), bw), 2) " | " (lm ? f(ratio(wgbs(ld, rwb), bw), 2) : "") " | | >= 0.8 (kvasir) | " goal(ratio(wgbs(kd, rwb), bw), 0.8) " |"
+    print "| decode bound BW / bytes per token (tok/s) | " f(rwb > 0 ? bw * 1e9 / rwb : -1, 1) " | | | | |"
+    print "| kvasir CPU per token, decode / prefill (cpu-us/tok) | " f(num(kg "/RealModel/tg32", "cpu-us/tok"), 0) " / " f(num(kg "/RealModel/pp512", "cpu-us/tok"), 0) " | | | | |"
+    print "| llama-bench process: wall s, peak RSS; load s; weights mapped + repacked GB | | " (lm ? f(num(lg "/LlamaCpp/process", "wall_s"), 1) " s, " f(num(lg "/LlamaCpp/process", "peakRSS_GB"), 2) " GB; " f(num(lg "/LlamaCpp/process", "load_s"), 1) " s; " f(num(lg "/LlamaCpp/process", "mapped_GB"), 2) " + " f(num(lg "/LlamaCpp/process", "repacked_GB"), 2) : "") " | | | |"
+    print ""
+    table(kg); if (lm) table(lg)
+  }
+
+  print "## A file larger than the page cache: decode, kvasir vs llama.cpp"
   print ""
-  table("model-real"); table("llama-bench")
+  bg = "big-kvasir"; lg = "big-llama"; lm = (lg in cmd)
+  if (!(bg in cmd) && !lm) print "_not run_\n"
+  else {
+    fg = (bg in cmd) ? bg : lg; fs = fileGB(fg); mt = memv(meta[fg, 1, "before"], "MemTotal"); ma = memv(meta[fg, 1, "before"], "MemAvailable")
+    print "The file: `backbone genmodel --preset qwen3-30b-a3b --layers " depth(fg) " --type Q4_K --seed 1` (`KVASIR_BENCH_BIG_LAYERS`),"
+    print "**" f(fs, 1) " GB**. The machine: CPU " cpuid[fg] "; **MemTotal " f(mt, 1) " GB**, **MemAvailable " f(ma, 1) " GB** at the"
+    print "start of the first round (page cache: " meta[fg, 1, "page-cache"] "). The file is " f(ratio(fs, mt), 2) " of RAM and " f(ratio(fs, ma), 2) " of"
+    if (fs < 0 || ma < 0) print "the memory available."
+    else if (fs > ma) print "the memory available: **larger than what the page cache can hold**, though smaller than RAM" (fs < mt ? "" : " (**not**: larger than RAM too)") "."
+    else if (2 * fs > ma) {
+      print "the memory available: it fits in the page cache once, but not beside a private copy of its weights (file + copy"
+      print "= " f(2 * fs, 1) " GB) nor beside other memory use of more than " f(ma - fs, 1) " GB: there the page cache cannot hold it and"
+      print "every weight evicted is read from disk again when a token needs it."
+    } else {
+      print "the memory available: **the page cache can hold it (and a copy) here**, so this run did not measure the"
+      print "larger-than-the-page-cache case; choose `KVASIR_BENCH_BIG_LAYERS` so that the file exceeds half of MemAvailable."
+    }
+    d = dropped(fg)
+    if (d ~ /^page cache dropped/) print "The page cache was emptied before each engine'\''s round, so both engines started from the disk. kvasir:"
+    else if (d ~ /evicted/) print "The page cache was not emptied (not root, or KVASIR_BENCH_DROP=file); the file'\''s own pages were evicted before each engine'\''s round, so both read it from the disk, but other files stayed cached. kvasir:"
+    else print "**The page cache was not emptied** (`KVASIR_BENCH_DROP=none`, or neither way worked): the file may have been partly cached. kvasir:"
+    print "`backbone generate --model FILE --max-tokens 32 --threads 2 --json` (default `--resident auto`: it locks the"
+    print "weights in memory when they fit in available memory, else maps them and warns); llama.cpp: `llama-bench -m"
+    print "FILE -t 2 -p 0 -n 32 -r 2` (its default mmap, then it repacks the Q4_K weights it can into its own buffers; its"
+    print "-v log gives both sizes). Wall seconds and peak RSS (GNU time) cover the whole process: reading the file"
+    print "from disk, locking or repacking, and the decode; `in page cache` = the file'\''s pages cached (fincore) before"
+    print "and after the round." (lm ? "" : " **llama.cpp was not measured in this run** (no llama-bench: `LLAMA_BENCH` unset and none on PATH).")
+    print ""
+    print "| round | engine | decode tok/s | resident | peak RSS GB | wall s | in page cache before | after | kvasir / llama.cpp |"
+    print "|---:|---|---:|---|---:|---:|---|---|---:|"
+    print "| | CPU (lscpu), 2 threads: " cpuid[fg] " | | | | | | | |"
+    nr = (rnd[bg] > rnd[lg]) ? rnd[bg] : rnd[lg]
+    for (r = 1; r <= nr; r++) {
+      k = rval(bg "/Generate/decode", "tok/s", r); l = rval(lg "/LlamaCpp/tg32", "tok/s", r)
+      if (r <= rnd[bg])
+        print "| " r " | kvasir | " f(k, 2) " (" rval(bg "/Generate/decode", "tokens", r) " tokens) | " ((bg, r, "resident-mode") in meta ? meta[bg, r, "resident-mode"] ", " f(rval(bg "/Generate/decode", "resident_GB", r), 2) " GB" : "?") " | " \
+          f(rval(bg "/Generate/decode", "peakRSS_GB", r), 2) " | " f(rval(bg "/Generate/decode", "wall_s", r), 1) " | " incache(meta[bg, r, "before"]) " | " incache(meta[bg, r, "after"]) " | |"
+      if (r <= rnd[lg])
+        print "| " r " | llama.cpp | " f(l, 2) " | mapped " f(rval(lg "/LlamaCpp/process", "mapped_GB", r), 2) " GB + repacked " f(rval(lg "/LlamaCpp/process", "repacked_GB", r), 2) " GB, loaded in " f(rval(lg "/LlamaCpp/process", "load_s", r), 1) " s | " f(rval(lg "/LlamaCpp/process", "peakRSS_GB", r), 2) " | " f(rval(lg "/LlamaCpp/process", "wall_s", r), 1) " | " \
+          incache(meta[lg, r, "before"]) " | " incache(meta[lg, r, "after"]) " | " f(ratio(k, l), 2) " |"
+    }
+    print ""
+    bk = num(bg "/Generate/decode", "tok/s"); bl = num(lg "/LlamaCpp/tg32", "tok/s")
+    print "Medians: kvasir " f(bk, 2) " tok/s, llama.cpp " f(bl, 2) " tok/s: **kvasir / llama.cpp = " f(ratio(bk, bl), 2) "** (goal >= 1.0: " goal(ratio(bk, bl), 1.0) ")."
+    print ""
+    table(bg); table(lg)
+  }
 
   print "## Model decode and prefill (`engine/model`)"
   print ""

@@ -19,7 +19,8 @@ var realModel struct {
 
 // BenchmarkRealModel measures decode and prefill on a real-size GGUF file,
 // named by KVASIR_BENCH_MODEL (skipped when unset; scripts/bench.sh writes
-// the 48-layer Qwen3-30B-A3B-shape Q4_K file with backbone genmodel), on
+// Q4_K files of the Qwen3-30B-A3B and Qwen3.5-35B-A3B shapes with backbone
+// genmodel and runs it on each, alternating with llama-bench), on
 // KVASIR_BENCH_THREADS goroutines (default 2), the way llama-bench measures
 // llama.cpp:
 //

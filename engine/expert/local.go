@@ -450,3 +450,25 @@ func SwiGLU(dst, gate, up []float32) {
 		}
 	}
 }
+
+// SiLU sets dst[i] = silu(x[i]) = x[i] / (1 + e^-x[i]) in float32 as
+// ggml_silu_f32 (ggml-cpu/vec.h), with e^-x evaluated in float64
+// (math.Exp) and rounded, as SwiGLU does: SiLU(dst, x) gives the bits of
+// SwiGLU(dst, x, ones). dst may alias x (element by element). On the
+// AVX-512 kernel path the elements go 8 at a time through siluAVX512 (the
+// SwiGLU kernel without the multiply: same bits).
+func SiLU(dst, x []float32) {
+	n := len(x)
+	if n == 0 {
+		return
+	}
+	_ = dst[n-1]
+	for i := 0; i < n; {
+		i += siluFast(dst[i:n], x[i:n])
+		end := min(n, i+8) // a group the kernel declined, or the tail
+		for ; i < end; i++ {
+			v := x[i]
+			dst[i] = v / (1 + float32(math.Exp(float64(-v))))
+		}
+	}
+}

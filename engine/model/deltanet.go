@@ -38,6 +38,10 @@ type GatedDeltaNet struct {
 	Alpha  Weight    // ssm_alpha H x Embd
 	Norm   []float32 // ssm_norm [S]
 	Out    Weight    // ssm_out   Embd x H*S
+
+	// convT is Conv1D tap-major (convT[j*channels+c] = Conv1D[c*SSMConv+j]),
+	// so that a tap's weights for a run of channels are contiguous.
+	convT []float32
 }
 
 // gatedDeltaNet loads layer il's Gated DeltaNet (load_arch_tensors in
@@ -47,7 +51,7 @@ func (l *loader) gatedDeltaNet(p *Params, il int) *GatedDeltaNet {
 	d := p.Embd
 	keyDim, valDim := p.SSMState*p.SSMGroups, p.SSMInner
 	conv := 2*keyDim + valDim
-	return &GatedDeltaNet{
+	g := &GatedDeltaNet{
 		QKV:    l.matrix(n("attn_qkv"), conv, d),
 		Gate:   l.matrix(n("attn_gate"), valDim, d),
 		Conv1D: l.vector(n("ssm_conv1d"), conv*p.SSMConv, uint64(p.SSMConv), uint64(conv)),
@@ -58,6 +62,15 @@ func (l *loader) gatedDeltaNet(p *Params, il int) *GatedDeltaNet {
 		Norm:   l.vector(n("ssm_norm"), p.SSMState),
 		Out:    l.matrix(n("ssm_out"), d, valDim),
 	}
+	if len(g.Conv1D) == conv*p.SSMConv { // else the loader has recorded an error
+		g.convT = make([]float32, len(g.Conv1D))
+		for c := range conv {
+			for j := range p.SSMConv {
+				g.convT[j*conv+c] = g.Conv1D[c*p.SSMConv+j]
+			}
+		}
+	}
+	return g
 }
 
 // deltaNetHeads runs the recurrence of layer il for one sequence's rows
@@ -116,16 +129,16 @@ func convHead(p Params, g *GatedDeltaNet, state, mixed, cv []float32, rows []int
 		r := int(rows[tau-(kc-1)])
 		return mixed[r*conv+c0 : r*conv+c0+width]
 	}
-	w := g.Conv1D[c0*kc : (c0+width)*kc]
 	for t, r := range rows {
 		out := cv[int(r)*conv+c0 : int(r)*conv+c0+width]
 		clear(out)
 		for j := range kc {
 			// ggml_compute_forward_ssm_conv_f32: a float32 sum in tap
 			// order, from 0, per channel.
-			x := in(t + j)
-			for c := range out {
-				out[c] += float32(x[c] * w[c*kc+j])
+			x := in(t + j)[:len(out)]
+			w := g.convT[j*conv+c0 : j*conv+c0+len(out)]
+			for c, xc := range x {
+				out[c] += float32(xc * w[c])
 			}
 		}
 		expert.SiLU(out, out)

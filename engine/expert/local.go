@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/kvasir-ai/kvasir/engine/quant"
@@ -117,9 +118,11 @@ type scratch struct {
 	units      []unit
 	claimed    []atomic.Bool  // per phase-1 unit: taken by a goroutine
 	left       []atomic.Int32 // per active expert: phase-1 units not done
-	active     []int32        // experts with at least one pair
-	mu         sync.Mutex     // guards err
-	err        error          // first error of the call's parallel phases
+	doneMu     sync.Mutex     // with done: await blocks until a left reaches 0
+	done       *sync.Cond
+	active     []int32    // experts with at least one pair
+	mu         sync.Mutex // guards err
+	err        error      // first error of the call's parallel phases
 }
 
 // fail records the first error of a call in s.err.
@@ -194,6 +197,7 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 	s, _ := c.pool.Get().(*scratch)
 	if s == nil {
 		s = new(scratch)
+		s.done = sync.NewCond(&s.doneMu)
 	}
 	defer c.pool.Put(s)
 
@@ -337,7 +341,7 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 	fail := s.fail
 	gateUp := func(ui int) {
 		un := s.units[ui]
-		defer s.left[ui/c1].Add(-1)
+		defer s.finish(ui / c1)
 		q0, q1 := int(s.start[un.e]), int(s.start[un.e+1])
 		cnt, lo, hi := q1-q0, int(un.lo), int(un.hi)
 		w := hi - lo
@@ -391,15 +395,49 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 				gateUp(u)
 			}
 		}
-		for s.left[a].Load() > 0 {
-			runtime.Gosched()
-		}
+		s.await(a)
 		down(ui)
 	})
 	if s.err != nil {
 		return s.err
 	}
 	return ctx.Err()
+}
+
+// awaitSpin bounds how long await spins (yielding) before it blocks:
+// about the time a gate/up unit takes, so that a goroutine waiting for a
+// descheduled one on a loaded machine gives its core back.
+const awaitSpin = 100 * time.Microsecond
+
+// finish marks one phase-1 unit of active expert a done, waking the
+// goroutines await blocks when it was the last.
+func (s *scratch) finish(a int) {
+	if s.left[a].Add(-1) == 0 {
+		s.doneMu.Lock()
+		s.done.Broadcast()
+		s.doneMu.Unlock()
+	}
+}
+
+// await returns when every phase-1 unit of active expert a is done: it
+// spins (yielding) for up to awaitSpin, then blocks.
+func (s *scratch) await(a int) {
+	var t0 time.Time
+	for i := 0; s.left[a].Load() > 0; i++ {
+		if i%16 == 0 {
+			if i == 0 {
+				t0 = time.Now()
+			} else if time.Since(t0) > awaitSpin {
+				s.doneMu.Lock()
+				for s.left[a].Load() > 0 {
+					s.done.Wait()
+				}
+				s.doneMu.Unlock()
+				return
+			}
+		}
+		runtime.Gosched()
+	}
 }
 
 // pick returns run for a phase of the given work (multiply-adds) when

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/kvasir-ai/kvasir/engine/quant"
@@ -110,11 +111,15 @@ func (c *Local) Threads() int {
 type scratch struct {
 	xg, xu, hc []byte
 	xgs, xus   []byte    // converted rows in grouped (order) order
-	tg, tu     []float32 // unit-private MatMulConverted outputs
+	tg, tu, td []float32 // unit-private MatMulConverted outputs (gate, up, down)
 	count      []int32
 	start      []int32
 	order      []int32 // pair indices (r*k+s) grouped by expert, ascending within a group
 	units      []unit
+	claimed    []atomic.Bool  // per phase-1 unit: taken by a goroutine
+	left       []atomic.Int32 // per active expert: phase-1 units not done
+	doneMu     sync.Mutex     // with done: await blocks until a left reaches 0
+	done       *sync.Cond
 	active     []int32    // experts with at least one pair
 	mu         sync.Mutex // guards err
 	err        error      // first error of the call's parallel phases
@@ -192,6 +197,7 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 	s, _ := c.pool.Get().(*scratch)
 	if s == nil {
 		s = new(scratch)
+		s.done = sync.NewCond(&s.doneMu)
 	}
 	defer c.pool.Put(s)
 
@@ -302,23 +308,40 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 	// Unit row ranges are whole activation blocks of down's vec_dot_type
 	// (256 for Q8_K), so converting a range writes exactly the bytes that
 	// converting the whole row would.
-	s.tg = grow(s.tg, np*dff)
-	s.tu = grow(s.tu, np*dff)
-	s.hc = grow(s.hc, np*hab)
-	s.err = nil
-	fail := s.fail
-	// pick returns run for a phase of the given work, else serial.
-	pick := func(work int) Runner {
-		if threads > 1 && work >= minParallelMACs {
-			return run
-		}
-		return serial
-	}
+	//
+	// Phase 2: down projection, units over (expert, DModel row range),
+	// scattered to out[p*d + i] for pair p = order[q].
+	//
+	// Both phases run as one region (one barrier per call instead of two,
+	// and no thread idles while the other finishes the gate/up tail): its
+	// first len(units1) units are phase 1's, the rest phase 2's. A phase-2
+	// unit needs its expert's whole h, so it first runs the expert's
+	// phase-1 units that no goroutine has claimed yet, then waits for the
+	// claimed ones to finish (a unit is claimed only by the goroutine that
+	// then computes it, so they are under way): any order of units works.
 	blk := dT.VecDotType().BlockSize()
 	bb := hab / (dff / blk) // bytes of one converted block
 	s.units = splitUnits(s.units[:0], s.active, dff, blk, 6*threads)
-	pick(2*np*dff*d)(len(s.units), func(_, ui int) {
+	n1 := len(s.units)
+	s.units = splitUnits(s.units, s.active, d, 1, 16*threads)
+	c1, c2 := n1/len(s.active), (len(s.units)-n1)/len(s.active) // units per expert
+	s.claimed = grow(s.claimed, n1)
+	for i := range s.claimed {
+		s.claimed[i].Store(false)
+	}
+	s.left = grow(s.left, len(s.active))
+	for i := range s.left {
+		s.left[i].Store(int32(c1))
+	}
+	s.tg = grow(s.tg, np*dff)
+	s.tu = grow(s.tu, np*dff)
+	s.td = grow(s.td, np*d)
+	s.hc = grow(s.hc, np*hab)
+	s.err = nil
+	fail := s.fail
+	gateUp := func(ui int) {
 		un := s.units[ui]
+		defer s.finish(ui / c1)
 		q0, q1 := int(s.start[un.e]), int(s.start[un.e+1])
 		cnt, lo, hi := q1-q0, int(un.lo), int(un.hi)
 		w := hi - lo
@@ -341,22 +364,14 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 				return
 			}
 		}
-	})
-	if s.err != nil {
-		return s.err
 	}
-
-	// Phase 2: down projection, units over (expert, DModel row range),
-	// scattered to out[p*d + i] for pair p = order[q].
-	s.tg = grow(s.tg, np*d)
-	s.units = splitUnits(s.units[:0], s.active, d, 1, 16*threads)
-	pick(np*d*dff)(len(s.units), func(_, ui int) {
+	down := func(ui int) {
 		un := s.units[ui]
 		q0, q1 := int(s.start[un.e]), int(s.start[un.e+1])
 		cnt, lo, hi := q1-q0, int(un.lo), int(un.hi)
 		w := hi - lo
 		reg := q0*d + cnt*lo
-		td := s.tg[reg : reg+cnt*w]
+		td := s.td[reg : reg+cnt*w]
 		if err := quant.MatMulConverted(dT, l.Down.Expert[un.e][lo*drb:hi*drb], w, dff, s.hc[q0*hab:q1*hab], cnt, td, 1); err != nil {
 			fail(err)
 			return
@@ -365,11 +380,73 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 			p := int(s.order[q0+i])
 			copy(out[p*d+lo:p*d+hi], td[i*w:(i+1)*w])
 		}
+	}
+	run = pick(3*np*dff*d, threads, run)
+	run(len(s.units), func(_, ui int) {
+		if ui < n1 {
+			if s.claimed[ui].CompareAndSwap(false, true) {
+				gateUp(ui)
+			}
+			return
+		}
+		a := (ui - n1) / c2 // the expert's place in active
+		for u := a * c1; u < (a+1)*c1; u++ {
+			if s.claimed[u].CompareAndSwap(false, true) {
+				gateUp(u)
+			}
+		}
+		s.await(a)
+		down(ui)
 	})
 	if s.err != nil {
 		return s.err
 	}
 	return ctx.Err()
+}
+
+// awaitSpin bounds how long await spins (yielding) before it blocks:
+// about the time a gate/up unit takes, so that a goroutine waiting for a
+// descheduled one on a loaded machine gives its core back.
+const awaitSpin = 100 * time.Microsecond
+
+// finish marks one phase-1 unit of active expert a done, waking the
+// goroutines await blocks when it was the last.
+func (s *scratch) finish(a int) {
+	if s.left[a].Add(-1) == 0 {
+		s.doneMu.Lock()
+		s.done.Broadcast()
+		s.doneMu.Unlock()
+	}
+}
+
+// await returns when every phase-1 unit of active expert a is done: it
+// spins (yielding) for up to awaitSpin, then blocks.
+func (s *scratch) await(a int) {
+	var t0 time.Time
+	for i := 0; s.left[a].Load() > 0; i++ {
+		if i%16 == 0 {
+			if i == 0 {
+				t0 = time.Now()
+			} else if time.Since(t0) > awaitSpin {
+				s.doneMu.Lock()
+				for s.left[a].Load() > 0 {
+					s.done.Wait()
+				}
+				s.doneMu.Unlock()
+				return
+			}
+		}
+		runtime.Gosched()
+	}
+}
+
+// pick returns run for a phase of the given work (multiply-adds) when
+// there are threads to share it, else serial.
+func pick(work, threads int, run Runner) Runner {
+	if threads > 1 && work >= minParallelMACs {
+		return run
+	}
+	return serial
 }
 
 // splitUnits cuts each active expert's rows output rows into ranges of a
@@ -447,6 +524,28 @@ func SwiGLU(dst, gate, up []float32) {
 			x := gate[i]
 			e := float32(math.Exp(float64(-x)))
 			dst[i] = x / (1 + e) * up[i]
+		}
+	}
+}
+
+// SiLU sets dst[i] = silu(x[i]) = x[i] / (1 + e^-x[i]) in float32 as
+// ggml_silu_f32 (ggml-cpu/vec.h), with e^-x evaluated in float64
+// (math.Exp) and rounded, as SwiGLU does: SiLU(dst, x) gives the bits of
+// SwiGLU(dst, x, ones). dst may alias x (element by element). On the
+// AVX-512 kernel path the elements go 8 at a time through siluAVX512 (the
+// SwiGLU kernel without the multiply: same bits).
+func SiLU(dst, x []float32) {
+	n := len(x)
+	if n == 0 {
+		return
+	}
+	_ = dst[n-1]
+	for i := 0; i < n; {
+		i += siluFast(dst[i:n], x[i:n])
+		end := min(n, i+8) // a group the kernel declined, or the tail
+		for ; i < end; i++ {
+			v := x[i]
+			dst[i] = v / (1 + float32(math.Exp(float64(-v))))
 		}
 	}
 }

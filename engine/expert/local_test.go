@@ -373,8 +373,8 @@ func TestComputeExpertsWith(t *testing.T) {
 	if err := c.ComputeExpertsWith(context.Background(), reverse, 3, 0, x, ids, n, k, got); err != nil {
 		t.Fatal(err)
 	}
-	if calls != 4 {
-		t.Errorf("runner called for %d phases, want 4 (input conversion, grouping, gate/up with SwiGLU, down)", calls)
+	if calls != 3 {
+		t.Errorf("runner called for %d phases, want 3 (input conversion, grouping, gate/up with SwiGLU and down)", calls)
 	}
 	assertBits(t, got, ref, "reverse-order runner")
 	if err := c.ComputeExpertsWith(context.Background(), reverse, 3, 0, x[:s.d], ids[:k], 1, k, got[:k*s.d]); err != nil {
@@ -428,6 +428,59 @@ func TestSwiGLUKernel(t *testing.T) {
 					if math.Float32bits(got[i]) != w && !(want[i] != want[i] && got[i] != got[i]) ||
 						math.Float32bits(alias[i]) != w && !(want[i] != want[i] && alias[i] != alias[i]) {
 						t.Fatalf("%s n=%d trial %d: SwiGLU(%g, %g) = %g (aliased %g), Go %g", path, n, trial, gate[i], up[i], got[i], alias[i], want[i])
+					}
+				}
+			}
+		}
+		if _, err := quant.SetSIMDPath(old); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSiLUKernel holds SiLU (the AVX-512 kernel where the CPU has it) to
+// the plain Go loop of ggml_silu_f32 with a float64 exponential, bit for
+// bit, and to SwiGLU with up = 1, on every kernel path: values over the
+// whole float32 range and around the kernel's |x| < 700 limit, zeros,
+// infinities, NaN, at lengths around the 8-lane groups, aliased or not.
+func TestSiLUKernel(t *testing.T) {
+	same := func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) || a != a && b != b }
+	rng := rand.New(rand.NewPCG(23, 24))
+	for _, path := range quant.SIMDPaths() {
+		old, err := quant.SetSIMDPath(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{1, 7, 8, 9, 16, 33, 1000} {
+			for trial := range 20 {
+				x := make([]float32, n)
+				for i := range x {
+					switch rng.IntN(10) {
+					case 0:
+						x[i] = float32(rng.NormFloat64() * 800)
+					case 1:
+						x[i] = []float32{0, float32(math.Copysign(0, -1)), 699.99, -699.99, 700, -700, 88.7, -103.9,
+							float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 1e-40}[rng.IntN(12)]
+					case 2:
+						x[i] = float32(math.Ldexp(rng.Float64()-0.5, rng.IntN(60)-30))
+					default:
+						x[i] = float32(rng.NormFloat64() * 4)
+					}
+				}
+				ones := make([]float32, n)
+				for i := range ones {
+					ones[i] = 1
+				}
+				viaSwiGLU := make([]float32, n)
+				SwiGLU(viaSwiGLU, x, ones)
+				got := make([]float32, n)
+				SiLU(got, x)
+				alias := append([]float32(nil), x...)
+				SiLU(alias, alias)
+				for i, v := range x {
+					want := v / (1 + float32(math.Exp(float64(-v))))
+					if !same(got[i], want) || !same(alias[i], want) || !same(viaSwiGLU[i], want) {
+						t.Fatalf("%s n=%d trial %d: SiLU(%g) = %g (aliased %g, SwiGLU with 1: %g), Go %g", path, n, trial, v, got[i], alias[i], viaSwiGLU[i], want)
 					}
 				}
 			}

@@ -11,6 +11,9 @@ import (
 //go:noescape
 func swigluAVX512(dst, gate, up *float32, n int) int
 
+//go:noescape
+func siluAVX512(dst, x *float32, n int) int
+
 // swigluFMA: math.Exp takes its FMA path here (Go's math package uses
 // FMA when the CPU has AVX and FMA), which swigluAVX512 reproduces.
 var swigluFMA = cpu.X86.HasAVX && cpu.X86.HasFMA
@@ -22,4 +25,13 @@ func swigluFast(dst, gate, up []float32) int {
 		return 0
 	}
 	return swigluAVX512(&dst[0], &gate[0], &up[0], len(gate))
+}
+
+// siluFast runs siluAVX512 on the quant package's AVX-512 kernel path and
+// returns how many leading elements it did (0: none, do them in Go).
+func siluFast(dst, x []float32) int {
+	if !swigluFMA || len(x) < 8 || quant.SIMDPath() != "avx512" {
+		return 0
+	}
+	return siluAVX512(&dst[0], &x[0], len(x))
 }

@@ -24,6 +24,81 @@ DATA swexp<>+96(SB)/8, $2.0
 DATA swexp<>+104(SB)/8, $700.0
 GLOBL swexp<>(SB), RODATA|NOPTR, $112
 
+// SWSETUP loads the constants of SWSILU into Z16..Z25.
+#define SWSETUP \
+	VBROADCASTSD swexp<>+0(SB), Z16 \
+	VBROADCASTSD swexp<>+8(SB), Z17 \
+	VBROADCASTSD swexp<>+16(SB), Z18 \
+	VBROADCASTSD swexp<>+24(SB), Z19 \
+	VBROADCASTSD swexp<>+96(SB), Z20 \
+	VBROADCASTSD swexp<>+88(SB), Z21 \
+	VBROADCASTSD swexp<>+104(SB), Z22 \
+	MOVL         $0x3ff, BX \
+	VPBROADCASTD BX, Y23 \
+	MOVL         $0x3f800000, BX \
+	VPBROADCASTD BX, Y24 \
+	MOVQ         $0x7fffffffffffffff, BX \
+	VPBROADCASTQ BX, Z25
+
+// SWSILU(done): Y0 = silu of the 8 float32 at (SI)(AX*4), x / (1 + e) with
+// e = float32(math.Exp(-x)) (see above); jumps to done, Y0 unspecified,
+// when a lane has |x| >= 700 or NaN. Clobbers Z1..Z4, K1, K2.
+#define SWSILU(done) \
+	VMOVUPS      (SI)(AX*4), Y0 \
+	VCVTPS2PD    Y0, Z1 \
+	VXORPD       Z2, Z2, Z2 \
+	VSUBPD       Z1, Z2, Z1 \
+	VANDPD       Z25, Z1, Z2 \
+	VCMPPD       $0x1d, Z22, Z2, K1 \
+	VCMPPD       $0x03, Z1, Z1, K2 \
+	KORB         K1, K2, K1 \
+	KORTESTB     K1, K1 \
+	JNZ          done \
+	VMULPD       Z16, Z1, Z2 \
+	VCVTPD2DQ    Z2, Y3 \
+	VCVTDQ2PD    Y3, Z2 \
+	VFNMADD231PD Z17, Z2, Z1 \
+	VFNMADD231PD Z18, Z2, Z1 \
+	VMULPD       Z19, Z1, Z1 \
+	VBROADCASTSD swexp<>+32(SB), Z4 \
+	VFMADD213PD.BCST swexp<>+40(SB), Z1, Z4 \
+	VFMADD213PD.BCST swexp<>+48(SB), Z1, Z4 \
+	VFMADD213PD.BCST swexp<>+56(SB), Z1, Z4 \
+	VFMADD213PD.BCST swexp<>+64(SB), Z1, Z4 \
+	VFMADD213PD.BCST swexp<>+72(SB), Z1, Z4 \
+	VFMADD213PD.BCST swexp<>+80(SB), Z1, Z4 \
+	VFMADD213PD      Z21, Z1, Z4 \
+	VMULPD       Z4, Z1, Z1 \
+	VADDPD       Z20, Z1, Z4 \
+	VMULPD       Z4, Z1, Z1 \
+	VADDPD       Z20, Z1, Z4 \
+	VMULPD       Z4, Z1, Z1 \
+	VADDPD       Z20, Z1, Z4 \
+	VMULPD       Z4, Z1, Z1 \
+	VADDPD       Z20, Z1, Z4 \
+	VFMADD213PD  Z21, Z4, Z1 \
+	VPADDD       Y23, Y3, Y3 \
+	VPMOVSXDQ    Y3, Z3 \
+	VPSLLQ       $52, Z3, Z3 \
+	VMULPD       Z3, Z1, Z1 \
+	VCVTPD2PS    Z1, Y1 \
+	VADDPS       Y24, Y1, Y1 \
+	VDIVPS       Y1, Y0, Y0
+
+// SWCLEAN zeroes Z16..Z25 before VZEROUPPER (see the quant package's
+// K4CLEAN).
+#define SWCLEAN \
+	VPXORD Z16, Z16, Z16 \
+	VPXORD Z17, Z17, Z17 \
+	VPXORD Z18, Z18, Z18 \
+	VPXORD Z19, Z19, Z19 \
+	VPXORD Z20, Z20, Z20 \
+	VPXORD Z21, Z21, Z21 \
+	VPXORD Z22, Z22, Z22 \
+	VPXORD Z23, Z23, Z23 \
+	VPXORD Z24, Z24, Z24 \
+	VPXORD Z25, Z25, Z25
+
 // func swigluAVX512(dst, gate, up *float32, n int) int
 // For 8-lane groups g < n/8 in order: dst[8g:8g+8] = SwiGLU of gate and up
 // there, stopping before the first group with a |gate| >= 700 or NaN (the
@@ -37,61 +112,10 @@ TEXT ·swigluAVX512(SB), NOSPLIT, $0-40
 	XORQ         AX, AX
 	TESTQ        CX, CX
 	JZ           swdone
-	VBROADCASTSD swexp<>+0(SB), Z16
-	VBROADCASTSD swexp<>+8(SB), Z17
-	VBROADCASTSD swexp<>+16(SB), Z18
-	VBROADCASTSD swexp<>+24(SB), Z19
-	VBROADCASTSD swexp<>+96(SB), Z20
-	VBROADCASTSD swexp<>+88(SB), Z21
-	VBROADCASTSD swexp<>+104(SB), Z22
-	MOVL         $0x3ff, BX
-	VPBROADCASTD BX, Y23
-	MOVL         $0x3f800000, BX
-	VPBROADCASTD BX, Y24
-	MOVQ         $0x7fffffffffffffff, BX
-	VPBROADCASTQ BX, Z25
+	SWSETUP
 
 swloop:
-	VMOVUPS      (SI)(AX*4), Y0
-	VCVTPS2PD    Y0, Z1
-	VXORPD       Z2, Z2, Z2
-	VSUBPD       Z1, Z2, Z1
-	VANDPD       Z25, Z1, Z2
-	VCMPPD       $0x1d, Z22, Z2, K1
-	VCMPPD       $0x03, Z1, Z1, K2
-	KORB         K1, K2, K1
-	KORTESTB     K1, K1
-	JNZ          swdone
-	VMULPD       Z16, Z1, Z2
-	VCVTPD2DQ    Z2, Y3
-	VCVTDQ2PD    Y3, Z2
-	VFNMADD231PD Z17, Z2, Z1
-	VFNMADD231PD Z18, Z2, Z1
-	VMULPD       Z19, Z1, Z1
-	VBROADCASTSD swexp<>+32(SB), Z4
-	VFMADD213PD.BCST swexp<>+40(SB), Z1, Z4
-	VFMADD213PD.BCST swexp<>+48(SB), Z1, Z4
-	VFMADD213PD.BCST swexp<>+56(SB), Z1, Z4
-	VFMADD213PD.BCST swexp<>+64(SB), Z1, Z4
-	VFMADD213PD.BCST swexp<>+72(SB), Z1, Z4
-	VFMADD213PD.BCST swexp<>+80(SB), Z1, Z4
-	VFMADD213PD      Z21, Z1, Z4
-	VMULPD       Z4, Z1, Z1
-	VADDPD       Z20, Z1, Z4
-	VMULPD       Z4, Z1, Z1
-	VADDPD       Z20, Z1, Z4
-	VMULPD       Z4, Z1, Z1
-	VADDPD       Z20, Z1, Z4
-	VMULPD       Z4, Z1, Z1
-	VADDPD       Z20, Z1, Z4
-	VFMADD213PD  Z21, Z4, Z1
-	VPADDD       Y23, Y3, Y3
-	VPMOVSXDQ    Y3, Z3
-	VPSLLQ       $52, Z3, Z3
-	VMULPD       Z3, Z1, Z1
-	VCVTPD2PS    Z1, Y1
-	VADDPS       Y24, Y1, Y1
-	VDIVPS       Y1, Y0, Y0
+	SWSILU(swdone)
 	VMULPS       (DX)(AX*4), Y0, Y0
 	VMOVUPS      Y0, (DI)(AX*4)
 	ADDQ         $8, AX
@@ -100,15 +124,33 @@ swloop:
 
 swdone:
 	MOVQ   AX, ret+32(FP)
-	VPXORD Z16, Z16, Z16
-	VPXORD Z17, Z17, Z17
-	VPXORD Z18, Z18, Z18
-	VPXORD Z19, Z19, Z19
-	VPXORD Z20, Z20, Z20
-	VPXORD Z21, Z21, Z21
-	VPXORD Z22, Z22, Z22
-	VPXORD Z23, Z23, Z23
-	VPXORD Z24, Z24, Z24
-	VPXORD Z25, Z25, Z25
+	SWCLEAN
+	VZEROUPPER
+	RET
+
+// func siluAVX512(dst, x *float32, n int) int
+// For 8-lane groups g < n/8 in order: dst[8g:8g+8] = SiLU of x there (the
+// SwiGLU steps without the multiply by up), stopping before the first
+// group with a |x| >= 700 or NaN; returns the elements done.
+TEXT ·siluAVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         n+16(FP), CX
+	SHRQ         $3, CX
+	XORQ         AX, AX
+	TESTQ        CX, CX
+	JZ           sidone
+	SWSETUP
+
+siloop:
+	SWSILU(sidone)
+	VMOVUPS      Y0, (DI)(AX*4)
+	ADDQ         $8, AX
+	DECQ         CX
+	JNZ          siloop
+
+sidone:
+	MOVQ   AX, ret+24(FP)
+	SWCLEAN
 	VZEROUPPER
 	RET

@@ -4,3 +4,6 @@ package expert
 
 // swigluFast has no kernel in this build: SwiGLU runs in Go.
 func swigluFast(dst, gate, up []float32) int { return 0 }
+
+// siluFast has no kernel in this build: SiLU runs in Go.
+func siluFast(dst, x []float32) int { return 0 }

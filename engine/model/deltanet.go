@@ -38,6 +38,10 @@ type GatedDeltaNet struct {
 	Alpha  Weight    // ssm_alpha H x Embd
 	Norm   []float32 // ssm_norm [S]
 	Out    Weight    // ssm_out   Embd x H*S
+
+	// convT is Conv1D tap-major (convT[j*channels+c] = Conv1D[c*SSMConv+j]),
+	// so that a tap's weights for a run of channels are contiguous.
+	convT []float32
 }
 
 // gatedDeltaNet loads layer il's Gated DeltaNet (load_arch_tensors in
@@ -47,7 +51,7 @@ func (l *loader) gatedDeltaNet(p *Params, il int) *GatedDeltaNet {
 	d := p.Embd
 	keyDim, valDim := p.SSMState*p.SSMGroups, p.SSMInner
 	conv := 2*keyDim + valDim
-	return &GatedDeltaNet{
+	g := &GatedDeltaNet{
 		QKV:    l.matrix(n("attn_qkv"), conv, d),
 		Gate:   l.matrix(n("attn_gate"), valDim, d),
 		Conv1D: l.vector(n("ssm_conv1d"), conv*p.SSMConv, uint64(p.SSMConv), uint64(conv)),
@@ -58,31 +62,89 @@ func (l *loader) gatedDeltaNet(p *Params, il int) *GatedDeltaNet {
 		Norm:   l.vector(n("ssm_norm"), p.SSMState),
 		Out:    l.matrix(n("ssm_out"), d, valDim),
 	}
+	if len(g.Conv1D) == conv*p.SSMConv { // else the loader has recorded an error
+		g.convT = make([]float32, len(g.Conv1D))
+		for c := range conv {
+			for j := range p.SSMConv {
+				g.convT[j*conv+c] = g.Conv1D[c*p.SSMConv+j]
+			}
+		}
+	}
+	return g
 }
 
-// deltaNetConv runs layer il's causal depthwise convolution, SiLU and the
-// q/k L2 norms on ws.mixed into ws.cv, per sequence in time order, and
-// moves each sequence's convolution state on by its rows; a sequence with
-// an open checkpoint logs its rows' inputs to the recurrence (logRows).
-func (m *Model) deltaNetConv(il int, g *GatedDeltaNet) {
+// deltaNetHeads runs the recurrence of layer il for one sequence's rows
+// (gr) and one key head kh, in time order: the causal depthwise
+// convolution, SiLU and L2 norm of q and k head kh and of the value heads
+// that read it (h = kh, kh+K, ...: llama.cpp repeats the key heads for
+// the value heads), moving those channels' convolution state on by the
+// rows; then per such value head the delta rule over the rows (deltaStep)
+// and the gated RMSNorm of its output. Every channel and head is computed
+// by the same operations in the same order as convRow and deltaStep do for
+// a whole row, so the split changes no bit. ws.mixed, ws.beta, ws.gdt and
+// ws.z hold the rows' inputs; it writes ws.cv (the convolution outputs of
+// its channels) and ws.o.
+func (m *Model) deltaNetHeads(il int, g *GatedDeltaNet, gr *seqGroup, kh int, scale float32) {
 	p, ws := m.p, &m.ws
-	K, S := p.SSMGroups, p.SSMState
-	conv := 2*K*S + p.SSMHeads*S
+	H, K, S := p.SSMHeads, p.SSMGroups, p.SSMState
+	conv, vd := 2*K*S+H*S, H*S
+	mem := &gr.seq.mem[il]
+	convHead(p, g, mem.conv, ws.mixed, ws.cv, gr.rows, kh*S, S)     // q
+	convHead(p, g, mem.conv, ws.mixed, ws.cv, gr.rows, (K+kh)*S, S) // k
+	for _, r := range gr.rows {
+		row := ws.cv[int(r)*conv : (int(r)+1)*conv]
+		l2Norm(row[kh*S:(kh+1)*S], p.NormEps)
+		l2Norm(row[(K+kh)*S:(K+kh+1)*S], p.NormEps)
+	}
+	for h := kh; h < H; h += K {
+		convHead(p, g, mem.conv, ws.mixed, ws.cv, gr.rows, 2*K*S+h*S, S) // v
+		st := mem.ssm[h*S*S : (h+1)*S*S]                                 // st[j*S+i] = S_h[i][j]
+		for _, r := range gr.rows {
+			row := ws.cv[int(r)*conv : (int(r)+1)*conv]
+			q, k, v := row[kh*S:(kh+1)*S], row[(K+kh)*S:(K+kh+1)*S], row[2*K*S+h*S:2*K*S+(h+1)*S]
+			o := ws.o[int(r)*vd+h*S : int(r)*vd+(h+1)*S]
+			deltaStep(st, q, k, v, o, ws.beta[int(r)*H+h], ws.gdt[int(r)*H+h], scale)
+			// Gated RMSNorm: rmsnorm(o_h) * ssm_norm * silu(z_h).
+			rmsNorm(o, o, g.Norm, p.NormEps)
+			expert.SwiGLU(o, ws.z[int(r)*vd+h*S:int(r)*vd+(h+1)*S], o)
+		}
+	}
+}
+
+// convHead computes the convolution outputs of channels [c0, c0+width)
+// for rows (one sequence's, in time order) into cv (rows of the
+// convolution's channels, as mixed), each channel's taps summed in order
+// as convRow does, then SiLU; and moves those channels of the sequence's
+// convolution state (state: (SSMConv-1) x channels, oldest first) on by
+// the rows' inputs in mixed.
+func convHead(p Params, g *GatedDeltaNet, state, mixed, cv []float32, rows []int32, c0, width int) {
 	kc := p.SSMConv
-	for _, gr := range ws.groups {
-		state := gr.seq.mem[il].conv // (kc-1) x conv, oldest first
-		win := ws.win[:(kc-1+len(gr.rows))*conv]
-		copy(win, state)
-		for t, r := range gr.rows {
-			copy(win[(kc-1+t)*conv:(kc+t)*conv], ws.mixed[int(r)*conv:(int(r)+1)*conv])
+	conv := len(state) / (kc - 1)
+	// in returns channels [c0, c0+width) of the input at window position
+	// tau: the state's rows first, then the rows' inputs.
+	in := func(tau int) []float32 {
+		if tau < kc-1 {
+			return state[tau*conv+c0 : tau*conv+c0+width]
 		}
-		for t, r := range gr.rows {
-			convRow(p, g, win[t*conv:], ws.cv[int(r)*conv:(int(r)+1)*conv])
+		r := int(rows[tau-(kc-1)])
+		return mixed[r*conv+c0 : r*conv+c0+width]
+	}
+	for t, r := range rows {
+		out := cv[int(r)*conv+c0 : int(r)*conv+c0+width]
+		clear(out)
+		for j := range kc {
+			// ggml_compute_forward_ssm_conv_f32: a float32 sum in tap
+			// order, from 0, per channel.
+			x := in(t + j)[:len(out)]
+			w := g.convT[j*conv+c0 : j*conv+c0+len(out)]
+			for c, xc := range x {
+				out[c] += float32(xc * w[c])
+			}
 		}
-		copy(state, win[len(gr.rows)*conv:])
-		if cp := gr.seq.cp; cp != nil {
-			cp.logRows(il, gr.rows, conv, p.SSMHeads, ws)
-		}
+		expert.SiLU(out, out)
+	}
+	for tau := range kc - 1 { // reads ahead of what it overwrites
+		copy(state[tau*conv+c0:tau*conv+c0+width], in(tau+len(rows)))
 	}
 }
 
@@ -104,7 +166,7 @@ func convRow(p Params, g *GatedDeltaNet, w0, out []float32) {
 		}
 		out[c] = sum
 	}
-	silu(out)
+	expert.SiLU(out, out)
 	for h := range 2 * K { // q heads then k heads
 		l2Norm(out[h*S:(h+1)*S], p.NormEps)
 	}
@@ -147,34 +209,21 @@ func (m *Model) deltaNetLayer(il int, g *GatedDeltaNet, rows []Row) error {
 		h := i % H
 		ws.gdt[i] = softplus(ws.gdt[i]+g.DTBias[h]) * g.A[h]
 	}
-	m.deltaNetConv(il, g)
-	// The delta rule, one unit per (sequence, value head).
+	for _, gr := range ws.groups {
+		if cp := gr.seq.cp; cp != nil {
+			cp.logRows(il, gr.rows, conv, H, ws)
+		}
+	}
+	// Convolution, delta rule and gated norm in one region, one unit per
+	// (sequence, key head) with the value heads that read it.
 	scale := 1 / float32(math.Sqrt(float64(S)))
-	units := len(ws.groups) * H
 	run := m.team.run
 	if n*H*S*S < 1<<15 {
 		run = serial
 	}
-	run(units, func(w, u int) {
-		gr := &ws.groups[u/H]
-		h := u % H
-		kh := h % K
-		st := gr.seq.mem[il].ssm[h*S*S : (h+1)*S*S] // st[j*S+i] = S_h[i][j]
-		for _, r := range gr.rows {
-			row := ws.cv[int(r)*conv : (int(r)+1)*conv]
-			q, k, v := row[kh*S:(kh+1)*S], row[(K+kh)*S:(K+kh+1)*S], row[2*K*S+h*S:2*K*S+(h+1)*S]
-			o := ws.o[int(r)*vd+h*S : int(r)*vd+(h+1)*S]
-			deltaStep(st, q, k, v, o, ws.beta[int(r)*H+h], ws.gdt[int(r)*H+h], scale)
-		}
+	run(len(ws.groups)*K, func(_, u int) {
+		m.deltaNetHeads(il, g, &ws.groups[u/K], u%K, scale)
 	})
-	// Gated RMSNorm per value head, then ssm_out.
-	for i := range n {
-		for h := range H {
-			o := ws.o[i*vd+h*S : i*vd+(h+1)*S]
-			rmsNorm(o, o, g.Norm, p.NormEps)
-			expert.SwiGLU(o, ws.z[i*vd+h*S:i*vd+(h+1)*S], o)
-		}
-	}
 	return m.project(ws.o[:n*vd], n, &g.Out, ws.tmp[:n*d])
 }
 
@@ -189,15 +238,6 @@ func l2Norm(x []float32, eps float32) {
 	scale := 1 / max(float32(math.Sqrt(float64(float32(sum)))), eps)
 	for i := range x {
 		x[i] *= scale
-	}
-}
-
-// silu sets x[i] = x[i] / (1 + e^-x[i]) in float32 (ggml_silu_f32,
-// ggml-cpu/vec.h), e^-x evaluated in float64 and rounded as in
-// expert.SwiGLU.
-func silu(x []float32) {
-	for i, v := range x {
-		x[i] = v / (1 + float32(math.Exp(float64(-v))))
 	}
 }
 

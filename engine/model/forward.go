@@ -178,7 +178,7 @@ type workspace struct {
 	sel                      []float32
 	ffGate, ffUp, ffOut      []float32  // shared expert or dense FFN
 	mixed, z, beta, gdt, cv  []float32  // Gated DeltaNet: attn_qkv, attn_gate, beta, g, conv output
-	o, win                   []float32  // Gated DeltaNet: delta-rule output; conv window of one sequence
+	o                        []float32  // Gated DeltaNet: delta-rule output
 	groups                   []seqGroup // the batch's rows by sequence
 	touched                  bool       // a recurrent layer ran in this Forward
 	conv                     [3][]byte
@@ -229,7 +229,6 @@ func (ws *workspace) ensure(p Params, ff int, gated bool, n int) {
 		ch, vd := (2*p.SSMGroups+p.SSMHeads)*p.SSMState, p.SSMInner
 		ws.mixed = make([]float32, n*ch)
 		ws.cv = make([]float32, n*ch)
-		ws.win = make([]float32, (n+p.SSMConv)*ch)
 		ws.z = make([]float32, n*vd)
 		ws.o = make([]float32, n*vd)
 		ws.beta = make([]float32, n*p.SSMHeads)

@@ -52,14 +52,29 @@ func TestGoldenLogits(t *testing.T) {
 		Vocab: 2048, Type: quant.Q4_K, Mix: true, Seed: 3}
 	f16 := tiny
 	f16.Type, f16.Seed = quant.F16, 5
+	// qwen35moe (Gated DeltaNet): the preset, its Q4_K_M mix, and a wider
+	// one of 4 key / 8 value heads of 64 whose decode steps take the
+	// recurrence's multi-threaded path.
+	q35, err := modelgen.Preset("tiny-qwen35moe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q35mix := q35
+	q35mix.Mix, q35mix.Type, q35mix.Seed = true, quant.Q4_K, 9
+	q35wide := q35mix
+	q35wide.SSMGroups, q35wide.SSMDtRank, q35wide.SSMInner, q35wide.Seed = 4, 8, 512, 11
 	models := []model{
 		{"gen-tiny-Q8_0", gen(tiny)},
 		{"gen-tiny-Q4_K_M", gen(mix)},
 		{"gen-tiny-F16", gen(f16)},
 		{"gen-wide-Q4_K_M", gen(wide)},
+		{"gen-tiny-qwen35moe-Q8_0", gen(q35)},
+		{"gen-tiny-qwen35moe-Q4_K_M", gen(q35mix)},
+		{"gen-wide-qwen35moe-Q4_K_M", gen(q35wide)},
 	}
 	if _, err := os.Stat(fixtures); err == nil {
-		for _, n := range []string{"tiny-qwen3moe-Q4_K_M", "tiny-qwen3moe-Q8_0", "tiny-qwen3moe-F16"} {
+		for _, n := range []string{"tiny-qwen3moe-Q4_K_M", "tiny-qwen3moe-Q8_0", "tiny-qwen3moe-F16",
+			"tiny-qwen35moe-Q4_K_M", "tiny-qwen35moe-F16"} {
 			models = append(models, model{"fix-" + n, func(t *testing.T) *Model { _, m := loadFixture(t, n); return m }})
 		}
 	} else {

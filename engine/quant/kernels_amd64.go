@@ -325,6 +325,13 @@ func vecDotRows(weight Type, w []byte, rb int, a []byte, n int, out []float32) {
 		return
 	}
 	switch weight {
+	case F32: // a router (ffn_gate_inp): rows read once, from memory
+		if useAVX512 && n > 0 && rb%4 == 0 && rb >= 4*n && len(a) >= 4*n {
+			if wf, af := f32View(w), f32View(a); wf != nil && af != nil {
+				f32RowsAVX512(&wf[0], &af[0], n, rows, rb/4, &out[0])
+				return
+			}
+		}
 	case Q6_K:
 		if nb := n / QK_K; nb > 0 && rb >= 210*nb && len(a) >= 292*nb {
 			q6KRowsAVX2(&w[0], &a[0], nb, rows, rb, &out[0])

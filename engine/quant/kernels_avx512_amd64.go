@@ -44,6 +44,9 @@ func dotF32AVX512(a, b *float32, n int) float32
 //go:noescape
 func dotF32RowsAVX512(x, m *float32, n, rows, stride int, out *float32)
 
+//go:noescape
+func f32RowsAVX512(w, x *float32, n, rows, stride int, out *float32)
+
 // permPool holds the reordered activations of q4KMatMul512 (*[]byte).
 var permPool sync.Pool
 

@@ -745,6 +745,68 @@ df5rreduce:
 	VZEROUPPER
 	RET
 
+// F32DOT32PF(lbl) is F32DOT32Z with the first operand (SI: a weight row
+// read once, from memory) prefetched F32PFD bytes ahead.
+#define F32PFD 1024
+#define F32DOT32PF(lbl) \
+lbl: \
+	PREFETCHT0 F32PFD(SI) \
+	PREFETCHT0 (F32PFD+64)(SI) \
+	VMOVUPS    0(SI), Z4 \
+	VMOVUPS    64(SI), Z5 \
+	VMULPS     0(DI), Z4, Z4 \
+	VMULPS     64(DI), Z5, Z5 \
+	VADDPS     Z4, Z0, Z0 \
+	VADDPS     Z5, Z1, Z1 \
+	ADDQ       $128, SI \
+	ADDQ       $128, DI \
+	DECQ       CX \
+	JNZ        lbl
+
+// func f32RowsAVX512(w, x *float32, n, rows, stride int, out *float32)
+// out[j] = dotF32AVX512(w + j*stride, x, n) for j < rows (rows >= 1, n >=
+// 1, stride in floats): an F32 weight matrix times one activation row,
+// each weight row's products w*x in the operand order of DotF32(w, x), the
+// weight rows prefetched ahead (dotF32RowsAVX512 serves cached attention
+// rows and does not prefetch).
+TEXT ·f32RowsAVX512(SB), NOSPLIT, $0-48
+	MOVQ w+0(FP), BX
+	MOVQ x+8(FP), R11
+	MOVQ n+16(FP), DX
+	MOVQ DX, R12
+	SHRQ $5, R12
+	ANDQ $31, DX
+	MOVQ rows+24(FP), R8
+	MOVQ stride+32(FP), R9
+	SHLQ $2, R9
+	MOVQ out+40(FP), R10
+	F32TAILMASKS
+
+f32wrow:
+	MOVQ   BX, SI
+	MOVQ   R11, DI
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	MOVQ   R12, CX
+	TESTQ  CX, CX
+	JZ     f32wtail
+	F32DOT32PF(f32wloop)
+
+f32wtail:
+	TESTQ DX, DX
+	JZ    f32wreduce
+	F32TAILZ
+
+f32wreduce:
+	REDUCE32Z
+	VMOVSS X0, 0(R10)
+	ADDQ   $4, R10
+	ADDQ   R9, BX
+	DECQ   R8
+	JNZ    f32wrow
+	VZEROUPPER
+	RET
+
 // K4MINS(P, M, T): M (ymm) = the 8 mins-term partials of the q8KP block at P
 // against the decoded scale words Y10.
 #define K4MINS(P, M) \

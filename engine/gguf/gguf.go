@@ -61,6 +61,9 @@ var (
 	ErrNoTensor = errors.New("gguf: no such tensor")
 	// ErrClosed: the File was closed and its tensor data unmapped.
 	ErrClosed = errors.New("gguf: file closed")
+	// ErrNoData: the tensor data is not there: a File made by
+	// Writer.Layout, or a Writer holding tensors added by AddTensorInfo.
+	ErrNoData = errors.New("gguf: no tensor data")
 )
 
 // Magic is the 4-byte file signature.
@@ -149,6 +152,7 @@ type File struct {
 	data    []byte
 	unmap   func() error
 	closed  bool
+	noData  bool // a Writer.Layout: no data
 	kvIndex map[string]int
 	tIndex  map[string]int
 }
@@ -320,7 +324,8 @@ func (f *File) TensorInfo(name string) (TensorInfo, error) {
 }
 
 // Tensor returns the named tensor with a zero-copy view of its bytes. The
-// error wraps ErrNoTensor, or ErrClosed after Close.
+// error wraps ErrNoTensor, ErrClosed after Close, or ErrNoData for a
+// Writer.Layout.
 func (f *File) Tensor(name string) (Tensor, error) {
 	ti, err := f.TensorInfo(name)
 	if err != nil {
@@ -328,6 +333,9 @@ func (f *File) Tensor(name string) (Tensor, error) {
 	}
 	if f.closed {
 		return Tensor{}, fmt.Errorf("%w: tensor %q", ErrClosed, name)
+	}
+	if f.noData {
+		return Tensor{}, fmt.Errorf("%w: tensor %q of a layout", ErrNoData, name)
 	}
 	// Parse checked DataOffset+Offset+Size <= len(f.data) without overflow.
 	start := f.DataOffset + ti.Offset

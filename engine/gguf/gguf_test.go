@@ -433,6 +433,81 @@ func TestWriterErrors(t *testing.T) {
 	}
 }
 
+// TestLayout checks Writer.Layout against Parse of what WriteTo writes
+// (metadata, tensor infos and offsets, data offset, alignment), for a
+// Writer whose tensors carry their data and for the same one described by
+// AddTensorInfo, which WriteTo then refuses.
+func TestLayout(t *testing.T) {
+	type tensor struct {
+		name string
+		typ  quant.Type
+		dims []uint64
+		data []byte
+	}
+	ts := []tensor{
+		{"a", quant.F32, []uint64{3}, make([]byte, 12)},
+		{"blk.0.b", quant.Q4_K, []uint64{256, 2}, bytes.Repeat([]byte{7}, 288)},
+		{"c", quant.Q8_0, []uint64{32, 1, 3}, bytes.Repeat([]byte{1}, 102)},
+	}
+	for _, align := range []uint32{0, 64} {
+		full, info := NewWriter(), NewWriter()
+		for _, w := range []*Writer{full, info} {
+			w.SetString("general.architecture", "test")
+			if align != 0 {
+				w.SetUint32(KeyAlignment, align)
+			}
+			w.SetStrings("tokens", []string{"x", "yz"})
+		}
+		for _, x := range ts {
+			if err := full.AddTensor(x.name, x.typ, x.dims, x.data); err != nil {
+				t.Fatal(err)
+			}
+			if err := info.AddTensorInfo(x.name, x.typ, x.dims); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var buf bytes.Buffer
+		if _, err := full.WriteTo(&buf); err != nil {
+			t.Fatal(err)
+		}
+		want, err := Parse(buf.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []*Writer{full, info} {
+			got, err := w.Layout()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Version != want.Version || got.Alignment != want.Alignment || got.DataOffset != want.DataOffset ||
+				!reflect.DeepEqual(got.KVs, want.KVs) || !reflect.DeepEqual(got.Tensors, want.Tensors) {
+				t.Errorf("alignment %d: layout %d %d %d %v %v, parsed %d %d %d %v %v", align, got.Version, got.Alignment,
+					got.DataOffset, got.KVs, got.Tensors, want.Version, want.Alignment, want.DataOffset, want.KVs, want.Tensors)
+			}
+			if s, err := got.String("general.architecture"); err != nil || s != "test" {
+				t.Errorf("layout metadata: %q, %v", s, err)
+			}
+			if ti, err := got.TensorInfo("blk.0.b"); err != nil || ti.Offset != want.Tensors[1].Offset {
+				t.Errorf("layout TensorInfo: %+v, %v", ti, err)
+			}
+			if _, err := got.Tensor("a"); !errors.Is(err, ErrNoData) {
+				t.Errorf("Tensor of a layout: %v, want ErrNoData", err)
+			}
+		}
+		if _, err := info.WriteTo(io.Discard); !errors.Is(err, ErrNoData) {
+			t.Errorf("WriteTo with AddTensorInfo tensors: %v, want ErrNoData", err)
+		}
+	}
+	w := NewWriter()
+	if err := w.AddTensorInfo("t", quant.Q4_0, []uint64{31}); !errors.Is(err, ErrMalformed) {
+		t.Errorf("AddTensorInfo partial block: %v", err)
+	}
+	w.SetUint32(KeyAlignment, 24)
+	if _, err := w.Layout(); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Layout with alignment 24: %v", err)
+	}
+}
+
 // TestOpenClose writes a file with WriteFile, maps it with Open, and checks
 // views, Close and errors after Close.
 func TestOpenClose(t *testing.T) {

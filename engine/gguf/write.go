@@ -23,6 +23,7 @@ type Writer struct {
 	kvIndex map[string]int
 	tensors []Tensor
 	tIndex  map[string]int
+	noData  int // tensors added by AddTensorInfo
 }
 
 // NewWriter returns an empty Writer.
@@ -78,21 +79,9 @@ func (w *Writer) SetFloat32s(key string, v []float32) { w.Set(key, Array(v)) }
 // (ErrTensorBounds); wrong data length. The Writer accepts exactly the
 // tensor infos that Parse accepts.
 func (w *Writer) AddTensor(name string, t quant.Type, dims []uint64, data []byte) error {
-	if len(name) > MaxNameBytes {
-		return fmt.Errorf("gguf: tensor name %q is longer than %d bytes", name, MaxNameBytes)
-	}
-	if _, dup := w.tIndex[name]; dup {
-		return fmt.Errorf("gguf: duplicate tensor %q", name)
-	}
-	if !t.Known() {
-		return fmt.Errorf("%w: tensor %q has type id %d", ErrTensorType, name, uint32(t))
-	}
-	if len(dims) > MaxDims {
-		return fmt.Errorf("%w: tensor %q has %d dims, at most %d allowed", ErrMalformed, name, len(dims), MaxDims)
-	}
-	size, err := tensorSize(t, dims)
+	size, err := w.checkTensor(name, t, dims)
 	if err != nil {
-		return fmt.Errorf("%w (tensor %q)", err, name)
+		return err
 	}
 	if uint64(len(data)) != size {
 		return fmt.Errorf("gguf: tensor %q (%s, ne %v) needs %d bytes of data, got %d", name, t, dims, size, len(data))
@@ -103,6 +92,82 @@ func (w *Writer) AddTensor(name string, t quant.Type, dims []uint64, data []byte
 		Data:       data,
 	})
 	return nil
+}
+
+// AddTensorInfo appends a tensor like AddTensor (same checks, same
+// errors) but without its data: the Writer then describes a file it cannot
+// write. Layout counts such a tensor like any other; WriteTo refuses the
+// Writer (ErrNoData). It serves callers that need a file's layout (its
+// data offset, its tensors' offsets) without holding the data, e.g. to
+// derive a smaller file from a model too large to write
+// (engine/modelgen.Lazy).
+func (w *Writer) AddTensorInfo(name string, t quant.Type, dims []uint64) error {
+	size, err := w.checkTensor(name, t, dims)
+	if err != nil {
+		return err
+	}
+	w.tIndex[name] = len(w.tensors)
+	w.tensors = append(w.tensors, Tensor{TensorInfo: TensorInfo{Name: name, Dims: append([]uint64(nil), dims...), Type: t, Size: size}})
+	w.noData++
+	return nil
+}
+
+// Layout returns the File that Parse would return for the bytes WriteTo
+// writes, without the data: Version 3, Alignment, KVs (the values are
+// shared with the Writer), Tensors with their offsets and sizes, and
+// DataOffset. Its metadata accessors and TensorInfo work; Tensor fails
+// with ErrNoData. The layout depends only on the metadata and the
+// tensors' names, types and dims, so it is the same whether they were
+// added with AddTensor or AddTensorInfo. Errors: those of WriteTo's
+// metadata checks (an invalid value, a bad general.alignment).
+func (w *Writer) Layout() (*File, error) {
+	align, err := w.checkKVs()
+	if err != nil {
+		return nil, err
+	}
+	cw := &countWriter{w: io.Discard}
+	e := &encoder{w: bufio.NewWriterSize(cw, 1<<16)}
+	w.header(e, align)
+	if e.err != nil {
+		return nil, e.err
+	}
+	f := &File{Version: 3, Alignment: align, DataOffset: e.n, noData: true,
+		KVs: append([]KV(nil), w.kvs...), kvIndex: make(map[string]int, len(w.kvs)),
+		Tensors: make([]TensorInfo, len(w.tensors)), tIndex: make(map[string]int, len(w.tensors))}
+	for i, kv := range f.KVs {
+		f.kvIndex[kv.Key] = i
+	}
+	var off uint64
+	for i, t := range w.tensors {
+		f.Tensors[i] = t.TensorInfo
+		f.Tensors[i].Dims = append([]uint64(nil), t.Dims...)
+		f.Tensors[i].Offset = off
+		f.tIndex[t.Name] = i
+		off = padTo(off+t.Size, align)
+	}
+	return f, nil
+}
+
+// checkTensor validates a tensor to add (AddTensor's errors but the data
+// length) and returns its size in bytes.
+func (w *Writer) checkTensor(name string, t quant.Type, dims []uint64) (uint64, error) {
+	if len(name) > MaxNameBytes {
+		return 0, fmt.Errorf("gguf: tensor name %q is longer than %d bytes", name, MaxNameBytes)
+	}
+	if _, dup := w.tIndex[name]; dup {
+		return 0, fmt.Errorf("gguf: duplicate tensor %q", name)
+	}
+	if !t.Known() {
+		return 0, fmt.Errorf("%w: tensor %q has type id %d", ErrTensorType, name, uint32(t))
+	}
+	if len(dims) > MaxDims {
+		return 0, fmt.Errorf("%w: tensor %q has %d dims, at most %d allowed", ErrMalformed, name, len(dims), MaxDims)
+	}
+	size, err := tensorSize(t, dims)
+	if err != nil {
+		return 0, fmt.Errorf("%w (tensor %q)", err, name)
+	}
+	return size, nil
 }
 
 // alignment returns general.alignment if set (validated), else 32.
@@ -136,6 +201,28 @@ func (w *Writer) DataSize() uint64 {
 // invalid metadata value (wrapping ErrKeyType), a bad general.alignment, or
 // out's write error.
 func (w *Writer) WriteTo(out io.Writer) (int64, error) {
+	if w.noData > 0 {
+		return 0, fmt.Errorf("%w: %d tensors were added without their data (AddTensorInfo)", ErrNoData, w.noData)
+	}
+	align, err := w.checkKVs()
+	if err != nil {
+		return 0, err
+	}
+	cw := &countWriter{w: out}
+	e := &encoder{w: bufio.NewWriterSize(cw, 1<<16)}
+	w.header(e, align)
+	for _, t := range w.tensors {
+		e.write(t.Data)
+		e.pad(align)
+	}
+	if e.err == nil {
+		e.err = e.w.Flush()
+	}
+	return cw.n, e.err
+}
+
+// checkKVs validates the metadata values and returns the alignment.
+func (w *Writer) checkKVs() (uint64, error) {
 	align, err := w.alignment()
 	if err != nil {
 		return 0, err
@@ -145,8 +232,13 @@ func (w *Writer) WriteTo(out io.Writer) (int64, error) {
 			return 0, fmt.Errorf("gguf: key %q: %w", kv.Key, err)
 		}
 	}
-	cw := &countWriter{w: out}
-	e := &encoder{w: bufio.NewWriterSize(cw, 1<<16)}
+	return align, nil
+}
+
+// header encodes everything before the data section: the magic, version,
+// counts, metadata and tensor infos, then the padding to align (so e.n is
+// the data section's offset).
+func (w *Writer) header(e *encoder, align uint64) {
 	e.write([]byte(Magic))
 	e.u32(3)
 	e.u64(uint64(len(w.tensors)))
@@ -168,14 +260,6 @@ func (w *Writer) WriteTo(out io.Writer) (int64, error) {
 		off = padTo(off+t.Size, align)
 	}
 	e.pad(align)
-	for _, t := range w.tensors {
-		e.write(t.Data)
-		e.pad(align)
-	}
-	if e.err == nil {
-		e.err = e.w.Flush()
-	}
-	return cw.n, e.err
 }
 
 // WriteFile writes the file to path atomically: to a temporary file in the

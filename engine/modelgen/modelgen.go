@@ -428,6 +428,19 @@ func buildWith(s Spec, tc tokenizer.Config, fill func(t *tensorSpec) error) (*gg
 		return nil, err
 	}
 
+	w := metadata(s, tc)
+	for _, o := range outs {
+		if err := w.AddTensor(o.name, o.typ, o.dims, o.assemble()); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// metadata returns a Writer holding the metadata of the model s (checked)
+// with the tokenizer tc (non-empty), in file order, and no tensors.
+func metadata(s Spec, tc tokenizer.Config) *gguf.Writer {
+	vocab := len(tc.Tokens)
 	w := gguf.NewWriter()
 	a := s.arch() + "."
 	w.SetString("general.architecture", s.arch())
@@ -455,12 +468,76 @@ func buildWith(s Spec, tc tokenizer.Config, fill func(t *tensorSpec) error) (*gg
 	}
 	w.SetBool("tokenizer.ggml.add_bos_token", tc.AddBOS)
 	w.SetBool("tokenizer.ggml.add_eos_token", tc.AddEOS)
+	return w
+}
+
+// Lazy is the model of a Spec as Build writes it, with each tensor drawn
+// when asked instead of all held in memory: the file's layout at once, a
+// tensor's bytes on demand. It lets a caller derive a file from a model
+// that fits neither in memory nor on disk (a full Qwen3.5-122B-A10B shape
+// is ~65 GB): `backbone genmodel --backbone-only` writes the backbone-only
+// file (engine/slice.WriteBackboneOnlyFrom) of a preset directly.
+type Lazy struct {
+	// File is the layout of the file Build(s) writes (gguf.Writer.Layout):
+	// its metadata, tensor infos and offsets and DataOffset, equal to what
+	// gguf.Parse reads from that file; it holds no tensor data (its Tensor
+	// method fails with gguf.ErrNoData: use Lazy.Tensor).
+	File *gguf.File
+	// Size is the size in bytes of the file Build(s) writes.
+	Size int64
+
+	seed uint64
+	outs map[string]outTensor
+}
+
+// NewLazy plans the model described by s without drawing any weight.
+// Errors wrap ErrSpec or come from the gguf writer.
+func NewLazy(s Spec) (*Lazy, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	tc := tokenizer.DefaultConfig(s.Vocab)
+	if len(tc.Tokens) == 0 {
+		return nil, fmt.Errorf("%w: empty tokenizer vocabulary", ErrSpec)
+	}
+	_, outs := s.plan(len(tc.Tokens))
+	w := metadata(s, tc)
+	l := &Lazy{seed: s.Seed, outs: make(map[string]outTensor, len(outs))}
 	for _, o := range outs {
-		if err := w.AddTensor(o.name, o.typ, o.dims, o.assemble()); err != nil {
+		if err := w.AddTensorInfo(o.name, o.typ, o.dims); err != nil {
 			return nil, err
 		}
+		l.outs[o.name] = o
 	}
-	return w, nil
+	f, err := w.Layout()
+	if err != nil {
+		return nil, err
+	}
+	l.File, l.Size = f, int64(f.DataOffset+w.DataSize())
+	return l, nil
+}
+
+// Tensor draws the named tensor of the model: the same bytes as in the
+// file Build writes (each tensor's random stream depends only on the seed
+// and its name). Every call draws anew on the calling goroutine (callers
+// keep what they need) and is safe for concurrent use. Errors wrap
+// gguf.ErrNoTensor for a name the model does not have, or ErrSpec.
+func (l *Lazy) Tensor(name string) ([]byte, error) {
+	o, ok := l.outs[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", gguf.ErrNoTensor, name)
+	}
+	parts := make([]*tensorSpec, len(o.parts))
+	for i, p := range o.parts {
+		c := *p // o.parts are shared: draw into a copy
+		c.data = nil
+		if err := c.generate(l.seed); err != nil {
+			return nil, err
+		}
+		parts[i] = &c
+	}
+	o.parts = parts
+	return o.assemble(), nil
 }
 
 // assemble returns the tensor's bytes: its one part's, or the fused

@@ -3,6 +3,7 @@ package modelgen
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -163,5 +164,64 @@ func TestPooledTensors(t *testing.T) {
 	}
 	if len(distinct) < poolRows/2 || len(distinct) > poolRows {
 		t.Errorf("%d distinct rows, want about %d", len(distinct), poolRows)
+	}
+}
+
+// TestLazy holds NewLazy to Build: its layout equals gguf.Parse of Build's
+// file (metadata, tensor infos and offsets, data offset), Size is the
+// file's size, and Tensor draws every tensor's bytes as they are in the
+// file. The specs cover both architectures, the fused gate_up layout, an
+// MTP block and tensors above bigTensor (drawn from a pool of rows).
+func TestLazy(t *testing.T) {
+	tiny, _ := Preset("tiny")
+	q35, _ := Preset("tiny-qwen35moe")
+	fused := q35
+	fused.FusedGateUp, fused.NextN, fused.Layers = true, 1, 2
+	pooled := q35 // 128 experts of 256 x 256: expert tensors of 8.4M elements
+	pooled.Layers, pooled.Experts, pooled.ExpertFF, pooled.UntiedOutput = 1, 128, 256, true
+	for _, s := range []Spec{tiny, q35, fused, pooled} {
+		data := build(t, s)
+		want, err := gguf.Parse(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := NewLazy(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := l.File
+		if l.Size != int64(len(data)) || got.DataOffset != want.DataOffset || got.Alignment != want.Alignment ||
+			!reflect.DeepEqual(got.KVs, want.KVs) || !reflect.DeepEqual(got.Tensors, want.Tensors) {
+			t.Fatalf("%s: layout (size %d, data at %d, %d keys, %d tensors) differs from the file's (%d, %d, %d, %d)",
+				Describe(s), l.Size, got.DataOffset, len(got.KVs), len(got.Tensors), len(data), want.DataOffset,
+				len(want.KVs), len(want.Tensors))
+		}
+		pools := 0
+		for _, ti := range want.Tensors {
+			wt, _ := want.Tensor(ti.Name)
+			b, err := l.Tensor(ti.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(b, wt.Data) {
+				t.Errorf("%s: tensor %s differs from the file's", Describe(s), ti.Name)
+			}
+			if ti.Elements() > bigTensor {
+				pools++
+			}
+		}
+		if s.Experts == 128 && pools == 0 {
+			t.Errorf("%s: no tensor drawn from a pool", Describe(s))
+		}
+	}
+	l, err := NewLazy(q35)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Tensor("blk.9.attn_q.weight"); !errors.Is(err, gguf.ErrNoTensor) {
+		t.Errorf("unknown tensor: %v, want gguf.ErrNoTensor", err)
+	}
+	if _, err := NewLazy(Spec{}); !errors.Is(err, ErrSpec) {
+		t.Errorf("empty spec: %v, want ErrSpec", err)
 	}
 }

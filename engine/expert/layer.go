@@ -196,8 +196,17 @@ func (l *Layer) ExpertBytes() int {
 // not 3-dimensional, shapes that disagree, e.g. a fused row count other than
 // twice ffn_down_exps' ne[0]) or ErrType, or are f's other tensor errors.
 func FromGGUF(f *gguf.File, blk int) (*Layer, error) {
+	return FromTensors(blk, f.Tensor)
+}
+
+// FromTensors is FromGGUF over a source of tensors other than an open
+// file: tensor returns the named tensor (its info and bytes) or an error
+// wrapping gguf.ErrNoTensor when there is none, as gguf.File.Tensor does.
+// It is asked for each of blk's four possible expert tensors once; the
+// Layer's matrices are views of the bytes it returns. Errors as FromGGUF's.
+func FromTensors(blk int, tensor func(name string) (gguf.Tensor, error)) (*Layer, error) {
 	get := func(n string) (gguf.Tensor, error) {
-		t, err := f.Tensor(fmt.Sprintf("blk.%d.%s.weight", blk, n))
+		t, err := tensor(fmt.Sprintf("blk.%d.%s.weight", blk, n))
 		if err != nil {
 			return t, err
 		}

@@ -218,6 +218,25 @@ type BackboneOptions struct {
 // ErrBackboneOnly (f is itself backbone-only, a bad hot pair or chunk
 // size), expert.FromGGUF's, or are the file system's.
 func WriteBackboneOnly(f *gguf.File, path string, o BackboneOptions) (*BackboneOnly, error) {
+	return WriteBackboneOnlyFrom(f, func(name string) ([]byte, error) {
+		t, err := f.Tensor(name)
+		return t.Data, err
+	}, path, o)
+}
+
+// WriteBackboneOnlyFrom is WriteBackboneOnly for a full model whose
+// tensors are not in memory: f gives the full file's metadata, tensor infos
+// and DataOffset (its data is not read: it may be a gguf.Writer.Layout,
+// such as modelgen.Lazy's), and tensor returns the bytes of one of its
+// tensors (len = its Size). tensor is called once per tensor: for one
+// layer's routed experts at a time, concurrently, whose bytes are dropped
+// once the layer is hashed (so at most one layer of experts is held), and
+// for the other tensors, whose bytes are held until the file is written.
+// The output is the same bytes as WriteBackboneOnly's for a file holding
+// those tensors, given the same options (o.SourceSize 0 stands for the end
+// of f's last tensor's data, not the file's size). Errors as
+// WriteBackboneOnly's, or tensor's.
+func WriteBackboneOnlyFrom(f *gguf.File, tensor func(name string) ([]byte, error), path string, o BackboneOptions) (*BackboneOnly, error) {
 	if IsBackboneOnly(f) {
 		return nil, fmt.Errorf("%w: the input is already a backbone-only file", ErrBackboneOnly)
 	}
@@ -234,7 +253,6 @@ func WriteBackboneOnly(f *gguf.File, path string, o BackboneOptions) (*BackboneO
 	id, sum := ModelID(f)
 	bo := &BackboneOnly{ModelID: id, ModelSHA256: sum, Architecture: arch, NLayer: nl, SourceURL: o.SourceURL,
 		ChunkSize: o.ChunkSize, Layers: make([]BackboneLayer, nl)}
-	full := make([]*expert.Layer, nl)
 	var end uint64
 	for _, t := range f.Tensors {
 		end = max(end, f.DataOffset+t.Offset+t.Size)
@@ -243,13 +261,29 @@ func WriteBackboneOnly(f *gguf.File, path string, o BackboneOptions) (*BackboneO
 	if bo.SourceSize == 0 {
 		bo.SourceSize = int64(end)
 	}
+	seen := map[[2]int]bool{}
+	for _, h := range o.Hot {
+		// NExpert is known once layer 0 is read: checked again below.
+		if h[0] < 0 || h[0] >= nl || h[1] < 0 || seen[h] {
+			return nil, fmt.Errorf("%w: hot expert (%d, %d) out of range or repeated", ErrBackboneOnly, h[0], h[1])
+		}
+		seen[h] = true
+	}
+	bo.Hot = slices.Clone(o.Hot)
+	slices.SortFunc(bo.Hot, func(a, b [2]int) int { return (a[0]-b[0])*(1<<21) + a[1] - b[1] })
+	hotData := make(map[[2]int][3][]byte, len(bo.Hot)) // the hot experts' gate, up and down bytes
 	for l := range nl {
-		if full[l], err = expert.FromGGUF(f, l); err != nil {
+		ly, err := routedLayer(f, tensor, l)
+		if err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l, err)
 		}
-		ly := full[l]
 		if l == 0 {
 			bo.NExpert, bo.DModel, bo.DFF = ly.NExpert, ly.DModel, ly.DFF
+			for _, h := range bo.Hot {
+				if h[1] >= bo.NExpert {
+					return nil, fmt.Errorf("%w: hot expert (%d, %d) out of range or repeated", ErrBackboneOnly, h[0], h[1])
+				}
+			}
 		} else if ly.NExpert != bo.NExpert || ly.DModel != bo.DModel || ly.DFF != bo.DFF {
 			return nil, fmt.Errorf("%w: layer %d has %d experts of %d x %d, layer 0 %d of %d x %d", ErrModel,
 				l, ly.NExpert, ly.DModel, ly.DFF, bo.NExpert, bo.DModel, bo.DFF)
@@ -269,40 +303,30 @@ func WriteBackboneOnly(f *gguf.File, path string, o BackboneOptions) (*BackboneO
 		bl.nChunk = int((x.ExpertBytes() + int64(o.ChunkSize) - 1) / int64(o.ChunkSize))
 		bl.sums = make([]byte, 32*bo.NExpert)
 		bl.chunks = make([]byte, 32*bo.NExpert*bl.nChunk)
-	}
-	seen := map[[2]int]bool{}
-	for _, h := range o.Hot {
-		if h[0] < 0 || h[0] >= nl || h[1] < 0 || h[1] >= bo.NExpert || seen[h] {
-			return nil, fmt.Errorf("%w: hot expert (%d, %d) out of range or repeated", ErrBackboneOnly, h[0], h[1])
-		}
-		seen[h] = true
-	}
-	bo.Hot = slices.Clone(o.Hot)
-	slices.SortFunc(bo.Hot, func(a, b [2]int) int { return (a[0]-b[0])*(1<<21) + a[1] - b[1] })
-	parallelFor(nl*bo.NExpert, func(i int) {
-		l, e := i/bo.NExpert, i%bo.NExpert
-		bl, ly := &bo.Layers[l], full[l]
-		h := sha256.New()
-		c := sha256.New()
-		ci, inChunk := 0, 0
-		for _, part := range [][]byte{ly.Gate.Expert[e], ly.Up.Expert[e], ly.Down.Expert[e]} {
-			h.Write(part)
-			for len(part) > 0 {
-				n := min(len(part), o.ChunkSize-inChunk)
-				c.Write(part[:n])
-				part, inChunk = part[n:], inChunk+n
-				if inChunk == o.ChunkSize {
-					c.Sum(bl.chunks[(e*bl.nChunk+ci)*32 : (e*bl.nChunk+ci)*32 : (e*bl.nChunk+ci+1)*32])
-					c.Reset()
-					ci, inChunk = ci+1, 0
-				}
+		parallelFor(bo.NExpert, func(e int) { hashExpert(bl, ly, e, o.ChunkSize) })
+		for _, h := range bo.Hot {
+			if h[0] == l {
+				e := h[1]
+				hotData[h] = [3][]byte{slices.Clone(ly.Gate.Expert[e]), slices.Clone(ly.Up.Expert[e]), slices.Clone(ly.Down.Expert[e])}
 			}
 		}
-		if inChunk > 0 {
-			c.Sum(bl.chunks[(e*bl.nChunk+ci)*32 : (e*bl.nChunk+ci)*32 : (e*bl.nChunk+ci+1)*32])
+	}
+	var keep []gguf.TensorInfo
+	for _, ti := range f.Tensors {
+		if !isRoutedExpertTensor(ti.Name, nl) {
+			keep = append(keep, ti)
 		}
-		h.Sum(bl.sums[e*32 : e*32 : (e+1)*32])
+	}
+	data := make([][]byte, len(keep))
+	errs := make([]error, len(keep))
+	parallelFor(len(keep), func(i int) {
+		if data[i], errs[i] = tensor(keep[i].Name); errs[i] == nil && uint64(len(data[i])) != keep[i].Size {
+			errs[i] = fmt.Errorf("%w: tensor %q: %d bytes, want %d", ErrModel, keep[i].Name, len(data[i]), keep[i].Size)
+		}
 	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
 
 	w := gguf.NewWriter()
 	for _, kv := range f.KVs {
@@ -348,15 +372,8 @@ func WriteBackboneOnly(f *gguf.File, path string, o BackboneOptions) (*BackboneO
 		hot = append(hot, uint32(h[0]), uint32(h[1]))
 	}
 	w.Set(KeyBackboneOnlyHot, gguf.Array(hot))
-	for _, ti := range f.Tensors {
-		if isRoutedExpertTensor(ti.Name, nl) {
-			continue
-		}
-		t, err := f.Tensor(ti.Name)
-		if err != nil {
-			return nil, err
-		}
-		if err := w.AddTensor(t.Name, t.Type, t.Dims, t.Data); err != nil {
+	for i, ti := range keep {
+		if err := w.AddTensor(ti.Name, ti.Type, ti.Dims, data[i]); err != nil {
 			return nil, err
 		}
 	}
@@ -371,15 +388,14 @@ func WriteBackboneOnly(f *gguf.File, path string, o BackboneOptions) (*BackboneO
 		}
 	}
 	for _, h := range bo.Hot {
-		ly := full[h[0]]
+		x, b := &bo.Layers[h[0]].ExpertLayout, hotData[h]
 		d, ff := uint64(bo.DModel), uint64(bo.DFF)
 		for _, p := range []struct {
 			part string
 			t    quant.Type
 			dims []uint64
 			data []byte
-		}{{"gate", ly.Gate.Type, []uint64{d, ff}, ly.Gate.Expert[h[1]]}, {"up", ly.Up.Type, []uint64{d, ff}, ly.Up.Expert[h[1]]},
-			{"down", ly.Down.Type, []uint64{ff, d}, ly.Down.Expert[h[1]]}} {
+		}{{"gate", x.Gate, []uint64{d, ff}, b[0]}, {"up", x.Up, []uint64{d, ff}, b[1]}, {"down", x.Down, []uint64{ff, d}, b[2]}} {
 			if err := w.AddTensor(hotTensorName(h[0], h[1], p.part), p.t, p.dims, p.data); err != nil {
 				return nil, err
 			}
@@ -389,6 +405,60 @@ func WriteBackboneOnly(f *gguf.File, path string, o BackboneOptions) (*BackboneO
 		return nil, err
 	}
 	return bo, nil
+}
+
+// routedLayer returns layer l's routed experts of f (expert.FromTensors),
+// their tensors' bytes from tensor, asked for concurrently.
+func routedLayer(f *gguf.File, tensor func(name string) ([]byte, error), l int) (*expert.Layer, error) {
+	var names []string
+	for _, n := range []string{"ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_down_exps"} {
+		name := fmt.Sprintf("blk.%d.%s.weight", l, n)
+		if _, err := f.TensorInfo(name); err == nil {
+			names = append(names, name)
+		}
+	}
+	data := make([][]byte, len(names))
+	errs := make([]error, len(names))
+	parallelFor(len(names), func(i int) { data[i], errs[i] = tensor(names[i]) })
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return expert.FromTensors(l, func(name string) (gguf.Tensor, error) {
+		ti, err := f.TensorInfo(name)
+		if err != nil {
+			return gguf.Tensor{}, err
+		}
+		i := slices.Index(names, name)
+		if uint64(len(data[i])) != ti.Size {
+			return gguf.Tensor{}, fmt.Errorf("%w: tensor %q: %d bytes, want %d", ErrModel, name, len(data[i]), ti.Size)
+		}
+		return gguf.Tensor{TensorInfo: ti, Data: data[i]}, nil
+	})
+}
+
+// hashExpert stores expert e of ly's SHA-256 and chunk SHA-256s (chunks of
+// chunkSize bytes over gate || up || down) in bl.
+func hashExpert(bl *BackboneLayer, ly *expert.Layer, e, chunkSize int) {
+	h := sha256.New()
+	c := sha256.New()
+	ci, inChunk := 0, 0
+	for _, part := range [][]byte{ly.Gate.Expert[e], ly.Up.Expert[e], ly.Down.Expert[e]} {
+		h.Write(part)
+		for len(part) > 0 {
+			n := min(len(part), chunkSize-inChunk)
+			c.Write(part[:n])
+			part, inChunk = part[n:], inChunk+n
+			if inChunk == chunkSize {
+				c.Sum(bl.chunks[(e*bl.nChunk+ci)*32 : (e*bl.nChunk+ci)*32 : (e*bl.nChunk+ci+1)*32])
+				c.Reset()
+				ci, inChunk = ci+1, 0
+			}
+		}
+	}
+	if inChunk > 0 {
+		c.Sum(bl.chunks[(e*bl.nChunk+ci)*32 : (e*bl.nChunk+ci)*32 : (e*bl.nChunk+ci+1)*32])
+	}
+	h.Sum(bl.sums[e*32 : e*32 : (e+1)*32])
 }
 
 // BackboneOnly describes a backbone-only file (ReadBackboneOnly): the

@@ -346,3 +346,56 @@ func TestBackboneOnlyRefusals(t *testing.T) {
 		t.Errorf("flipped hot expert: %v", err)
 	}
 }
+
+// TestWriteBackboneOnlyFrom: the backbone-only file written from a model's
+// layout and its tensors drawn on demand (modelgen.Lazy) is the same file
+// as WriteBackboneOnly's from the full file, hot experts and a small chunk
+// size included; a tensor function that fails or returns the wrong size
+// fails the write.
+func TestWriteBackboneOnlyFrom(t *testing.T) {
+	for _, c := range []struct {
+		preset string
+		fused  bool
+	}{{"tiny", false}, {"tiny-qwen35moe", false}, {"tiny-qwen35moe", true}} {
+		s, err := modelgen.Preset(c.preset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.FusedGateUp = c.fused
+		data, err := modelgen.Bytes(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := BackboneOptions{Hot: [][2]int{{2, 1}, {0, 3}}, ChunkSize: 4 << 10, SourceSize: int64(len(data))}
+		_, _, want, path := writeBO(t, data, o)
+		wantBytes, err := os.ReadFile(filepath.Join(filepath.Dir(path), "backbone.gguf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := modelgen.NewLazy(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(t.TempDir(), "direct.gguf")
+		got, err := WriteBackboneOnlyFrom(l.File, l.Tensor, out, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gotBytes, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(gotBytes, wantBytes) || got.ModelID != want.ModelID || got.Bytes() != want.Bytes() {
+			t.Errorf("%s fused=%v: WriteBackboneOnlyFrom's file (%d bytes, id %s) differs from WriteBackboneOnly's (%d, %s)",
+				c.preset, c.fused, len(gotBytes), got.ModelID, len(wantBytes), want.ModelID)
+		}
+		boom := errors.New("boom")
+		if _, err := WriteBackboneOnlyFrom(l.File, func(string) ([]byte, error) { return nil, boom }, out, o); !errors.Is(err, boom) {
+			t.Errorf("failing tensor function: %v", err)
+		}
+		short := func(name string) ([]byte, error) { b, err := l.Tensor(name); return b[:len(b)-1], err }
+		if _, err := WriteBackboneOnlyFrom(l.File, short, out, o); !errors.Is(err, ErrModel) {
+			t.Errorf("short tensor: %v, want ErrModel", err)
+		}
+	}
+}

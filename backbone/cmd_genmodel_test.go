@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/gguf"
+)
+
+// TestGenmodelBackboneOnly: `genmodel --backbone-only` writes the same file
+// as `genmodel` followed by `slice --backbone-only` of the full file: same
+// metadata keys and values in the same order, same tensors (names, types,
+// dims, offsets, bytes), same bytes overall; for both architectures, the
+// fused gate_up layout and an MTP block.
+func TestGenmodelBackboneOnly(t *testing.T) {
+	dir := t.TempDir()
+	for i, args := range [][]string{
+		{"--preset", "tiny-qwen35moe", "--layers", "4", "--seed", "3"},
+		{"--preset", "tiny-qwen35moe", "--layers", "2", "--seed", "1", "--fused-gate-up", "--nextn", "1"},
+		{"--preset", "tiny", "--layers", "2", "--type", "Q4_K_M", "--seed", "2"},
+	} {
+		full, sliced, direct := filepath.Join(dir, "full.gguf"), filepath.Join(dir, "sliced.gguf"), filepath.Join(dir, "direct.gguf")
+		var out, errb bytes.Buffer
+		if code := genmodelMain(append(args, "--out", full), &out, &errb); code != 0 {
+			t.Fatalf("%v: genmodel: exit %d: %s", args, code, errb.String())
+		}
+		if code := sliceMain([]string{"--model", full, "--backbone-only", "--out", sliced}, &out, &errb); code != 0 {
+			t.Fatalf("%v: slice: exit %d: %s", args, code, errb.String())
+		}
+		if code := genmodelMain(append(args, "--backbone-only", "--out", direct), &out, &errb); code != 0 {
+			t.Fatalf("%v: genmodel --backbone-only: exit %d: %s", args, code, errb.String())
+		}
+		a, err := os.ReadFile(sliced)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(direct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fa, err := gguf.Parse(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb, err := gguf.Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(fa.KVs, fb.KVs) {
+			t.Errorf("case %d %v: metadata differs", i, args)
+		}
+		if !reflect.DeepEqual(fa.Tensors, fb.Tensors) {
+			t.Errorf("case %d %v: tensor infos differ", i, args)
+		}
+		for _, ti := range fa.Tensors {
+			x, _ := fa.Tensor(ti.Name)
+			y, err := fb.Tensor(ti.Name)
+			if err != nil || !bytes.Equal(x.Data, y.Data) {
+				t.Errorf("case %d %v: tensor %s differs (%v)", i, args, ti.Name, err)
+			}
+		}
+		if !bytes.Equal(a, b) {
+			t.Errorf("case %d %v: the files differ (%d and %d bytes)", i, args, len(a), len(b))
+		}
+		if st, err := os.Stat(full); err != nil || len(b) >= int(st.Size()) {
+			t.Errorf("case %d: backbone-only file of %d bytes, full file %v (%v)", i, len(b), st, err)
+		}
+	}
+}

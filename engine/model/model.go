@@ -28,6 +28,7 @@ package model
 import (
 	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
@@ -146,6 +147,11 @@ type Model struct {
 	threads int
 	ws      workspace
 	team    team // Forward's helper goroutines
+	// localExpertTime is the wall time spent computing routed experts on
+	// the model's own threads (moe's local branch) since Load: what a
+	// local decode step pays that a backbone with every expert remote
+	// does not (BenchmarkBackboneStep).
+	localExpertTime time.Duration
 }
 
 // Params returns the model's hyperparameters.

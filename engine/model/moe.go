@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/quant"
@@ -102,7 +103,9 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 		if m.team.helpers > 0 {
 			run = m.team.run
 		}
+		t0 := time.Now()
 		err = m.local.ComputeExpertsWith(ctx, run, m.team.helpers+1, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo)
+		m.localExpertTime += time.Since(t0)
 		if err == nil && b.Shared != nil {
 			err = m.shared(b.Shared, n)
 		}

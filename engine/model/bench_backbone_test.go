@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,12 +59,13 @@ func (instantExperts) ComputeExperts(context.Context, int, []float32, []int32, i
 //     to the remote step.
 //
 // An iteration runs KVASIR_BENCH_BACKBONE_STEPS steps (default 8 at 1 row,
-// 2 at 64) from empty sequences, after one untimed iteration; threads:
+// 2 at 64), after one untimed iteration from empty sequences; threads:
 // KVASIR_BENCH_THREADS (default 2). Metrics per step: ms/step (wall),
 // cpu-ms/step (process CPU time; steadier on a loaded machine),
 // weightB/step (the backbone's weight bytes one step reads:
 // backboneBytesPerStep) and GB/s (weightB/step / wall time), state-MB (the
-// sequences' KV and recurrent state), and at the end rss-MB, anon-MB (the
+// sequences' KV and recurrent state), allocs/step (heap allocations), and
+// at the end rss-MB, anon-MB (the
 // process's resident memory, and its anonymous part: heap, workspace,
 // states; the rest is the mapped file) and file-MB.
 func BenchmarkBackboneStep(b *testing.B) {
@@ -121,8 +123,10 @@ func BenchmarkBackboneStep(b *testing.B) {
 }
 
 // benchSteps times b.N iterations of steps Forward calls of rows rows (rows
-// / nseq consecutive positions of each of nseq sequences, all with logits)
-// from empty sequences; local reports the routed experts' share.
+// / nseq consecutive positions of each of nseq sequences, all with logits);
+// the sequences start empty before an untimed first iteration and go on
+// growing (resetting a recurrent state clears it: not a step's work).
+// local reports the routed experts' share.
 func benchSteps(b *testing.B, m *Model, rows, nseq, steps int, local bool) {
 	ctx := context.Background()
 	vocab := m.Params().Vocab
@@ -134,13 +138,10 @@ func benchSteps(b *testing.B, m *Model, rows, nseq, steps int, local bool) {
 	batch := make([]Row, rows)
 	per := rows / nseq
 	run := func() {
-		for _, s := range seqList {
-			_ = s.Truncate(0)
-		}
 		for step := range steps {
 			for i := range batch {
 				s := seqList[i/per]
-				batch[i] = Row{Seq: s, Token: int32((i*131 + step*17 + 1) % vocab), Pos: s.Len() + i%per, Logits: true}
+				batch[i] = Row{Seq: s, Token: int32((i*131 + s.Len()*17 + step + 1) % vocab), Pos: s.Len() + i%per, Logits: true}
 			}
 			if err := m.Forward(ctx, batch, logits); err != nil {
 				b.Fatal(err)
@@ -148,11 +149,15 @@ func benchSteps(b *testing.B, m *Model, rows, nseq, steps int, local bool) {
 		}
 	}
 	run()
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
 	b.ResetTimer()
 	e0, cpu0 := m.localExpertTime, processCPU()
 	for range b.N {
 		run()
 	}
+	b.StopTimer()
+	runtime.ReadMemStats(&ms1)
 	n := float64(steps * b.N)
 	wall := b.Elapsed().Seconds()
 	b.ReportMetric(1e3*wall/n, "ms/step")
@@ -175,7 +180,7 @@ func benchSteps(b *testing.B, m *Model, rows, nseq, steps int, local bool) {
 		}
 	}
 	b.ReportMetric(float64(state)/1e6, "state-MB")
-	b.StopTimer()
+	b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/n, "allocs/step")
 }
 
 // backboneBytesPerStep returns the weight bytes a step of rows rows reads

@@ -187,6 +187,7 @@ type workspace struct {
 	scores                   [][]float32 // per worker
 	chunks                   []chunk     // projectAll's work list
 	ptmp                     []float32   // projectAll's per-chunk outputs when n > 1
+	remote                   chan error  // moe's remote expert call's result (capacity 1, one call at a time)
 	mu                       sync.Mutex  // guards err
 	err                      error       // first error of a parallel region
 }

@@ -111,7 +111,10 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 		}
 	case b.Shared != nil:
 		// Remote experts: compute the shared expert while they are away.
-		done := make(chan error, 1)
+		if ws.remote == nil {
+			ws.remote = make(chan error, 1)
+		}
+		done := ws.remote // received from below before the next layer sends: reused
 		go func() { done <- m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo) }()
 		serr := m.shared(b.Shared, n)
 		err = errors.Join(<-done, serr)

@@ -22,6 +22,13 @@
 #                            # pages (dd iflag=nocache); file always does the latter (a shared machine)
 #   KVASIR_BENCH_GROUPS="expert real-q30 llama-q30"  # rerun only these groups: their old blocks
 #                            # leave the raw file, the new ones are appended (the header notes it)
+#   KVASIR_BENCH_GROUPS=backbone-step  # optional group, never in a full run: the backbone's own step with every
+#                            # routed expert remote (BenchmarkBackboneStep) on backbone-only files of the 35B-A3B (40
+#                            # layers) and 122B-A10B (48) shapes and on an 8-layer 35B-shape full file (local decode
+#                            # split into routed experts and the rest) and its slice; writes those files once to the
+#                            # cache folder (genmodel --backbone-only: ~0.9 + 2.9 GB, plus 4.4 + 0.2 GB; ~15 min on
+#                            # 2 cores), then runs ~2-5 min; 64-row steps of 64 sequences hold 4.4 GB (35B) and 9.7 GB
+#                            # (122B) of recurrent state: KVASIR_BENCH_BACKBONE_SEQS=16 divides that by 4
 #   LLAMA_BENCH=PATH         # a llama-bench binary (llama.cpp, built outside this repo; default: llama-bench
 #                            # on PATH): measured in the same rounds, alternating with kvasir, on the same
 #                            # file and 2 threads. Without one the doc says llama.cpp was not measured.
@@ -288,6 +295,40 @@ big_file() {
   done
 }
 
+# backbone_step: BenchmarkBackboneStep (engine/model) on the files it writes
+# once to the cache folder, one process per file (its memory metrics are the
+# process's): the backbone-only files of the 35B-A3B (40 layers) and
+# 122B-A10B (48 layers) shapes written directly (genmodel --backbone-only,
+# no full file), an 8-layer 35B-shape full file (local decode: routed
+# experts vs the rest) and its backbone-only slice. Only when
+# KVASIR_BENCH_GROUPS names backbone-step.
+backbone_step() {
+  [[ " $GROUPS_ONLY " == *" backbone-step "* ]] || return 0
+  local cache=${KVASIR_BENCH_CACHE:-$HOME/.cache/kvasir-bench} GROUPS_ONLY=""
+  mkdir -p "$cache" || return 0
+  local bo35=$cache/qwen3.5-35b-a3b-40L-Q4_K-s1-backbone.gguf bo122=$cache/qwen3.5-122b-a10b-48L-Q4_K-s1-backbone.gguf
+  local full8=$cache/qwen3.5-35b-a3b-8L-Q4_K-s1.gguf bo8=$cache/qwen3.5-35b-a3b-8L-Q4_K-s1-backbone.gguf
+  gen() { # gen FILE GENMODEL-ARGS...: write FILE once
+    local f=$1; shift
+    [ -s "$f" ] && return 0
+    echo "bench.sh: writing $f once" >&2
+    "$GO" run ./backbone genmodel "$@" --type Q4_K --seed 1 --out "$f.part" >&2 && mv "$f.part" "$f" ||
+      { rm -f "$f.part"; echo "bench.sh: genmodel failed" >&2; return 1; }
+  }
+  gen "$bo35" --preset qwen3.5-35b-a3b --layers 40 --backbone-only || return 0
+  gen "$bo122" --preset qwen3.5-122b-a10b --layers 48 --backbone-only || return 0
+  gen "$full8" --preset qwen3.5-35b-a3b --layers 8 || return 0
+  if [ ! -s "$bo8" ]; then
+    "$GO" run ./backbone slice --model "$full8" --backbone-only --out "$bo8.part" >&2 && mv "$bo8.part" "$bo8" || return 0
+  fi
+  local seqs=${KVASIR_BENCH_BACKBONE_SEQS:-64} t=1x
+  for x in "35b:$bo35" "122b:$bo122" "35b-8l:$full8" "35b-8l-bo:$bo8"; do
+    cat "${x#*:}" >/dev/null # into the page cache
+    run "backbone-step-${x%%:*}" ./engine/model 'BenchmarkBackboneStep' $t 1 KVASIR_BENCH_BACKBONE="${x#*:}" \
+      KVASIR_BENCH_THREADS=2 KVASIR_BENCH_BACKBONE_SEQS="$seqs"
+  done
+}
+
 # run LABEL PKG REGEX BENCHTIME [COUNT] [ENV=VALUE...]; with COUNT > 1 the
 # doc shows the median of the COUNT results of each benchmark.
 # want GROUP: whether this run measures GROUP (KVASIR_BENCH_GROUPS, default all).
@@ -316,6 +357,9 @@ run() {
 }
 
 GROUPS_ONLY=$(echo "${KVASIR_BENCH_GROUPS:-}" | tr ',' ' ')
+# backbone-step stands for the groups backbone_step records.
+[[ " $GROUPS_ONLY " == *" backbone-step "* ]] &&
+  GROUPS_ONLY="$GROUPS_ONLY backbone-step-35b backbone-step-122b backbone-step-35b-8l backbone-step-35b-8l-bo"
 commit_now() {
   if [ -n "${KVASIR_BENCH_COMMIT:-}" ]; then
     echo "$KVASIR_BENCH_COMMIT"
@@ -361,6 +405,7 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   side_by_side q30 qwen3-30b-a3b "${KVASIR_BENCH_LAYERS_Q30:-32}"
   side_by_side q35 qwen3.5-35b-a3b "${KVASIR_BENCH_LAYERS_Q35:-20}"
   big_file
+  backbone_step
   run dispatch-rtt ./backbone/dispatch 'BenchmarkDispatchRTT13ms' 2s
   run dispatch-quorum ./backbone/dispatch 'BenchmarkQuorumRTT13ms' 2s 3
   run dispatch-decode ./backbone/dispatch 'BenchmarkFixtureDecode' 2s
@@ -649,6 +694,17 @@ END {
     print ""
     table(bg); table(lg)
   }
+
+  print "## The backbone'\''s own step, every routed expert remote (`engine/model`, optional group `backbone-step`)"
+  print ""
+  print "BenchmarkBackboneStep: the model of a backbone-only file with an expert Computer that answers at once, so a"
+  print "step times only the backbone: attention / Gated DeltaNet, router, shared expert, norms, head and the remote"
+  print "branch'\''s bookkeeping; at 1 row (a decode) and 64 rows (one row of each of 64 sequences). `local` rows: the"
+  print "8-layer full file decoded with its own experts, `backbone-ms/step` = ms/step - `expert-ms/step` (wall time in"
+  print "the routed experts, measured inside the step). Files from `genmodel --backbone-only` (no full file written)."
+  print "Run only with `KVASIR_BENCH_GROUPS=backbone-step`; see docs/BENCHMARKS-by-hand.md for a recorded run."
+  print ""
+  table("backbone-step-35b"); table("backbone-step-122b"); table("backbone-step-35b-8l"); table("backbone-step-35b-8l-bo")
 
   print "## Model decode and prefill (`engine/model`)"
   print ""

@@ -451,6 +451,17 @@ func (t *timedComputer) ComputeExperts(ctx context.Context, layer int, hidden []
 	return err
 }
 
+// ComputeExpertsSum times the row-sum calls (expert.SumComputer) as
+// ComputeExperts does: the model asks the dispatcher for sums.
+func (t *timedComputer) ComputeExpertsSum(ctx context.Context, layer int, hidden []float32, ids []int32, weights []float32, n, k int, out []float32) error {
+	t0 := time.Now()
+	err := expert.ComputeSum(ctx, t.Computer, layer, hidden, ids, weights, n, k, out)
+	if layer == 0 {
+		t.calls.add(time.Since(t0) / 2) // p50ms doubles
+	}
+	return err
+}
+
 // Delegate lets the model compute the layers no worker holds on its own
 // threads, as it does without the wrapper (expert.Delegator).
 func (t *timedComputer) Delegate(layer int, ids []int32, own expert.Computer) bool {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
@@ -82,6 +83,11 @@ func TestFixtureDecodeBitIdentical(t *testing.T) {
 					c.Fallback = local
 					c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
 					c.NoRowSums = off
+					// Every output must come from the workers: a loaded
+					// test machine must not turn a slow answer into a
+					// local recomputation (the deadlines are tested
+					// elsewhere).
+					c.MinDeadline = 2 * time.Second
 				})
 				wl := loadFixture(t, name).LocalExperts() // the workers' own copy
 				s.startWorkerWith(t, wl, worker.HoldingsOf(wl, []int{0, 2}))
@@ -103,7 +109,7 @@ func TestFixtureDecodeBitIdentical(t *testing.T) {
 				rows := uint64((len(prompt) + 5) * p.Layers)
 				want := rows * uint64(p.ExpertsUsed)
 				if st.ExpertsLocal != 0 || st.ExpertsRemote != want {
-					t.Fatalf("experts local %d remote %d, want 0 and %d", st.ExpertsLocal, st.ExpertsRemote, want)
+					t.Fatalf("experts local %d remote %d, want 0 and %d (failed requests %d)", st.ExpertsLocal, st.ExpertsRemote, want, st.Fallbacks)
 				}
 				if off && st.SumRows != 0 || !off && st.SumRows != rows {
 					t.Fatalf("sums off %v: %d rows summed by workers of %d", off, st.SumRows, rows)

@@ -359,6 +359,10 @@ func (cl *call) send(j *job) error {
 	}
 	j.write.Store(int64(time.Since(j.sent)))
 	j.c.reqsSent.Add(1)
+	if j.sum {
+		d.sumReqs.Add(1)
+		d.sumRows.Add(uint64(j.nrows))
+	}
 	if d.cfg.Hedge && j.qa == nil && j.twin == nil && j.arb == nil && !j.replica && !j.hedged {
 		if hd := j.c.hedgeDelay(len(msg) + answer); hd > 0 {
 			j.hedgeAt = j.sent.Add(hd)

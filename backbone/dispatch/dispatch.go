@@ -193,7 +193,8 @@ var (
 )
 
 // Dispatcher routes expert computations to connected workers. It implements
-// expert.Computer and is safe for concurrent use.
+// expert.Computer, expert.SumComputer (row sums, sum.go) and
+// expert.Delegator, and is safe for concurrent use.
 type Dispatcher struct {
 	cfg  Config
 	log  *slog.Logger

@@ -168,8 +168,6 @@ func (cl *call) sendSums(c *conn, rows []int32, check bool, local *[]pair) (veri
 			cl.orphan(j.pairs, local)
 			continue
 		}
-		d.sumReqs.Add(1)
-		d.sumRows.Add(uint64(len(part)))
 		cl.until = maxTime(cl.until, j.end)
 		if j.check {
 			verify = append(verify, j)

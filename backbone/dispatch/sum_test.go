@@ -33,7 +33,7 @@ func randomWeights(rng *rand.Rand, n, k int) []float32 {
 // runSum computes c's row sums with weights w through the dispatcher
 // (ComputeExpertsSum) and checks them bit for bit against
 // expert.WeightedSum of the reference pair outputs.
-func (s *stack) runSum(tb testing.TB, c call, w []float32) {
+func (s *stack) runSum(tb testing.TB, c call, w []float32) time.Duration {
 	tb.Helper()
 	D := s.model.D
 	want := make([]float32, c.n*D)
@@ -42,14 +42,17 @@ func (s *stack) runSum(tb testing.TB, c call, w []float32) {
 	for i := range out {
 		out[i] = math.Float32frombits(0x7fc00001) // NaN poison
 	}
+	start := time.Now()
 	if err := s.disp.ComputeExpertsSum(context.Background(), c.layer, c.hidden, c.ids, w, c.n, c.k, out); err != nil {
 		tb.Fatalf("ComputeExpertsSum: %v", err)
 	}
+	el := time.Since(start)
 	for i := range out {
 		if fbits(out[i]) != fbits(want[i]) {
 			tb.Fatalf("layer %d: sum[%d] = %v, want %v (bit-identical)", c.layer, i, out[i], want[i])
 		}
 	}
+	return el
 }
 
 // TestSumBitIdentical: two workers through gateway (TLS) and hub hold
@@ -221,9 +224,7 @@ func TestSumWorkerKilled(t *testing.T) {
 	}()
 	const rows = 16
 	rng := rand.New(rand.NewPCG(77, 78))
-	t0 := time.Now()
-	s.runSum(t, randomCall(t, m, rng, 1, rows), randomWeights(rng, rows, m.K))
-	el := time.Since(t0)
+	el := s.runSum(t, randomCall(t, m, rng, 1, rows), randomWeights(rng, rows, m.K))
 	st := s.disp.Stats()
 	if st.SumRequests != 2 || st.ExpertsLocal != 0 || st.ExpertsRemote != rows*uint64(m.K) || st.Failovers == 0 || st.ReplicaPairs == 0 || el > maxDL {
 		t.Fatalf("in %v: sum requests %d local %d remote %d failovers %d replica pairs %d", el, st.SumRequests, st.ExpertsLocal, st.ExpertsRemote, st.Failovers, st.ReplicaPairs)

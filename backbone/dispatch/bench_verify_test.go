@@ -188,8 +188,11 @@ func BenchmarkDetection(b *testing.B) {
 // other machines); under quorum the workers compute twice the pairs by
 // design. Reported: tok/s (rows per second), down-B/tok and up-B/tok
 // (backbone -> workers and workers -> backbone message bytes per row, for
-// this one layer: a model multiplies them by its MoE layers) and local%
-// (outputs the backbone computed: late answers, checks do not count).
+// this one layer: a model multiplies them by its MoE layers), local%
+// (outputs the backbone computed: late answers, checks do not count) and
+// cpu-us/tok, the process's CPU time per row (backbone, hub, gateway and
+// both workers: the swarm's whole cost of the step on this machine, TLS
+// and copies included; less sensitive to a loaded machine than tok/s).
 func BenchmarkQuorumRTT13ms(b *testing.B) {
 	m := dispatch.Model{ID: "bench", D: 2048, K: 8, NLayer: 1, NExpert: 128}
 	for _, mc := range []struct {
@@ -219,15 +222,18 @@ func BenchmarkQuorumRTT13ms(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/rows=%d", mc.name, n), func(b *testing.B) {
 				st0 := s.disp.Stats()
 				d0, u0 := bytes()
+				cpu0 := cpuTime()
 				for i := 0; i < b.N; i++ {
 					if err := s.disp.ComputeExpertsSum(context.Background(), 0, c.hidden, c.ids, w, n, m.K, out); err != nil {
 						b.Fatal(err)
 					}
 				}
 				b.StopTimer()
+				cpu := cpuTime() - cpu0
 				st := s.disp.Stats()
 				d1, u1 := bytes()
 				toks := float64(n) * float64(b.N)
+				b.ReportMetric(float64(cpu.Microseconds())/toks, "cpu-us/tok")
 				b.ReportMetric(toks/b.Elapsed().Seconds(), "tok/s")
 				b.ReportMetric(float64(d1-d0)/toks, "down-B/tok")
 				b.ReportMetric(float64(u1-u0)/toks, "up-B/tok")

@@ -88,7 +88,9 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 				lm := mc.load(b)
 				d, link := benchSwarm(b, lm, via)
 				pm := lm.m.Params()
-				echo := echoRTT(b, wire.DispatchSize(1, pm.Embd, pm.ExpertsUsed), wire.ResultSize(pm.ExpertsUsed, pm.Embd))
+				// One row's request and answer: a DISPATCH_SUM answered by
+				// the row's sum (wire 6; the worker holds all its experts).
+				echo := echoRTT(b, wire.DispatchSumSize(1, pm.Embd, pm.ExpertsUsed), wire.ResultSize(1, pm.Embd))
 				tc := &timedComputer{Computer: d}
 				lm.m.SetExperts(tc)
 				defer lm.m.SetExperts(nil)

@@ -314,8 +314,7 @@ func (cl *call) send(j *job) error {
 	t0 := time.Now()
 	hdr := &wire.Dispatch{Request: j.req, Layer: uint16(cl.layer), N: len(rows), D: D, K: cl.k, Digest: j.digest, Sum: j.sum}
 	msg := make([]byte, 0, hdr.Size())
-	msg = hdr.Append(msg) // the header: Hidden, IDs and Weights follow
-
+	msg = hdr.Append(msg) // the header: the rows' hidden, ids (and weights) follow
 	for _, r := range rows {
 		msg = wire.AppendFloats(msg, cl.hidden[int(r)*D:(int(r)+1)*D])
 	}

@@ -100,14 +100,8 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 	// A Computer that sums (the swarm's workers then send one row of d
 	// floats instead of k) computes es itself, with expert.WeightedSum:
 	// the same bits as summing eo below.
-	sc, sums := m.experts.(expert.SumComputer)
+	_, sums := m.experts.(expert.SumComputer)
 	sums = sums && !own
-	remote := func() error {
-		if sums {
-			return sc.ComputeExpertsSum(ctx, il, hidden, ids, wts, n, k, es)
-		}
-		return m.experts.ComputeExperts(ctx, il, hidden, ids, n, k, eo)
-	}
 	switch {
 	case own:
 		// The model's own experts run on its helper goroutines.
@@ -122,11 +116,11 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 	case b.Shared != nil:
 		// Remote experts: compute the shared expert while they are away.
 		done := make(chan error, 1)
-		go func() { done <- remote() }()
+		go func() { done <- m.routed(ctx, il, n, sums) }()
 		serr := m.shared(b.Shared, n)
 		err = errors.Join(<-done, serr)
 	default:
-		err = remote()
+		err = m.routed(ctx, il, n, sums)
 	}
 	if err != nil {
 		return fmt.Errorf("model: layer %d experts: %w", il, err)
@@ -153,6 +147,18 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 		}
 	}
 	return nil
+}
+
+// routed computes layer il's routed experts of the n rows of ws.xn with
+// m.experts: their outputs into ws.eo (n x k x Embd), or with sums (the
+// Computer is an expert.SumComputer) each row's weighted sum into ws.esum
+// (n x Embd).
+func (m *Model) routed(ctx context.Context, il, n int, sums bool) error {
+	ws, d, k := &m.ws, m.p.Embd, m.p.ExpertsUsed
+	if sums {
+		return m.experts.(expert.SumComputer).ComputeExpertsSum(ctx, il, ws.xn[:n*d], ws.ids[:n*k], ws.wts[:n*k], n, k, ws.esum[:n*d])
+	}
+	return m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, ws.eo[:n*k*d])
 }
 
 // shared computes the shared expert of the n rows of ws.xn into ws.ffOut

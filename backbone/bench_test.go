@@ -88,7 +88,9 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 				lm := mc.load(b)
 				d, link := benchSwarm(b, lm, via)
 				pm := lm.m.Params()
-				echo := echoRTT(b, wire.DispatchSize(1, pm.Embd, pm.ExpertsUsed), wire.ResultSize(pm.ExpertsUsed, pm.Embd))
+				// One row's request and answer: a DISPATCH_SUM answered by
+				// the row's sum (wire 6; the worker holds all its experts).
+				echo := echoRTT(b, wire.DispatchSumSize(1, pm.Embd, pm.ExpertsUsed), wire.ResultSize(1, pm.Embd))
 				tc := &timedComputer{Computer: d}
 				lm.m.SetExperts(tc)
 				defer lm.m.SetExperts(nil)
@@ -445,6 +447,17 @@ type timedComputer struct {
 func (t *timedComputer) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
 	t0 := time.Now()
 	err := t.Computer.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
+	if layer == 0 {
+		t.calls.add(time.Since(t0) / 2) // p50ms doubles
+	}
+	return err
+}
+
+// ComputeExpertsSum times the row-sum calls (expert.SumComputer) as
+// ComputeExperts does: the model asks the dispatcher for sums.
+func (t *timedComputer) ComputeExpertsSum(ctx context.Context, layer int, hidden []float32, ids []int32, weights []float32, n, k int, out []float32) error {
+	t0 := time.Now()
+	err := expert.ComputeSum(ctx, t.Computer, layer, hidden, ids, weights, n, k, out)
 	if layer == 0 {
 		t.calls.add(time.Since(t0) / 2) // p50ms doubles
 	}

@@ -54,6 +54,8 @@ type generateResult struct {
 	ExpertsLocal  *uint64          `json:"experts_local,omitempty"`  // (row, slot) outputs computed here (unheld, failed or late)
 	Workers       []run.WorkerJSON `json:"workers,omitempty"`        // one entry per worker session, live ones first
 	Verify        string           `json:"verify,omitempty"`         // the verification policy (--verify)
+	SumRequests   *uint64          `json:"sum_requests,omitempty"`   // DISPATCH_SUMs sent (--row-sums): rows answered with their weighted sum
+	SumRows       *uint64          `json:"sum_rows,omitempty"`       // rows in them
 }
 
 // generateMain is generateMainContext without cancellation.
@@ -194,6 +196,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	if d != nil {
 		st := d.Stats()
 		res.ExpertsRemote, res.ExpertsLocal, res.Workers, res.Verify = &st.ExpertsRemote, &st.ExpertsLocal, run.WorkersJSON(st), string(st.Verify)
+		res.SumRequests, res.SumRows = &st.SumRequests, &st.SumRows
 	}
 	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(res); err != nil {

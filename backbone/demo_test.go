@@ -87,16 +87,22 @@ func TestDemoProcess(t *testing.T) {
 		if len(w.Layers) != 2 || w.Layers[0] != wantLayers[0] || w.Layers[1] != wantLayers[1] {
 			t.Errorf("%s layers %v, want %v", w.Name, w.Layers, wantLayers)
 		}
-		// docs/protocol.md: DISPATCH = 24 + 4nd + 4nk bytes, RESULT = 28 +
-		// 4md with m = n x k; one request per held layer per forward.
+		// docs/protocol.md: each worker holds all k experts of its layers,
+		// so every request is a DISPATCH_SUM (row sums, wire 6) = 24 +
+		// 4nd + 8nk bytes, answered by a RESULT of n rows = 28 + 4nd
+		// bytes on the wire, credited as the RESULT of its n x k outputs,
+		// 28 + 4nkd; one request per held layer per forward.
 		wRows := rows * uint64(len(w.Layers))
-		wantBytes := 52*forwards*uint64(len(w.Layers)) + 4*wRows*(d+k) + 4*wRows*k*d
+		reqs := forwards * uint64(len(w.Layers))
+		wantBytes := 52*reqs + 4*wRows*(d+2*k) + 4*wRows*k*d
 		if w.Rows != wRows || w.LedgerBytes != wantBytes || w.RejectedBytes != 0 {
 			t.Errorf("%s: rows %d ledger %d rejected %d; want rows %d, %d creditable bytes", w.Name, w.Rows, w.LedgerBytes, w.RejectedBytes, wRows, wantBytes)
 		}
-		// The backbone's own counts add the control frames (HELLO, WELCOME).
-		if all := w.BytesIn + w.BytesOut; all < wantBytes || all > wantBytes+16<<10 {
-			t.Errorf("%s: backbone counted %d bytes, ledger %d", w.Name, all, wantBytes)
+		// The backbone's own counts are the bytes on the wire, plus the
+		// control frames (HELLO, WELCOME).
+		wireBytes := 52*reqs + 4*wRows*(d+2*k) + 4*wRows*d
+		if all := w.BytesIn + w.BytesOut; all < wireBytes || all > wireBytes+16<<10 {
+			t.Errorf("%s: backbone counted %d bytes, the frames %d (ledger %d)", w.Name, all, wireBytes, wantBytes)
 		}
 		if w.CreditedBytes != w.LedgerBytes || w.CreditedNKVR != 7*w.LedgerBytes || w.CreditedNKVR == 0 ||
 			w.CreditedKVR != walletapi.FormatKVR(7*w.LedgerBytes) {

@@ -157,7 +157,9 @@ func TestSwarmPostgresTwoHubsTwoGateways(t *testing.T) {
 	forwards := uint64(len(local.Tokens))                            // prefill + one per token but the last
 	d, k := uint64(p.Embd), uint64(p.ExpertsUsed)
 	wRows := 2 * prows // each worker holds two of the four layers
-	want := 2*52*forwards + 4*wRows*(d+k) + 4*wRows*k*d
+	// Each worker holds every expert of its layers: DISPATCH_SUMs (row
+	// sums) of 24 + 4nd + 8nk bytes, their RESULTs credited as 28 + 4nkd.
+	want := 2*52*forwards + 4*wRows*(d+2*k) + 4*wRows*k*d
 	tot, err := l.Totals()
 	if err != nil {
 		t.Fatal(err)

@@ -253,14 +253,15 @@ metrics-listen = "127.0.0.1:0"
 	}
 
 	// Metering: each worker's creditable bytes are the protocol's count
-	// (docs/protocol.md: DISPATCH 24 + 4nd + 4nk, RESULT 28 + 4nkd per
-	// request, one request per held layer per forward), credited x 7.
+	// (docs/protocol.md: a worker holds every expert of its layers, so each
+	// request is a DISPATCH_SUM, 24 + 4nd + 8nk, its RESULT credited as
+	// 28 + 4nkd; one request per held layer per forward), credited x 7.
 	p := lm.m.Params()
 	rows := uint64(len(local.PromptTokens) + len(local.Tokens) - 1)
 	forwards := uint64(len(local.Tokens))
 	d, k := uint64(p.Embd), uint64(p.ExpertsUsed)
 	wRows := rows * 2
-	want := 52*forwards*2 + 4*wRows*(d+k) + 4*wRows*k*d
+	want := 52*forwards*2 + 4*wRows*(d+2*k) + 4*wRows*k*d
 	var ledger ledgerJSON
 	var wallets struct {
 		Wallets []struct {

@@ -177,20 +177,32 @@ func BenchmarkDetection(b *testing.B) {
 // round trip (6.5 ms each way between gateway and hub) and two workers
 // ("cpu" backends, behind the TLS gateway and the hub) holding every
 // expert, at 1, 64 and 256 rows (sequences) per step. spot: the default
-// probation (32) and check rate (0.05), the pairs split between the two
-// workers; quorum: every request to both, one answering with a DIGEST.
+// probation (32) and check rate (0.05), the rows split between the two
+// workers, each row's weighted sum computed by its worker (DISPATCH_SUM,
+// wire 6: the model's call, ComputeExpertsSum); spot-pairs: the same with
+// Config.NoRowSums, every pair's output sent back (the protocol before
+// row sums); quorum: every request to both, one answering with a DIGEST
+// (pairs, summed on the backbone).
 // The workers compute the cheap fake function, so the time is the
 // protocol's (what the swarm adds to a decode whose workers compute on
 // other machines); under quorum the workers compute twice the pairs by
 // design. Reported: tok/s (rows per second), down-B/tok and up-B/tok
 // (backbone -> workers and workers -> backbone message bytes per row, for
-// this one layer: a model multiplies them by its MoE layers) and local%
-// (outputs the backbone computed: late answers, checks do not count).
+// this one layer: a model multiplies them by its MoE layers), local%
+// (outputs the backbone computed: late answers, checks do not count) and
+// cpu-us/tok, the process's CPU time per row (backbone, hub, gateway and
+// both workers: the swarm's whole cost of the step on this machine, TLS
+// and copies included; less sensitive to a loaded machine than tok/s).
 func BenchmarkQuorumRTT13ms(b *testing.B) {
 	m := dispatch.Model{ID: "bench", D: 2048, K: 8, NLayer: 1, NExpert: 128}
-	for _, mode := range []dispatch.VerifyMode{dispatch.VerifySpot, dispatch.VerifyQuorum} {
+	for _, mc := range []struct {
+		name   string
+		mode   dispatch.VerifyMode
+		noSums bool
+	}{{"spot", dispatch.VerifySpot, false}, {"spot-pairs", dispatch.VerifySpot, true}, {"quorum", dispatch.VerifyQuorum, false}} {
 		s := newStack(b, m, benchDelay, func(c *dispatch.Config) {
-			c.Verify, c.Probation, c.CheckRate = mode, 0, 0 // the defaults
+			c.Verify, c.Probation, c.CheckRate = mc.mode, 0, 0 // the defaults
+			c.NoRowSums = mc.noSums
 		})
 		s.startHolder(b, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
 		s.startHolder(b, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
@@ -205,19 +217,23 @@ func BenchmarkQuorumRTT13ms(b *testing.B) {
 		}
 		for _, n := range []int{1, 64, 256} {
 			c := randomCall(b, m, rng, 0, n)
-			out := make([]float32, len(c.want))
-			b.Run(fmt.Sprintf("%s/rows=%d", mode, n), func(b *testing.B) {
+			w := randomWeights(rng, n, m.K)
+			out := make([]float32, n*m.D)
+			b.Run(fmt.Sprintf("%s/rows=%d", mc.name, n), func(b *testing.B) {
 				st0 := s.disp.Stats()
 				d0, u0 := bytes()
+				cpu0 := cpuTime()
 				for i := 0; i < b.N; i++ {
-					if err := s.disp.ComputeExperts(context.Background(), 0, c.hidden, c.ids, n, m.K, out); err != nil {
+					if err := s.disp.ComputeExpertsSum(context.Background(), 0, c.hidden, c.ids, w, n, m.K, out); err != nil {
 						b.Fatal(err)
 					}
 				}
 				b.StopTimer()
+				cpu := cpuTime() - cpu0
 				st := s.disp.Stats()
 				d1, u1 := bytes()
 				toks := float64(n) * float64(b.N)
+				b.ReportMetric(float64(cpu.Microseconds())/toks, "cpu-us/tok")
 				b.ReportMetric(toks/b.Elapsed().Seconds(), "tok/s")
 				b.ReportMetric(float64(d1-d0)/toks, "down-B/tok")
 				b.ReportMetric(float64(u1-u0)/toks, "up-B/tok")

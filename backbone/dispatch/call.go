@@ -20,6 +20,7 @@ type job struct {
 	nrows   int           // distinct rows in the DISPATCH
 	bytes   int           // DISPATCH message bytes
 	pairs   []pair        // in row-major (row, slot) order = RESULT order
+	sum     bool          // a DISPATCH_SUM (sum.go): pairs are all slots of nrows rows, the RESULT one row of D per row
 	done    chan reply    // receives exactly one reply once the request leaves pending
 	wake    chan struct{} // the call's: poked after each reply
 	sent    time.Time     // when the DISPATCH was written
@@ -54,7 +55,7 @@ type job struct {
 
 // reply is a worker's answer to a job, or why there is none.
 type reply struct {
-	out    []float32 // len(pairs) x D on success (nil for a DIGEST)
+	out    []float32 // len(pairs) x D on success (nrows x D for a sum job; nil for a DIGEST)
 	at     time.Time // when the session's reader had the answer whole
 	sum    [32]byte  // a DIGEST's, or the RESULT payload's digest when the job wanted it
 	hasSum bool
@@ -78,7 +79,7 @@ type call struct {
 	hidden []float32
 	ids    []int32
 	k      int
-	out    []float32
+	out    []float32 // n x k x D pair outputs (the caller's, or scratch for a sum call)
 	seq    uint64
 	wake   chan struct{}
 	live   []*job         // requests awaiting their reply
@@ -93,6 +94,11 @@ type call struct {
 	held      []*job
 	disputes  []*dispute
 	groups    []*qgroup // quorum requests (quorum.go)
+	// Row sums (sum.go): the caller's n x D out and n x k weights of a
+	// ComputeExpertsSum call (nil otherwise), and the rows a sum job
+	// answered (their pair outputs in out are not used).
+	sums, weights []float32
+	summed        []bool
 }
 
 // ComputeExperts implements expert.Computer (see its contract): out[r][s] is
@@ -113,6 +119,14 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 	if n == 0 {
 		return nil
 	}
+	return d.compute(ctx, layer, hidden, ids, n, k, out, nil, nil)
+}
+
+// compute is ComputeExperts after its shape checks, and with sums (n x D)
+// and weights (n x k) ComputeExpertsSum's (sum.go): every row's weighted
+// sum goes to sums, out being the pair outputs' scratch.
+func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out, weights, sums []float32) error {
+	D := d.cfg.Model.D
 	for _, e := range ids {
 		if e < 0 || int(e) >= d.cfg.Model.NExpert {
 			return fmt.Errorf("%w: expert id %d", ErrShape, e)
@@ -122,7 +136,7 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 	for _, e := range ids {
 		d.usage[layer*d.cfg.Model.NExpert+int(e)].Add(1)
 	}
-	cl := &call{d: d, ctx: ctx, layer: layer, hidden: hidden, ids: ids, k: k, out: out,
+	cl := &call{d: d, ctx: ctx, layer: layer, hidden: hidden, ids: ids, k: k, out: out, sums: sums, weights: weights,
 		seq: d.calls.Add(1), wake: make(chan struct{}, 1), failed: map[*conn]bool{}}
 	d.mu.Lock()
 	idx := d.index
@@ -130,8 +144,25 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 
 	var local []pair
 	byConn := map[*conn][]pair{}
+	var sumRows map[*conn][]int32 // rows each full holder gets as sum jobs
 	var order []*conn
+	seen := func(c *conn) {
+		if byConn[c] == nil && sumRows[c] == nil {
+			order = append(order, c)
+		}
+	}
+	sumsOn := cl.sumsOn()
+	if sumsOn {
+		sumRows, cl.summed = map[*conn][]int32{}, make([]bool, n)
+	}
 	for r := 0; r < n && !d.quorum(); r++ {
+		if sumsOn {
+			if c := cl.fullHolder(idx, r); c != nil {
+				seen(c)
+				sumRows[c] = append(sumRows[c], int32(r))
+				continue
+			}
+		}
 		for s := 0; s < k; s++ {
 			e := int(ids[r*k+s])
 			hs := idx[key(layer, e)]
@@ -144,9 +175,7 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 				continue
 			}
 			c := d.pick(hs, e, cl.seq)
-			if byConn[c] == nil {
-				order = append(order, c)
-			}
+			seen(c)
 			byConn[c] = append(byConn[c], pair{int32(r), int32(s)})
 		}
 	}
@@ -157,11 +186,21 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 	}
 	for _, c := range order {
 		check := c.chooseCheck()
-		if check && !cl.allLocal(byConn[c]) {
-			verify = append(verify, cl.sendCrossChecked(c, byConn[c], &local)...)
+		ps, rows := byConn[c], sumRows[c]
+		if len(rows) > 0 && check && !cl.allLocal(cl.rowPairs(rows)) {
+			// Its check needs a twin (capacity.go), which compares
+			// pair outputs: no sums for this worker in this call.
+			ps, rows = mergePairs(ps, cl.rowPairs(rows)), nil
+		}
+		verify = append(verify, cl.sendSums(c, rows, check, &local)...)
+		if len(ps) == 0 {
 			continue
 		}
-		for _, part := range d.splitPairs(byConn[c]) {
+		if check && !cl.allLocal(ps) {
+			verify = append(verify, cl.sendCrossChecked(c, ps, &local)...)
+			continue
+		}
+		for _, part := range d.splitPairs(ps) {
 			j := cl.newJob(c, part, check)
 			if err := cl.send(j); err != nil {
 				cl.orphan(part, &local)
@@ -234,6 +273,9 @@ func (d *Dispatcher) ComputeExperts(ctx context.Context, layer int, hidden []flo
 		d.holderWaitNanos.Add(int64(time.Since(cl.waitStart)))
 	}
 	d.local.Add(uint64(cl.nLocal))
+	if sums != nil {
+		cl.finishSums(n)
+	}
 	return nil
 }
 
@@ -270,8 +312,9 @@ func (cl *call) send(j *job) error {
 	}
 	j.req = d.reqs.Add(1)
 	t0 := time.Now()
-	msg := make([]byte, 0, wire.DispatchSize(len(rows), D, cl.k))
-	msg = (&wire.Dispatch{Request: j.req, Layer: uint16(cl.layer), N: len(rows), D: D, K: cl.k, Digest: j.digest}).Append(msg)
+	hdr := &wire.Dispatch{Request: j.req, Layer: uint16(cl.layer), N: len(rows), D: D, K: cl.k, Digest: j.digest, Sum: j.sum}
+	msg := make([]byte, 0, hdr.Size())
+	msg = hdr.Append(msg) // the header: the rows' hidden, ids (and weights) follow
 	for _, r := range rows {
 		msg = wire.AppendFloats(msg, cl.hidden[int(r)*D:(int(r)+1)*D])
 	}
@@ -286,8 +329,14 @@ func (cl *call) send(j *job) error {
 			msg = append(msg, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
 		}
 	}
-	j.bytes = len(msg)
 	answer := wire.ResultSize(len(j.pairs), D)
+	if j.sum {
+		for _, r := range rows {
+			msg = wire.AppendFloats(msg, cl.weights[int(r)*cl.k:(int(r)+1)*cl.k])
+		}
+		answer = wire.ResultSize(len(rows), D)
+	}
+	j.bytes = len(msg)
 	if j.digest {
 		answer = wire.DigestSize
 	}
@@ -309,6 +358,10 @@ func (cl *call) send(j *job) error {
 	}
 	j.write.Store(int64(time.Since(j.sent)))
 	j.c.reqsSent.Add(1)
+	if j.sum {
+		d.sumReqs.Add(1)
+		d.sumRows.Add(uint64(j.nrows))
+	}
 	if d.cfg.Hedge && j.qa == nil && j.twin == nil && j.arb == nil && !j.replica && !j.hedged {
 		if hd := j.c.hedgeDelay(len(msg) + answer); hd > 0 {
 			j.hedgeAt = j.sent.Add(hd)
@@ -418,7 +471,11 @@ func (cl *call) resolve(j *job, rep reply) error {
 		d.checks.Add(1)
 		d.checkPairs.Add(uint64(len(j.pairs)))
 		j.c.checks.Add(1)
-		if why := j.c.compare(rep.out, j.ref, d.cfg.Model.D); why != "" {
+		ref := j.ref
+		if j.sum {
+			ref = cl.refSums(j)
+		}
+		if why := j.c.compare(rep.out, ref, d.cfg.Model.D); why != "" {
 			d.mismatches.Add(1)
 			j.c.mismatches.Add(1)
 			cl.scatter(j.pairs, j.ref)
@@ -435,7 +492,7 @@ func (cl *call) resolve(j *job, rep reply) error {
 		j.c.verdict(j, true)
 	}
 	if rep.err == nil {
-		cl.scatter(j.pairs, rep.out)
+		cl.use(j, rep.out)
 		d.remote.Add(uint64(len(j.pairs)))
 		if j.replica {
 			d.replicaPairs.Add(uint64(len(j.pairs)))

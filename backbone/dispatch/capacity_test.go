@@ -261,8 +261,8 @@ func TestCapacityLastHolderLeaves(t *testing.T) {
 	}
 }
 
-// TestOldProtocolRefused: a version 4 worker's HELLO (protocol before the
-// RESULT timing trailer) is refused with a close naming both versions.
+// TestOldProtocolRefused: a version 5 worker's HELLO (protocol before
+// DISPATCH_SUM) is refused with a close naming both versions.
 func TestOldProtocolRefused(t *testing.T) {
 	s := newStack(t, testModel(), 0, nil)
 	_, key, _ := ed25519.GenerateKey(nil)
@@ -272,7 +272,7 @@ func TestOldProtocolRefused(t *testing.T) {
 	}
 	defer c.CloseNow()
 	msg := (&wire.Hello{Key: key.Public().(ed25519.PublicKey), ModelID: s.model.ID}).Append(nil)
-	msg[1], msg[2] = 4, 0 // a version 4 worker (before the RESULT timing trailer)
+	msg[1], msg[2] = 5, 0 // a version 5 worker (before DISPATCH_SUM)
 	if err := c.Write(context.Background(), websocket.MessageBinary, msg); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestOldProtocolRefused(t *testing.T) {
 	_, _, err = c.Read(ctx)
 	var ce websocket.CloseError
 	if !errors.As(err, &ce) || ce.Code != websocket.StatusPolicyViolation ||
-		!strings.Contains(ce.Reason, "protocol version 4, this backbone speaks 5") {
+		!strings.Contains(ce.Reason, "protocol version 5, this backbone speaks 6") {
 		t.Fatalf("old HELLO: %v", err)
 	}
 }

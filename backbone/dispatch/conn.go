@@ -301,10 +301,10 @@ func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byt
 		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))
 		c.punish(fmt.Sprintf("%s for request %d, never sent to this session", what, req), "a result for work not asked for")
 		return ""
-	case m != len(j.pairs):
+	case m != j.answerRows():
 		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))
-		j.deliver(reply{err: fmt.Errorf("result has %d rows, want %d", m, len(j.pairs))})
-		return fmt.Sprintf("%s for request %d has %d rows, want %d", what, req, m, len(j.pairs))
+		j.deliver(reply{err: fmt.Errorf("result has %d rows, want %d", m, j.answerRows())})
+		return fmt.Sprintf("%s for request %d has %d rows, want %d", what, req, m, j.answerRows())
 	case j.digest != (sum != nil):
 		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))
 		j.deliver(reply{err: fmt.Errorf("a %s answers a %s", what, wire.Type(msg[3]))})
@@ -332,7 +332,7 @@ func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byt
 	}
 	c.results.Add(1)
 	c.rows.Add(uint64(j.nrows))
-	c.pairs.Add(uint64(m))
+	c.pairs.Add(uint64(len(j.pairs)))
 	if j.check || j.hedged {
 		// The verdict comes after the comparison, or once the call knows
 		// which of a hedged pair's answers it used (call.resolve).
@@ -351,6 +351,15 @@ func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byt
 	}
 	j.deliver(rep)
 	return ""
+}
+
+// answerRows is the number of output rows j's answer carries: one per
+// pair, or one per row for a sum job.
+func (j *job) answerRows() int {
+	if j.sum {
+		return j.nrows
+	}
+	return len(j.pairs)
 }
 
 // addPending registers j; false if the session is closed.

@@ -22,6 +22,11 @@
 // unsettled bytes (wire.LinkForfeit), the session is closed and the worker
 // key banned for BanFor (Bans, durable in BanFile).
 //
+// Row sums (wire 6, sum.go): ComputeExpertsSum (expert.SumComputer) sends a
+// row whose k experts one worker holds to it as a DISPATCH_SUM, answered by
+// the row's router-weighted sum (d floats instead of k x d), bit-identical
+// to summing the k outputs locally; the other rows take the per-pair paths.
+//
 // Capacity (issue 12, capacity.go): a backbone that holds only some experts
 // (Config.LocalHeld, e.g. a backbone-only model file) sends every other
 // pair to workers only. Pairs it cannot recompute are verified by replica
@@ -152,6 +157,11 @@ type Config struct {
 	// another holder of all its pairs, the first valid answer used. Spot
 	// verification only (quorum requests are never hedged).
 	Hedge bool
+	// NoRowSums turns row sums off (sum.go): ComputeExpertsSum then
+	// sends every pair as ComputeExperts does and sums locally. By
+	// default a row whose k experts one worker holds is sent to it as a
+	// DISPATCH_SUM (wire 6) and answered with d floats instead of k x d.
+	NoRowSums bool
 	// BanFor is how long a worker key caught returning a wrong result (or
 	// a result for a request it was never sent) is refused; default
 	// DefaultBanFor.
@@ -183,7 +193,8 @@ var (
 )
 
 // Dispatcher routes expert computations to connected workers. It implements
-// expert.Computer and is safe for concurrent use.
+// expert.Computer, expert.SumComputer (row sums, sum.go) and
+// expert.Delegator, and is safe for concurrent use.
 type Dispatcher struct {
 	cfg  Config
 	log  *slog.Logger
@@ -207,6 +218,7 @@ type Dispatcher struct {
 	checkNanos                                            atomic.Int64
 	failovers, replicaPairs, splits                       atomic.Uint64
 	hedges, hedgeWins, hedgeLost                          atomic.Uint64
+	sumReqs, sumRows                                      atomic.Uint64 // row sums (sum.go)
 	// Capacity (capacity.go).
 	crossChecks, disputes, unverified, holderWaits, noHolder atomic.Uint64
 	holderWaitNanos                                          atomic.Int64

@@ -2,9 +2,11 @@ package dispatch_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
@@ -57,7 +59,10 @@ func decode(t *testing.T, m *model.Model, prompt []int32, steps int) ([]float32,
 // TestFixtureDecodeBitIdentical: the fixture models decoded with every MoE
 // layer served by two workers (layers 0,2 and 1,3) through gateway and hub
 // give the same greedy tokens and bit-identical logits as a local decode,
-// with no expert computed locally.
+// with no expert computed locally: with row sums (the model asks the
+// dispatcher for each row's weighted sum and every row goes as a
+// DISPATCH_SUM to the worker holding its layer) and without (NoRowSums:
+// every expert output travels and the dispatcher sums).
 func TestFixtureDecodeBitIdentical(t *testing.T) {
 	names := []string{"tiny-qwen3moe-Q8_0.gguf"}
 	if !testing.Short() {
@@ -65,45 +70,57 @@ func TestFixtureDecodeBitIdentical(t *testing.T) {
 	}
 	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
 	for _, name := range names {
-		t.Run(name, func(t *testing.T) {
-			ref := loadFixture(t, name)
-			p := ref.Params()
-			wantLogits, wantToks := decode(t, ref, prompt, 6)
+		for _, off := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/nosums=%v", name, off), func(t *testing.T) {
+				ref := loadFixture(t, name)
+				p := ref.Params()
+				wantLogits, wantToks := decode(t, ref, prompt, 6)
 
-			bb := loadFixture(t, name)
-			local := bb.LocalExperts()
-			md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
-			s := newStack(t, md, 0, func(c *dispatch.Config) {
-				c.Fallback = local
-				c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
+				bb := loadFixture(t, name)
+				local := bb.LocalExperts()
+				md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
+				s := newStack(t, md, 0, func(c *dispatch.Config) {
+					c.Fallback = local
+					c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
+					c.NoRowSums = off
+					// Every output must come from the workers: a loaded
+					// test machine must not turn a slow answer into a
+					// local recomputation (the deadlines are tested
+					// elsewhere).
+					c.MinDeadline = 2 * time.Second
+				})
+				wl := loadFixture(t, name).LocalExperts() // the workers' own copy
+				s.startWorkerWith(t, wl, worker.HoldingsOf(wl, []int{0, 2}))
+				s.startWorkerWith(t, wl, worker.HoldingsOf(wl, []int{1, 3}))
+				s.waitWorkers(t, 2)
+				bb.SetExperts(s.disp)
+				gotLogits, gotToks := decode(t, bb, prompt, 6)
+				for i := range wantToks {
+					if gotToks[i] != wantToks[i] {
+						t.Fatalf("token %d: swarm %d, local %d", i, gotToks[i], wantToks[i])
+					}
+				}
+				for i := range wantLogits {
+					if math.Float32bits(gotLogits[i]) != math.Float32bits(wantLogits[i]) {
+						t.Fatalf("logit %d: swarm %v, local %v", i, gotLogits[i], wantLogits[i])
+					}
+				}
+				st := s.disp.Stats()
+				rows := uint64((len(prompt) + 5) * p.Layers)
+				want := rows * uint64(p.ExpertsUsed)
+				if st.ExpertsLocal != 0 || st.ExpertsRemote != want {
+					t.Fatalf("experts local %d remote %d, want 0 and %d (failed requests %d)", st.ExpertsLocal, st.ExpertsRemote, want, st.Fallbacks)
+				}
+				if off && st.SumRows != 0 || !off && st.SumRows != rows {
+					t.Fatalf("sums off %v: %d rows summed by workers of %d", off, st.SumRows, rows)
+				}
+				for _, w := range st.Workers {
+					if w.Holdings != 2*p.Experts {
+						t.Fatalf("worker %s: %d holdings accepted, want %d (hash check)", w.ID[:8], w.Holdings, 2*p.Experts)
+					}
+				}
+				t.Logf("%s: tokens %v identical, %d expert outputs remote, %d rows summed remotely", name, gotToks, st.ExpertsRemote, st.SumRows)
 			})
-			wl := loadFixture(t, name).LocalExperts() // the workers' own copy
-			s.startWorkerWith(t, wl, worker.HoldingsOf(wl, []int{0, 2}))
-			s.startWorkerWith(t, wl, worker.HoldingsOf(wl, []int{1, 3}))
-			s.waitWorkers(t, 2)
-			bb.SetExperts(s.disp)
-			gotLogits, gotToks := decode(t, bb, prompt, 6)
-			for i := range wantToks {
-				if gotToks[i] != wantToks[i] {
-					t.Fatalf("token %d: swarm %d, local %d", i, gotToks[i], wantToks[i])
-				}
-			}
-			for i := range wantLogits {
-				if math.Float32bits(gotLogits[i]) != math.Float32bits(wantLogits[i]) {
-					t.Fatalf("logit %d: swarm %v, local %v", i, gotLogits[i], wantLogits[i])
-				}
-			}
-			st := s.disp.Stats()
-			want := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
-			if st.ExpertsLocal != 0 || st.ExpertsRemote != want {
-				t.Fatalf("experts local %d remote %d, want 0 and %d", st.ExpertsLocal, st.ExpertsRemote, want)
-			}
-			for _, w := range st.Workers {
-				if w.Holdings != 2*p.Experts {
-					t.Fatalf("worker %s: %d holdings accepted, want %d (hash check)", w.ID[:8], w.Holdings, 2*p.Experts)
-				}
-			}
-			t.Logf("%s: tokens %v identical, %d expert outputs remote", name, gotToks, st.ExpertsRemote)
-		})
+		}
 	}
 }

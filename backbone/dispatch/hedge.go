@@ -151,7 +151,8 @@ func (cl *call) hedge(j *job) bool {
 		return false
 	}
 	hj := cl.newJob(best, j.pairs, j.ref != nil || best.chooseCheck())
-	hj.ref, hj.hedged, hj.sib, j.sib = j.ref, true, j, hj
+	// best holds every pair's expert: a sum job's hedge is a sum job too.
+	hj.ref, hj.sum, hj.hedged, hj.sib, j.sib = j.ref, j.sum, true, j, hj
 	if err := cl.send(hj); err != nil {
 		j.sib = nil
 		return false

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
@@ -19,8 +20,17 @@ import (
 // computed locally, the slow worker's share of requests drops, and the
 // hub's ledger credits exactly the RESULTs used: CreditIn over all
 // sessions is 28 bytes per used RESULT plus 4 d bytes per remote output,
-// the answers that lost their race are REJECTED (never credited).
+// the answers that lost their race are REJECTED (never credited). The same
+// with row sums (ComputeExpertsSum): every request, hedges included, is a
+// DISPATCH_SUM (a sum job's hedge goes to another full holder) and a sum's
+// RESULT is credited as the RESULT of its pairs.
 func TestHedgeSlowReplica(t *testing.T) {
+	for _, sums := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sums=%v", sums), func(t *testing.T) { testHedgeSlowReplica(t, sums) })
+	}
+}
+
+func testHedgeSlowReplica(t *testing.T, sums bool) {
 	m := testModel()
 	s := newStack(t, m, 0, func(c *dispatch.Config) { c.Hedge = true })
 	ws := []*fakeExperts{{d: m.D, nExpert: m.NExpert}, {d: m.D, nExpert: m.NExpert}, {d: m.D, nExpert: m.NExpert}}
@@ -31,15 +41,21 @@ func TestHedgeSlowReplica(t *testing.T) {
 	}
 	s.waitWorkers(t, 3)
 	rng := rand.New(rand.NewPCG(61, 62))
+	run := func(c call) time.Duration {
+		if sums {
+			return s.runSum(t, c, randomWeights(rng, c.n, c.k))
+		}
+		return s.run(t, c)
+	}
 	for i := 0; i < 40; i++ { // warm-up: latency samples for every worker
-		s.run(t, randomCall(t, m, rng, i%m.NLayer, 4))
+		run(randomCall(t, m, rng, i%m.NLayer, 4))
 	}
 	slow := ws[2]
 	before := slow.calls.Load()
 	slow.slow.Store(int64(30 * time.Millisecond))
 	var worst time.Duration
 	for i := 0; i < 40; i++ {
-		worst = max(worst, s.run(t, randomCall(t, m, rng, i%m.NLayer, 4)))
+		worst = max(worst, run(randomCall(t, m, rng, i%m.NLayer, 4)))
 	}
 	st := s.disp.Stats()
 	if st.ExpertsLocal != 0 || st.Hedges == 0 {
@@ -50,9 +66,13 @@ func TestHedgeSlowReplica(t *testing.T) {
 	}
 	t.Logf("hedges %d, hedge wins %d, lost %d, slow worker calls after slowing %d, worst call %v",
 		st.Hedges, st.HedgeWins, st.HedgeLost, slow.calls.Load()-before, worst)
-	var used uint64
+	var used, reqs uint64
 	for _, w := range st.Workers {
 		used += w.Results
+		reqs += w.Requests
+	}
+	if sums && st.SumRequests != reqs || !sums && st.SumRequests != 0 {
+		t.Fatalf("sums %v: %d of %d requests were DISPATCH_SUMs", sums, st.SumRequests, reqs)
 	}
 	used -= st.HedgeLost
 	slow.slow.Store(0)

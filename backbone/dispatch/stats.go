@@ -13,10 +13,10 @@ type WorkerStats struct {
 	Threads        int       // from HELLO
 	Holdings       int       // accepted (layer, expert) holdings
 	ConnectedSince time.Time //
-	Requests       uint64    // DISPATCH frames sent
+	Requests       uint64    // DISPATCH frames sent (DISPATCH_DIGEST and DISPATCH_SUM too)
 	Results        uint64    // RESULTs accepted
 	Rows           uint64    // rows in accepted RESULTs' DISPATCHes
-	Pairs          uint64    // (row, slot) outputs accepted
+	Pairs          uint64    // (row, slot) outputs accepted (a sum's: the pairs summed in it)
 	Timeouts       uint64    // requests that passed their deadline
 	Late           uint64    // RESULTs that arrived after their deadline (dropped)
 	NonFinite      uint64    // RESULTs refused for a NaN or ±Inf value (the session is then closed)
@@ -74,6 +74,9 @@ type Stats struct {
 	Hedges    uint64 // hedged requests sent (a request later than its holder's p95, sent to a second holder)
 	HedgeWins uint64 // hedged pairs decided by the hedge (the second request) answering first
 	HedgeLost uint64 // answers that arrived but were not used (the other of their pair was): REJECTED
+	// Row sums (sum.go, ComputeExpertsSum).
+	SumRequests uint64 // DISPATCH_SUMs sent (rows to a worker holding all their experts, answered with their weighted sums)
+	SumRows     uint64 // rows in them
 
 	// Capacity (capacity.go).
 	CrossChecks      uint64        // requests verified by replica comparison (sent twice)
@@ -135,6 +138,7 @@ func (d *Dispatcher) Stats() Stats {
 		Checks: d.checks.Load(), CheckPairs: d.checkPairs.Load(), Mismatches: d.mismatches.Load(), Caught: d.caught.Load(),
 		RefusedBanned: d.refusedBanned.Load(), Banned: len(d.bans.List(time.Now())), CheckTime: time.Duration(d.checkNanos.Load()),
 		Hedges: d.hedges.Load(), HedgeWins: d.hedgeWins.Load(), HedgeLost: d.hedgeLost.Load(),
+		SumRequests: d.sumReqs.Load(), SumRows: d.sumRows.Load(),
 		Failovers: d.failovers.Load(), ReplicaPairs: d.replicaPairs.Load(), Splits: d.splits.Load(),
 		CrossChecks: d.crossChecks.Load(), Disputes: d.disputes.Load(), Unverified: d.unverified.Load(),
 		HolderWaits: d.holderWaits.Load(), HolderWaitTime: time.Duration(d.holderWaitNanos.Load()), NoHolderFailures: d.noHolder.Load(),

@@ -4,9 +4,11 @@
 // meters the bytes it bridges per session into the contribution ledger.
 //
 // Metering (docs/protocol.md, backbone/ledger): every WebSocket message is
-// counted whole, both ways. Backbone->worker DISPATCH (and DISPATCH_DIGEST)
-// messages are creditable (BytesOut). A worker's RESULT (or DIGEST, metered
-// as the bytes of the RESULT it stands for, wire.DigestCredit) is held as
+// counted whole, both ways. Backbone->worker DISPATCH (and DISPATCH_DIGEST,
+// DISPATCH_SUM) messages are creditable (BytesOut). A worker's RESULT (or
+// DIGEST, metered as the bytes of the RESULT it stands for,
+// wire.DigestCredit; or the RESULT answering a DISPATCH_SUM, metered as the
+// RESULT of the rows x k outputs summed in it, wire.SumCredit) is held as
 // pending under its request id until
 // the backbone sends LinkAccepted (creditable BytesIn) or LinkRejected, or
 // ResultHold passes, or the session ends (both: RejectedBytes). Worker

@@ -18,8 +18,8 @@ type SessionStats struct {
 	Reason          string // why it ended ("" while open)
 	ToWorker        uint64 // all bytes backbone -> worker
 	FromWorker      uint64 // all bytes worker -> backbone
-	CreditOut       uint64 // DISPATCH bytes (creditable; settled or not, never forfeited ones)
-	CreditIn        uint64 // accepted RESULT bytes (creditable; settled or not, never forfeited ones)
+	CreditOut       uint64 // DISPATCH (DISPATCH_DIGEST, DISPATCH_SUM) bytes (creditable; settled or not, never forfeited ones)
+	CreditIn        uint64 // accepted RESULT bytes (creditable; settled or not, never forfeited ones; a DIGEST's or a sum's: the RESULT it stands for)
 	Unsettled       uint64 // creditable bytes (of CreditOut + CreditIn) not yet settled into the ledger
 	Rejected        uint64 // bytes never credited: worker bytes refused, late, malformed or never accepted, and forfeited bytes
 	Forfeited       uint64 // creditable bytes (included in Rejected) forfeited by a LinkForfeit
@@ -33,6 +33,14 @@ type SessionStats struct {
 type pendingResult struct {
 	bytes uint64
 	at    time.Time
+}
+
+// sumRequest is a DISPATCH_SUM forwarded to the worker and not answered
+// yet: its rows, width and slots (the RESULT answering it is metered as the
+// RESULT of rows x k outputs, wire.SumCredit) and when it was forwarded.
+type sumRequest struct {
+	rows, d, k int
+	at         time.Time
 }
 
 // bucket is creditable bytes metered at about the same time, not yet
@@ -62,7 +70,8 @@ type session struct {
 	lastResult                       time.Time // when the last RESULT arrived (session start before any)
 	creditOut, creditIn, rejected    uint64
 	pending                          map[uint64]pendingResult
-	unsettled                        []bucket // oldest first
+	sums                             map[uint64]sumRequest // DISPATCH_SUMs forwarded, by request id, until answered or expired
+	unsettled                        []bucket              // oldest first
 	settled                          struct{ out, in uint64 }
 	forfeited                        bool
 	forfeitReason                    string
@@ -165,6 +174,15 @@ func (s *session) fromWorker(msg []byte, n int) {
 		req, size, ok = wire.DigestCredit(msg)
 		n = size
 	}
+	if sr, sum := s.sums[req]; sum && ok && t == wire.TypeResult {
+		// The answer to a DISPATCH_SUM stands for the RESULT of its
+		// rows x k outputs (docs/accounting.md, "Row sums"); one of
+		// another shape is metered as itself and refused by the backbone.
+		delete(s.sums, req)
+		if size, ok := wire.SumCredit(msg, sr.rows, sr.d, sr.k); ok {
+			n = size
+		}
+	}
 	switch {
 	case ok && (t == wire.TypeResult || t == wire.TypeDigest):
 		p := s.pending[req]
@@ -173,7 +191,7 @@ func (s *session) fromWorker(msg []byte, n int) {
 		s.pending[req] = p
 		s.nResult++
 		s.lastResult = p.at
-	case t == wire.TypeResult || t == wire.TypeDigest || t == wire.TypeDispatch || t == wire.TypeDispatchDigest:
+	case t == wire.TypeResult || t == wire.TypeDigest || t == wire.TypeDispatch || t == wire.TypeDispatchDigest || t == wire.TypeDispatchSum:
 		// a short RESULT or DIGEST, or a worker sending DISPATCH
 		s.rejected += uint64(len(msg))
 	default:
@@ -199,7 +217,16 @@ func (s *session) toWorker(msg []byte) {
 	defer s.mu.Unlock()
 	s.toW += uint64(len(msg))
 	s.msgs++
-	if t, _ := wire.Peek(msg); t == wire.TypeDispatch || t == wire.TypeDispatchDigest {
+	switch t, _ := wire.Peek(msg); t {
+	case wire.TypeDispatchSum:
+		if req, n, d, k, ok := wire.SumRequest(msg); ok {
+			if s.sums == nil {
+				s.sums = map[uint64]sumRequest{}
+			}
+			s.sums[req] = sumRequest{rows: n, d: d, k: k, at: time.Now()}
+		}
+		fallthrough
+	case wire.TypeDispatch, wire.TypeDispatchDigest:
 		s.creditLocked(uint64(len(msg)), 0)
 		s.nDisp++
 	}
@@ -220,7 +247,9 @@ func (s *session) verdict(req uint64, accepted bool) {
 	}
 }
 
-// expire rejects pending results received before cutoff.
+// expire rejects pending results received before cutoff and forgets the
+// DISPATCH_SUMs forwarded before it (an answer still to come is late: the
+// backbone refuses it, and it is metered as itself).
 func (s *session) expire(cutoff time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -228,6 +257,11 @@ func (s *session) expire(cutoff time.Time) {
 		if p.at.Before(cutoff) {
 			s.rejected += p.bytes
 			delete(s.pending, req)
+		}
+	}
+	for req, sr := range s.sums {
+		if sr.at.Before(cutoff) {
+			delete(s.sums, req)
 		}
 	}
 }
@@ -240,6 +274,7 @@ func (s *session) end(reason string) {
 		s.rejected += p.bytes
 		delete(s.pending, req)
 	}
+	s.sums = nil
 }
 
 func (s *session) snapshot() SessionStats {

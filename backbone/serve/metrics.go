@@ -112,6 +112,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 //	kvasir_swarm_quorum_requests_total{outcome}   quorum requests: sent (to two holders), agreed, local (decided by the backbone), disputed
 //	kvasir_swarm_quorum_asks_total                further opinions asked (a missing or disputed answer, no local copy)
 //	kvasir_swarm_digests_total                    DIGEST answers received
+//	kvasir_swarm_sum_requests_total               DISPATCH_SUMs sent (rows answered with their weighted sum, wire 6)
+//	kvasir_swarm_sum_rows_total                   rows in them
 //
 // worker is the first 16 hex digits of the worker's public key. Sessions
 // that ended stay (the dispatcher keeps up to 256) so their counters do not
@@ -127,6 +129,7 @@ type SwarmCollector struct {
 	crossChecks, disputes, unverified              *prometheus.Desc
 	holderWaits, holderWaitSecs, noHolder, planUnc *prometheus.Desc
 	verify, quorum, quorumAsks, digests            *prometheus.Desc
+	sumRequests, sumRows                           *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*SwarmCollector)(nil)
@@ -171,6 +174,8 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 		quorum:         d("quorum_requests_total", "Quorum requests, by outcome: sent (to two holders), agreed (two opinions agreed), local (decided by the backbone's computation), disputed (opinions differed).", "outcome"),
 		quorumAsks:     d("quorum_asks_total", "Further opinions asked under quorum (a missing or disputed answer the backbone cannot compute)."),
 		digests:        d("digests_total", "DIGEST answers received (quorum)."),
+		sumRequests:    d("sum_requests_total", "DISPATCH_SUMs sent: rows to a worker holding all their experts, answered with each row's weighted sum."),
+		sumRows:        d("sum_rows_total", "Rows in DISPATCH_SUMs sent."),
 	}
 }
 
@@ -179,7 +184,7 @@ func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
 		c.wLate, c.wBytes, c.wRTT, c.wPart, c.wake, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
 		c.banned, c.failovers, c.crossChecks, c.disputes, c.unverified, c.holderWaits, c.holderWaitSecs, c.noHolder, c.planUnc,
-		c.verify, c.quorum, c.quorumAsks, c.digests} {
+		c.verify, c.quorum, c.quorumAsks, c.digests, c.sumRequests, c.sumRows} {
 		ch <- d
 	}
 }
@@ -222,6 +227,8 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 	cv(c.quorum, st.QuorumDisputes, "disputed")
 	cv(c.quorumAsks, st.QuorumAsks)
 	cv(c.digests, st.Digests)
+	cv(c.sumRequests, st.SumRequests)
+	cv(c.sumRows, st.SumRows)
 	seen := map[[2]string]bool{}
 	for _, w := range st.Workers {
 		id := w.ID

@@ -82,6 +82,39 @@ func (e *batonExperts) ComputeExperts(ctx context.Context, layer int, hidden []f
 	return err
 }
 
+// newBatonExperts wraps inner for lane l: a *batonSumExperts when inner
+// implements expert.SumComputer (so the model keeps asking it for row
+// sums), else a *batonExperts.
+func newBatonExperts(inner expert.Computer, l *lane) expert.Computer {
+	e := &batonExperts{inner: inner, l: l}
+	if sc, ok := inner.(expert.SumComputer); ok {
+		return &batonSumExperts{batonExperts: e, sum: sc}
+	}
+	return e
+}
+
+// batonSumExperts is batonExperts over a Computer that also sums rows
+// (expert.SumComputer): its sums travel with the baton handed on, too.
+type batonSumExperts struct {
+	*batonExperts
+	sum expert.SumComputer
+}
+
+// ComputeExpertsSum implements expert.SumComputer for the inner Computer,
+// handing the baton to another lane meanwhile as ComputeExperts does.
+func (e *batonSumExperts) ComputeExpertsSum(ctx context.Context, layer int, hidden []float32, ids []int32, weights []float32, n, k int, out []float32) error {
+	if e.l.holdsCPU {
+		e.l.baton.release()
+		e.l.holdsCPU = false
+	}
+	err := e.sum.ComputeExpertsSum(ctx, layer, hidden, ids, weights, n, k, out)
+	if aerr := e.l.baton.acquire(ctx); aerr != nil {
+		return aerr
+	}
+	e.l.holdsCPU = true
+	return err
+}
+
 // Delegate implements expert.Delegator for the inner Computer when it does:
 // a layer the lane computes with its own experts keeps the baton, as a
 // local step would.

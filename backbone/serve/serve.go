@@ -160,8 +160,8 @@ type lane struct {
 	maxSeqs  int
 	active   int // guarded by Server.mu
 	baton    *baton
-	experts  *batonExperts // nil without lanes
-	holdsCPU bool          // this lane holds the baton (lane goroutine only)
+	experts  expert.Computer // *batonExperts or *batonSumExperts; nil without lanes
+	holdsCPU bool            // this lane holds the baton (lane goroutine only)
 }
 
 // New validates cfg and returns a stopped Server. Errors: a missing model or
@@ -241,7 +241,7 @@ func New(cfg Config) (*Server, error) {
 			if inner == nil {
 				inner = m.LocalExperts()
 			}
-			l.experts = &batonExperts{inner: inner, l: l}
+			l.experts = newBatonExperts(inner, l)
 			m.SetExperts(l.experts)
 		}
 		s.lanes = append(s.lanes, l)

@@ -34,12 +34,15 @@ func newSwarm(tb testing.TB, m *model.Model, oneWay time.Duration, workers int) 
 }
 
 // newSwarmOf is newSwarm with workers holding the experts of the models
-// load returns, announced as model id.
+// load returns, announced as model id. Row sums (DISPATCH_SUM) are on
+// unless KVASIR_BENCH_NOSUMS=1 (every expert output travels: the protocol
+// before wire 6, for a before/after comparison).
 func newSwarmOf(tb testing.TB, m *model.Model, oneWay time.Duration, workers int, load func() *model.Model, id string) *dispatch.Dispatcher {
 	tb.Helper()
 	p := m.Params()
 	d, err := dispatch.New(dispatch.Config{Listen: "127.0.0.1:0", Fallback: m.LocalExperts(), Logger: quiet,
-		Model: dispatch.Model{ID: id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}})
+		Model:     dispatch.Model{ID: id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts},
+		NoRowSums: os.Getenv("KVASIR_BENCH_NOSUMS") == "1"})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -142,6 +145,7 @@ func BenchmarkRealSwarm(b *testing.B) {
 				}
 				b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
 				b.ReportMetric(float64(misses), "misses")
+				reportUpload(b, st, m.Params().ExpertsUsed)
 			})
 		}
 	}
@@ -231,7 +235,22 @@ func BenchmarkRealSwarmQ30(b *testing.B) {
 		benchServer(b, cfg, n, maxTok)
 		st := d.Stats()
 		b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
+		reportUpload(b, st, m.Params().ExpertsUsed)
 	})
+}
+
+// reportUpload reports the workers' upload per remote expert output
+// (up-B/out: about 4 d bytes when every output travels, 4 d / k with row
+// sums) and the share of remote outputs that came summed (sum%).
+// k is the model's experts per row.
+func reportUpload(b *testing.B, st dispatch.Stats, k int) {
+	var up uint64
+	for _, w := range st.Workers {
+		up += w.BytesIn
+	}
+	remote := float64(max(1, st.ExpertsRemote))
+	b.ReportMetric(float64(up)/remote, "up-B/out")
+	b.ReportMetric(100*float64(st.SumRows)*float64(k)/remote, "sum%")
 }
 
 // q30 is BenchmarkRealSwarmQ30's model file, generated once.

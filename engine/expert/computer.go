@@ -7,7 +7,10 @@
 // stand in for the local experts without changing what is computed.
 package expert
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // Computer computes the SwiGLU experts of one MoE layer:
 //
@@ -38,4 +41,79 @@ type Delegator interface {
 	// made, and the caller must then compute it with own; false (also for
 	// invalid ids) leaves the call to ComputeExperts.
 	Delegate(layer int, ids []int32, own Computer) bool
+}
+
+// SumComputer is implemented by a Computer that can return each row's
+// router-weighted sum over its k slots instead of the k outputs, such as a
+// swarm dispatcher whose workers then send d floats per row instead of
+// k x d (backbone/dispatch, wire DISPATCH_SUM).
+type SumComputer interface {
+	// ComputeExpertsSum computes, for every row r in [0, n),
+	//
+	//	out[r] = WeightedSum over s in [0, k) of weights[r*k+s] * expert_{ids[r*k+s]}(hidden[r])
+	//
+	// exactly as WeightedSum sums the outputs Computer.ComputeExperts
+	// would return: hidden is n x d float32 row-major, ids and weights are
+	// n x k row-major (the router's slot order), out is n x d and fully
+	// overwritten on success. Batch-invariant as Computer: a row's sum is
+	// bit-identical whatever the other rows are and whatever n is. Errors
+	// as ComputeExperts; on error out's contents are unspecified.
+	ComputeExpertsSum(ctx context.Context, layer int, hidden []float32, ids []int32, weights []float32, n, k int, out []float32) error
+}
+
+// WeightedSum sums each row's k expert outputs weighted by the router:
+//
+//	dst[r*d+j] = float32(w[r*k]*outs[(r*k)*d+j]) + float32(w[r*k+1]*outs[(r*k+1)*d+j]) + ... + float32(w[r*k+k-1]*outs[(r*k+k-1)*d+j])
+//
+// for r in [0, n), n = len(dst)/d, j in [0, d): every product is rounded to
+// float32 before it is added (no fused multiply-add on any architecture)
+// and the slots are added in order, left to right, in float32. This is
+// llama.cpp's order (src/llama-graph.cpp build_moe_ffn at commit 3f545bec:
+// experts = ggml_mul(experts, weights), then moe_out = ggml_add of the
+// slot views in slot order), and the one definition the model, the worker
+// and the dispatcher use, so that a sum computed anywhere has the same
+// bits. outs is n x k x d and w is n x k, row-major; d and k must be > 0
+// and the slices hold at least what n needs (else WeightedSum panics, as
+// an index out of range does).
+func WeightedSum(dst, outs, w []float32, k, d int) {
+	n := len(dst) / d
+	outs, w = outs[:n*k*d], w[:n*k]
+	for r := range n {
+		x := dst[r*d : (r+1)*d]
+		o := outs[r*k*d : (r+1)*k*d]
+		ws := w[r*k : (r+1)*k]
+		w0, o0 := ws[0], o[:d]
+		for j := range x {
+			x[j] = float32(w0 * o0[j])
+		}
+		for s := 1; s < k; s++ {
+			ws, os := ws[s], o[s*d:(s+1)*d]
+			for j := range x {
+				x[j] += float32(ws * os[j])
+			}
+		}
+	}
+}
+
+// ComputeSum computes the weighted sums of SumComputer.ComputeExpertsSum
+// with c: by c's own ComputeExpertsSum when it implements SumComputer, else
+// by ComputeExperts into a temporary n x k x d buffer and WeightedSum. The
+// arguments, shapes and errors are ComputeExpertsSum's.
+func ComputeSum(ctx context.Context, c Computer, layer int, hidden []float32, ids []int32, weights []float32, n, k int, out []float32) error {
+	if sc, ok := c.(SumComputer); ok {
+		return sc.ComputeExpertsSum(ctx, layer, hidden, ids, weights, n, k, out)
+	}
+	if n == 0 {
+		return nil
+	}
+	if n < 0 || k <= 0 || len(out) == 0 || len(out)%n != 0 || len(weights) != n*k {
+		return fmt.Errorf("expert: sum of %d rows x %d slots: %d weights, %d outputs", n, k, len(weights), len(out))
+	}
+	d := len(out) / n
+	tmp := make([]float32, n*k*d)
+	if err := c.ComputeExperts(ctx, layer, hidden, ids, n, k, tmp); err != nil {
+		return err
+	}
+	WeightedSum(out, tmp, weights, k, d)
+	return nil
 }

@@ -174,6 +174,7 @@ type workspace struct {
 	qg, gate                 []float32 // gated attention: attn_q's output, the gate half
 	cos, sin                 []float32 // rows x RopeDim/2
 	router, probs, wts, eo   []float32
+	esum                     []float32 // MoE: each row's weighted sum of its routed experts (rows x Embd)
 	ids                      []int32
 	sel                      []float32
 	ffGate, ffUp, ffOut      []float32  // shared expert or dense FFN
@@ -216,6 +217,7 @@ func (ws *workspace) ensure(p Params, ff int, gated bool, n int) {
 	ws.wts = make([]float32, n*p.ExpertsUsed)
 	ws.ids = make([]int32, n*p.ExpertsUsed)
 	ws.eo = make([]float32, n*p.ExpertsUsed*p.Embd)
+	ws.esum = make([]float32, n*p.Embd)
 	ws.sel = make([]float32, n*p.Embd)
 	if gated {
 		ws.qg = make([]float32, 2*n*qd)

@@ -20,8 +20,9 @@ import (
 //	      + shexp(x)                   when Shared is set (SharedExpert)
 //
 // The routed experts are computed by the Model's expert.Computer (locally or
-// by the swarm); the shared expert always on the backbone, while the routed
-// experts are away when the Computer is remote.
+// by the swarm; a Computer that implements expert.SumComputer returns the
+// weighted sum itself); the shared expert always on the backbone, while the
+// routed experts are away when the Computer is remote.
 type MoE struct {
 	GateInp Weight        // ffn_gate_inp (router) Experts x Embd, F32 in llama.cpp's quantisations
 	Route   Router        // the router function: logits to experts and weights
@@ -87,15 +88,21 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 			return fmt.Errorf("model: layer %d row %d: %w", il, i, err)
 		}
 	}
-	eo := ws.eo[:n*k*d]
+	eo, es := ws.eo[:n*k*d], ws.esum[:n*d]
+	hidden, ids, wts := ws.xn[:n*d], ws.ids[:n*k], ws.wts[:n*k]
 	var err error
 	own := m.experts == expert.Computer(m.local)
 	if dg, ok := m.experts.(expert.Delegator); ok && !own && m.local != nil {
 		// A layer no worker holds: the dispatcher would hand every pair
 		// to these very experts, one goroutine per call; the helpers
 		// are faster and give the same bits.
-		own = dg.Delegate(il, ws.ids[:n*k], m.local)
+		own = dg.Delegate(il, ids, m.local)
 	}
+	// A Computer that sums (the swarm's workers then send one row of d
+	// floats instead of k) computes es itself, with expert.WeightedSum:
+	// the same bits as summing eo below.
+	_, sums := m.experts.(expert.SumComputer)
+	sums = sums && !own
 	switch {
 	case own:
 		// The model's own experts run on its helper goroutines.
@@ -104,7 +111,7 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 			run = m.team.run
 		}
 		t0 := time.Now()
-		err = m.local.ComputeExpertsWith(ctx, run, m.team.helpers+1, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo)
+		err = m.local.ComputeExpertsWith(ctx, run, m.team.helpers+1, il, hidden, ids, n, k, eo)
 		m.localExpertTime += time.Since(t0)
 		if err == nil && b.Shared != nil {
 			err = m.shared(b.Shared, n)
@@ -115,33 +122,30 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 			ws.remote = make(chan error, 1)
 		}
 		done := ws.remote // received from below before the next layer sends: reused
-		go func() { done <- m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo) }()
+		go func() { done <- m.routed(ctx, il, n, sums) }()
 		serr := m.shared(b.Shared, n)
 		err = errors.Join(<-done, serr)
 	default:
-		err = m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, eo)
+		err = m.routed(ctx, il, n, sums)
 	}
 	if err != nil {
 		return fmt.Errorf("model: layer %d experts: %w", il, err)
 	}
 	// experts = ggml_mul(experts, weights); moe_out = sum over slots in slot
-	// order with ggml_add; (qwen35moe: cur = moe_out + ffn_shexp;) cur =
-	// cur + ffn_inp (llama-graph.cpp build_moe_ffn). float32() on each
-	// product keeps the rounding of separate multiplies and adds on every
-	// architecture (no FMA fusion).
+	// order with ggml_add (expert.WeightedSum); (qwen35moe: cur = moe_out +
+	// ffn_shexp;) cur = cur + ffn_inp (llama-graph.cpp build_moe_ffn).
+	if !sums {
+		expert.WeightedSum(es, eo, wts, k, d)
+	}
 	for i := range n {
 		x := ws.x[i*d : (i+1)*d]
-		w := ws.wts[i*k : (i+1)*k]
-		o := eo[i*k*d : (i+1)*k*d]
+		e := es[i*d : (i+1)*d]
 		var sh []float32
 		if b.Shared != nil {
 			sh = ws.ffOut[i*d : (i+1)*d]
 		}
 		for j := range x {
-			acc := float32(w[0] * o[j])
-			for s := 1; s < k; s++ {
-				acc += float32(w[s] * o[s*d+j])
-			}
+			acc := e[j]
 			if sh != nil {
 				acc += sh[j]
 			}
@@ -149,6 +153,18 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 		}
 	}
 	return nil
+}
+
+// routed computes layer il's routed experts of the n rows of ws.xn with
+// m.experts: their outputs into ws.eo (n x k x Embd), or with sums (the
+// Computer is an expert.SumComputer) each row's weighted sum into ws.esum
+// (n x Embd).
+func (m *Model) routed(ctx context.Context, il, n int, sums bool) error {
+	ws, d, k := &m.ws, m.p.Embd, m.p.ExpertsUsed
+	if sums {
+		return m.experts.(expert.SumComputer).ComputeExpertsSum(ctx, il, ws.xn[:n*d], ws.ids[:n*k], ws.wts[:n*k], n, k, ws.esum[:n*d])
+	}
+	return m.experts.ComputeExperts(ctx, il, ws.xn[:n*d], ws.ids[:n*k], n, k, ws.eo[:n*k*d])
 }
 
 // shared computes the shared expert of the n rows of ws.xn into ws.ffOut

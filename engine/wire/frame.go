@@ -43,7 +43,7 @@ type Limits struct {
 }
 
 // Frame is one decoded protocol frame: *Hello, *Welcome, *Dispatch (also a
-// DISPATCH_DIGEST), *Result, *Digest, *Error, *Ping, *Pong, *Pause,
+// DISPATCH_DIGEST or a DISPATCH_SUM), *Result, *Digest, *Error, *Ping, *Pong, *Pause,
 // *Assign, *ChunkReq, *Chunk or *Holdings.
 type Frame interface {
 	// Type is the frame's type byte.
@@ -87,14 +87,20 @@ type Welcome struct {
 // marks a slot this worker must not compute. The RESULT carries one output
 // row (D floats) per id != -1, in row-major (row, slot) order. With
 // Digest set the frame is a DISPATCH_DIGEST: the worker answers with a
-// DIGEST of that RESULT instead.
+// DIGEST of that RESULT instead. With Sum set it is a DISPATCH_SUM
+// (version 6): no id is -1, Weights holds the router's N x K weights
+// (row-major, slot order), and the RESULT carries N rows, row r the
+// weighted sum of its K outputs (expert.WeightedSum). Digest and Sum are
+// exclusive (Type and Append take Sum when both are set).
 type Dispatch struct {
 	Request uint64
 	Layer   uint16
 	N, D, K int
 	Hidden  []float32
 	IDs     []int32
-	Digest  bool // a DISPATCH_DIGEST: answer with DIGEST
+	Digest  bool      // a DISPATCH_DIGEST: answer with DIGEST
+	Sum     bool      // a DISPATCH_SUM: answer with the rows' weighted sums
+	Weights []float32 // N x K router weights; DISPATCH_SUM only
 }
 
 // Digest is a worker's answer to a DISPATCH_DIGEST: M and D of the RESULT
@@ -210,8 +216,12 @@ func (*Hello) Type() Type { return TypeHello }
 // Type returns TypeWelcome.
 func (*Welcome) Type() Type { return TypeWelcome }
 
-// Type returns TypeDispatch, or TypeDispatchDigest with Digest set.
+// Type returns TypeDispatch, TypeDispatchSum with Sum set, or
+// TypeDispatchDigest with Digest set.
 func (d *Dispatch) Type() Type {
+	if d.Sum {
+		return TypeDispatchSum
+	}
 	if d.Digest {
 		return TypeDispatchDigest
 	}
@@ -296,12 +306,26 @@ func (w *Welcome) Append(b []byte) []byte {
 // floats and k slots: 4 + 20 + 4*n*d + 4*n*k.
 func DispatchSize(n, d, k int) int { return HeaderSize + 20 + 4*n*d + 4*n*k }
 
+// DispatchSumSize is the encoded size in bytes of a DISPATCH_SUM with n
+// rows of d floats and k slots: DispatchSize(n, d, k) + 4*n*k (weights).
+func DispatchSumSize(n, d, k int) int { return DispatchSize(n, d, k) + 4*n*k }
+
+// Size returns the encoded size of the DISPATCH (DispatchSize, or
+// DispatchSumSize with Sum set).
+func (d *Dispatch) Size() int {
+	if d.Sum {
+		return DispatchSumSize(d.N, d.D, d.K)
+	}
+	return DispatchSize(d.N, d.D, d.K)
+}
+
 // ResultSize is the encoded size in bytes of a RESULT with m rows of d
 // floats: 4 + 16 + 4*m*d + TimingSize.
 func ResultSize(m, d int) int { return HeaderSize + 16 + 4*m*d + TimingSize }
 
-// Append encodes the DISPATCH (or DISPATCH_DIGEST); Hidden must hold N*D
-// and IDs N*K values.
+// Append encodes the DISPATCH (or DISPATCH_DIGEST, or DISPATCH_SUM);
+// Hidden must hold N*D and IDs N*K values, and Weights N*K with Sum set
+// (nothing of Weights is written without it).
 func (d *Dispatch) Append(b []byte) []byte {
 	b = appendHeader(b, d.Type())
 	b = le.AppendUint64(b, d.Request)
@@ -312,6 +336,9 @@ func (d *Dispatch) Append(b []byte) []byte {
 	b = AppendFloats(b, d.Hidden)
 	for _, id := range d.IDs {
 		b = le.AppendUint32(b, uint32(id))
+	}
+	if d.Sum {
+		b = AppendFloats(b, d.Weights)
 	}
 	return b
 }
@@ -398,15 +425,15 @@ func Peek(msg []byte) (Type, error) {
 }
 
 // PeekRequest returns the request id of a DISPATCH, DISPATCH_DIGEST,
-// RESULT, DIGEST or ERROR message after checking its header; ok is false
-// for other types or short messages.
+// DISPATCH_SUM, RESULT, DIGEST or ERROR message after checking its header;
+// ok is false for other types or short messages.
 func PeekRequest(msg []byte) (t Type, req uint64, ok bool) {
 	t, err := Peek(msg)
 	if err != nil || len(msg) < HeaderSize+8 {
 		return t, 0, false
 	}
 	switch t {
-	case TypeDispatch, TypeDispatchDigest, TypeResult, TypeDigest, TypeError:
+	case TypeDispatch, TypeDispatchDigest, TypeDispatchSum, TypeResult, TypeDigest, TypeError:
 		return t, le.Uint64(msg[HeaderSize:]), true
 	}
 	return t, 0, false
@@ -512,9 +539,9 @@ func Decode(msg []byte, lim *Limits) (Frame, error) {
 			err = fmt.Errorf("%w: welcome d=%d k=%d n_layer=%d n_expert=%d", ErrRange, w.D, w.K, w.NLayer, w.NExpert)
 		}
 		f = w
-	case TypeDispatch, TypeDispatchDigest:
+	case TypeDispatch, TypeDispatchDigest, TypeDispatchSum:
 		var d *Dispatch
-		if d, err = decodeDispatch(r, lim); d != nil {
+		if d, err = decodeDispatch(r, lim, t == TypeDispatchSum); d != nil {
 			d.Digest = t == TypeDispatchDigest
 		}
 		f = d
@@ -629,7 +656,9 @@ func checkExpert(lim *Limits, layer uint16, e uint32, what string) error {
 	return nil
 }
 
-func decodeDispatch(r *reader, lim *Limits) (*Dispatch, error) {
+// decodeDispatch decodes a DISPATCH or DISPATCH_DIGEST, or with sum a
+// DISPATCH_SUM (weights after the ids, no id -1).
+func decodeDispatch(r *reader, lim *Limits, sum bool) (*Dispatch, error) {
 	d := &Dispatch{Request: r.u64("request"), Layer: r.u16("layer")}
 	n, dd, k := r.u32("n"), r.u32("d"), r.u16("k")
 	if r.err != nil {
@@ -644,7 +673,11 @@ func decodeDispatch(r *reader, lim *Limits) (*Dispatch, error) {
 	if n == 0 || (lim.MaxRows > 0 && int64(n) > int64(lim.MaxRows)) {
 		return nil, fmt.Errorf("%w: dispatch n=%d (max %d)", ErrShape, n, lim.MaxRows)
 	}
-	need := uint64(n) * (uint64(dd) + uint64(k)) * 4
+	per := uint64(dd) + uint64(k)
+	if sum {
+		per += uint64(k) // weights
+	}
+	need := uint64(n) * per * 4
 	if need != uint64(len(r.b)) {
 		return nil, fmt.Errorf("%w: dispatch n=%d d=%d k=%d needs %d payload bytes, have %d", ErrTruncated, n, dd, k, need, len(r.b))
 	}
@@ -660,6 +693,9 @@ func decodeDispatch(r *reader, lim *Limits) (*Dispatch, error) {
 	for i := range d.IDs {
 		id := int32(le.Uint32(ib[4*i:]))
 		d.IDs[i] = id
+		if id == -1 && sum {
+			return nil, fmt.Errorf("%w: dispatch_sum row %d slot %d is -1 (a sum needs every slot)", ErrShape, i/d.K, i%d.K)
+		}
 		if id == -1 {
 			continue
 		}
@@ -674,7 +710,61 @@ func decodeDispatch(r *reader, lim *Limits) (*Dispatch, error) {
 	if !some {
 		return nil, fmt.Errorf("%w: dispatch has no slot to compute", ErrShape)
 	}
+	if sum {
+		// Any bits, as hidden: the backbone's router weights, used as sent.
+		wb := r.take(d.N*d.K*4, "weights")
+		d.Sum, d.Weights = true, make([]float32, d.N*d.K)
+		for i := range d.Weights {
+			d.Weights[i] = math.Float32frombits(le.Uint32(wb[4*i:]))
+		}
+	}
 	return d, nil
+}
+
+// SumRequest returns the request id and the shape of a DISPATCH_SUM
+// message after checking its header and its exact length
+// (DispatchSumSize(n, d, k)); ok is false for any other message. The hub
+// meters the RESULT answering it as the RESULT of its n*k outputs,
+// ResultSize(n*k, d) bytes (SumCredit), without decoding the payload.
+func SumRequest(msg []byte) (req uint64, n, d, k int, ok bool) {
+	if t, err := Peek(msg); err != nil || t != TypeDispatchSum || len(msg) < DispatchSize(0, 0, 0) {
+		return 0, 0, 0, 0, false
+	}
+	p := msg[HeaderSize:]
+	n64, d64, k64 := uint64(le.Uint32(p[10:])), uint64(le.Uint32(p[14:])), uint64(le.Uint16(p[18:]))
+	if n64 == 0 || d64 == 0 || k64 == 0 || uint64(DispatchSize(0, 0, 0))+4*n64*(d64+2*k64) != uint64(len(msg)) {
+		return 0, 0, 0, 0, false // n, d < 2^32, k < 2^16: no overflow
+	}
+	return le.Uint64(p), int(n64), int(d64), int(k64), true
+}
+
+// ResultShape returns the request id, m and d of a RESULT message after
+// checking its header and its exact length (ResultSize(m, d)); ok is false
+// for any other message.
+func ResultShape(msg []byte) (req uint64, m, d int, ok bool) {
+	if t, err := Peek(msg); err != nil || t != TypeResult || len(msg) < ResultSize(0, 0) {
+		return 0, 0, 0, false
+	}
+	p := msg[HeaderSize:]
+	m64, d64 := uint64(le.Uint32(p[8:])), uint64(le.Uint32(p[12:]))
+	if uint64(ResultSize(0, 0))+4*m64*d64 != uint64(len(msg)) {
+		return 0, 0, 0, false
+	}
+	return le.Uint64(p), int(m64), int(d64), true
+}
+
+// SumCredit is the size the hub meters for a RESULT (result, the whole
+// message) answering a DISPATCH_SUM of n rows of d floats and k slots:
+// ResultSize(n*k, d), the RESULT of the n*k outputs the worker computed,
+// when result is a well-formed RESULT of exactly n rows of d floats; else
+// ok is false and the RESULT is metered as itself (a wrong-shaped answer
+// the backbone refuses).
+func SumCredit(result []byte, n, d, k int) (size int, ok bool) {
+	_, m, rd, ok := ResultShape(result)
+	if !ok || m != n || rd != d || n <= 0 || k <= 0 {
+		return 0, false
+	}
+	return ResultSize(n*k, d), true
 }
 
 func decodeResult(r *reader, lim *Limits) (*Result, error) {

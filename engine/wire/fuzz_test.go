@@ -3,6 +3,7 @@ package wire
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"testing"
 )
 
@@ -71,6 +72,46 @@ func FuzzDigestCredit(f *testing.F) {
 		g := fr.(*Digest)
 		if g.Request != req || ResultSize(g.M, g.D) != n || n > MaxMessage {
 			t.Fatalf("metered %d for req %d, decoded %+v", n, req, g)
+		}
+	})
+}
+
+// FuzzSumCredit checks the hub's DISPATCH_SUM metering never panics: a
+// DISPATCH_SUM SumRequest accepts has the length Decode wants for its
+// shape (Decode never finds it truncated), and SumCredit credits only a
+// RESULT Decode accepts, of exactly n rows, as ResultSize(n*k, d).
+func FuzzSumCredit(f *testing.F) {
+	ds := (&Dispatch{Request: 3, Layer: 1, N: 2, D: 3, K: 2, Hidden: make([]float32, 6), IDs: []int32{1, 2, 3, 4},
+		Sum: true, Weights: []float32{0.5, 0.5, 1, 0}}).Append(nil)
+	res := (&Result{Request: 3, M: 2, D: 3, Out: make([]float32, 6)}).Append(nil)
+	f.Add(ds, res)
+	f.Add(ds[:len(ds)-4], res[:len(res)-1])
+	f.Add((&Dispatch{Request: 3, Layer: 1, N: 1, D: 3, K: 2, Hidden: make([]float32, 3), IDs: []int32{1, 2}}).Append(nil), res)
+	f.Add([]byte{Magic, byte(Version), 0, byte(TypeDispatchSum)}, []byte{Magic, byte(Version), 0, byte(TypeResult)})
+	f.Fuzz(func(t *testing.T, disp, result []byte) {
+		req, n, d, k, ok := SumRequest(disp)
+		if !ok {
+			return
+		}
+		lim := &Limits{D: d, K: k, NLayer: 1 << 16, NExpert: 1 << 30}
+		if fr, err := Decode(disp, lim); err == nil {
+			g := fr.(*Dispatch)
+			if !g.Sum || g.Request != req || g.N != n || g.D != d || g.K != k {
+				t.Fatalf("SumRequest %d %d %d %d, decoded %+v", req, n, d, k, g)
+			}
+		} else if errors.Is(err, ErrTruncated) || errors.Is(err, ErrTrailing) {
+			t.Fatalf("SumRequest accepted a DISPATCH_SUM of the wrong length: %v", err)
+		}
+		size, ok := SumCredit(result, n, d, k)
+		if !ok {
+			return
+		}
+		fr, err := Decode(result, &Limits{D: d})
+		if err != nil {
+			t.Fatalf("SumCredit metered %d bytes of a RESULT Decode refuses: %v", size, err)
+		}
+		if r := fr.(*Result); r.M != n || size != ResultSize(n*k, d) {
+			t.Fatalf("metered %d for %+v of a sum of %d x %d", size, r, n, k)
 		}
 	})
 }

@@ -31,6 +31,8 @@
 //	  |--- RESULT (req, m x d outputs, m = ids != -1, row-major (row, slot) order) --------->|
 //	  |<-- DISPATCH_DIGEST (as DISPATCH; quorum: a second holder's copy) --------------------|
 //	  |--- DIGEST (req, m, d, sha256 of the RESULT payload it stands for) ------------------>|
+//	  |<-- DISPATCH_SUM (as DISPATCH, every id present, + n x k router weights) -------------|
+//	  |--- RESULT (req, n x d: each row's weighted sum of its k outputs) ------------------->|
 //	  |                                  |                           |<-- ACCEPTED(req) -------| (link only)
 //	  |                                  |                           |<-- FORFEIT (reason) ----| (link only: a caught worker)
 //	  |--- PING (t) every 20 s -------------------------------------------------------------->|
@@ -39,7 +41,8 @@
 //	  |<-> ERROR (req, code, message) either way; the backbone closes a session on any bad frame
 //
 // The gateway never parses frames; the hub reads only the 4-byte header, a
-// RESULT's or DIGEST's request id and a DIGEST's m and d to meter bytes.
+// RESULT's or DIGEST's request id, m and d, and a DISPATCH_SUM's request
+// id, n, d and k to meter bytes.
 package wire
 
 // Version is the protocol version carried in every frame header and in the
@@ -75,7 +78,15 @@ package wire
 //	             20 + 4*m*d + 8 bytes, and a DIGEST is metered as that
 //	             RESULT. ResultDigest leaves the trailer out. Other frames
 //	             are unchanged. Version 4 peers are refused (ErrVersion).
-const Version uint16 = 5
+//	6 (2027-01): row sums (issue 19): frame DISPATCH_SUM (0x0F: the
+//	             payload of DISPATCH followed by weights [n*k]f32, the
+//	             router's weights of every slot; every id present, no -1),
+//	             answered by a RESULT of m = n rows, each the weighted sum
+//	             of its k expert outputs (expert.WeightedSum). The hub
+//	             meters that RESULT as the RESULT of the n*k outputs it
+//	             stands for. Other frames are unchanged. Version 5 peers
+//	             are refused (ErrVersion).
+const Version uint16 = 6
 
 // Magic is the first byte of every frame.
 const Magic byte = 0x6B
@@ -116,7 +127,7 @@ const (
 	TypeHello    Type = 0x01 // key [32]u8 | model_len u16 | model [model_len]u8 | backend_len u16 | backend [backend_len]u8 | threads u16 | quota u64 (slice disk quota, bytes; 0 = take no assignment) | speed u32 (download hint, KiB/s; 0 = unknown) | n_hold u32 | n_hold x (layer u16 | expert u32 | sha256 [32]u8)
 	TypeWelcome  Type = 0x02 // session_len u16 | session [session_len]u8 | d u32 | k u16 | n_layer u16 | n_expert u32 | accepted u32
 	TypeDispatch Type = 0x03 // req u64 | layer u16 | n u32 | d u32 | k u16 | hidden [n*d]f32 | ids [n*k]i32 (-1 = slot not for this worker)
-	TypeResult   Type = 0x04 // req u64 | m u32 | d u32 | out [m*d]f32 (m = ids != -1 of the DISPATCH, in row-major (row, slot) order) | queue_us u32 | compute_us u32 (version 5: Timing)
+	TypeResult   Type = 0x04 // req u64 | m u32 | d u32 | out [m*d]f32 (m = ids != -1 of the DISPATCH, in row-major (row, slot) order; m = n rows for a DISPATCH_SUM) | queue_us u32 | compute_us u32 (version 5: Timing)
 	TypeError    Type = 0x05 // req u64 (0 = none) | code u16 | msg_len u16 | msg [msg_len]u8 (UTF-8)
 	TypePing     Type = 0x06 // time i64 (sender's clock, unix ns)
 	TypePong     Type = 0x07 // time i64 (the PING's time, echoed)
@@ -150,6 +161,14 @@ const (
 	// the RESULT the worker would have sent (its payload after the request
 	// id; ResultDigest).
 	TypeDigest Type = 0x0E // req u64 | m u32 | d u32 | sha256 [32]u8
+	// TypeDispatchSum (backbone -> worker, version 6) is a DISPATCH of
+	// rows whose k experts the worker all holds, with the router's
+	// weights (decoded as a *Dispatch with Sum set): the worker computes
+	// the n*k outputs as for DISPATCH and answers with a RESULT of m = n
+	// rows, row r being expert.WeightedSum of its k outputs with its
+	// weights (the model's order and rounding: float32 products added in
+	// slot order).
+	TypeDispatchSum Type = 0x0F // req u64 | layer u16 | n u32 | d u32 | k u16 | hidden [n*d]f32 | ids [n*k]i32 (none -1) | weights [n*k]f32
 )
 
 // Error codes carried by ERROR frames.
@@ -196,6 +215,8 @@ func (t Type) String() string {
 		return "DISPATCH_DIGEST"
 	case TypeDigest:
 		return "DIGEST"
+	case TypeDispatchSum:
+		return "DISPATCH_SUM"
 	}
 	const hex = "0123456789ABCDEF"
 	return "TYPE(0x" + string([]byte{hex[t>>4], hex[t&15]}) + ")"

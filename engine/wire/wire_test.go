@@ -28,6 +28,8 @@ func sampleFrames() []Frame {
 			Hidden: []float32{1, -2, 3.5, float32(math.Inf(1)), 0, -0.25}, IDs: []int32{5, -1, 0, 7}},
 		&Result{Request: 42, M: 3, D: 3, Out: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9}, Timing: Timing{QueueMicros: 12, ComputeMicros: 3400}},
 		&Dispatch{Request: 43, Layer: 1, N: 1, D: 3, K: 2, Hidden: []float32{0.5, 0, -1}, IDs: []int32{-1, 3}, Digest: true},
+		&Dispatch{Request: 44, Layer: 3, N: 2, D: 3, K: 2, Hidden: []float32{1, 2, 3, -4, float32(math.Inf(-1)), 6},
+			IDs: []int32{5, 7, 1, 3}, Sum: true, Weights: []float32{0.75, 0.25, float32(math.Inf(1)), -0.5}},
 		&Digest{Request: 43, M: 1, D: 3, Sum: sha256.Sum256([]byte("result"))},
 		&Error{Request: 9, Code: CodeNotHeld, Message: "nope"},
 		&Ping{Time: 123456789},
@@ -71,14 +73,14 @@ func TestRoundTrip(t *testing.T) {
 // layouts written next to the type constants (worked by hand).
 func TestEncodingBytes(t *testing.T) {
 	ping := (&Ping{Time: 0x0102030405060708}).Append(nil)
-	want := []byte{0x6B, 5, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
+	want := []byte{0x6B, 6, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
 	if !bytes.Equal(ping, want) {
 		t.Fatalf("ping = % x, want % x", ping, want)
 	}
 	// DISPATCH req=1 layer=2 n=1 d=1 k=1 hidden=[1.0] ids=[-1]:
 	// 1.0f = 0x3F800000, -1 = 0xFFFFFFFF.
 	d := (&Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 1, Hidden: []float32{1}, IDs: []int32{-1}}).Append(nil)
-	want = []byte{0x6B, 5, 0, 0x03,
+	want = []byte{0x6B, 6, 0, 0x03,
 		1, 0, 0, 0, 0, 0, 0, 0, // req
 		2, 0, // layer
 		1, 0, 0, 0, // n
@@ -122,12 +124,25 @@ func TestDecodeRejects(t *testing.T) {
 		}
 		return b
 	}
+	sum := func(n uint32, k uint16, weights int, ids ...int32) []byte {
+		b := disp(0, n, 3, k, ids...)
+		b[3] = byte(TypeDispatchSum)
+		return AppendFloats(b, make([]float32, weights))
+	}
 	cases := []struct {
 		name string
 		msg  []byte
 		lim  *Limits
 		want error
 	}{
+		{"sum ok", sum(1, 2, 2, 1, 2), lim, nil},
+		{"sum -1", sum(1, 2, 2, 1, -1), lim, ErrShape},
+		{"sum no weights", sum(1, 2, 0, 1, 2), lim, ErrTruncated},
+		{"sum short weights", sum(1, 2, 1, 1, 2), lim, ErrTruncated},
+		{"sum extra weight", sum(1, 2, 3, 1, 2), lim, ErrTruncated},
+		{"sum expert", sum(1, 2, 2, 1, 8), lim, ErrRange},
+		{"sum wrong k", sum(1, 1, 1, 1), lim, ErrShape},
+		{"sum not held", sum(1, 2, 2, 1, 2), &Limits{D: 3, K: 2, NLayer: 4, NExpert: 8, Holds: func(l, e int) bool { return e == 1 }}, ErrNotHeld},
 		{"empty", nil, lim, ErrTruncated},
 		{"magic", mut(func(b []byte) []byte { b[0] = 'x'; return b }), lim, ErrMagic},
 		{"version", mut(func(b []byte) []byte { b[1] = 1; return b }), lim, ErrVersion},
@@ -278,7 +293,7 @@ func TestDigest(t *testing.T) {
 		t.Fatal("one ulp does not change the digest")
 	}
 	g := (&Digest{Request: 0x0102, M: 2, D: 3, Sum: sum}).Append(nil)
-	want := append([]byte{0x6B, 5, 0, 0x0E, 2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}, sum[:]...)
+	want := append([]byte{0x6B, 6, 0, 0x0E, 2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}, sum[:]...)
 	if !bytes.Equal(g, want) || len(g) != DigestSize {
 		t.Fatalf("digest = % x\nwant     % x", g, want)
 	}
@@ -291,7 +306,7 @@ func TestDigest(t *testing.T) {
 		"result":   r1,
 		"m=0":      (&Digest{Request: 1, M: 0, D: 3}).Append(nil),
 		"too big":  (&Digest{Request: 1, M: 1 << 20, D: 1 << 10}).Append(nil),
-		"bad type": append([]byte{0x6B, 5, 0, 0x04}, g[4:]...),
+		"bad type": append([]byte{0x6B, 6, 0, 0x04}, g[4:]...),
 	} {
 		if _, _, ok := DigestCredit(msg); ok {
 			t.Errorf("DigestCredit accepted %s", name)
@@ -316,5 +331,75 @@ func TestDigest(t *testing.T) {
 	}
 	if TypeDigest.String() != "DIGEST" || TypeDispatchDigest.String() != "DISPATCH_DIGEST" {
 		t.Fatal("type names")
+	}
+}
+
+// TestDispatchSum: the DISPATCH_SUM layout byte by byte (worked by hand
+// from the layout next to TypeDispatchSum), weights of any bits kept as
+// sent, and the hub's view of it: SumRequest's shape, ResultShape and
+// SumCredit metering a RESULT of n rows as the RESULT of n*k outputs.
+func TestDispatchSum(t *testing.T) {
+	nan := math.Float32frombits(0x7fc00001)
+	d := &Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 2, Hidden: []float32{1}, IDs: []int32{3, 0}, Sum: true, Weights: []float32{0.5, nan}}
+	msg := d.Append(nil)
+	want := []byte{0x6B, 6, 0, 0x0F,
+		1, 0, 0, 0, 0, 0, 0, 0, // req
+		2, 0, // layer
+		1, 0, 0, 0, // n
+		1, 0, 0, 0, // d
+		2, 0, // k
+		0, 0, 0x80, 0x3F, // hidden 1.0
+		3, 0, 0, 0, 0, 0, 0, 0, // ids 3, 0
+		0, 0, 0, 0x3F, // weight 0.5
+		1, 0, 0xC0, 0x7F} // weight NaN (0x7fc00001), kept as sent
+	if !bytes.Equal(msg, want) || len(msg) != DispatchSumSize(1, 1, 2) || len(msg) != d.Size() || d.Type() != TypeDispatchSum {
+		t.Fatalf("dispatch_sum = % x\nwant           % x", msg, want)
+	}
+	f, err := Decode(msg, &Limits{D: 1, K: 2, NLayer: 4, NExpert: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := f.(*Dispatch)
+	if !got.Sum || got.Digest || math.Float32bits(got.Weights[1]) != 0x7fc00001 || !bytes.Equal(got.Append(nil), msg) {
+		t.Fatalf("decoded %+v", got)
+	}
+	if typ, req, ok := PeekRequest(msg); !ok || typ != TypeDispatchSum || req != 1 || typ.String() != "DISPATCH_SUM" {
+		t.Fatalf("PeekRequest = %s %d %v", typ, req, ok)
+	}
+	if req, n, dd, k, ok := SumRequest(msg); !ok || req != 1 || n != 1 || dd != 1 || k != 2 {
+		t.Fatalf("SumRequest = %d %d %d %d %v", req, n, dd, k, ok)
+	}
+	big := (&Dispatch{Request: 9, Layer: 0, N: 3, D: 4, K: 2, Hidden: make([]float32, 12), IDs: make([]int32, 6), Sum: true, Weights: make([]float32, 6)}).Append(nil)
+	if req, n, dd, k, ok := SumRequest(big); !ok || req != 9 || n != 3 || dd != 4 || k != 2 {
+		t.Fatalf("SumRequest(3 rows) = %d %d %d %d %v", req, n, dd, k, ok)
+	}
+	plain := (&Dispatch{Request: 9, Layer: 0, N: 3, D: 4, K: 2, Hidden: make([]float32, 12), IDs: make([]int32, 6)}).Append(nil)
+	for name, m := range map[string][]byte{"short": big[:len(big)-1], "long": append(append([]byte(nil), big...), 0),
+		"dispatch": plain, "header": big[:HeaderSize+19]} {
+		if _, _, _, _, ok := SumRequest(m); ok {
+			t.Errorf("SumRequest accepted %s", name)
+		}
+	}
+	res := (&Result{Request: 9, M: 3, D: 4, Out: make([]float32, 12)}).Append(nil)
+	if req, m, dd, ok := ResultShape(res); !ok || req != 9 || m != 3 || dd != 4 {
+		t.Fatalf("ResultShape = %d %d %d %v", req, m, dd, ok)
+	}
+	// 3 rows of a sum over k = 2 stand for 6 outputs: 28 + 4*6*4 bytes.
+	if n, ok := SumCredit(res, 3, 4, 2); !ok || n != 28+96 || n != ResultSize(6, 4) {
+		t.Fatalf("SumCredit = %d %v", n, ok)
+	}
+	for name, c := range map[string]struct {
+		msg     []byte
+		n, d, k int
+	}{
+		"other m":   {res, 6, 4, 2},
+		"other d":   {res, 3, 2, 2},
+		"short":     {res[:len(res)-1], 3, 4, 2},
+		"digest":    {(&Digest{Request: 9, M: 3, D: 4}).Append(nil), 3, 4, 2},
+		"truncated": {res[:HeaderSize+10], 3, 4, 2},
+	} {
+		if _, ok := SumCredit(c.msg, c.n, c.d, c.k); ok {
+			t.Errorf("SumCredit accepted %s", name)
+		}
 	}
 }

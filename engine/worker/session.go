@@ -265,7 +265,7 @@ func (s *workerSession) computeLoop() {
 			return
 		case q := <-s.queue:
 			d := q.d
-			in := wire.DispatchSize(d.N, d.D, d.K)
+			in := d.Size()
 			w.dutyCheck() // the time since the last request was idle: it pays back
 			if err := w.serve(s.sctx, d, q.at, in, s.wel.Session, s.send); err != nil {
 				s.errc <- err

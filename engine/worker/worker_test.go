@@ -122,8 +122,8 @@ func TestBackoff(t *testing.T) {
 // TestServe drives a worker from a hand-written backbone over TLS: unheld
 // experts get ERROR code 3, a DISPATCH gets the RESULT of exactly its
 // requested slots, in (row, slot) order, a DISPATCH_DIGEST the DIGEST of
-// the same RESULT, and OnServed sees the sizes (a DIGEST's: the RESULT it
-// stands for).
+// the same RESULT, a DISPATCH_SUM each row's weighted sum, and OnServed
+// sees the sizes (a DIGEST's and a sum's: the RESULT they stand for).
 func TestServe(t *testing.T) {
 	const d = 3
 	got := make(chan error, 1)
@@ -201,6 +201,29 @@ func TestServe(t *testing.T) {
 			if g, ok := f.(*wire.Digest); !ok || g.Request != 9 || g.M != 3 || g.D != d || g.Sum != sum || len(msg) != wire.DigestSize {
 				return fmt.Errorf("digest %+v, want sum %x", f, sum)
 			}
+			// A DISPATCH_SUM (protocol 6): one row per row, the weighted
+			// sum of its slots: r0 0.5*(1,2,3)*2 + 0.25*(1,2,3)*4 =
+			// (2,4,6); r1 1*(-0.5,0.25,8)*4 + 0.5*(-0.5,0.25,8)*2 =
+			// (-2.5,1.25,40) (exact in float32).
+			ds := &wire.Dispatch{Request: 10, Layer: 1, N: 2, D: d, K: 2, Hidden: disp.Hidden,
+				IDs: []int32{1, 3, 3, 1}, Sum: true, Weights: []float32{0.5, 0.25, 1, 0.5}}
+			if err := send(ds); err != nil {
+				return err
+			}
+			msg, _ = read()
+			if f, err = wire.Decode(msg, lim); err != nil {
+				return err
+			}
+			res = f.(*wire.Result)
+			want = []float32{2, 4, 6, -2.5, 1.25, 40}
+			if res.Request != 10 || res.M != 2 {
+				return fmt.Errorf("sum result %+v", res)
+			}
+			for i := range want {
+				if math.Float32bits(res.Out[i]) != math.Float32bits(want[i]) {
+					return fmt.Errorf("sum out[%d] = %v, want %v", i, res.Out[i], want[i])
+				}
+			}
 			return nil
 		}()
 		<-release
@@ -228,21 +251,23 @@ func TestServe(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no exchange")
 	}
-	want := [3]any{"s1", uint64(wire.DispatchSize(2, d, 2)), uint64(wire.ResultSize(3, d))}
-	for i := 0; i < 500 && served.Load() == nil; i++ {
+	// The last request, a DISPATCH_SUM: its RESULT of 2 rows counts as
+	// the RESULT of its 4 outputs, as the hub meters it.
+	want := [3]any{"s1", uint64(wire.DispatchSumSize(2, d, 2)), uint64(wire.ResultSize(4, d))}
+	for i := 0; i < 2500 && served.Load() != want; i++ { // OnServed runs after the send
 		time.Sleep(2 * time.Millisecond)
 	}
 	if v := served.Load(); v != want {
 		t.Fatalf("OnServed %v, want %v", v, want)
 	}
 	// The worker counts a request after sending its answer: wait for the
-	// second one's count (the test saw its answer first; slow under qemu).
+	// last one's count (the test saw its answer first; slow under qemu).
 	st := w.Stats()
-	for i := 0; i < 2500 && (st.Rows != 4 || st.Requests != 2); i++ {
+	for i := 0; i < 2500 && (st.Rows != 6 || st.Requests != 3); i++ {
 		time.Sleep(2 * time.Millisecond)
 		st = w.Stats()
 	}
-	if st.Rows != 4 || st.Requests != 2 || st.Session != "s1" {
+	if st.Rows != 6 || st.Requests != 3 || st.Session != "s1" {
 		t.Fatalf("stats %+v", st)
 	}
 }

@@ -423,6 +423,26 @@ TEXT ·q4KRowsAVX512(SB), NOSPLIT, $24-48
 	MOVQ  R8, AX
 	IMULQ R9, AX
 	MOVQ  AX, 8(SP)
+	MOVQ  BX, SI
+	LEAQ  (BX)(AX*1), R11
+	LEAQ  (BX)(AX*2), R12
+	LEAQ  (R11)(AX*2), R13
+	MOVQ  $(PFD/64), CX
+
+q4k5warm:
+	// The first PFD bytes of each row run: the loop's prefetches start PFD
+	// bytes in, so without these a call's first blocks wait on memory one
+	// demand miss after another.
+	PREFETCHT0 (SI)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+	PREFETCHT0 (R13)
+	ADDQ       $64, SI
+	ADDQ       $64, R11
+	ADDQ       $64, R12
+	ADDQ       $64, R13
+	DECQ       CX
+	JNZ        q4k5warm
 
 q4k5quad:
 	MOVQ   BX, SI

@@ -318,3 +318,7 @@ func deltaRule(st, q, k, v, o []float32, beta, decay, scale float32) {
 	}
 	genericDeltaRule(st, q, k, v, o, beta, decay, scale)
 }
+
+// quantizeQ8KFast has no arm64 kernel: it converts nothing (see the
+// amd64 version).
+func quantizeQ8KFast(x []float32, dst []byte) int { return 0 }

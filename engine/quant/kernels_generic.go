@@ -68,3 +68,7 @@ func matMulRowsArch(Type, []byte, int, int, []byte, int, int, []float32, int, in
 func deltaRule(st, q, k, v, o []float32, beta, decay, scale float32) {
 	genericDeltaRule(st, q, k, v, o, beta, decay, scale)
 }
+
+// quantizeQ8KFast has no pure-Go fast path: it converts nothing (see the
+// amd64 version).
+func quantizeQ8KFast(x []float32, dst []byte) int { return 0 }

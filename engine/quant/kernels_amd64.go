@@ -439,3 +439,13 @@ func quantizeQ8KFast(x []float32, dst []byte) int {
 	}
 	return q8KQuantAVX512(&x[0], &dst[0], nb)
 }
+
+// mulAddF32Fast runs MulAddF32 (equal lengths >= 1) with the AVX-512
+// kernel and reports whether it did (false off the AVX-512 path).
+func mulAddF32Fast(dst, x, w []float32) bool {
+	if !useSIMD || !useAVX512 {
+		return false
+	}
+	mulAddF32AVX512(&dst[0], &x[0], &w[0], len(dst))
+	return true
+}

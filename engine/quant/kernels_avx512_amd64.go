@@ -166,3 +166,6 @@ func deltaRuleAVX512(st, q, k, v, o *float32, n, rows int, beta, decay, scale fl
 
 //go:noescape
 func q8KQuantAVX512(x *float32, dst *byte, nb int) int
+
+//go:noescape
+func mulAddF32AVX512(dst, x, w *float32, n int)

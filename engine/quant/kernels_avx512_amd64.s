@@ -1897,3 +1897,47 @@ qkdone:
 	K4CLEAN
 	MOVQ AX, ret+24(FP)
 	RET
+
+// func mulAddF32AVX512(dst, x, w *float32, n int)
+// dst[i] = dst[i] + x[i]*w[i] for i < n (n >= 1), 16 lanes at a time, the
+// tail under a mask: VMULPS x*w then VADDPS dst+product, each rounded,
+// with the scalar loop's operand order (x first in the multiply, dst
+// first in the add).
+TEXT ·mulAddF32AVX512(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ n+24(FP), CX
+	CMPQ CX, $16
+	JLT  matail
+
+maloop:
+	VMOVUPS 0(SI), Z0
+	VMULPS  0(DX), Z0, Z0
+	VMOVUPS 0(DI), Z1
+	VADDPS  Z0, Z1, Z1
+	VMOVUPS Z1, 0(DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DX
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	CMPQ    CX, $16
+	JGE     maloop
+
+matail:
+	TESTQ     CX, CX
+	JZ        madone
+	MOVL      $1, AX
+	SHLL      CX, AX
+	DECL      AX
+	KMOVW     AX, K1
+	VMOVUPS.Z 0(SI), K1, Z0
+	VMOVUPS.Z 0(DX), K1, Z2
+	VMULPS    Z2, Z0, Z0
+	VMOVUPS.Z 0(DI), K1, Z1
+	VADDPS    Z0, Z1, Z1
+	VMOVUPS   Z1, K1, 0(DI)
+
+madone:
+	VZEROUPPER
+	RET

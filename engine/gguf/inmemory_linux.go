@@ -23,8 +23,9 @@ const hugePage = 2 << 20
 // mapping cost up to 1.5x the CPU per byte of the same bytes on huge
 // pages). The file's page-cache copy is then dropped
 // (POSIX_FADV_DONTNEED), so the process holds the weights once, as
-// llama.cpp --no-mmap does. Errors: those of os.Open, mmap, reading the
-// file and Parse, prefixed with the path.
+// llama.cpp --no-mmap does. It reads the whole file before returning:
+// the caller decides whether it fits in memory. Errors: those of os.Open,
+// mmap, reading the file and Parse, prefixed with the path.
 func OpenInMemory(path string) (*File, error) {
 	fd, err := os.Open(path)
 	if err != nil {

@@ -319,11 +319,22 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 	// phase-1 units that no goroutine has claimed yet, then waits for the
 	// claimed ones to finish (a unit is claimed only by the goroutine that
 	// then computes it, so they are under way): any order of units works.
+	//
+	// With at least two experts per goroutine (a decode step's top-8 on 2
+	// or 3 threads) every unit is a whole expert's matrix: each kernel call
+	// starts its row streams cold (about 0.5-1 us of memory latency before
+	// they flow, quant's BenchmarkKernelSplit), so fewer, longer calls
+	// read the same bytes in less CPU time. With fewer experts they are cut
+	// into row ranges so that every goroutine has work.
 	blk := dT.VecDotType().BlockSize()
 	bb := hab / (dff / blk) // bytes of one converted block
-	s.units = splitUnits(s.units[:0], s.active, dff, blk, 6*threads)
+	t1, t2 := 6*threads, 16*threads
+	if len(s.active) >= 2*threads {
+		t1, t2 = len(s.active), len(s.active) // whole experts
+	}
+	s.units = splitUnits(s.units[:0], s.active, dff, blk, t1)
 	n1 := len(s.units)
-	s.units = splitUnits(s.units, s.active, d, 1, 16*threads)
+	s.units = splitUnits(s.units, s.active, d, 1, t2)
 	c1, c2 := n1/len(s.active), (len(s.units)-n1)/len(s.active) // units per expert
 	s.claimed = grow(s.claimed, n1)
 	for i := range s.claimed {

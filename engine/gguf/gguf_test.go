@@ -557,3 +557,49 @@ func TestOpenClose(t *testing.T) {
 		t.Errorf("empty file: %v", err)
 	}
 }
+
+// TestOpenInMemory checks that OpenInMemory gives the same metadata and
+// tensor bytes as Open's mapping, on every fixture model, and the same
+// errors for an absent and an empty file.
+func TestOpenInMemory(t *testing.T) {
+	dir := fixtureDir(t)
+	for _, fm := range fixtureModels {
+		path := filepath.Join(dir, fm.file)
+		mapped, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, err := OpenInMemory(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mem.Architecture() != mapped.Architecture() || len(mem.Tensors) != len(mapped.Tensors) {
+			t.Fatalf("%s: architecture %q vs %q, %d vs %d tensors", fm.file, mem.Architecture(), mapped.Architecture(), len(mem.Tensors), len(mapped.Tensors))
+		}
+		for _, info := range mapped.Tensors {
+			a, err1 := mapped.Tensor(info.Name)
+			b, err2 := mem.Tensor(info.Name)
+			if err1 != nil || err2 != nil || !bytes.Equal(a.Data, b.Data) {
+				t.Fatalf("%s: tensor %s differs (%v, %v)", fm.file, info.Name, err1, err2)
+			}
+		}
+		if err := mem.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := mem.Tensor(mapped.Tensors[0].Name); !errors.Is(err, ErrClosed) {
+			t.Errorf("Tensor after Close: %v", err)
+		}
+		_ = mapped.Close()
+	}
+	tmp := t.TempDir()
+	if _, err := OpenInMemory(filepath.Join(tmp, "absent.gguf")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("absent file: %v", err)
+	}
+	empty := filepath.Join(tmp, "empty.gguf")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenInMemory(empty); err == nil || !strings.Contains(err.Error(), empty) {
+		t.Errorf("empty file: %v", err)
+	}
+}

@@ -30,6 +30,9 @@ var realModel struct {
 //   - pp512: one iteration runs a 512-token prompt as one batch, logits for
 //     its last row (llama-bench -p 512); tok/s.
 //
+// KVASIR_BENCH_INMEMORY=1 opens the file with gguf.OpenInMemory (the
+// weights on huge pages) instead of mapping it.
+//
 // One untimed iteration first warms the caches (llama-bench also runs one
 // warm-up). cpu-us/tok is the process CPU time per token (on a shared
 // machine, wall-clock rates are low bounds).
@@ -39,7 +42,11 @@ func BenchmarkRealModel(b *testing.B) {
 		b.Skip("KVASIR_BENCH_MODEL not set: no real-size model to measure")
 	}
 	realModel.once.Do(func() {
-		f, err := gguf.Open(path)
+		open := gguf.Open
+		if os.Getenv("KVASIR_BENCH_INMEMORY") == "1" {
+			open = gguf.OpenInMemory
+		}
+		f, err := open(path)
 		if err != nil {
 			realModel.err = err
 			return

@@ -135,11 +135,8 @@ func convHead(p Params, g *GatedDeltaNet, state, mixed, cv []float32, rows []int
 		for j := range kc {
 			// ggml_compute_forward_ssm_conv_f32: a float32 sum in tap
 			// order, from 0, per channel.
-			x := in(t + j)[:len(out)]
-			w := g.convT[j*conv+c0 : j*conv+c0+len(out)]
-			for c, xc := range x {
-				out[c] += float32(xc * w[c])
-			}
+			// out[c] += float32(x[c] * w[c]), element by element.
+			quant.MulAddF32(out, in(t+j), g.convT[j*conv+c0:j*conv+c0+len(out)])
 		}
 		expert.SiLU(out, out)
 	}

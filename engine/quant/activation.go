@@ -70,8 +70,13 @@ func ConvertActivation(weight Type, x []float32, dst []byte) error {
 			quantizeQ8Block(x[32*i:32*i+32], dst[36*i:36*i+36], true)
 		}
 	case Q8_K:
-		for i := 0; i < len(x)/QK_K; i++ {
-			quantizeQ8KBlock(x[QK_K*i:QK_K*(i+1)], dst[292*i:292*(i+1)])
+		nb := len(x) / QK_K
+		for i := 0; i < nb; i++ {
+			// The kernel converts what it can (bit for bit); a block it
+			// stops at (a NaN) goes through the Go code.
+			if i += quantizeQ8KFast(x[QK_K*i:], dst[292*i:]); i < nb {
+				quantizeQ8KBlock(x[QK_K*i:QK_K*(i+1)], dst[292*i:292*(i+1)])
+			}
 		}
 	default:
 		return fmt.Errorf("%w: activation type %s", ErrUnsupported, weight.VecDotType())

@@ -149,3 +149,97 @@ func BenchmarkKernel(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkKernelShapes measures the Q4_K matrix x vector (m = 1, one
+// goroutine, MatMulConverted) per weight shape, weights streamed from
+// memory (copies of the matrix filling benchWorkingSet bytes): a dense
+// projection (2048 x 2048) against the Qwen3.5-35B-A3B routed expert's
+// matrices and the units expert.Local cuts them into (gate/up 512 x 2048
+// and halves of it, down 2048 x 512 and quarters of it). cpu-ns/KB is the
+// CPU time per KiB of weights (steady on a shared machine): an expert
+// shape costing more per byte than the dense one shows per-call or
+// per-row overhead.
+func BenchmarkKernelShapes(b *testing.B) {
+	for _, sh := range []struct{ rows, cols int }{{2048, 2048}, {512, 2048}, {256, 2048}, {2048, 512}, {512, 512}} {
+		b.Run(fmt.Sprintf("Q4_K/%dx%d", sh.rows, sh.cols), func(b *testing.B) {
+			rb, _ := Q4_K.RowBytes(sh.cols)
+			ab, _ := ActivationBytes(Q4_K, sh.cols)
+			one := make([]byte, sh.rows*rb)
+			if err := Quantize(Q4_K, randomRows(41, sh.rows*sh.cols), one); err != nil {
+				b.Fatal(err)
+			}
+			ws := make([]byte, benchWorkingSet/len(one)*len(one))
+			for i := 0; i < len(ws); i += len(one) {
+				copy(ws[i:], one)
+			}
+			xc := make([]byte, ab)
+			if err := ConvertActivation(Q4_K, randomRows(42, sh.cols), xc); err != nil {
+				b.Fatal(err)
+			}
+			y := make([]float32, sh.rows)
+			i := 0
+			cpu0 := processCPU()
+			for b.Loop() {
+				if err := MatMulConverted(Q4_K, ws[i:i+len(one)], sh.rows, sh.cols, xc, 1, y, 1); err != nil {
+					b.Fatal(err)
+				}
+				if i += len(one); i == len(ws) {
+					i = 0
+				}
+			}
+			kb := float64(b.N) * float64(len(one)) / 1024
+			b.ReportMetric(float64(b.N)*float64(len(one))/b.Elapsed().Seconds()/1e9, "weight_GB/s")
+			if c := processCPU() - cpu0; cpu0 > 0 {
+				b.ReportMetric(float64(c.Nanoseconds())/kb, "cpu-ns/KB")
+			}
+		})
+	}
+}
+
+// BenchmarkKernelSplit runs the same Q4_K matrix x vector (m = 1, one
+// goroutine, weights streamed from memory) as one MatMulConverted call
+// and as calls over equal row ranges, as expert.Local cuts an expert's
+// matrices into units: the difference per KiB is what a call's start
+// costs (cold row streams, activation reordering, call overhead).
+func BenchmarkKernelSplit(b *testing.B) {
+	for _, sh := range []struct{ rows, cols int }{{2048, 2048}, {2048, 512}} {
+		rb, _ := Q4_K.RowBytes(sh.cols)
+		ab, _ := ActivationBytes(Q4_K, sh.cols)
+		one := make([]byte, sh.rows*rb)
+		if err := Quantize(Q4_K, randomRows(43, sh.rows*sh.cols), one); err != nil {
+			b.Fatal(err)
+		}
+		ws := make([]byte, benchWorkingSet/len(one)*len(one))
+		for i := 0; i < len(ws); i += len(one) {
+			copy(ws[i:], one)
+		}
+		xc := make([]byte, ab)
+		if err := ConvertActivation(Q4_K, randomRows(44, sh.cols), xc); err != nil {
+			b.Fatal(err)
+		}
+		y := make([]float32, sh.rows)
+		for _, calls := range []int{1, 4, 16} {
+			b.Run(fmt.Sprintf("Q4_K/%dx%d/calls=%d", sh.rows, sh.cols, calls), func(b *testing.B) {
+				step := sh.rows / calls
+				i := 0
+				cpu0 := processCPU()
+				for b.Loop() {
+					w := ws[i : i+len(one)]
+					for r := 0; r < sh.rows; r += step {
+						if err := MatMulConverted(Q4_K, w[r*rb:(r+step)*rb], step, sh.cols, xc, 1, y[r:r+step], 1); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if i += len(one); i == len(ws) {
+						i = 0
+					}
+				}
+				kb := float64(b.N) * float64(len(one)) / 1024
+				b.ReportMetric(float64(b.N)*float64(len(one))/b.Elapsed().Seconds()/1e9, "weight_GB/s")
+				if c := processCPU() - cpu0; cpu0 > 0 {
+					b.ReportMetric(float64(c.Nanoseconds())/kb, "cpu-ns/KB")
+				}
+			})
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package quant
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"math"
@@ -384,5 +385,91 @@ func TestConvertQ8KRoundedProduct(t *testing.T) {
 		if got := int8(dst[4+i]); got != w {
 			t.Errorf("x=%.9g (s*x rounds to %g): code %d, want %d", x[i], x[i]*s, got, w)
 		}
+	}
+}
+
+// TestConvertQ8KKernel holds ConvertActivation's Q8_K conversion on each
+// SIMD path (the AVX-512 kernel where there is one) to quantizeQ8KBlock,
+// byte for byte, over rows of several blocks: random values across
+// scales, ties of |x| (+a and -a: the first one sets the sign), zero and
+// negative-zero blocks, infinities, subnormals, and NaN blocks between
+// others (the kernel stops before them and the Go code converts them).
+func TestConvertQ8KKernel(t *testing.T) { eachSIMDPath(t, testConvertQ8KKernel) }
+
+func testConvertQ8KKernel(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	const nb = 6
+	for trial := range 200 {
+		x := make([]float32, nb*QK_K)
+		for b := range nb {
+			blk := x[b*QK_K : (b+1)*QK_K]
+			scale := float32(math.Pow(10, r.Float64()*14-7))
+			for i := range blk {
+				blk[i] = float32(r.NormFloat64()) * scale
+			}
+			switch (trial + b) % 9 {
+			case 1: // a tie of |x|, the negative one first or second
+				i, j := r.IntN(QK_K), r.IntN(QK_K)
+				blk[i], blk[j] = 1e9, 1e9
+				if r.IntN(2) == 0 {
+					blk[min(i, j)] = -1e9
+				} else {
+					blk[max(i, j)] = -1e9
+				}
+			case 2:
+				clear(blk)
+			case 3:
+				for i := range blk {
+					blk[i] = float32(math.Copysign(0, -1))
+				}
+			case 4:
+				blk[r.IntN(QK_K)] = float32(math.Inf(1 - 2*r.IntN(2)))
+			case 5:
+				blk[r.IntN(QK_K)] = float32(math.NaN())
+			case 6:
+				for i := range blk {
+					blk[i] = math.Float32frombits(uint32(r.IntN(1 << 23))) // subnormals
+				}
+			case 7: // every code at the limits
+				for i := range blk {
+					blk[i] = float32(1 - 2*(i&1))
+				}
+			}
+		}
+		got, want := make([]byte, nb*292), make([]byte, nb*292)
+		for i := range got {
+			got[i], want[i] = 0xa5, 0xa5 // every byte must be written
+		}
+		if err := ConvertActivation(Q4_K, x, got); err != nil {
+			t.Fatal(err)
+		}
+		for b := range nb {
+			quantizeQ8KBlock(x[b*QK_K:(b+1)*QK_K], want[b*292:(b+1)*292])
+		}
+		if !bytes.Equal(got, want) {
+			for i := range got {
+				if got[i] != want[i] {
+					t.Fatalf("trial %d: byte %d (block %d, offset %d) = %#x, want %#x", trial, i, i/292, i%292, got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkConvertQ8K converts one 2048-float row (8 blocks, a model
+// row of the 35B shape) to Q8_K per SIMD path.
+func BenchmarkConvertQ8K(b *testing.B) {
+	x := randomRows(51, 2048)
+	dst := make([]byte, 8*292)
+	for _, p := range simdPaths() {
+		b.Run(p, func(b *testing.B) {
+			old, _ := SetSIMDPath(p)
+			defer SetSIMDPath(old)
+			for b.Loop() {
+				if err := ConvertActivation(Q4_K, x, dst); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

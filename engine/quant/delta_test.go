@@ -72,3 +72,37 @@ func BenchmarkDeltaRule(b *testing.B) {
 		})
 	}
 }
+
+// TestMulAddF32 holds MulAddF32 on each SIMD path to the Go loop it
+// stands for, bit for bit, over lengths around the 16-lane steps and
+// values that include zeros of both signs, infinities and subnormals,
+// and checks that it writes nothing past len(dst).
+func TestMulAddF32(t *testing.T) { eachSIMDPath(t, testMulAddF32) }
+
+func testMulAddF32(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 2))
+	special := []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)), 1e-42, -3e-39, 3e38}
+	val := func() float32 {
+		if r.IntN(8) == 0 {
+			return special[r.IntN(len(special))]
+		}
+		return float32(r.NormFloat64() * math.Pow(10, r.Float64()*8-4))
+	}
+	for _, n := range []int{1, 2, 15, 16, 17, 31, 32, 33, 100, 128, 129} {
+		for range 20 {
+			x, w, d0 := make([]float32, n+3), make([]float32, n+3), make([]float32, n+3)
+			for i := range x {
+				x[i], w[i], d0[i] = val(), val(), val()
+			}
+			got, want := append([]float32(nil), d0...), append([]float32(nil), d0...)
+			MulAddF32(got[:n], x, w)
+			genericMulAddF32(want[:n], x[:n], w[:n])
+			for i := range want {
+				if !sameBits(got[i], want[i]) {
+					t.Fatalf("n=%d: dst[%d] = %v, want %v (x %v, w %v, dst %v)", n, i, got[i], want[i], x[i], w[i], d0[i])
+				}
+			}
+		}
+	}
+	MulAddF32(nil, nil, nil) // nothing to do
+}

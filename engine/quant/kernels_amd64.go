@@ -426,3 +426,26 @@ func deltaRule(st, q, k, v, o []float32, beta, decay, scale float32) {
 		genericDeltaRule(st, q, k, v, o, beta, decay, scale)
 	}
 }
+
+// quantizeQ8KFast converts the leading blocks of x (len(x)/QK_K blocks
+// of QK_K floats) into block_q8_K at dst (292 bytes each) with the
+// AVX-512 kernel, as quantizeQ8KBlock does bit for bit, and returns how
+// many it converted: it stops before a block holding a NaN, and does
+// nothing (0) off the AVX-512 path.
+func quantizeQ8KFast(x []float32, dst []byte) int {
+	nb := len(x) / QK_K
+	if !useSIMD || !useAVX512 || nb == 0 || len(dst) < 292*nb {
+		return 0
+	}
+	return q8KQuantAVX512(&x[0], &dst[0], nb)
+}
+
+// mulAddF32Fast runs MulAddF32 (equal lengths >= 1) with the AVX-512
+// kernel and reports whether it did (false off the AVX-512 path).
+func mulAddF32Fast(dst, x, w []float32) bool {
+	if !useSIMD || !useAVX512 {
+		return false
+	}
+	mulAddF32AVX512(&dst[0], &x[0], &w[0], len(dst))
+	return true
+}

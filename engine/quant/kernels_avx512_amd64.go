@@ -163,3 +163,9 @@ func matMulRowsArch(weight Type, w []byte, rb, cols int, xc []byte, ab, m int, y
 
 //go:noescape
 func deltaRuleAVX512(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
+
+//go:noescape
+func q8KQuantAVX512(x *float32, dst *byte, nb int) int
+
+//go:noescape
+func mulAddF32AVX512(dst, x, w *float32, n int)

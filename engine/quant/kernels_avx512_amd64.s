@@ -423,6 +423,26 @@ TEXT ·q4KRowsAVX512(SB), NOSPLIT, $24-48
 	MOVQ  R8, AX
 	IMULQ R9, AX
 	MOVQ  AX, 8(SP)
+	MOVQ  BX, SI
+	LEAQ  (BX)(AX*1), R11
+	LEAQ  (BX)(AX*2), R12
+	LEAQ  (R11)(AX*2), R13
+	MOVQ  $(PFD/64), CX
+
+q4k5warm:
+	// The first PFD bytes of each row run: the loop's prefetches start PFD
+	// bytes in, so without these a call's first blocks wait on memory one
+	// demand miss after another.
+	PREFETCHT0 (SI)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+	PREFETCHT0 (R13)
+	ADDQ       $64, SI
+	ADDQ       $64, R11
+	ADDQ       $64, R12
+	ADDQ       $64, R13
+	DECQ       CX
+	JNZ        q4k5warm
 
 q4k5quad:
 	MOVQ   BX, SI
@@ -962,6 +982,19 @@ q4k58loop:
 	VPSHUFD       $0xb1, X2, X3 \
 	VADDSS        X3, X2, X2
 
+// REDUCE32R(ZA, ZB, YA, YB, XA, XB) is REDUCE32Z on ZA, ZB (the sum in
+// XA's lane 0; clobbers ZB).
+#define REDUCE32R(ZA, ZB, YA, YB, XA, XB) \
+	VADDPS        ZB, ZA, ZA \
+	VEXTRACTF64X4 $1, ZA, YB \
+	VADDPS        YB, YA, YA \
+	VEXTRACTF128  $1, YA, XB \
+	VADDPS        XB, XA, XA \
+	VPSHUFD       $0x4e, XA, XB \
+	VADDPS        XB, XA, XA \
+	VPSHUFD       $0xb1, XA, XB \
+	VADDSS        XB, XA, XA
+
 // func deltaRuleAVX512(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
 // genericDeltaRule for n, rows >= 1: per state row j (n floats at st +
 // j*n), pass 1 scales the row by decay, stores it and sums its products
@@ -969,9 +1002,11 @@ q4k58loop:
 // d = (v[j] - sum) * beta; pass 2 adds k*d (multiply, then add), stores
 // the row and sums its products with q; o[j] = sum * scale. Registers:
 // BX row, R8 rows left, R9 row bytes, R10 &o[j], R13 &v[j], R12 steps of
-// 32, DX tail, Z20 decay, X21 scale, X22 beta, Z23 d. Pairs of rows go
-// through dpair, two rows interleaved (the reductions' latency overlaps);
-// an odd last row through drow's single-row code.
+// 32, DX tail, Z20 decay, X21 scale, X22 beta, Z23 d. Groups of four
+// rows go through dquad, interleaved (one row's reductions' latency
+// overlaps the other rows' work: a 128 x 128 head in 1.28 us instead of
+// 1.67 with pairs, BenchmarkDeltaRule), then a pair left through dpair
+// and an odd last row through drow's single-row code.
 TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
 	MOVQ         st+0(FP), BX
 	MOVQ         v+24(FP), R13
@@ -989,6 +1024,8 @@ TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
 	F32TAILMASKS
 
 drow:
+	CMPQ   R8, $4
+	JGE    dquad
 	CMPQ   R8, $2
 	JGE    dpair
 	MOVQ   BX, SI
@@ -1092,6 +1129,279 @@ dbreduce:
 	JNZ    drow
 	VZEROUPPER
 	RET
+
+	// Four rows at once (rows j..j+3 at SI, SI+R9, AX, AX+R9;
+	// accumulators Z0..Z7, products Z10..Z17, d in Z24..Z27): the same
+	// operations per row, four independent chains, so that the
+	// reductions' latency of one row overlaps the others' work.
+dquad:
+	MOVQ          BX, SI
+	LEAQ          (BX)(R9*2), AX
+	MOVQ          k+16(FP), DI
+	VXORPS        Z0, Z0, Z0
+	VXORPS        Z1, Z1, Z1
+	VXORPS        Z2, Z2, Z2
+	VXORPS        Z3, Z3, Z3
+	VXORPS        Z4, Z4, Z4
+	VXORPS        Z5, Z5, Z5
+	VXORPS        Z6, Z6, Z6
+	VXORPS        Z7, Z7, Z7
+	MOVQ          R12, CX
+	TESTQ         CX, CX
+	JZ            dqatail
+
+dqaloop:
+	VMULPS        0(SI), Z20, Z10
+	VMULPS        64(SI), Z20, Z11
+	VMULPS        0(SI)(R9*1), Z20, Z12
+	VMULPS        64(SI)(R9*1), Z20, Z13
+	VMULPS        0(AX), Z20, Z14
+	VMULPS        64(AX), Z20, Z15
+	VMULPS        0(AX)(R9*1), Z20, Z16
+	VMULPS        64(AX)(R9*1), Z20, Z17
+	VMOVUPS       Z10, 0(SI)
+	VMOVUPS       Z11, 64(SI)
+	VMOVUPS       Z12, 0(SI)(R9*1)
+	VMOVUPS       Z13, 64(SI)(R9*1)
+	VMOVUPS       Z14, 0(AX)
+	VMOVUPS       Z15, 64(AX)
+	VMOVUPS       Z16, 0(AX)(R9*1)
+	VMOVUPS       Z17, 64(AX)(R9*1)
+	VMOVUPS       0(DI), Z8
+	VMOVUPS       64(DI), Z9
+	VMULPS        Z8, Z10, Z10
+	VMULPS        Z9, Z11, Z11
+	VMULPS        Z8, Z12, Z12
+	VMULPS        Z9, Z13, Z13
+	VMULPS        Z8, Z14, Z14
+	VMULPS        Z9, Z15, Z15
+	VMULPS        Z8, Z16, Z16
+	VMULPS        Z9, Z17, Z17
+	VADDPS        Z10, Z0, Z0
+	VADDPS        Z11, Z1, Z1
+	VADDPS        Z12, Z2, Z2
+	VADDPS        Z13, Z3, Z3
+	VADDPS        Z14, Z4, Z4
+	VADDPS        Z15, Z5, Z5
+	VADDPS        Z16, Z6, Z6
+	VADDPS        Z17, Z7, Z7
+	ADDQ          $128, SI
+	ADDQ          $128, AX
+	ADDQ          $128, DI
+	DECQ          CX
+	JNZ           dqaloop
+
+dqatail:
+	TESTQ         DX, DX
+	JZ            dqareduce
+	VMOVUPS.Z     0(SI), K1, Z10
+	VMOVUPS.Z     64(SI), K2, Z11
+	VMOVUPS.Z     0(SI)(R9*1), K1, Z12
+	VMOVUPS.Z     64(SI)(R9*1), K2, Z13
+	VMOVUPS.Z     0(AX), K1, Z14
+	VMOVUPS.Z     64(AX), K2, Z15
+	VMOVUPS.Z     0(AX)(R9*1), K1, Z16
+	VMOVUPS.Z     64(AX)(R9*1), K2, Z17
+	VMULPS        Z20, Z10, Z10
+	VMULPS        Z20, Z11, Z11
+	VMULPS        Z20, Z12, Z12
+	VMULPS        Z20, Z13, Z13
+	VMULPS        Z20, Z14, Z14
+	VMULPS        Z20, Z15, Z15
+	VMULPS        Z20, Z16, Z16
+	VMULPS        Z20, Z17, Z17
+	VMOVUPS       Z10, K1, 0(SI)
+	VMOVUPS       Z11, K2, 64(SI)
+	VMOVUPS       Z12, K1, 0(SI)(R9*1)
+	VMOVUPS       Z13, K2, 64(SI)(R9*1)
+	VMOVUPS       Z14, K1, 0(AX)
+	VMOVUPS       Z15, K2, 64(AX)
+	VMOVUPS       Z16, K1, 0(AX)(R9*1)
+	VMOVUPS       Z17, K2, 64(AX)(R9*1)
+	VMOVUPS.Z     0(DI), K1, Z8
+	VMOVUPS.Z     64(DI), K2, Z9
+	VMULPS        Z8, Z10, Z10
+	VMULPS        Z9, Z11, Z11
+	VMULPS        Z8, Z12, Z12
+	VMULPS        Z9, Z13, Z13
+	VMULPS        Z8, Z14, Z14
+	VMULPS        Z9, Z15, Z15
+	VMULPS        Z8, Z16, Z16
+	VMULPS        Z9, Z17, Z17
+	VADDPS        Z10, Z0, K1, Z0
+	VADDPS        Z11, Z1, K2, Z1
+	VADDPS        Z12, Z2, K1, Z2
+	VADDPS        Z13, Z3, K2, Z3
+	VADDPS        Z14, Z4, K1, Z4
+	VADDPS        Z15, Z5, K2, Z5
+	VADDPS        Z16, Z6, K1, Z6
+	VADDPS        Z17, Z7, K2, Z7
+
+dqareduce:
+	REDUCE32R(Z0, Z1, Y0, Y1, X0, X1)
+	REDUCE32R(Z2, Z3, Y2, Y3, X2, X3)
+	REDUCE32R(Z4, Z5, Y4, Y5, X4, X5)
+	REDUCE32R(Z6, Z7, Y6, Y7, X6, X7)
+	VMOVSS        0(R13), X10
+	VSUBSS        X0, X10, X10
+	VMULSS        X22, X10, X10
+	VBROADCASTSS  X10, Z24
+	VMOVSS        4(R13), X11
+	VSUBSS        X2, X11, X11
+	VMULSS        X22, X11, X11
+	VBROADCASTSS  X11, Z25
+	VMOVSS        8(R13), X12
+	VSUBSS        X4, X12, X12
+	VMULSS        X22, X12, X12
+	VBROADCASTSS  X12, Z26
+	VMOVSS        12(R13), X13
+	VSUBSS        X6, X13, X13
+	VMULSS        X22, X13, X13
+	VBROADCASTSS  X13, Z27
+	MOVQ          BX, SI
+	LEAQ          (BX)(R9*2), AX
+	MOVQ          k+16(FP), DI
+	MOVQ          q+8(FP), R11
+	VXORPS        Z0, Z0, Z0
+	VXORPS        Z1, Z1, Z1
+	VXORPS        Z2, Z2, Z2
+	VXORPS        Z3, Z3, Z3
+	VXORPS        Z4, Z4, Z4
+	VXORPS        Z5, Z5, Z5
+	VXORPS        Z6, Z6, Z6
+	VXORPS        Z7, Z7, Z7
+	MOVQ          R12, CX
+	TESTQ         CX, CX
+	JZ            dqbtail
+
+dqbloop:
+	VMOVUPS       0(DI), Z8
+	VMOVUPS       64(DI), Z9
+	VMULPS        Z8, Z24, Z10
+	VMULPS        Z9, Z24, Z11
+	VMULPS        Z8, Z25, Z12
+	VMULPS        Z9, Z25, Z13
+	VMULPS        Z8, Z26, Z14
+	VMULPS        Z9, Z26, Z15
+	VMULPS        Z8, Z27, Z16
+	VMULPS        Z9, Z27, Z17
+	VADDPS        0(SI), Z10, Z10
+	VADDPS        64(SI), Z11, Z11
+	VADDPS        0(SI)(R9*1), Z12, Z12
+	VADDPS        64(SI)(R9*1), Z13, Z13
+	VADDPS        0(AX), Z14, Z14
+	VADDPS        64(AX), Z15, Z15
+	VADDPS        0(AX)(R9*1), Z16, Z16
+	VADDPS        64(AX)(R9*1), Z17, Z17
+	VMOVUPS       Z10, 0(SI)
+	VMOVUPS       Z11, 64(SI)
+	VMOVUPS       Z12, 0(SI)(R9*1)
+	VMOVUPS       Z13, 64(SI)(R9*1)
+	VMOVUPS       Z14, 0(AX)
+	VMOVUPS       Z15, 64(AX)
+	VMOVUPS       Z16, 0(AX)(R9*1)
+	VMOVUPS       Z17, 64(AX)(R9*1)
+	VMOVUPS       0(R11), Z8
+	VMOVUPS       64(R11), Z9
+	VMULPS        Z8, Z10, Z10
+	VMULPS        Z9, Z11, Z11
+	VMULPS        Z8, Z12, Z12
+	VMULPS        Z9, Z13, Z13
+	VMULPS        Z8, Z14, Z14
+	VMULPS        Z9, Z15, Z15
+	VMULPS        Z8, Z16, Z16
+	VMULPS        Z9, Z17, Z17
+	VADDPS        Z10, Z0, Z0
+	VADDPS        Z11, Z1, Z1
+	VADDPS        Z12, Z2, Z2
+	VADDPS        Z13, Z3, Z3
+	VADDPS        Z14, Z4, Z4
+	VADDPS        Z15, Z5, Z5
+	VADDPS        Z16, Z6, Z6
+	VADDPS        Z17, Z7, Z7
+	ADDQ          $128, SI
+	ADDQ          $128, AX
+	ADDQ          $128, DI
+	ADDQ          $128, R11
+	DECQ          CX
+	JNZ           dqbloop
+
+dqbtail:
+	TESTQ         DX, DX
+	JZ            dqbreduce
+	VMOVUPS.Z     0(DI), K1, Z8
+	VMOVUPS.Z     64(DI), K2, Z9
+	VMOVUPS.Z     0(R11), K1, Z28
+	VMOVUPS.Z     64(R11), K2, Z29
+	VMULPS        Z8, Z24, Z10
+	VMULPS        Z9, Z24, Z11
+	VMOVUPS.Z     0(SI), K1, Z18
+	VMOVUPS.Z     64(SI), K2, Z19
+	VADDPS        Z18, Z10, Z10
+	VADDPS        Z19, Z11, Z11
+	VMOVUPS       Z10, K1, 0(SI)
+	VMOVUPS       Z11, K2, 64(SI)
+	VMULPS        Z28, Z10, Z10
+	VMULPS        Z29, Z11, Z11
+	VADDPS        Z10, Z0, K1, Z0
+	VADDPS        Z11, Z1, K2, Z1
+	VMULPS        Z8, Z25, Z12
+	VMULPS        Z9, Z25, Z13
+	VMOVUPS.Z     0(SI)(R9*1), K1, Z18
+	VMOVUPS.Z     64(SI)(R9*1), K2, Z19
+	VADDPS        Z18, Z12, Z12
+	VADDPS        Z19, Z13, Z13
+	VMOVUPS       Z12, K1, 0(SI)(R9*1)
+	VMOVUPS       Z13, K2, 64(SI)(R9*1)
+	VMULPS        Z28, Z12, Z12
+	VMULPS        Z29, Z13, Z13
+	VADDPS        Z12, Z2, K1, Z2
+	VADDPS        Z13, Z3, K2, Z3
+	VMULPS        Z8, Z26, Z14
+	VMULPS        Z9, Z26, Z15
+	VMOVUPS.Z     0(AX), K1, Z18
+	VMOVUPS.Z     64(AX), K2, Z19
+	VADDPS        Z18, Z14, Z14
+	VADDPS        Z19, Z15, Z15
+	VMOVUPS       Z14, K1, 0(AX)
+	VMOVUPS       Z15, K2, 64(AX)
+	VMULPS        Z28, Z14, Z14
+	VMULPS        Z29, Z15, Z15
+	VADDPS        Z14, Z4, K1, Z4
+	VADDPS        Z15, Z5, K2, Z5
+	VMULPS        Z8, Z27, Z16
+	VMULPS        Z9, Z27, Z17
+	VMOVUPS.Z     0(AX)(R9*1), K1, Z18
+	VMOVUPS.Z     64(AX)(R9*1), K2, Z19
+	VADDPS        Z18, Z16, Z16
+	VADDPS        Z19, Z17, Z17
+	VMOVUPS       Z16, K1, 0(AX)(R9*1)
+	VMOVUPS       Z17, K2, 64(AX)(R9*1)
+	VMULPS        Z28, Z16, Z16
+	VMULPS        Z29, Z17, Z17
+	VADDPS        Z16, Z6, K1, Z6
+	VADDPS        Z17, Z7, K2, Z7
+
+dqbreduce:
+	REDUCE32R(Z0, Z1, Y0, Y1, X0, X1)
+	REDUCE32R(Z2, Z3, Y2, Y3, X2, X3)
+	REDUCE32R(Z4, Z5, Y4, Y5, X4, X5)
+	REDUCE32R(Z6, Z7, Y6, Y7, X6, X7)
+	VMULSS        X21, X0, X0
+	VMOVSS        X0, 0(R10)
+	VMULSS        X21, X2, X2
+	VMOVSS        X2, 4(R10)
+	VMULSS        X21, X4, X4
+	VMOVSS        X4, 8(R10)
+	VMULSS        X21, X6, X6
+	VMOVSS        X6, 12(R10)
+	ADDQ          $16, R10
+	ADDQ          $16, R13
+	LEAQ          (BX)(R9*4), BX
+	SUBQ          $4, R8
+	JNZ           drow
+	VZEROUPPER    
+	RET           
 
 	// Two rows at once (rows j and j+1 at BX, AX; accumulators Z0, Z1
 	// and Z2, Z3; d in Z23, Z24): the same operations per row, two
@@ -1258,5 +1568,376 @@ dpbreduce:
 	LEAQ   (BX)(R9*2), BX
 	SUBQ   $2, R8
 	JNZ    drow
+	VZEROUPPER
+	RET
+
+// q8kbsperm: VPERMD indices putting the bsums of q8KQuantAVX512's 4x4
+// reduction (lane L, dword c = group 4c+L) in group order.
+DATA q8kbsperm<>+0(SB)/4, $0
+DATA q8kbsperm<>+4(SB)/4, $4
+DATA q8kbsperm<>+8(SB)/4, $8
+DATA q8kbsperm<>+12(SB)/4, $12
+DATA q8kbsperm<>+16(SB)/4, $1
+DATA q8kbsperm<>+20(SB)/4, $5
+DATA q8kbsperm<>+24(SB)/4, $9
+DATA q8kbsperm<>+28(SB)/4, $13
+DATA q8kbsperm<>+32(SB)/4, $2
+DATA q8kbsperm<>+36(SB)/4, $6
+DATA q8kbsperm<>+40(SB)/4, $10
+DATA q8kbsperm<>+44(SB)/4, $14
+DATA q8kbsperm<>+48(SB)/4, $3
+DATA q8kbsperm<>+52(SB)/4, $7
+DATA q8kbsperm<>+56(SB)/4, $11
+DATA q8kbsperm<>+60(SB)/4, $15
+GLOBL q8kbsperm<>(SB), RODATA|NOPTR, $64
+
+// func q8KQuantAVX512(x *float32, dst *byte, nb int) int
+// quantizeQ8KBlock for nb blocks of 256 floats at x into nb block_q8_K at
+// dst, stopping before the first block holding a NaN (the count of
+// blocks written is returned; the caller converts that block in Go).
+// Per block: amax as the integer maximum of the |x| bit patterns (the
+// float order for non-NaN values; a pattern above 0x7f800000 is a NaN),
+// max = the first x whose |x| equals it (quantizeQ8KBlock's strict >
+// scan), iscale = -127/max and d = 1/iscale (VDIVSS: Go's float32
+// division), q = (bits(iscale*x + 12582912) & 0x7fffff) - 0x400000
+// (nearestInt: multiply, then add, each rounded), min(q, 127), low byte;
+// bsums by VPDPBUSD of the codes with ones, then pairwise word sums.
+TEXT ·q8KQuantAVX512(SB), NOSPLIT, $0-32
+	MOVQ         x+0(FP), SI
+	MOVQ         dst+8(FP), DI
+	MOVQ         nb+16(FP), DX
+	XORQ         AX, AX
+	MOVL         $0x7fffffff, CX
+	VPBROADCASTD CX, Z30
+	MOVL         $0x4b400000, CX
+	VPBROADCASTD CX, Z29
+	MOVL         $0x007fffff, CX
+	VPBROADCASTD CX, Z28
+	MOVL         $0x00400000, CX
+	VPBROADCASTD CX, Z27
+	MOVL         $127, CX
+	VPBROADCASTD CX, Z26
+	MOVL         $0x01010101, CX
+	VPBROADCASTD CX, Z25
+	MOVL         $0x00010001, CX
+	VPBROADCASTD CX, Z24
+	VMOVDQU32    q8kbsperm<>(SB), Z23
+	VPXORD       Z22, Z22, Z22
+
+qkblock:
+	CMPQ AX, DX
+	JGE  qkdone
+	VPANDD       0(SI), Z30, Z0
+	VPANDD       64(SI), Z30, Z1
+	VPANDD       128(SI), Z30, Z2
+	VPANDD       192(SI), Z30, Z3
+	VPANDD       256(SI), Z30, Z4
+	VPANDD       320(SI), Z30, Z5
+	VPANDD       384(SI), Z30, Z6
+	VPANDD       448(SI), Z30, Z7
+	VPANDD       512(SI), Z30, Z8
+	VPANDD       576(SI), Z30, Z9
+	VPANDD       640(SI), Z30, Z10
+	VPANDD       704(SI), Z30, Z11
+	VPANDD       768(SI), Z30, Z12
+	VPANDD       832(SI), Z30, Z13
+	VPANDD       896(SI), Z30, Z14
+	VPANDD       960(SI), Z30, Z15
+	VPMAXUD      Z1, Z0, Z16
+	VPMAXUD      Z3, Z2, Z17
+	VPMAXUD      Z4, Z16, Z16
+	VPMAXUD      Z5, Z17, Z17
+	VPMAXUD      Z6, Z16, Z16
+	VPMAXUD      Z7, Z17, Z17
+	VPMAXUD      Z8, Z16, Z16
+	VPMAXUD      Z9, Z17, Z17
+	VPMAXUD      Z10, Z16, Z16
+	VPMAXUD      Z11, Z17, Z17
+	VPMAXUD      Z12, Z16, Z16
+	VPMAXUD      Z13, Z17, Z17
+	VPMAXUD      Z14, Z16, Z16
+	VPMAXUD      Z15, Z17, Z17
+	VPMAXUD       Z17, Z16, Z16
+	VEXTRACTI64X4 $1, Z16, Y17
+	VPMAXUD       Y17, Y16, Y16
+	VEXTRACTI32X4 $1, Y16, X17
+	VPMAXUD       X17, X16, X16
+	VPSHUFD       $0x4e, X16, X17
+	VPMAXUD       X17, X16, X16
+	VPSHUFD       $0xb1, X16, X17
+	VPMAXUD       X17, X16, X16
+	VMOVD         X16, CX
+	CMPL          CX, $0x7f800000
+	JHI           qkdone
+	TESTL         CX, CX
+	JZ            qkzero
+	VPBROADCASTD  X16, Z16
+	VPCMPEQD     Z16, Z0, K1
+	KMOVW        K1, BX
+	MOVQ         $0, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z1, K1
+	KMOVW        K1, BX
+	MOVQ         $16, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z2, K1
+	KMOVW        K1, BX
+	MOVQ         $32, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z3, K1
+	KMOVW        K1, BX
+	MOVQ         $48, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z4, K1
+	KMOVW        K1, BX
+	MOVQ         $64, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z5, K1
+	KMOVW        K1, BX
+	MOVQ         $80, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z6, K1
+	KMOVW        K1, BX
+	MOVQ         $96, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z7, K1
+	KMOVW        K1, BX
+	MOVQ         $112, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z8, K1
+	KMOVW        K1, BX
+	MOVQ         $128, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z9, K1
+	KMOVW        K1, BX
+	MOVQ         $144, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z10, K1
+	KMOVW        K1, BX
+	MOVQ         $160, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z11, K1
+	KMOVW        K1, BX
+	MOVQ         $176, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z12, K1
+	KMOVW        K1, BX
+	MOVQ         $192, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z13, K1
+	KMOVW        K1, BX
+	MOVQ         $208, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z14, K1
+	KMOVW        K1, BX
+	MOVQ         $224, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	VPCMPEQD     Z16, Z15, K1
+	KMOVW        K1, BX
+	MOVQ         $240, R8
+	TESTL        BX, BX
+	JNZ          qkfound
+	JMP           qkdone // unreachable: amax is one of the |x|
+
+qkfound:
+	TZCNTL       BX, BX
+	ADDQ         R8, BX
+	VMOVSS       (SI)(BX*4), X17
+	MOVL         $0xc2fe0000, CX // -127
+	VMOVD        CX, X18
+	VDIVSS       X17, X18, X18
+	MOVL         $0x3f800000, CX // 1
+	VMOVD        CX, X19
+	VDIVSS       X18, X19, X19
+	VMOVSS       X19, 0(DI)
+	VBROADCASTSS X18, Z18
+	VMULPS       0(SI), Z18, Z0
+	VADDPS       Z29, Z0, Z0
+	VPANDD       Z28, Z0, Z0
+	VPSUBD       Z27, Z0, Z0
+	VPMINSD      Z26, Z0, Z0
+	VPMOVDB      Z0, 4(DI)
+	VMULPS       64(SI), Z18, Z1
+	VADDPS       Z29, Z1, Z1
+	VPANDD       Z28, Z1, Z1
+	VPSUBD       Z27, Z1, Z1
+	VPMINSD      Z26, Z1, Z1
+	VPMOVDB      Z1, 20(DI)
+	VMULPS       128(SI), Z18, Z2
+	VADDPS       Z29, Z2, Z2
+	VPANDD       Z28, Z2, Z2
+	VPSUBD       Z27, Z2, Z2
+	VPMINSD      Z26, Z2, Z2
+	VPMOVDB      Z2, 36(DI)
+	VMULPS       192(SI), Z18, Z3
+	VADDPS       Z29, Z3, Z3
+	VPANDD       Z28, Z3, Z3
+	VPSUBD       Z27, Z3, Z3
+	VPMINSD      Z26, Z3, Z3
+	VPMOVDB      Z3, 52(DI)
+	VMULPS       256(SI), Z18, Z4
+	VADDPS       Z29, Z4, Z4
+	VPANDD       Z28, Z4, Z4
+	VPSUBD       Z27, Z4, Z4
+	VPMINSD      Z26, Z4, Z4
+	VPMOVDB      Z4, 68(DI)
+	VMULPS       320(SI), Z18, Z5
+	VADDPS       Z29, Z5, Z5
+	VPANDD       Z28, Z5, Z5
+	VPSUBD       Z27, Z5, Z5
+	VPMINSD      Z26, Z5, Z5
+	VPMOVDB      Z5, 84(DI)
+	VMULPS       384(SI), Z18, Z6
+	VADDPS       Z29, Z6, Z6
+	VPANDD       Z28, Z6, Z6
+	VPSUBD       Z27, Z6, Z6
+	VPMINSD      Z26, Z6, Z6
+	VPMOVDB      Z6, 100(DI)
+	VMULPS       448(SI), Z18, Z7
+	VADDPS       Z29, Z7, Z7
+	VPANDD       Z28, Z7, Z7
+	VPSUBD       Z27, Z7, Z7
+	VPMINSD      Z26, Z7, Z7
+	VPMOVDB      Z7, 116(DI)
+	VMULPS       512(SI), Z18, Z8
+	VADDPS       Z29, Z8, Z8
+	VPANDD       Z28, Z8, Z8
+	VPSUBD       Z27, Z8, Z8
+	VPMINSD      Z26, Z8, Z8
+	VPMOVDB      Z8, 132(DI)
+	VMULPS       576(SI), Z18, Z9
+	VADDPS       Z29, Z9, Z9
+	VPANDD       Z28, Z9, Z9
+	VPSUBD       Z27, Z9, Z9
+	VPMINSD      Z26, Z9, Z9
+	VPMOVDB      Z9, 148(DI)
+	VMULPS       640(SI), Z18, Z10
+	VADDPS       Z29, Z10, Z10
+	VPANDD       Z28, Z10, Z10
+	VPSUBD       Z27, Z10, Z10
+	VPMINSD      Z26, Z10, Z10
+	VPMOVDB      Z10, 164(DI)
+	VMULPS       704(SI), Z18, Z11
+	VADDPS       Z29, Z11, Z11
+	VPANDD       Z28, Z11, Z11
+	VPSUBD       Z27, Z11, Z11
+	VPMINSD      Z26, Z11, Z11
+	VPMOVDB      Z11, 180(DI)
+	VMULPS       768(SI), Z18, Z12
+	VADDPS       Z29, Z12, Z12
+	VPANDD       Z28, Z12, Z12
+	VPSUBD       Z27, Z12, Z12
+	VPMINSD      Z26, Z12, Z12
+	VPMOVDB      Z12, 196(DI)
+	VMULPS       832(SI), Z18, Z13
+	VADDPS       Z29, Z13, Z13
+	VPANDD       Z28, Z13, Z13
+	VPSUBD       Z27, Z13, Z13
+	VPMINSD      Z26, Z13, Z13
+	VPMOVDB      Z13, 212(DI)
+	VMULPS       896(SI), Z18, Z14
+	VADDPS       Z29, Z14, Z14
+	VPANDD       Z28, Z14, Z14
+	VPSUBD       Z27, Z14, Z14
+	VPMINSD      Z26, Z14, Z14
+	VPMOVDB      Z14, 228(DI)
+	VMULPS       960(SI), Z18, Z15
+	VADDPS       Z29, Z15, Z15
+	VPANDD       Z28, Z15, Z15
+	VPSUBD       Z27, Z15, Z15
+	VPMINSD      Z26, Z15, Z15
+	VPMOVDB      Z15, 244(DI)
+	VPXORD       Z0, Z0, Z0
+	VPXORD       Z1, Z1, Z1
+	VPXORD       Z2, Z2, Z2
+	VPXORD       Z3, Z3, Z3
+	VPDPBUSD     4(DI), Z25, Z0
+	VPDPBUSD     68(DI), Z25, Z1
+	VPDPBUSD     132(DI), Z25, Z2
+	VPDPBUSD     196(DI), Z25, Z3
+	VPACKSSDW    Z1, Z0, Z4
+	VPACKSSDW    Z3, Z2, Z5
+	VPMADDWD     Z24, Z4, Z4
+	VPMADDWD     Z24, Z5, Z5
+	VPACKSSDW    Z5, Z4, Z4
+	VPMADDWD     Z24, Z4, Z4
+	VPERMD       Z4, Z23, Z4
+	VPMOVDW      Z4, 260(DI)
+	JMP          qknext
+
+qkzero:
+	VMOVDQU64 Z22, 0(DI)
+	VMOVDQU64 Z22, 64(DI)
+	VMOVDQU64 Z22, 128(DI)
+	VMOVDQU64 Z22, 192(DI)
+	VMOVDQU64 Z22, 228(DI)
+
+qknext:
+	ADDQ $1024, SI
+	ADDQ $292, DI
+	INCQ AX
+	JMP  qkblock
+
+qkdone:
+	K4CLEAN
+	MOVQ AX, ret+24(FP)
+	RET
+
+// func mulAddF32AVX512(dst, x, w *float32, n int)
+// dst[i] = dst[i] + x[i]*w[i] for i < n (n >= 1), 16 lanes at a time, the
+// tail under a mask: VMULPS x*w then VADDPS dst+product, each rounded,
+// with the scalar loop's operand order (x first in the multiply, dst
+// first in the add).
+TEXT ·mulAddF32AVX512(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ n+24(FP), CX
+	CMPQ CX, $16
+	JLT  matail
+
+maloop:
+	VMOVUPS 0(SI), Z0
+	VMULPS  0(DX), Z0, Z0
+	VMOVUPS 0(DI), Z1
+	VADDPS  Z0, Z1, Z1
+	VMOVUPS Z1, 0(DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DX
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	CMPQ    CX, $16
+	JGE     maloop
+
+matail:
+	TESTQ     CX, CX
+	JZ        madone
+	MOVL      $1, AX
+	SHLL      CX, AX
+	DECL      AX
+	KMOVW     AX, K1
+	VMOVUPS.Z 0(SI), K1, Z0
+	VMOVUPS.Z 0(DX), K1, Z2
+	VMULPS    Z2, Z0, Z0
+	VMOVUPS.Z 0(DI), K1, Z1
+	VADDPS    Z0, Z1, Z1
+	VMOVUPS   Z1, K1, 0(DI)
+
+madone:
 	VZEROUPPER
 	RET

@@ -68,3 +68,10 @@ func matMulRowsArch(Type, []byte, int, int, []byte, int, int, []float32, int, in
 func deltaRule(st, q, k, v, o []float32, beta, decay, scale float32) {
 	genericDeltaRule(st, q, k, v, o, beta, decay, scale)
 }
+
+// quantizeQ8KFast has no pure-Go fast path: it converts nothing (see the
+// amd64 version).
+func quantizeQ8KFast(x []float32, dst []byte) int { return 0 }
+
+// mulAddF32Fast has no kernel in this build (MulAddF32 runs its Go loop).
+func mulAddF32Fast(dst, x, w []float32) bool { return false }

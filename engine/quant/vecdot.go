@@ -487,3 +487,27 @@ func genericQ6KSums(w, a []byte, out []int32) {
 		out[b] = s
 	}
 }
+
+// MulAddF32 sets dst[i] += x[i]*w[i] for i < len(dst), each product
+// rounded to float32 before the add (no fused multiply-add), element by
+// element: the bits of the Go loop `dst[i] += float32(x[i] * w[i])` on
+// every path (ggml_compute_forward_ssm_conv_f32's per-tap step). x and w
+// must hold at least len(dst) floats (else it panics, as the loop would).
+func MulAddF32(dst, x, w []float32) {
+	n := len(dst)
+	if n == 0 {
+		return
+	}
+	x, w = x[:n], w[:n]
+	if mulAddF32Fast(dst, x, w) {
+		return
+	}
+	genericMulAddF32(dst, x, w)
+}
+
+// genericMulAddF32 is MulAddF32 in Go (equal lengths).
+func genericMulAddF32(dst, x, w []float32) {
+	for i, xi := range x {
+		dst[i] += float32(xi * w[i])
+	}
+}

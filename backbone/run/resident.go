@@ -13,14 +13,15 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 )
 
-// ResidentAuto is --resident's default: lock the weights in memory when
-// they fit in the memory available (copy them when locking is not
-// allowed), else leave them mapped with a warning.
+// ResidentAuto is --resident's default: copy the weights into the
+// process's memory (huge pages where granted) when they fit in the memory
+// available (lock the mapping when the copy fails), else leave them mapped
+// with a warning.
 const ResidentAuto = "auto"
 
 // AddResidentFlag registers --resident on fs.
 func AddResidentFlag(fs *flag.FlagSet) *string {
-	return fs.String("resident", ResidentAuto, "how the model's weights stay in memory: auto (lock them when they fit in available memory, else leave them mapped and warn), lock (mlock the mapping: read once, never evicted), copy (into the process's own memory), mmap (page cache only: evicted weights are read from disk again at each step)")
+	return fs.String("resident", ResidentAuto, "how the model's weights stay in memory: auto (copy them when they fit in available memory, else leave them mapped and warn), copy (into the process's own memory, on huge pages where the system grants them: never evicted, fewest page-table walks), lock (mlock the file's mapping: read once, never evicted), mmap (page cache only: evicted weights are read from disk again at each step)")
 }
 
 // residentMargin is the memory auto leaves to everything else: the larger
@@ -31,7 +32,10 @@ func residentMargin(total uint64) uint64 { return max(1<<30, total/10) }
 // file: a backbone computes whatever a step routes to it) and logs what it
 // did. choice is auto, lock, copy or mmap. auto reads MemAvailable and
 // MemTotal from /proc/meminfo: when the weights plus residentMargin fit it
-// locks them, falling back to copy when mlock is refused; otherwise (or
+// copies them into the process's own memory, on transparent huge pages
+// where the system grants them (gguf.ResidentCopied: less CPU per weight
+// byte than the file's 4 KiB pages), falling back to locking the mapping
+// when the copy fails; otherwise (or
 // without /proc/meminfo) it leaves them mapped and warns. Errors: an
 // unknown choice, or an explicit lock/copy that failed (the weights then
 // stay mapped and valid).
@@ -57,10 +61,10 @@ func (m *Model) Resident(choice string, log *slog.Logger) (gguf.ResidentReport, 
 		}
 		return f.MakeResident(gguf.ResidentMapped, nil)
 	}
-	r, err := f.MakeResident(gguf.ResidentLocked, nil)
+	r, err := f.MakeResident(gguf.ResidentCopied, nil)
 	if err != nil {
-		log.Info("locking the weights refused; copying them into process memory", "err", err)
-		if r, err = f.MakeResident(gguf.ResidentCopied, nil); err != nil {
+		log.Info("copying the weights into process memory failed; locking the mapping instead", "err", err)
+		if r, err = f.MakeResident(gguf.ResidentLocked, nil); err != nil {
 			log.Warn("weights left mapped", "err", err)
 			return f.MakeResident(gguf.ResidentMapped, nil)
 		}

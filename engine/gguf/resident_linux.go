@@ -64,6 +64,13 @@ func (f *File) anonymize(b, buf []byte) error {
 	if p != addr {
 		return fmt.Errorf("mmap anonymous: got %p, asked %p", p, addr)
 	}
+	// Transparent huge pages where the system allows them on request
+	// (/sys/kernel/mm/transparent_hugepage/enabled = madvise, the usual
+	// default): a decode streaming its weights then walks the page tables
+	// 512 times less often than over the file's 4 KiB pages
+	// (expert.BenchmarkLocalFile: up to 1.5x the CPU per weight byte read
+	// through the mapping). Advice only.
+	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
 	copy(b, buf[:n])
 	if err := unix.Mprotect(b, unix.PROT_READ); err != nil {
 		return fmt.Errorf("mprotect: %w", err)

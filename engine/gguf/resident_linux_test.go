@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
@@ -178,4 +179,74 @@ func TestWriterDataSize(t *testing.T) {
 	if got, want := w.DataSize(), uint64(st.Size())-f.DataOffset; got != want {
 		t.Fatalf("DataSize %d, file data section %d", got, want)
 	}
+}
+
+// TestMakeResidentCopyHugePages: the copy of a tensor spanning several
+// 2 MiB pages sits on transparent huge pages when the system grants them
+// on request (/sys/kernel/mm/transparent_hugepage/enabled madvise or
+// always; skipped with never): /proc/self/smaps counts AnonHugePages in
+// the mapping that holds it.
+func TestMakeResidentCopyHugePages(t *testing.T) {
+	thp, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+	if err != nil || bytes.Contains(thp, []byte("[never]")) {
+		t.Skipf("transparent huge pages off here (%q, %v)", thp, err)
+	}
+	w := NewWriter()
+	w.SetString("general.architecture", "test")
+	data := make([]byte, 16<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>11)
+	}
+	if err := w.AddTensor("big", quant.F32, []uint64{uint64(len(data) / 4)}, data); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "big.gguf")
+	if err := w.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.MakeResident(ResidentCopied, nil); err != nil {
+		t.Fatal(err)
+	}
+	tn, _ := f.Tensor("big")
+	if !bytes.Equal(tn.Data, data) {
+		t.Fatal("the copy reads other bytes")
+	}
+	huge := anonHugeBytes(t, uintptr(unsafe.Pointer(&tn.Data[len(tn.Data)/2])))
+	if huge < 2<<20 {
+		t.Fatalf("AnonHugePages of the copy's mapping: %d bytes, want at least one 2 MiB page", huge)
+	}
+}
+
+// anonHugeBytes returns AnonHugePages (bytes) of the /proc/self/smaps
+// mapping that contains addr.
+func anonHugeBytes(t *testing.T, addr uintptr) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Skipf("no smaps: %v", err)
+	}
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(f[0], "-"); ok && !strings.HasSuffix(f[0], ":") {
+			l, err1 := strconv.ParseUint(lo, 16, 64)
+			h, err2 := strconv.ParseUint(hi, 16, 64)
+			in = err1 == nil && err2 == nil && uint64(addr) >= l && uint64(addr) < h
+			continue
+		}
+		if in && f[0] == "AnonHugePages:" && len(f) >= 2 {
+			kb, _ := strconv.ParseUint(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatalf("no smaps mapping holds %#x", addr)
+	return 0
 }

@@ -30,8 +30,11 @@ var realModel struct {
 //   - pp512: one iteration runs a 512-token prompt as one batch, logits for
 //     its last row (llama-bench -p 512); tok/s.
 //
-// KVASIR_BENCH_INMEMORY=1 opens the file with gguf.OpenInMemory (the
-// weights on huge pages) instead of mapping it.
+// The weights are made resident as `backbone generate` and `serve` make
+// them by default when they fit (--resident auto): copied into the
+// process's memory, on huge pages where granted (gguf.ResidentCopied);
+// KVASIR_BENCH_RESIDENT=mmap|lock|copy chooses (mmap: the file's page
+// cache mapping, as before issue 24's round 2).
 //
 // One untimed iteration first warms the caches (llama-bench also runs one
 // warm-up). cpu-us/tok is the process CPU time per token (on a shared
@@ -42,12 +45,18 @@ func BenchmarkRealModel(b *testing.B) {
 		b.Skip("KVASIR_BENCH_MODEL not set: no real-size model to measure")
 	}
 	realModel.once.Do(func() {
-		open := gguf.Open
-		if os.Getenv("KVASIR_BENCH_INMEMORY") == "1" {
-			open = gguf.OpenInMemory
+		mode := gguf.ResidentCopied
+		if s := os.Getenv("KVASIR_BENCH_RESIDENT"); s != "" {
+			if mode, realModel.err = gguf.ParseResidency(s); realModel.err != nil {
+				return
+			}
 		}
-		f, err := open(path)
+		f, err := gguf.Open(path)
 		if err != nil {
+			realModel.err = err
+			return
+		}
+		if _, err := f.MakeResident(mode, nil); err != nil {
 			realModel.err = err
 			return
 		}

@@ -557,4 +557,3 @@ func TestOpenClose(t *testing.T) {
 		t.Errorf("empty file: %v", err)
 	}
 }
-

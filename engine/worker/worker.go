@@ -523,7 +523,8 @@ func (w *Worker) syncPause(send func([]byte) error) error {
 // slot) pairs as a batch of m rows with k=1, answered as RESULT in
 // row-major (row, slot) order with the request's timing (wire.Timing). A
 // DISPATCH_SUM (every slot requested) is answered with N rows instead, row
-// r the weighted sum of its K outputs (expert.WeightedSum).
+// r the weighted sum of its K outputs (expert.WeightedSum), and a
+// DISPATCH_SUM_DIGEST with the DIGEST of that sum RESULT.
 func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBytes int, session string, send func([]byte) error) error {
 	w.mu.Lock()
 	paused := w.paused
@@ -576,19 +577,20 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 	// A DIGEST, and a sum's RESULT, are metered by the hub as the RESULT
 	// of the m outputs they stand for (docs/accounting.md).
 	served, what := uint64(wire.ResultSize(m, d.D)), "RESULT"
+	rows := m
+	if d.Sum {
+		// The decoder checked that every slot is requested: out is
+		// N x K x D in (row, slot) order.
+		rows = d.N
+		sum := make([]float32, d.N*d.D)
+		expert.WeightedSum(sum, out, d.Weights, d.K, d.D)
+		out = sum
+	}
 	switch {
 	case d.Digest:
-		msg, what = digestOf(d.Request, m, d.D, out), "DIGEST"
+		// A DISPATCH_SUM_DIGEST's DIGEST is that of the sum RESULT.
+		msg, what = digestOf(d.Request, rows, d.D, out), "DIGEST"
 	default:
-		rows := m
-		if d.Sum {
-			// The decoder checked that every slot is requested: out is
-			// N x K x D in (row, slot) order.
-			rows = d.N
-			sum := make([]float32, d.N*d.D)
-			expert.WeightedSum(sum, out, d.Weights, d.K, d.D)
-			out = sum
-		}
 		tm := wire.Timing{QueueMicros: wire.Micros(t0.Sub(at)), ComputeMicros: wire.Micros(t1.Sub(t0))}
 		msg = (&wire.Result{Request: d.Request, M: rows, D: d.D, Out: out, Timing: tm}).Append(make([]byte, 0, wire.ResultSize(rows, d.D)))
 	}

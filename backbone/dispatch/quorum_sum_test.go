@@ -13,6 +13,18 @@ import (
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
+// quorumSums is quorumCfg with audits as given and a 2 s deadline floor:
+// on a loaded machine no request is late, so every decision is the one
+// under test (a late opinion is a failed one).
+func quorumSums(rate float64, mod func(*dispatch.Config)) func(*dispatch.Config) {
+	return quorumCfg(func(c *dispatch.Config) {
+		c.CheckRate, c.MinDeadline = rate, 2*time.Second
+		if mod != nil {
+			mod(c)
+		}
+	})
+}
+
 // startCPUWith runs an in-process worker declaring a CPU backend (exact
 // bits) serving hs with comp.
 func (s *stack) startCPUWith(tb testing.TB, comp expert.Computer, hs []wire.Holding) {
@@ -42,7 +54,7 @@ func (s *stack) startCPUWith(tb testing.TB, comp expert.Computer, hs []wire.Hold
 // DIGEST.
 func TestQuorumSumDigests(t *testing.T) {
 	m := testModel()
-	s := newStack(t, m, 0, quorumCfg(func(c *dispatch.Config) { c.CheckRate = -1 }))
+	s := newStack(t, m, 0, quorumSums(-1, nil))
 	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
 	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
 	s.waitWorkers(t, 2)
@@ -101,8 +113,7 @@ func TestQuorumSumDigests(t *testing.T) {
 func TestQuorumSumLiar(t *testing.T) {
 	m := testModel()
 	for _, backboneOnly := range []bool{false, true} {
-		s := newStack(t, m, 0, quorumCfg(func(c *dispatch.Config) {
-			c.CheckRate = -1
+		s := newStack(t, m, 0, quorumSums(-1, func(c *dispatch.Config) {
 			if backboneOnly {
 				c.LocalHeld = func(l, e int) bool { return false }
 			}
@@ -132,7 +143,7 @@ func TestQuorumSumLiar(t *testing.T) {
 func TestQuorumSumColludersAudited(t *testing.T) {
 	m := testModel()
 	liar := func() *scaled { return &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 1e-3} }
-	s := newStack(t, m, 0, quorumCfg(func(c *dispatch.Config) { c.CheckRate = 1 }))
+	s := newStack(t, m, 0, quorumSums(1, nil))
 	s.startHolder(t, liar(), 0, 1, 2, 3)
 	s.startHolder(t, liar(), 0, 1, 2, 3)
 	s.waitWorkers(t, 2)
@@ -153,10 +164,7 @@ func TestQuorumSumColludersAudited(t *testing.T) {
 func TestQuorumSumWhichRows(t *testing.T) {
 	m := testModel()
 	for _, halves := range []bool{true, false} {
-		s := newStack(t, m, 0, quorumCfg(func(c *dispatch.Config) {
-			c.CheckRate = -1
-			c.LocalHeld = func(l, e int) bool { return false }
-		}))
+		s := newStack(t, m, 0, quorumSums(-1, func(c *dispatch.Config) { c.LocalHeld = func(l, e int) bool { return false } }))
 		s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
 		s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
 		if halves {

@@ -181,8 +181,10 @@ func BenchmarkDetection(b *testing.B) {
 // workers, each row's weighted sum computed by its worker (DISPATCH_SUM,
 // wire 6: the model's call, ComputeExpertsSum); spot-pairs: the same with
 // Config.NoRowSums, every pair's output sent back (the protocol before
-// row sums); quorum: every request to both, one answering with a DIGEST
-// (pairs, summed on the backbone).
+// row sums); quorum: every row to both, one answering its DISPATCH_SUM
+// with the row's sum, the other its DISPATCH_SUM_DIGEST with the DIGEST of
+// that sum RESULT (wire 7); quorum-pairs: the same with Config.NoRowSums,
+// every pair to both, one answering with a DIGEST (quorum before wire 7).
 // The workers compute the cheap fake function, so the time is the
 // protocol's (what the swarm adds to a decode whose workers compute on
 // other machines); under quorum the workers compute twice the pairs by
@@ -199,7 +201,8 @@ func BenchmarkQuorumRTT13ms(b *testing.B) {
 		name   string
 		mode   dispatch.VerifyMode
 		noSums bool
-	}{{"spot", dispatch.VerifySpot, false}, {"spot-pairs", dispatch.VerifySpot, true}, {"quorum", dispatch.VerifyQuorum, false}} {
+	}{{"spot", dispatch.VerifySpot, false}, {"spot-pairs", dispatch.VerifySpot, true},
+		{"quorum", dispatch.VerifyQuorum, false}, {"quorum-pairs", dispatch.VerifyQuorum, true}} {
 		s := newStack(b, m, benchDelay, func(c *dispatch.Config) {
 			c.Verify, c.Probation, c.CheckRate = mc.mode, 0, 0 // the defaults
 			c.NoRowSums = mc.noSums

@@ -244,6 +244,9 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 		for _, g := range audits {
 			g.auditRef = tmp[off : off+len(g.pairs)*D]
 			off += len(g.pairs) * D
+			if g.rows != nil {
+				g.auditRef = cl.rowSums(g.rows, g.auditRef)
+			}
 		}
 	}
 	for {

@@ -272,7 +272,7 @@ func TestOldProtocolRefused(t *testing.T) {
 	}
 	defer c.CloseNow()
 	msg := (&wire.Hello{Key: key.Public().(ed25519.PublicKey), ModelID: s.model.ID}).Append(nil)
-	msg[1], msg[2] = 5, 0 // a version 5 worker (before DISPATCH_SUM)
+	msg[1], msg[2] = 6, 0 // a version 6 worker (before DISPATCH_SUM_DIGEST)
 	if err := c.Write(context.Background(), websocket.MessageBinary, msg); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestOldProtocolRefused(t *testing.T) {
 	_, _, err = c.Read(ctx)
 	var ce websocket.CloseError
 	if !errors.As(err, &ce) || ce.Code != websocket.StatusPolicyViolation ||
-		!strings.Contains(ce.Reason, "protocol version 5, this backbone speaks 6") {
+		!strings.Contains(ce.Reason, "protocol version 6, this backbone speaks 7") {
 		t.Fatalf("old HELLO: %v", err)
 	}
 }

@@ -37,6 +37,23 @@ import (
 // the backbone's own outputs) is a lie, handled like a failed spot check
 // (LinkRejected, LinkForfeit, close, ban); the others are accepted
 // (LinkAccepted: creditable, a DIGEST as the RESULT it stands for).
+//
+// Row sums (wire 7, sum.go): in a ComputeExpertsSum call (row sums on), a
+// row whose k experts two CPU holders under different keys both hold all
+// of goes in a sum group instead: its A gets a DISPATCH_SUM and answers
+// with the row's weighted sum, its B a DISPATCH_SUM_DIGEST and answers
+// with the DIGEST of that sum RESULT, the pair (A, B) drawn at random per
+// row among the row's full CPU holders. A sum group's opinions are row
+// sums (rows x D) and everything above holds with sums for outputs: two
+// agree by digest (the reader hashes A's RESULT payload), the backbone
+// decides with expert.WeightedSum of its own (Fallback) outputs of the
+// rows' pairs, audits compare with those sums, and further opinions come
+// from further full CPU holders (a sum RESULT to arbitrate, a sum digest
+// to confirm a lone answer). A row the backbone cannot compute, with two
+// full holder keys only, goes per pair when every one of its pairs has a
+// third holder key (the pairs' disagreements could be decided, the sum's
+// not); other rows without two full CPU holder keys take the per-pair path
+// above too.
 
 // VerifyMode is the verification policy (Config.Verify).
 type VerifyMode string
@@ -71,6 +88,7 @@ func (d *Dispatcher) quorum() bool { return d.cfg.Verify == VerifyQuorum }
 // qgroup is one quorum request: the pairs and the opinions asked on them.
 type qgroup struct {
 	pairs   []pair
+	rows    []int32 // a sum group's rows (ascending; pairs are all their slots): opinions are row sums; nil for pairs
 	asks    []*ask
 	keys    map[string]bool // worker keys asked already: every opinion comes from other keys
 	open    int             // asks not complete
@@ -138,8 +156,21 @@ func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair, audits []*qgr
 	by := map[duo][]pair{}
 	var order []duo
 	var orphans []pair
+	sumBy := map[duo][]int32{} // rows of sum groups, by their pair of full holders
+	var sumOrder []duo
+	sums := cl.sumsOn()
 	n := len(cl.ids) / cl.k
 	for r := 0; r < n; r++ {
+		if sums {
+			if a, b := cl.sumDuo(idx, r); a != nil {
+				dw := duo{a, b}
+				if sumBy[dw] == nil {
+					sumOrder = append(sumOrder, dw)
+				}
+				sumBy[dw] = append(sumBy[dw], int32(r))
+				continue
+			}
+		}
 		for s := 0; s < cl.k; s++ {
 			p := pair{int32(r), int32(s)}
 			e := cl.expert(p)
@@ -169,6 +200,19 @@ func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair, audits []*qgr
 		dw duo
 	}
 	var starts []start
+	for _, dw := range sumOrder {
+		for _, part := range d.splitRows(sumBy[dw]) {
+			g := cl.newGroup(cl.rowPairs(part))
+			g.rows = part
+			if p := d.cfg.CheckRate; p > 0 && cl.allLocal(g.pairs) && (p >= 1 || rand.Float64() < p) {
+				g.audit = true
+				audits = append(audits, g)
+				d.quorumAudits.Add(1)
+			}
+			cl.sendAsk(g, []*conn{dw.a}, [][]int{seq(len(part))}, false)
+			starts = append(starts, start{g, dw})
+		}
+	}
 	for _, dw := range order {
 		for _, part := range d.splitPairs(by[dw]) {
 			g := cl.newGroup(part)
@@ -183,7 +227,7 @@ func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair, audits []*qgr
 	}
 	for _, st := range starts {
 		if b := st.dw.b; b != nil {
-			cl.sendAsk(st.g, []*conn{b}, [][]int{seq(len(st.g.pairs))}, st.dw.a.tol == 0 && b.tol == 0)
+			cl.sendAsk(st.g, []*conn{b}, [][]int{seq(st.g.units())}, st.dw.a.tol == 0 && b.tol == 0)
 			d.quorumReqs.Add(1)
 		}
 		cl.advance(st.g)
@@ -192,6 +236,101 @@ func (cl *call) startQuorum(idx map[uint64][]*conn) (local []pair, audits []*qgr
 		cl.advance(cl.newGroup(orphans))
 	}
 	return local, audits
+}
+
+// sumDuo draws, for row r, a random CPU holder A of all its k experts and
+// a random one B under another key; nil, nil when the row has no two such
+// keys, or only two while Fallback cannot compute every pair of the row
+// and every pair has a third holder key (a disagreement on the sum could
+// not be decided, on the pairs it could).
+func (cl *call) sumDuo(idx map[uint64][]*conn, r int) (a, b *conn) {
+	k := cl.k
+	var buf [8]*conn
+	cands := buf[:0]
+	keys := 0
+	for _, c := range idx[key(cl.layer, int(cl.ids[r*k]))] {
+		if c.tol != 0 || c.isClosed() {
+			continue
+		}
+		all := true
+		for s := 1; s < k && all; s++ {
+			all = slices.Contains(idx[key(cl.layer, int(cl.ids[r*k+s]))], c)
+		}
+		if !all {
+			continue
+		}
+		if !slices.ContainsFunc(cands, func(x *conn) bool { return x.worker == c.worker }) {
+			keys++
+		}
+		cands = append(cands, c)
+	}
+	if keys < 2 {
+		return nil, nil
+	}
+	if keys < 3 && !cl.rowLocal(r) && cl.pairsArbitrable(idx, r) {
+		return nil, nil
+	}
+	a = cands[rand.IntN(len(cands))]
+	var bs [8]*conn
+	others := bs[:0]
+	for _, c := range cands {
+		if c.worker != a.worker {
+			others = append(others, c)
+		}
+	}
+	return a, others[rand.IntN(len(others))]
+}
+
+// rowLocal reports whether Fallback computes every pair of row r.
+func (cl *call) rowLocal(r int) bool {
+	for s := 0; s < cl.k; s++ {
+		if !cl.d.localOK(cl.layer, int(cl.ids[r*cl.k+s])) {
+			return false
+		}
+	}
+	return true
+}
+
+// pairsArbitrable reports whether every expert of row r has connected
+// holders under three keys or more (a third opinion on each pair exists).
+func (cl *call) pairsArbitrable(idx map[uint64][]*conn, r int) bool {
+	for s := 0; s < cl.k; s++ {
+		var keys [3]string
+		n := 0
+		for _, c := range idx[key(cl.layer, int(cl.ids[r*cl.k+s]))] {
+			if n < 3 && !c.isClosed() && !slices.Contains(keys[:n], c.worker) {
+				keys[n] = c.worker
+				n++
+			}
+		}
+		if n < 3 {
+			return false
+		}
+	}
+	return true
+}
+
+// units is the number of output rows of one of g's full opinions: its
+// pairs, or its rows for a sum group.
+func (g *qgroup) units() int {
+	if g.rows != nil {
+		return len(g.rows)
+	}
+	return len(g.pairs)
+}
+
+// useGroup places g's decided outputs out (g.units() x D): a sum group's
+// row sums into the caller's sums (marked done), pair outputs into out.
+func (cl *call) useGroup(g *qgroup, out []float32) {
+	if g.rows == nil {
+		cl.scatter(g.pairs, out)
+		return
+	}
+	D := cl.d.cfg.Model.D
+	for i, r := range g.rows {
+		copy(cl.sums[int(r)*D:(int(r)+1)*D], out[i*D:(i+1)*D])
+		cl.summed[r] = true
+	}
 }
 
 func seq(n int) []int {
@@ -209,27 +348,37 @@ func (cl *call) newGroup(ps []pair) *qgroup {
 }
 
 // sendAsk asks workers cs (one for a digest) for the group's pairs at
-// indices idx[i] each; a request that cannot be sent fails at once (its
+// indices idx[i] each (a sum group: for the sums of its rows at indices
+// idx[i], one worker); a request that cannot be sent fails at once (its
 // ask then gives no opinion).
 func (cl *call) sendAsk(g *qgroup, cs []*conn, idx [][]int, digest bool) {
 	D := cl.d.cfg.Model.D
 	a := &ask{g: g, digest: digest, exact: true}
 	if !digest {
-		a.out = make([]float32, len(g.pairs)*D)
+		a.out = make([]float32, g.units()*D)
 	}
 	g.asks = append(g.asks, a)
 	g.open++
 	a.left = len(cs)
 	for i, c := range cs {
-		ps := make([]pair, len(idx[i]))
-		for n, k := range idx[i] {
-			ps[n] = g.pairs[k]
+		var ps []pair
+		if g.rows != nil {
+			rows := make([]int32, len(idx[i]))
+			for n, k := range idx[i] {
+				rows[n] = g.rows[k]
+			}
+			ps = cl.rowPairs(rows)
+		} else {
+			ps = make([]pair, len(idx[i]))
+			for n, k := range idx[i] {
+				ps[n] = g.pairs[k]
+			}
 		}
 		g.keys[c.worker] = true
 		a.exact = a.exact && c.tol == 0
 		a.tol = max(a.tol, c.tol)
 		j := cl.newJob(c, ps, true)
-		j.qa, j.qi, j.digest = a, idx[i], digest
+		j.qa, j.qi, j.digest, j.sum = a, idx[i], digest, g.rows != nil
 		j.wantSum = !digest && len(cs) == 1 && c.tol == 0
 		a.jobs = append(a.jobs, j)
 		if err := cl.send(j); err != nil {
@@ -341,6 +490,17 @@ func (cl *call) askMore(g *qgroup, idx map[uint64][]*conn, allowFailed bool) boo
 			done = append(done, a)
 		}
 	}
+	if g.rows != nil {
+		// A sum group asks one full CPU holder of every row: the digest
+		// of its sums to confirm a lone exact answer, else its sums.
+		x := cl.holderOfAll(idx, g.pairs, func(x *conn) bool { return skip(x) || x.tol != 0 })
+		if x == nil {
+			return false
+		}
+		cl.sendAsk(g, []*conn{x}, [][]int{seq(len(g.rows))}, len(done) == 1 && !done[0].digest && done[0].exact)
+		d.quorumAsks.Add(1)
+		return true
+	}
 	if len(done) == 1 && !done[0].digest && done[0].exact {
 		if x := cl.holderOfAll(idx, g.pairs, func(x *conn) bool { return skip(x) || x.tol != 0 }); x != nil {
 			cl.sendAsk(g, []*conn{x}, [][]int{seq(len(g.pairs))}, true)
@@ -441,7 +601,7 @@ func (cl *call) tryDecide(g *qgroup) bool {
 					return true
 				}
 				g.decided, g.win = true, f
-				cl.scatter(g.pairs, f.out)
+				cl.useGroup(g, f.out)
 				d.remote.Add(uint64(len(g.pairs)))
 				d.quorumAgreed.Add(1)
 				for _, a := range done {
@@ -459,7 +619,8 @@ func (cl *call) tryDecide(g *qgroup) bool {
 	return false
 }
 
-// decideLocal decides g with the backbone's own outputs for its pairs.
+// decideLocal decides g with the backbone's own outputs for its pairs
+// (a sum group: their sums).
 func (cl *call) decideLocal(g *qgroup) error {
 	d := cl.d
 	if g.auditRef != nil {
@@ -470,6 +631,9 @@ func (cl *call) decideLocal(g *qgroup) error {
 	ref, err := d.computePairs(cl.ctx, cl.layer, cl.hidden, cl.ids, cl.k, g.pairs)
 	if err != nil {
 		return err
+	}
+	if g.rows != nil {
+		ref = cl.rowSums(g.rows, ref)
 	}
 	d.checkNanos.Add(int64(time.Since(t0)))
 	cl.decideRef(g, ref)
@@ -488,12 +652,12 @@ func (cl *call) matches(f *ask, ref []float32) bool {
 	return true
 }
 
-// decideRef decides g with the backbone's outputs ref and judges the
-// opinions in.
+// decideRef decides g with the backbone's outputs ref (g.units() x D) and
+// judges the opinions in.
 func (cl *call) decideRef(g *qgroup, ref []float32) {
 	d := cl.d
 	g.decided, g.ref = true, ref
-	cl.scatter(g.pairs, ref)
+	cl.useGroup(g, ref)
 	cl.nLocal += len(g.pairs)
 	d.quorumLocal.Add(1)
 	for _, a := range g.asks {

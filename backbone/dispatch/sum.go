@@ -33,12 +33,14 @@ import (
 // Verification: a checked sum job's reference is expert.WeightedSum of its
 // pairs' local outputs, compared with the answer as a pair job's (bits for
 // a CPU backend, else the tolerance per output row); a mismatch punishes
-// exactly as for pairs and the reference pairs are used. What is not made a
-// sum job: rows without a single full holder (per-pair as before), quorum
-// calls (ComputeExperts and WeightedSum), a checked request whose pairs the
-// backbone cannot recompute (sendCrossChecked: twins and arbiters compare
-// pair outputs), replicas after a failure, and everything with
-// Config.NoRowSums.
+// exactly as for pairs and the reference pairs are used. Under quorum
+// (quorum.go, wire 7) a row with two full CPU holders under different keys
+// goes as a sum group: a DISPATCH_SUM to one, a DISPATCH_SUM_DIGEST to the
+// other. What is not made a sum job: rows without a single full holder
+// (per-pair as before; under quorum, without two), a checked request whose
+// pairs the backbone cannot recompute (sendCrossChecked: twins and
+// arbiters compare pair outputs), replicas after a failure, and everything
+// with Config.NoRowSums.
 
 var _ expert.SumComputer = (*Dispatcher)(nil)
 
@@ -91,7 +93,7 @@ func maxSumRows(d, k int) int {
 // sumsOn reports whether the call sends sum jobs.
 func (cl *call) sumsOn() bool {
 	d := cl.d
-	return cl.sums != nil && !d.cfg.NoRowSums && !d.quorum() && maxSumRows(d.cfg.Model.D, cl.k) > 0
+	return cl.sums != nil && !d.cfg.NoRowSums && maxSumRows(d.cfg.Model.D, cl.k) > 0
 }
 
 // fullHolder returns a connected, unpaused worker in idx holding all k
@@ -187,15 +189,19 @@ func (cl *call) jobRows(j *job) []int32 {
 
 // refSums returns a sum job's reference: expert.WeightedSum of its pairs'
 // local outputs j.ref with its rows' weights (rows x D).
-func (cl *call) refSums(j *job) []float32 {
+func (cl *call) refSums(j *job) []float32 { return cl.rowSums(cl.jobRows(j), j.ref) }
+
+// rowSums returns expert.WeightedSum of rows' pair outputs pout (all k
+// slots of each row, row-major: len(rows) x k x D) with their weights
+// (len(rows) x D).
+func (cl *call) rowSums(rows []int32, pout []float32) []float32 {
 	D, k := cl.d.cfg.Model.D, cl.k
-	rows := cl.jobRows(j)
 	w := make([]float32, 0, len(rows)*k)
 	for _, r := range rows {
 		w = append(w, cl.weights[int(r)*k:(int(r)+1)*k]...)
 	}
 	sums := make([]float32, len(rows)*D)
-	expert.WeightedSum(sums, j.ref, w, k, D)
+	expert.WeightedSum(sums, pout, w, k, D)
 	return sums
 }
 

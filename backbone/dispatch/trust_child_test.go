@@ -328,11 +328,11 @@ func newKey() (seedHex, id string) {
 	return hex.EncodeToString(priv.Seed()), hex.EncodeToString(priv.Public().(ed25519.PublicKey))
 }
 
-// splitLiar is a hand-driven worker (protocol 4) that answers every
-// DISPATCH_DIGEST honestly, with the DIGEST of the correct RESULT, and
-// every DISPATCH with a RESULT whose first float is 0.1 % off: under
-// quorum its digests confirm honest answers while its own answers are
-// wrong.
+// splitLiar is a hand-driven worker (protocol 7) that answers every
+// DISPATCH_DIGEST (and DISPATCH_SUM_DIGEST) honestly, with the DIGEST of
+// the correct RESULT (sum RESULT), and every DISPATCH (DISPATCH_SUM) with
+// a RESULT whose first float is 0.1 % off: under quorum its digests
+// confirm honest answers while its own answers are wrong.
 func splitLiar(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any)) int {
 	u := os.Getenv("KVASIR_GATEWAY") + wire.WorkerPath
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
@@ -385,6 +385,11 @@ func splitLiar(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, m
 			if err := comp.ComputeExperts(ctx, int(f.Layer), xs, es, len(es), 1, res.Out); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				return 1
+			}
+			if f.Sum { // every slot requested: the rows' weighted sums
+				sums := make([]float32, f.N*f.D)
+				expert.WeightedSum(sums, res.Out, f.Weights, f.K, f.D)
+				res.M, res.Out = f.N, sums
 			}
 			out := res.Append(nil)
 			if f.Digest {

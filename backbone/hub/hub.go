@@ -5,11 +5,12 @@
 //
 // Metering (docs/protocol.md, backbone/ledger): every WebSocket message is
 // counted whole, both ways. Backbone->worker DISPATCH (and DISPATCH_DIGEST,
-// DISPATCH_SUM) messages are creditable (BytesOut). A worker's RESULT (or
-// DIGEST, metered as the bytes of the RESULT it stands for,
-// wire.DigestCredit; or the RESULT answering a DISPATCH_SUM, metered as the
-// RESULT of the rows x k outputs summed in it, wire.SumCredit) is held as
-// pending under its request id until
+// DISPATCH_SUM, DISPATCH_SUM_DIGEST) messages are creditable (BytesOut). A
+// worker's RESULT (or DIGEST, metered as the bytes of the RESULT it stands
+// for, wire.DigestCredit; or the RESULT answering a DISPATCH_SUM, metered as
+// the RESULT of the rows x k outputs summed in it, wire.SumCredit; or the
+// DIGEST answering a DISPATCH_SUM_DIGEST, metered as that same RESULT,
+// wire.SumDigestCredit) is held as pending under its request id until
 // the backbone sends LinkAccepted (creditable BytesIn) or LinkRejected, or
 // ResultHold passes, or the session ends (both: RejectedBytes). Worker
 // messages that are not valid frames are rejected at once. Other control

@@ -18,7 +18,7 @@ type SessionStats struct {
 	Reason          string // why it ended ("" while open)
 	ToWorker        uint64 // all bytes backbone -> worker
 	FromWorker      uint64 // all bytes worker -> backbone
-	CreditOut       uint64 // DISPATCH (DISPATCH_DIGEST, DISPATCH_SUM) bytes (creditable; settled or not, never forfeited ones)
+	CreditOut       uint64 // DISPATCH (DISPATCH_DIGEST, DISPATCH_SUM, DISPATCH_SUM_DIGEST) bytes (creditable; settled or not, never forfeited ones)
 	CreditIn        uint64 // accepted RESULT bytes (creditable; settled or not, never forfeited ones; a DIGEST's or a sum's: the RESULT it stands for)
 	Unsettled       uint64 // creditable bytes (of CreditOut + CreditIn) not yet settled into the ledger
 	Rejected        uint64 // bytes never credited: worker bytes refused, late, malformed or never accepted, and forfeited bytes
@@ -35,11 +35,14 @@ type pendingResult struct {
 	at    time.Time
 }
 
-// sumRequest is a DISPATCH_SUM forwarded to the worker and not answered
-// yet: its rows, width and slots (the RESULT answering it is metered as the
-// RESULT of rows x k outputs, wire.SumCredit) and when it was forwarded.
+// sumRequest is a DISPATCH_SUM (digest: a DISPATCH_SUM_DIGEST) forwarded
+// to the worker and not answered yet: its rows, width and slots (the
+// RESULT answering it, or the DIGEST answering a DISPATCH_SUM_DIGEST, is
+// metered as the RESULT of rows x k outputs, wire.SumCredit and
+// wire.SumDigestCredit) and when it was forwarded.
 type sumRequest struct {
 	rows, d, k int
+	digest     bool
 	at         time.Time
 }
 
@@ -70,7 +73,7 @@ type session struct {
 	lastResult                       time.Time // when the last RESULT arrived (session start before any)
 	creditOut, creditIn, rejected    uint64
 	pending                          map[uint64]pendingResult
-	sums                             map[uint64]sumRequest // DISPATCH_SUMs forwarded, by request id, until answered or expired
+	sums                             map[uint64]sumRequest // DISPATCH_SUMs and DISPATCH_SUM_DIGESTs forwarded, by request id, until answered or expired
 	unsettled                        []bucket              // oldest first
 	settled                          struct{ out, in uint64 }
 	forfeited                        bool
@@ -174,12 +177,18 @@ func (s *session) fromWorker(msg []byte, n int) {
 		req, size, ok = wire.DigestCredit(msg)
 		n = size
 	}
-	if sr, sum := s.sums[req]; sum && ok && t == wire.TypeResult {
-		// The answer to a DISPATCH_SUM stands for the RESULT of its
-		// rows x k outputs (docs/accounting.md, "Row sums"); one of
-		// another shape is metered as itself and refused by the backbone.
+	if sr, sum := s.sums[req]; sum && ok && (t == wire.TypeResult || t == wire.TypeDigest) {
+		// The answer to a DISPATCH_SUM (a RESULT) or DISPATCH_SUM_DIGEST
+		// (a DIGEST) stands for the RESULT of its rows x k outputs
+		// (docs/accounting.md, "Row sums"); one of another shape or type
+		// is metered as itself (a DIGEST as the RESULT it names) and
+		// refused by the backbone.
 		delete(s.sums, req)
-		if size, ok := wire.SumCredit(msg, sr.rows, sr.d, sr.k); ok {
+		credit := wire.SumCredit
+		if sr.digest {
+			credit = wire.SumDigestCredit
+		}
+		if size, ok := credit(msg, sr.rows, sr.d, sr.k); ok && sr.digest == (t == wire.TypeDigest) {
 			n = size
 		}
 	}
@@ -191,7 +200,8 @@ func (s *session) fromWorker(msg []byte, n int) {
 		s.pending[req] = p
 		s.nResult++
 		s.lastResult = p.at
-	case t == wire.TypeResult || t == wire.TypeDigest || t == wire.TypeDispatch || t == wire.TypeDispatchDigest || t == wire.TypeDispatchSum:
+	case t == wire.TypeResult || t == wire.TypeDigest || t == wire.TypeDispatch || t == wire.TypeDispatchDigest ||
+		t == wire.TypeDispatchSum || t == wire.TypeDispatchSumDigest:
 		// a short RESULT or DIGEST, or a worker sending DISPATCH
 		s.rejected += uint64(len(msg))
 	default:
@@ -218,12 +228,12 @@ func (s *session) toWorker(msg []byte) {
 	s.toW += uint64(len(msg))
 	s.msgs++
 	switch t, _ := wire.Peek(msg); t {
-	case wire.TypeDispatchSum:
+	case wire.TypeDispatchSum, wire.TypeDispatchSumDigest:
 		if req, n, d, k, ok := wire.SumRequest(msg); ok {
 			if s.sums == nil {
 				s.sums = map[uint64]sumRequest{}
 			}
-			s.sums[req] = sumRequest{rows: n, d: d, k: k, at: time.Now()}
+			s.sums[req] = sumRequest{rows: n, d: d, k: k, digest: t == wire.TypeDispatchSumDigest, at: time.Now()}
 		}
 		fallthrough
 	case wire.TypeDispatch, wire.TypeDispatchDigest:

@@ -43,7 +43,7 @@ type Limits struct {
 }
 
 // Frame is one decoded protocol frame: *Hello, *Welcome, *Dispatch (also a
-// DISPATCH_DIGEST or a DISPATCH_SUM), *Result, *Digest, *Error, *Ping, *Pong, *Pause,
+// DISPATCH_DIGEST, a DISPATCH_SUM or a DISPATCH_SUM_DIGEST), *Result, *Digest, *Error, *Ping, *Pong, *Pause,
 // *Assign, *ChunkReq, *Chunk or *Holdings.
 type Frame interface {
 	// Type is the frame's type byte.
@@ -90,17 +90,18 @@ type Welcome struct {
 // DIGEST of that RESULT instead. With Sum set it is a DISPATCH_SUM
 // (version 6): no id is -1, Weights holds the router's N x K weights
 // (row-major, slot order), and the RESULT carries N rows, row r the
-// weighted sum of its K outputs (expert.WeightedSum). Digest and Sum are
-// exclusive (Type and Append take Sum when both are set).
+// weighted sum of its K outputs (expert.WeightedSum). With both Sum and
+// Digest set it is a DISPATCH_SUM_DIGEST (version 7): the worker answers
+// with a DIGEST of that sum RESULT (m = N rows) instead.
 type Dispatch struct {
 	Request uint64
 	Layer   uint16
 	N, D, K int
 	Hidden  []float32
 	IDs     []int32
-	Digest  bool      // a DISPATCH_DIGEST: answer with DIGEST
+	Digest  bool      // a DISPATCH_DIGEST (with Sum: a DISPATCH_SUM_DIGEST): answer with DIGEST
 	Sum     bool      // a DISPATCH_SUM: answer with the rows' weighted sums
-	Weights []float32 // N x K router weights; DISPATCH_SUM only
+	Weights []float32 // N x K router weights; DISPATCH_SUM and DISPATCH_SUM_DIGEST only
 }
 
 // Digest is a worker's answer to a DISPATCH_DIGEST: M and D of the RESULT
@@ -216,9 +217,12 @@ func (*Hello) Type() Type { return TypeHello }
 // Type returns TypeWelcome.
 func (*Welcome) Type() Type { return TypeWelcome }
 
-// Type returns TypeDispatch, TypeDispatchSum with Sum set, or
-// TypeDispatchDigest with Digest set.
+// Type returns TypeDispatch, TypeDispatchSum with Sum set,
+// TypeDispatchDigest with Digest set, or TypeDispatchSumDigest with both.
 func (d *Dispatch) Type() Type {
+	if d.Sum && d.Digest {
+		return TypeDispatchSumDigest
+	}
 	if d.Sum {
 		return TypeDispatchSum
 	}
@@ -311,7 +315,7 @@ func DispatchSize(n, d, k int) int { return HeaderSize + 20 + 4*n*d + 4*n*k }
 func DispatchSumSize(n, d, k int) int { return DispatchSize(n, d, k) + 4*n*k }
 
 // Size returns the encoded size of the DISPATCH (DispatchSize, or
-// DispatchSumSize with Sum set).
+// DispatchSumSize with Sum set, a DISPATCH_SUM_DIGEST too).
 func (d *Dispatch) Size() int {
 	if d.Sum {
 		return DispatchSumSize(d.N, d.D, d.K)
@@ -323,7 +327,8 @@ func (d *Dispatch) Size() int {
 // floats: 4 + 16 + 4*m*d + TimingSize.
 func ResultSize(m, d int) int { return HeaderSize + 16 + 4*m*d + TimingSize }
 
-// Append encodes the DISPATCH (or DISPATCH_DIGEST, or DISPATCH_SUM);
+// Append encodes the DISPATCH (or DISPATCH_DIGEST, DISPATCH_SUM,
+// DISPATCH_SUM_DIGEST);
 // Hidden must hold N*D and IDs N*K values, and Weights N*K with Sum set
 // (nothing of Weights is written without it).
 func (d *Dispatch) Append(b []byte) []byte {
@@ -425,7 +430,7 @@ func Peek(msg []byte) (Type, error) {
 }
 
 // PeekRequest returns the request id of a DISPATCH, DISPATCH_DIGEST,
-// DISPATCH_SUM, RESULT, DIGEST or ERROR message after checking its header;
+// DISPATCH_SUM, DISPATCH_SUM_DIGEST, RESULT, DIGEST or ERROR message after checking its header;
 // ok is false for other types or short messages.
 func PeekRequest(msg []byte) (t Type, req uint64, ok bool) {
 	t, err := Peek(msg)
@@ -433,7 +438,7 @@ func PeekRequest(msg []byte) (t Type, req uint64, ok bool) {
 		return t, 0, false
 	}
 	switch t {
-	case TypeDispatch, TypeDispatchDigest, TypeDispatchSum, TypeResult, TypeDigest, TypeError:
+	case TypeDispatch, TypeDispatchDigest, TypeDispatchSum, TypeDispatchSumDigest, TypeResult, TypeDigest, TypeError:
 		return t, le.Uint64(msg[HeaderSize:]), true
 	}
 	return t, 0, false
@@ -539,10 +544,10 @@ func Decode(msg []byte, lim *Limits) (Frame, error) {
 			err = fmt.Errorf("%w: welcome d=%d k=%d n_layer=%d n_expert=%d", ErrRange, w.D, w.K, w.NLayer, w.NExpert)
 		}
 		f = w
-	case TypeDispatch, TypeDispatchDigest, TypeDispatchSum:
+	case TypeDispatch, TypeDispatchDigest, TypeDispatchSum, TypeDispatchSumDigest:
 		var d *Dispatch
-		if d, err = decodeDispatch(r, lim, t == TypeDispatchSum); d != nil {
-			d.Digest = t == TypeDispatchDigest
+		if d, err = decodeDispatch(r, lim, t == TypeDispatchSum || t == TypeDispatchSumDigest); d != nil {
+			d.Digest = t == TypeDispatchDigest || t == TypeDispatchSumDigest
 		}
 		f = d
 	case TypeResult:
@@ -721,13 +726,14 @@ func decodeDispatch(r *reader, lim *Limits, sum bool) (*Dispatch, error) {
 	return d, nil
 }
 
-// SumRequest returns the request id and the shape of a DISPATCH_SUM
-// message after checking its header and its exact length
-// (DispatchSumSize(n, d, k)); ok is false for any other message. The hub
-// meters the RESULT answering it as the RESULT of its n*k outputs,
-// ResultSize(n*k, d) bytes (SumCredit), without decoding the payload.
+// SumRequest returns the request id and the shape of a DISPATCH_SUM (or
+// DISPATCH_SUM_DIGEST) message after checking its header and its exact
+// length (DispatchSumSize(n, d, k)); ok is false for any other message.
+// The hub meters the RESULT (or DIGEST) answering it as the RESULT of its
+// n*k outputs, ResultSize(n*k, d) bytes (SumCredit, SumDigestCredit),
+// without decoding the payload.
 func SumRequest(msg []byte) (req uint64, n, d, k int, ok bool) {
-	if t, err := Peek(msg); err != nil || t != TypeDispatchSum || len(msg) < DispatchSize(0, 0, 0) {
+	if t, err := Peek(msg); err != nil || (t != TypeDispatchSum && t != TypeDispatchSumDigest) || len(msg) < DispatchSize(0, 0, 0) {
 		return 0, 0, 0, 0, false
 	}
 	p := msg[HeaderSize:]
@@ -762,6 +768,24 @@ func ResultShape(msg []byte) (req uint64, m, d int, ok bool) {
 func SumCredit(result []byte, n, d, k int) (size int, ok bool) {
 	_, m, rd, ok := ResultShape(result)
 	if !ok || m != n || rd != d || n <= 0 || k <= 0 {
+		return 0, false
+	}
+	return ResultSize(n*k, d), true
+}
+
+// SumDigestCredit is the size the hub meters for a DIGEST (digest, the
+// whole message) answering a DISPATCH_SUM_DIGEST of n rows of d floats and
+// k slots: ResultSize(n*k, d), the RESULT of the n*k outputs the worker
+// computed (as SumCredit meters the sum RESULT it stands for), when digest
+// is a well-formed DIGEST (DigestCredit) of exactly n rows of d floats;
+// else ok is false and the DIGEST is metered as DigestCredit says (a
+// wrong-shaped answer the backbone refuses).
+func SumDigestCredit(digest []byte, n, d, k int) (size int, ok bool) {
+	if _, _, ok := DigestCredit(digest); !ok || n <= 0 || k <= 0 {
+		return 0, false
+	}
+	m, dd := le.Uint32(digest[HeaderSize+8:]), le.Uint32(digest[HeaderSize+12:])
+	if uint64(m) != uint64(n) || uint64(dd) != uint64(d) {
 		return 0, false
 	}
 	return ResultSize(n*k, d), true

@@ -115,3 +115,43 @@ func FuzzSumCredit(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSumDigestCredit checks the hub's DISPATCH_SUM_DIGEST metering never
+// panics: SumRequest accepts a DISPATCH_SUM_DIGEST of the length Decode
+// wants, and SumDigestCredit credits only a DIGEST Decode accepts, of
+// exactly n rows of d, as ResultSize(n*k, d).
+func FuzzSumDigestCredit(f *testing.F) {
+	ds := (&Dispatch{Request: 3, Layer: 1, N: 2, D: 3, K: 2, Hidden: make([]float32, 6), IDs: []int32{1, 2, 3, 4},
+		Sum: true, Digest: true, Weights: []float32{0.5, 0.5, 1, 0}}).Append(nil)
+	dg := (&Digest{Request: 3, M: 2, D: 3}).Append(nil)
+	f.Add(ds, dg)
+	f.Add(ds[:len(ds)-4], dg[:len(dg)-1])
+	f.Add(ds, (&Result{Request: 3, M: 2, D: 3, Out: make([]float32, 6)}).Append(nil))
+	f.Add([]byte{Magic, byte(Version), 0, byte(TypeDispatchSumDigest)}, []byte{Magic, byte(Version), 0, byte(TypeDigest)})
+	f.Fuzz(func(t *testing.T, disp, digest []byte) {
+		req, n, d, k, ok := SumRequest(disp)
+		if !ok {
+			return
+		}
+		lim := &Limits{D: d, K: k, NLayer: 1 << 16, NExpert: 1 << 30}
+		if fr, err := Decode(disp, lim); err == nil {
+			g := fr.(*Dispatch)
+			if !g.Sum || g.Request != req || g.N != n || g.D != d || g.K != k {
+				t.Fatalf("SumRequest %d %d %d %d, decoded %+v", req, n, d, k, g)
+			}
+		} else if errors.Is(err, ErrTruncated) || errors.Is(err, ErrTrailing) {
+			t.Fatalf("SumRequest accepted a DISPATCH_SUM(_DIGEST) of the wrong length: %v", err)
+		}
+		size, ok := SumDigestCredit(digest, n, d, k)
+		if !ok {
+			return
+		}
+		fr, err := Decode(digest, &Limits{D: d})
+		if err != nil {
+			t.Fatalf("SumDigestCredit metered %d bytes of a DIGEST Decode refuses: %v", size, err)
+		}
+		if g := fr.(*Digest); g.M != n || g.D != d || size != ResultSize(n*k, d) {
+			t.Fatalf("metered %d for %+v of a sum of %d x %d", size, g, n, k)
+		}
+	})
+}

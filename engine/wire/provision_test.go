@@ -10,7 +10,7 @@ import (
 // layouts next to the Type constants (worked by hand).
 func TestProvisionBytes(t *testing.T) {
 	req := (&ChunkReq{Layer: 2, Expert: 0x0102, Offset: 0x10000, Len: 0x8000}).Append(nil)
-	want := []byte{0x6B, 6, 0, 0x0A,
+	want := []byte{0x6B, 7, 0, 0x0A,
 		2, 0, // layer
 		2, 1, 0, 0, // expert
 		0, 0, 1, 0, 0, 0, 0, 0, // offset 65536
@@ -19,12 +19,12 @@ func TestProvisionBytes(t *testing.T) {
 		t.Fatalf("chunk req = % x\nwant        % x", req, want)
 	}
 	ch := (&Chunk{Layer: 1, Expert: 3, Offset: 5, Data: []byte{9, 8}}).Append(nil)
-	want = []byte{0x6B, 6, 0, 0x0B, 1, 0, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 9, 8}
+	want = []byte{0x6B, 7, 0, 0x0B, 1, 0, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 9, 8}
 	if !bytes.Equal(ch, want) || len(ch) != ChunkSize(2) {
 		t.Fatalf("chunk = % x\nwant    % x", ch, want)
 	}
 	h := (&Holdings{Quota: 256, Drop: []Holding{{Layer: 1, Expert: 2}}}).Append(nil)
-	want = []byte{0x6B, 6, 0, 0x0C, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 2, 0, 0, 0}
+	want = []byte{0x6B, 7, 0, 0x0C, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 2, 0, 0, 0}
 	if !bytes.Equal(h, want) {
 		t.Fatalf("holdings = % x\nwant       % x", h, want)
 	}

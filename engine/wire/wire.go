@@ -33,6 +33,8 @@
 //	  |--- DIGEST (req, m, d, sha256 of the RESULT payload it stands for) ------------------>|
 //	  |<-- DISPATCH_SUM (as DISPATCH, every id present, + n x k router weights) -------------|
 //	  |--- RESULT (req, n x d: each row's weighted sum of its k outputs) ------------------->|
+//	  |<-- DISPATCH_SUM_DIGEST (as DISPATCH_SUM; quorum: a second full holder's copy) -------|
+//	  |--- DIGEST (req, n, d, sha256 of the sum RESULT's payload it stands for) ------------>|
 //	  |                                  |                           |<-- ACCEPTED(req) -------| (link only)
 //	  |                                  |                           |<-- FORFEIT (reason) ----| (link only: a caught worker)
 //	  |--- PING (t) every 20 s -------------------------------------------------------------->|
@@ -41,8 +43,8 @@
 //	  |<-> ERROR (req, code, message) either way; the backbone closes a session on any bad frame
 //
 // The gateway never parses frames; the hub reads only the 4-byte header, a
-// RESULT's or DIGEST's request id, m and d, and a DISPATCH_SUM's request
-// id, n, d and k to meter bytes.
+// RESULT's or DIGEST's request id, m and d, and a DISPATCH_SUM's (or
+// DISPATCH_SUM_DIGEST's) request id, n, d and k to meter bytes.
 package wire
 
 // Version is the protocol version carried in every frame header and in the
@@ -86,7 +88,14 @@ package wire
 //	             meters that RESULT as the RESULT of the n*k outputs it
 //	             stands for. Other frames are unchanged. Version 5 peers
 //	             are refused (ErrVersion).
-const Version uint16 = 6
+//	7 (2027-01): row sums under quorum (issue 20): frame
+//	             DISPATCH_SUM_DIGEST (0x10, the payload of DISPATCH_SUM:
+//	             compute the same row sums, answer with a DIGEST of m = n
+//	             rows, the SHA-256 of the sum RESULT's m u32 | d u32 | out
+//	             bytes). The hub meters that DIGEST as the RESULT of the n*k
+//	             outputs it stands for, as the sum RESULT. Other frames are
+//	             unchanged. Version 6 peers are refused (ErrVersion).
+const Version uint16 = 7
 
 // Magic is the first byte of every frame.
 const Magic byte = 0x6B
@@ -169,6 +178,12 @@ const (
 	// weights (the model's order and rounding: float32 products added in
 	// slot order).
 	TypeDispatchSum Type = 0x0F // req u64 | layer u16 | n u32 | d u32 | k u16 | hidden [n*d]f32 | ids [n*k]i32 (none -1) | weights [n*k]f32
+	// TypeDispatchSumDigest (backbone -> worker, version 7) is a
+	// DISPATCH_SUM (same payload, decoded as a *Dispatch with Sum and
+	// Digest set) whose row sums the worker computes as usual but answers
+	// with a DIGEST (m = n rows) of the sum RESULT instead: under quorum
+	// the backbone compares it with another full holder's sum RESULT.
+	TypeDispatchSumDigest Type = 0x10 // the payload of DISPATCH_SUM
 )
 
 // Error codes carried by ERROR frames.
@@ -217,6 +232,8 @@ func (t Type) String() string {
 		return "DIGEST"
 	case TypeDispatchSum:
 		return "DISPATCH_SUM"
+	case TypeDispatchSumDigest:
+		return "DISPATCH_SUM_DIGEST"
 	}
 	const hex = "0123456789ABCDEF"
 	return "TYPE(0x" + string([]byte{hex[t>>4], hex[t&15]}) + ")"

@@ -30,6 +30,8 @@ func sampleFrames() []Frame {
 		&Dispatch{Request: 43, Layer: 1, N: 1, D: 3, K: 2, Hidden: []float32{0.5, 0, -1}, IDs: []int32{-1, 3}, Digest: true},
 		&Dispatch{Request: 44, Layer: 3, N: 2, D: 3, K: 2, Hidden: []float32{1, 2, 3, -4, float32(math.Inf(-1)), 6},
 			IDs: []int32{5, 7, 1, 3}, Sum: true, Weights: []float32{0.75, 0.25, float32(math.Inf(1)), -0.5}},
+		&Dispatch{Request: 45, Layer: 3, N: 1, D: 3, K: 2, Hidden: []float32{1, 2, 3},
+			IDs: []int32{5, 7}, Sum: true, Digest: true, Weights: []float32{0.75, 0.25}},
 		&Digest{Request: 43, M: 1, D: 3, Sum: sha256.Sum256([]byte("result"))},
 		&Error{Request: 9, Code: CodeNotHeld, Message: "nope"},
 		&Ping{Time: 123456789},
@@ -73,14 +75,14 @@ func TestRoundTrip(t *testing.T) {
 // layouts written next to the type constants (worked by hand).
 func TestEncodingBytes(t *testing.T) {
 	ping := (&Ping{Time: 0x0102030405060708}).Append(nil)
-	want := []byte{0x6B, 6, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
+	want := []byte{0x6B, 7, 0, 0x06, 8, 7, 6, 5, 4, 3, 2, 1}
 	if !bytes.Equal(ping, want) {
 		t.Fatalf("ping = % x, want % x", ping, want)
 	}
 	// DISPATCH req=1 layer=2 n=1 d=1 k=1 hidden=[1.0] ids=[-1]:
 	// 1.0f = 0x3F800000, -1 = 0xFFFFFFFF.
 	d := (&Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 1, Hidden: []float32{1}, IDs: []int32{-1}}).Append(nil)
-	want = []byte{0x6B, 6, 0, 0x03,
+	want = []byte{0x6B, 7, 0, 0x03,
 		1, 0, 0, 0, 0, 0, 0, 0, // req
 		2, 0, // layer
 		1, 0, 0, 0, // n
@@ -129,6 +131,11 @@ func TestDecodeRejects(t *testing.T) {
 		b[3] = byte(TypeDispatchSum)
 		return AppendFloats(b, make([]float32, weights))
 	}
+	sumDigest := func(n uint32, k uint16, weights int, ids ...int32) []byte {
+		b := sum(n, k, weights, ids...)
+		b[3] = byte(TypeDispatchSumDigest)
+		return b
+	}
 	cases := []struct {
 		name string
 		msg  []byte
@@ -143,6 +150,12 @@ func TestDecodeRejects(t *testing.T) {
 		{"sum expert", sum(1, 2, 2, 1, 8), lim, ErrRange},
 		{"sum wrong k", sum(1, 1, 1, 1), lim, ErrShape},
 		{"sum not held", sum(1, 2, 2, 1, 2), &Limits{D: 3, K: 2, NLayer: 4, NExpert: 8, Holds: func(l, e int) bool { return e == 1 }}, ErrNotHeld},
+		{"sum digest ok", sumDigest(1, 2, 2, 1, 2), lim, nil},
+		{"sum digest -1", sumDigest(1, 2, 2, 1, -1), lim, ErrShape},
+		{"sum digest no weights", sumDigest(1, 2, 0, 1, 2), lim, ErrTruncated},
+		{"sum digest extra weight", sumDigest(1, 2, 3, 1, 2), lim, ErrTruncated},
+		{"sum digest expert", sumDigest(1, 2, 2, 1, 8), lim, ErrRange},
+		{"sum digest not held", sumDigest(1, 2, 2, 1, 2), &Limits{D: 3, K: 2, NLayer: 4, NExpert: 8, Holds: func(l, e int) bool { return e == 2 }}, ErrNotHeld},
 		{"empty", nil, lim, ErrTruncated},
 		{"magic", mut(func(b []byte) []byte { b[0] = 'x'; return b }), lim, ErrMagic},
 		{"version", mut(func(b []byte) []byte { b[1] = 1; return b }), lim, ErrVersion},
@@ -293,7 +306,7 @@ func TestDigest(t *testing.T) {
 		t.Fatal("one ulp does not change the digest")
 	}
 	g := (&Digest{Request: 0x0102, M: 2, D: 3, Sum: sum}).Append(nil)
-	want := append([]byte{0x6B, 6, 0, 0x0E, 2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}, sum[:]...)
+	want := append([]byte{0x6B, 7, 0, 0x0E, 2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}, sum[:]...)
 	if !bytes.Equal(g, want) || len(g) != DigestSize {
 		t.Fatalf("digest = % x\nwant     % x", g, want)
 	}
@@ -306,7 +319,7 @@ func TestDigest(t *testing.T) {
 		"result":   r1,
 		"m=0":      (&Digest{Request: 1, M: 0, D: 3}).Append(nil),
 		"too big":  (&Digest{Request: 1, M: 1 << 20, D: 1 << 10}).Append(nil),
-		"bad type": append([]byte{0x6B, 6, 0, 0x04}, g[4:]...),
+		"bad type": append([]byte{0x6B, 7, 0, 0x04}, g[4:]...),
 	} {
 		if _, _, ok := DigestCredit(msg); ok {
 			t.Errorf("DigestCredit accepted %s", name)
@@ -342,7 +355,7 @@ func TestDispatchSum(t *testing.T) {
 	nan := math.Float32frombits(0x7fc00001)
 	d := &Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 2, Hidden: []float32{1}, IDs: []int32{3, 0}, Sum: true, Weights: []float32{0.5, nan}}
 	msg := d.Append(nil)
-	want := []byte{0x6B, 6, 0, 0x0F,
+	want := []byte{0x6B, 7, 0, 0x0F,
 		1, 0, 0, 0, 0, 0, 0, 0, // req
 		2, 0, // layer
 		1, 0, 0, 0, // n
@@ -400,6 +413,62 @@ func TestDispatchSum(t *testing.T) {
 	} {
 		if _, ok := SumCredit(c.msg, c.n, c.d, c.k); ok {
 			t.Errorf("SumCredit accepted %s", name)
+		}
+	}
+}
+
+// TestDispatchSumDigest: the DISPATCH_SUM_DIGEST layout (worked by hand:
+// the DISPATCH_SUM bytes of TestDispatchSum with type byte 0x10), decoded
+// with Sum and Digest set, and the hub's view: SumRequest's shape, and
+// SumDigestCredit metering a DIGEST of n rows as the RESULT of n*k outputs
+// (and nothing else: a RESULT, a DIGEST of another shape, a cut one).
+func TestDispatchSumDigest(t *testing.T) {
+	d := &Dispatch{Request: 1, Layer: 2, N: 1, D: 1, K: 2, Hidden: []float32{1}, IDs: []int32{3, 0}, Sum: true, Digest: true, Weights: []float32{0.5, 2}}
+	msg := d.Append(nil)
+	want := []byte{0x6B, 7, 0, 0x10,
+		1, 0, 0, 0, 0, 0, 0, 0, // req
+		2, 0, // layer
+		1, 0, 0, 0, // n
+		1, 0, 0, 0, // d
+		2, 0, // k
+		0, 0, 0x80, 0x3F, // hidden 1.0
+		3, 0, 0, 0, 0, 0, 0, 0, // ids 3, 0
+		0, 0, 0, 0x3F, // weight 0.5
+		0, 0, 0, 0x40} // weight 2.0
+	if !bytes.Equal(msg, want) || len(msg) != DispatchSumSize(1, 1, 2) || len(msg) != d.Size() || d.Type() != TypeDispatchSumDigest {
+		t.Fatalf("dispatch_sum_digest = % x\nwant                  % x", msg, want)
+	}
+	f, err := Decode(msg, &Limits{D: 1, K: 2, NLayer: 4, NExpert: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.(*Dispatch); !got.Sum || !got.Digest || got.Weights[1] != 2 || !bytes.Equal(got.Append(nil), msg) {
+		t.Fatalf("decoded %+v", got)
+	}
+	if typ, req, ok := PeekRequest(msg); !ok || typ != TypeDispatchSumDigest || req != 1 || typ.String() != "DISPATCH_SUM_DIGEST" {
+		t.Fatalf("PeekRequest = %s %d %v", typ, req, ok)
+	}
+	if req, n, dd, k, ok := SumRequest(msg); !ok || req != 1 || n != 1 || dd != 1 || k != 2 {
+		t.Fatalf("SumRequest = %d %d %d %d %v", req, n, dd, k, ok)
+	}
+	dg := (&Digest{Request: 9, M: 3, D: 4}).Append(nil)
+	// 3 rows of a sum over k = 2 stand for 6 outputs: 28 + 4*6*4 bytes.
+	if n, ok := SumDigestCredit(dg, 3, 4, 2); !ok || n != 28+96 || n != ResultSize(6, 4) {
+		t.Fatalf("SumDigestCredit = %d %v", n, ok)
+	}
+	for name, c := range map[string]struct {
+		msg     []byte
+		n, d, k int
+	}{
+		"other m": {dg, 6, 4, 2},
+		"other d": {dg, 3, 2, 2},
+		"short":   {dg[:len(dg)-1], 3, 4, 2},
+		"long":    {append(append([]byte(nil), dg...), 0), 3, 4, 2},
+		"result":  {(&Result{Request: 9, M: 3, D: 4, Out: make([]float32, 12)}).Append(nil), 3, 4, 2},
+		"k 0":     {dg, 3, 4, 0},
+	} {
+		if _, ok := SumDigestCredit(c.msg, c.n, c.d, c.k); ok {
+			t.Errorf("SumDigestCredit accepted %s", name)
 		}
 	}
 }

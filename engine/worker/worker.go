@@ -520,10 +520,12 @@ func (w *Worker) syncPause(send func([]byte) error) error {
 }
 
 // serve computes one DISPATCH, read whole at at: its m requested (row,
-// slot) pairs as a batch of m rows with k=1, answered as RESULT in
+// slot) pairs as a batch of m rows with k=1 (all N x K slots requested:
+// its N rows with K slots, no gather), answered as RESULT in
 // row-major (row, slot) order with the request's timing (wire.Timing). A
 // DISPATCH_SUM (every slot requested) is answered with N rows instead, row
-// r the weighted sum of its K outputs (expert.WeightedSum).
+// r the weighted sum of its K outputs (expert.WeightedSum), and a
+// DISPATCH_SUM_DIGEST with the DIGEST of that sum RESULT.
 func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBytes int, session string, send func([]byte) error) error {
 	w.mu.Lock()
 	paused := w.paused
@@ -545,21 +547,27 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 		return send((&wire.Error{Request: d.Request, Code: wire.CodeInternal,
 			Message: fmt.Sprintf("RESULT of %d outputs would be %d bytes, above the %d-byte frame limit", m, size, wire.MaxMessage)}).Append(nil))
 	}
-	xs := make([]float32, m*d.D)
-	es := make([]int32, m)
-	i := 0
-	for r := 0; r < d.N; r++ {
-		for s := 0; s < d.K; s++ {
-			if id := d.IDs[r*d.K+s]; id != -1 {
-				copy(xs[i*d.D:(i+1)*d.D], d.Hidden[r*d.D:(r+1)*d.D])
-				es[i] = id
-				i++
+	// Every slot requested (a DISPATCH_SUM always): the N rows as sent,
+	// K slots each. Else the m requested pairs as m rows of one slot.
+	// Batch invariance (expert.Computer) makes the outputs the same bits
+	// either way, in the same (row, slot) order.
+	xs, es, rows, k := d.Hidden, d.IDs, d.N, d.K
+	if m != d.N*d.K {
+		xs, es, rows, k = make([]float32, m*d.D), make([]int32, m), m, 1
+		i := 0
+		for r := 0; r < d.N; r++ {
+			for s := 0; s < d.K; s++ {
+				if id := d.IDs[r*d.K+s]; id != -1 {
+					copy(xs[i*d.D:(i+1)*d.D], d.Hidden[r*d.D:(r+1)*d.D])
+					es[i] = id
+					i++
+				}
 			}
 		}
 	}
 	out := make([]float32, m*d.D)
 	t0 := time.Now()
-	err := w.cfg.Computer.ComputeExperts(ctx, int(d.Layer), xs, es, m, 1, out)
+	err := w.cfg.Computer.ComputeExperts(ctx, int(d.Layer), xs, es, rows, k, out)
 	t1 := time.Now()
 	th := w.cfg.Threads
 	if th <= 0 || th > cores {
@@ -576,19 +584,20 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 	// A DIGEST, and a sum's RESULT, are metered by the hub as the RESULT
 	// of the m outputs they stand for (docs/accounting.md).
 	served, what := uint64(wire.ResultSize(m, d.D)), "RESULT"
+	rows = m
+	if d.Sum {
+		// The decoder checked that every slot is requested: out is
+		// N x K x D in (row, slot) order.
+		rows = d.N
+		sum := make([]float32, d.N*d.D)
+		expert.WeightedSum(sum, out, d.Weights, d.K, d.D)
+		out = sum
+	}
 	switch {
 	case d.Digest:
-		msg, what = digestOf(d.Request, m, d.D, out), "DIGEST"
+		// A DISPATCH_SUM_DIGEST's DIGEST is that of the sum RESULT.
+		msg, what = digestOf(d.Request, rows, d.D, out), "DIGEST"
 	default:
-		rows := m
-		if d.Sum {
-			// The decoder checked that every slot is requested: out is
-			// N x K x D in (row, slot) order.
-			rows = d.N
-			sum := make([]float32, d.N*d.D)
-			expert.WeightedSum(sum, out, d.Weights, d.K, d.D)
-			out = sum
-		}
 		tm := wire.Timing{QueueMicros: wire.Micros(t0.Sub(at)), ComputeMicros: wire.Micros(t1.Sub(t0))}
 		msg = (&wire.Result{Request: d.Request, M: rows, D: d.D, Out: out, Timing: tm}).Append(make([]byte, 0, wire.ResultSize(rows, d.D)))
 	}

@@ -224,6 +224,20 @@ func TestServe(t *testing.T) {
 					return fmt.Errorf("sum out[%d] = %v, want %v", i, res.Out[i], want[i])
 				}
 			}
+			// The same sums as a DISPATCH_SUM_DIGEST (protocol 7): a DIGEST
+			// of 2 rows, of the sum RESULT's payload.
+			sum = wire.ResultDigest(msg)
+			ds.Request, ds.Digest = 11, true
+			if err := send(ds); err != nil {
+				return err
+			}
+			msg, _ = read()
+			if f, err = wire.Decode(msg, lim); err != nil {
+				return err
+			}
+			if g, ok := f.(*wire.Digest); !ok || g.Request != 11 || g.M != 2 || g.D != d || g.Sum != sum || len(msg) != wire.DigestSize {
+				return fmt.Errorf("sum digest %+v, want sum %x", f, sum)
+			}
 			return nil
 		}()
 		<-release
@@ -251,8 +265,8 @@ func TestServe(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no exchange")
 	}
-	// The last request, a DISPATCH_SUM: its RESULT of 2 rows counts as
-	// the RESULT of its 4 outputs, as the hub meters it.
+	// The last request, a DISPATCH_SUM_DIGEST: its DIGEST of 2 rows counts
+	// as the RESULT of its 4 outputs, as the hub meters it.
 	want := [3]any{"s1", uint64(wire.DispatchSumSize(2, d, 2)), uint64(wire.ResultSize(4, d))}
 	for i := 0; i < 2500 && served.Load() != want; i++ { // OnServed runs after the send
 		time.Sleep(2 * time.Millisecond)
@@ -263,11 +277,11 @@ func TestServe(t *testing.T) {
 	// The worker counts a request after sending its answer: wait for the
 	// last one's count (the test saw its answer first; slow under qemu).
 	st := w.Stats()
-	for i := 0; i < 2500 && (st.Rows != 6 || st.Requests != 3); i++ {
+	for i := 0; i < 2500 && (st.Rows != 8 || st.Requests != 4); i++ {
 		time.Sleep(2 * time.Millisecond)
 		st = w.Stats()
 	}
-	if st.Rows != 6 || st.Requests != 3 || st.Session != "s1" {
+	if st.Rows != 8 || st.Requests != 4 || st.Session != "s1" {
 		t.Fatalf("stats %+v", st)
 	}
 }

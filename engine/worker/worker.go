@@ -565,7 +565,9 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 			}
 		}
 	}
-	out := make([]float32, m*d.D)
+	outp := scratchFloats(m * d.D) // fully written by ComputeExperts (expert.Computer)
+	defer scratch.Put(outp)
+	out := *outp
 	t0 := time.Now()
 	err := w.cfg.Computer.ComputeExperts(ctx, int(d.Layer), xs, es, rows, k, out)
 	t1 := time.Now()
@@ -589,9 +591,10 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 		// The decoder checked that every slot is requested: out is
 		// N x K x D in (row, slot) order.
 		rows = d.N
-		sum := make([]float32, d.N*d.D)
-		expert.WeightedSum(sum, out, d.Weights, d.K, d.D)
-		out = sum
+		sump := scratchFloats(d.N * d.D)
+		defer scratch.Put(sump)
+		expert.WeightedSum(*sump, out, d.Weights, d.K, d.D)
+		out = *sump
 	}
 	switch {
 	case d.Digest:
@@ -615,6 +618,26 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 		w.cfg.OnServed(session, uint64(inBytes), served)
 	}
 	return nil
+}
+
+// scratch holds serve's output buffers (*[]float32) between requests: a
+// RESULT of 256 rows x 8 slots of the 30B shape is 16 MiB of outputs,
+// allocated and zeroed anew for every request otherwise. Each buffer is
+// copied into the message (or hashed) before it goes back.
+var scratch sync.Pool
+
+// scratchFloats returns a buffer of n floats from scratch (contents
+// undefined); give it back with scratch.Put.
+func scratchFloats(n int) *[]float32 {
+	p, _ := scratch.Get().(*[]float32)
+	if p == nil {
+		p = new([]float32)
+	}
+	if cap(*p) < n {
+		*p = make([]float32, n)
+	}
+	*p = (*p)[:n]
+	return p
 }
 
 // digestOf answers a DISPATCH_DIGEST (quorum verification, protocol 4): the

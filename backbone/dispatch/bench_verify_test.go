@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/quant"
@@ -225,14 +226,14 @@ func BenchmarkQuorumRTT13ms(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/rows=%d", mc.name, n), func(b *testing.B) {
 				st0 := s.disp.Stats()
 				d0, u0 := bytes()
-				cpu0 := cpuTime()
+				cpu0 := cputime.Used()
 				for i := 0; i < b.N; i++ {
 					if err := s.disp.ComputeExpertsSum(context.Background(), 0, c.hidden, c.ids, w, n, m.K, out); err != nil {
 						b.Fatal(err)
 					}
 				}
 				b.StopTimer()
-				cpu := cpuTime() - cpu0
+				cpu := cputime.Used() - cpu0
 				st := s.disp.Stats()
 				d1, u1 := bytes()
 				toks := float64(n) * float64(b.N)

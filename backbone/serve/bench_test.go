@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 )
 
 // benchRTT is the simulated round trip: 13 ms, or KVASIR_BENCH_RTT_MS.
@@ -70,9 +72,9 @@ func benchServer(b *testing.B, cfg Config, n, maxTok int) *Server {
 	}
 	s.Start()
 	b.Cleanup(func() { s.Close() })
-	cpu0 := cpuTime()
+	cpu0 := cputime.Used()
 	tokens, elapsed := runWaves(b, s, n, maxTok)
-	cpu := cpuTime() - cpu0
+	cpu := cputime.Used() - cpu0
 	steps := gatherValue(b, cfg.Registry.(prometheus.Gatherer), "kvasir_serve_steps_total")
 	tps := float64(tokens) / elapsed.Seconds()
 	b.ReportMetric(tps, "tok/s")

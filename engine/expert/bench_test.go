@@ -7,6 +7,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 
 	"github.com/kvasir-ai/kvasir/engine/quant"
@@ -114,7 +115,7 @@ func BenchmarkLocalQwen35Decode(b *testing.B) {
 			ids := make([]int32, k)
 			out := make([]float32, k*d)
 			it := 0
-			cpu0 := processCPU()
+			cpu0 := cputime.Used()
 			for b.Loop() {
 				for s := range k {
 					ids[s] = int32((it*k + s) % ne)
@@ -126,7 +127,7 @@ func BenchmarkLocalQwen35Decode(b *testing.B) {
 			}
 			kb := float64(b.N) * k * float64(l.ExpertBytes()) / 1024
 			b.ReportMetric(kb*1024/b.Elapsed().Seconds()/1e9, "GB/s")
-			if c := processCPU() - cpu0; cpu0 > 0 {
+			if c := cputime.Used() - cpu0; cpu0 > 0 {
 				b.ReportMetric(float64(c.Nanoseconds())/kb, "cpu-ns/KB")
 			}
 		})
@@ -198,7 +199,7 @@ func benchLocalLayers(b *testing.B, name string, layers []*Layer) {
 			ids := make([]int32, k)
 			out := make([]float32, k*l0.DModel)
 			it := 0
-			cpu0 := processCPU()
+			cpu0 := cputime.Used()
 			for b.Loop() {
 				perm := rng.Perm(l0.NExpert)
 				for s := range k {
@@ -211,7 +212,7 @@ func benchLocalLayers(b *testing.B, name string, layers []*Layer) {
 			}
 			kb := float64(b.N) * k * float64(l0.ExpertBytes()) / 1024
 			b.ReportMetric(kb*1024/b.Elapsed().Seconds()/1e9, "GB/s")
-			if c := processCPU() - cpu0; cpu0 > 0 {
+			if c := cputime.Used() - cpu0; cpu0 > 0 {
 				b.ReportMetric(float64(c.Nanoseconds())/kb, "cpu-ns/KB")
 			}
 		})

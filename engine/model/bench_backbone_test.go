@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 )
 
@@ -152,7 +153,7 @@ func benchSteps(b *testing.B, m *Model, rows, nseq, steps int, local bool) {
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	b.ResetTimer()
-	e0, cpu0 := m.localExpertTime, processCPU()
+	e0, cpu0 := m.localExpertTime, cputime.Used()
 	for range b.N {
 		run()
 	}
@@ -162,7 +163,7 @@ func benchSteps(b *testing.B, m *Model, rows, nseq, steps int, local bool) {
 	wall := b.Elapsed().Seconds()
 	b.ReportMetric(1e3*wall/n, "ms/step")
 	if cpu0 != 0 {
-		b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/1e3/n, "cpu-ms/step")
+		b.ReportMetric(float64((cputime.Used()-cpu0).Microseconds())/1e3/n, "cpu-ms/step")
 	}
 	wb := m.backboneBytesPerStep(rows)
 	b.ReportMetric(float64(wb), "weightB/step")

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 )
 
@@ -95,7 +96,7 @@ func BenchmarkRealModel(b *testing.B) {
 		}
 		gen()
 		b.ResetTimer()
-		cpu0 := processCPU()
+		cpu0 := cputime.Used()
 		for range b.N {
 			gen()
 		}
@@ -120,7 +121,7 @@ func BenchmarkRealModel(b *testing.B) {
 		}
 		run(-1)
 		b.ResetTimer()
-		cpu0 := processCPU()
+		cpu0 := cputime.Used()
 		for i := range b.N {
 			run(i)
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 )
 
 // benchDecode measures single-token decode at positions 64.. of one
@@ -25,7 +27,7 @@ func benchDecode(b *testing.B, m *Model) {
 	row := []Row{{Seq: seq, Logits: true}}
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := processCPU()
+	cpu0 := cputime.Used()
 	for i := 0; i < b.N; i++ {
 		if seq.Len() >= 256 && seq.Truncate(64) != nil {
 			// A recurrent sequence cannot rewind: prefill it again.
@@ -58,7 +60,7 @@ func benchPrefill(b *testing.B, m *Model) {
 	prompt := make([]Row, 64)
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := processCPU()
+	cpu0 := cputime.Used()
 	for i := 0; i < b.N; i++ {
 		_ = seq.Truncate(0)
 		for j := range prompt {
@@ -80,7 +82,7 @@ func reportCPU(b *testing.B, cpu0 time.Duration, tokens int) {
 	if cpu0 == 0 || tokens == 0 {
 		return
 	}
-	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(tokens), "cpu-us/tok")
+	b.ReportMetric(float64((cputime.Used()-cpu0).Microseconds())/float64(tokens), "cpu-us/tok")
 }
 
 func BenchmarkFixtureQ4KM(b *testing.B) {

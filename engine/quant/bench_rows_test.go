@@ -3,6 +3,8 @@ package quant
 import (
 	"fmt"
 	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 )
 
 // BenchmarkMatVecCached runs MatMul on one goroutine over a small weight
@@ -31,14 +33,14 @@ func BenchmarkMatVecCached(b *testing.B) {
 				}
 				y := make([]float32, m*rows)
 				b.SetBytes(int64(len(w)))
-				cpu0 := processCPU()
+				cpu0 := cputime.Used()
 				for b.Loop() {
 					if err := MatMulConverted(typ, w, rows, cols, xc, m, y, 1); err != nil {
 						b.Fatal(err)
 					}
 				}
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/rows/float64(m), "ns/row/m")
-				if c := processCPU() - cpu0; cpu0 > 0 {
+				if c := cputime.Used() - cpu0; cpu0 > 0 {
 					b.ReportMetric(float64(c.Nanoseconds())/float64(b.N)/rows/float64(m), "cpu-ns/row/m")
 				}
 			})
@@ -129,7 +131,7 @@ func BenchmarkKernel(b *testing.B) {
 						}
 						y := make([]float32, m*rows)
 						i := 0
-						cpu0 := processCPU()
+						cpu0 := cputime.Used()
 						for b.Loop() {
 							if err := MatMulConverted(typ, mats[i], rows, cols, xc, m, y, 1); err != nil {
 								b.Fatal(err)
@@ -140,7 +142,7 @@ func BenchmarkKernel(b *testing.B) {
 						s := b.Elapsed().Seconds() / float64(b.N)
 						b.ReportMetric(float64(rows*rb)/s/1e9, "weight_GB/s")
 						b.ReportMetric(b.Elapsed().Seconds()*1e9/blks, "ns/blk")
-						if c := processCPU() - cpu0; cpu0 > 0 {
+						if c := cputime.Used() - cpu0; cpu0 > 0 {
 							b.ReportMetric(float64(c.Nanoseconds())/blks, "cpu-ns/blk")
 						}
 					})
@@ -178,7 +180,7 @@ func BenchmarkKernelShapes(b *testing.B) {
 			}
 			y := make([]float32, sh.rows)
 			i := 0
-			cpu0 := processCPU()
+			cpu0 := cputime.Used()
 			for b.Loop() {
 				if err := MatMulConverted(Q4_K, ws[i:i+len(one)], sh.rows, sh.cols, xc, 1, y, 1); err != nil {
 					b.Fatal(err)
@@ -189,7 +191,7 @@ func BenchmarkKernelShapes(b *testing.B) {
 			}
 			kb := float64(b.N) * float64(len(one)) / 1024
 			b.ReportMetric(float64(b.N)*float64(len(one))/b.Elapsed().Seconds()/1e9, "weight_GB/s")
-			if c := processCPU() - cpu0; cpu0 > 0 {
+			if c := cputime.Used() - cpu0; cpu0 > 0 {
 				b.ReportMetric(float64(c.Nanoseconds())/kb, "cpu-ns/KB")
 			}
 		})
@@ -222,7 +224,7 @@ func BenchmarkKernelSplit(b *testing.B) {
 			b.Run(fmt.Sprintf("Q4_K/%dx%d/calls=%d", sh.rows, sh.cols, calls), func(b *testing.B) {
 				step := sh.rows / calls
 				i := 0
-				cpu0 := processCPU()
+				cpu0 := cputime.Used()
 				for b.Loop() {
 					w := ws[i : i+len(one)]
 					for r := 0; r < sh.rows; r += step {
@@ -236,7 +238,7 @@ func BenchmarkKernelSplit(b *testing.B) {
 				}
 				kb := float64(b.N) * float64(len(one)) / 1024
 				b.ReportMetric(float64(b.N)*float64(len(one))/b.Elapsed().Seconds()/1e9, "weight_GB/s")
-				if c := processCPU() - cpu0; cpu0 > 0 {
+				if c := cputime.Used() - cpu0; cpu0 > 0 {
 					b.ReportMetric(float64(c.Nanoseconds())/kb, "cpu-ns/KB")
 				}
 			})

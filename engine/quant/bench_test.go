@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 )
 
 // reportCPU adds "GB/s_per_cpu": bytes per CPU-second of this process
@@ -11,7 +13,7 @@ import (
 // jobs share the cores; this shows what the kernels do with the CPU they
 // get (x2 for both cores of an idle 2-core machine).
 func reportCPU(b *testing.B, bytes float64, cpu0 time.Duration) {
-	if c := processCPU() - cpu0; c > 0 && cpu0 > 0 {
+	if c := cputime.Used() - cpu0; c > 0 && cpu0 > 0 {
 		b.ReportMetric(bytes/c.Seconds()/1e9, "GB/s_per_cpu")
 	}
 }
@@ -39,7 +41,7 @@ func BenchmarkMemBandwidth(b *testing.B) {
 	for _, th := range []int{1, 2} {
 		b.Run(fmt.Sprintf("copy/threads=%d", th), func(b *testing.B) {
 			b.SetBytes(size)
-			cpu0 := processCPU()
+			cpu0 := cputime.Used()
 			for b.Loop() {
 				ParallelFor(size, th, func(lo, hi int) { copy(dst[lo:hi], src[lo:hi]) })
 			}
@@ -50,7 +52,7 @@ func BenchmarkMemBandwidth(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("read/threads=%d", th), func(b *testing.B) {
 			b.SetBytes(size)
-			cpu0 := processCPU()
+			cpu0 := cputime.Used()
 			for b.Loop() {
 				ParallelFor(len(f), th, func(lo, hi int) { _ = DotF32(f[lo:hi], f[lo:hi]) })
 			}
@@ -89,7 +91,7 @@ func BenchmarkMatVec(b *testing.B) {
 						y := make([]float32, m*rows)
 						b.SetBytes(int64(len(mat)))
 						i := 0
-						cpu0 := processCPU()
+						cpu0 := cputime.Used()
 						for b.Loop() {
 							if err := MatMul(typ, ws[i], rows, cols, x[:m*cols], m, y, 0); err != nil {
 								b.Fatal(err)

@@ -9,10 +9,9 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
@@ -68,13 +67,13 @@ func BenchmarkExperts(b *testing.B) {
 					continue
 				}
 				b.Run(fmt.Sprintf("%v/n=%d/%s", typ, n, side.name), func(b *testing.B) {
-					cpu0 := cpuTime()
+					cpu0 := cputime.Used()
 					for b.Loop() {
 						if err := side.c.ComputeExperts(context.Background(), 0, hidden, ids, n, k, out); err != nil {
 							b.Fatal(err)
 						}
 					}
-					b.ReportMetric((cpuTime()-cpu0).Seconds()*1e3/float64(b.N), "cpu-ms/op")
+					b.ReportMetric((cputime.Used()-cpu0).Seconds()*1e3/float64(b.N), "cpu-ms/op")
 					sec := b.Elapsed().Seconds() / float64(b.N)
 					b.ReportMetric(float64(n*k)/sec, "rows/s")
 					b.ReportMetric(weightBytes/sec/1e9, "weight-GB/s")
@@ -87,15 +86,6 @@ func BenchmarkExperts(b *testing.B) {
 			}
 		}
 	}
-}
-
-// cpuTime returns the process's user + system CPU time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // benchDevice returns the device to benchmark on, as testDevice chooses

@@ -6,6 +6,8 @@ import (
 	"math"
 	"runtime"
 	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/cputime"
 )
 
 // The CPU limit (Config.CPULimit, SetCPULimit) is a duty cycle: the worker
@@ -137,7 +139,7 @@ var cores = runtime.NumCPU()
 // cpuNow returns the process CPU time (processCPU), or, where the OS gives
 // none, the compute time charged so far (Worker.charged).
 func (w *Worker) cpuNow() time.Duration {
-	if c, ok := processCPU(); ok {
+	if c, ok := cputime.Process(); ok {
 		return c
 	}
 	return time.Duration(w.charged.Load())

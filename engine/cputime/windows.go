@@ -1,16 +1,16 @@
 //go:build windows
 
-package worker
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the CPU time (user + kernel) this process has used
+// Process returns the CPU time (user + kernel) this process has used
 // since it started, all threads together, from GetProcessTimes (100 ns
 // units); ok is false when the call fails.
-func processCPU() (cpu time.Duration, ok bool) {
+func Process() (cpu time.Duration, ok bool) {
 	var creation, exit, kernel, user syscall.Filetime
 	h, err := syscall.GetCurrentProcess()
 	if err != nil {

@@ -1,16 +1,16 @@
 //go:build unix
 
-package worker
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the CPU time (user + system) this process has used
+// Process returns the CPU time (user + system) this process has used
 // since it started, all threads together, from getrusage(RUSAGE_SELF)
 // (getrusage(2)); ok is false when the call fails.
-func processCPU() (cpu time.Duration, ok bool) {
+func Process() (cpu time.Duration, ok bool) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, false

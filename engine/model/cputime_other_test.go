@@ -1,8 +1,0 @@
-//go:build !unix
-
-package model
-
-import "time"
-
-// processCPU is not measured on this OS (the per-CPU metric is skipped).
-func processCPU() time.Duration { return 0 }

@@ -89,18 +89,9 @@ func FuzzSumCredit(f *testing.F) {
 	f.Add((&Dispatch{Request: 3, Layer: 1, N: 1, D: 3, K: 2, Hidden: make([]float32, 3), IDs: []int32{1, 2}}).Append(nil), res)
 	f.Add([]byte{Magic, byte(Version), 0, byte(TypeDispatchSum)}, []byte{Magic, byte(Version), 0, byte(TypeResult)})
 	f.Fuzz(func(t *testing.T, disp, result []byte) {
-		req, n, d, k, ok := SumRequest(disp)
+		n, d, k, ok := checkSumRequest(t, disp)
 		if !ok {
 			return
-		}
-		lim := &Limits{D: d, K: k, NLayer: 1 << 16, NExpert: 1 << 30}
-		if fr, err := Decode(disp, lim); err == nil {
-			g := fr.(*Dispatch)
-			if !g.Sum || g.Request != req || g.N != n || g.D != d || g.K != k {
-				t.Fatalf("SumRequest %d %d %d %d, decoded %+v", req, n, d, k, g)
-			}
-		} else if errors.Is(err, ErrTruncated) || errors.Is(err, ErrTrailing) {
-			t.Fatalf("SumRequest accepted a DISPATCH_SUM of the wrong length: %v", err)
 		}
 		size, ok := SumCredit(result, n, d, k)
 		if !ok {
@@ -129,18 +120,9 @@ func FuzzSumDigestCredit(f *testing.F) {
 	f.Add(ds, (&Result{Request: 3, M: 2, D: 3, Out: make([]float32, 6)}).Append(nil))
 	f.Add([]byte{Magic, byte(Version), 0, byte(TypeDispatchSumDigest)}, []byte{Magic, byte(Version), 0, byte(TypeDigest)})
 	f.Fuzz(func(t *testing.T, disp, digest []byte) {
-		req, n, d, k, ok := SumRequest(disp)
+		n, d, k, ok := checkSumRequest(t, disp)
 		if !ok {
 			return
-		}
-		lim := &Limits{D: d, K: k, NLayer: 1 << 16, NExpert: 1 << 30}
-		if fr, err := Decode(disp, lim); err == nil {
-			g := fr.(*Dispatch)
-			if !g.Sum || g.Request != req || g.N != n || g.D != d || g.K != k {
-				t.Fatalf("SumRequest %d %d %d %d, decoded %+v", req, n, d, k, g)
-			}
-		} else if errors.Is(err, ErrTruncated) || errors.Is(err, ErrTrailing) {
-			t.Fatalf("SumRequest accepted a DISPATCH_SUM(_DIGEST) of the wrong length: %v", err)
 		}
 		size, ok := SumDigestCredit(digest, n, d, k)
 		if !ok {
@@ -154,4 +136,25 @@ func FuzzSumDigestCredit(f *testing.F) {
 			t.Fatalf("metered %d for %+v of a sum of %d x %d", size, g, n, k)
 		}
 	})
+}
+
+// checkSumRequest is the hub's reading of a forwarded DISPATCH_SUM or
+// DISPATCH_SUM_DIGEST (SumRequest), checked against Decode: what it
+// accepts and Decode decodes says the same request, rows, width and slots,
+// and it never accepts one of a length Decode refuses.
+func checkSumRequest(t *testing.T, disp []byte) (n, d, k int, ok bool) {
+	req, n, d, k, ok := SumRequest(disp)
+	if !ok {
+		return 0, 0, 0, false
+	}
+	lim := &Limits{D: d, K: k, NLayer: 1 << 16, NExpert: 1 << 30}
+	if fr, err := Decode(disp, lim); err == nil {
+		g := fr.(*Dispatch)
+		if !g.Sum || g.Request != req || g.N != n || g.D != d || g.K != k {
+			t.Fatalf("SumRequest %d %d %d %d, decoded %+v", req, n, d, k, g)
+		}
+	} else if errors.Is(err, ErrTruncated) || errors.Is(err, ErrTrailing) {
+		t.Fatalf("SumRequest accepted a DISPATCH_SUM(_DIGEST) of the wrong length: %v", err)
+	}
+	return n, d, k, true
 }

@@ -164,20 +164,7 @@ func BenchmarkKernel(b *testing.B) {
 func BenchmarkKernelShapes(b *testing.B) {
 	for _, sh := range []struct{ rows, cols int }{{2048, 2048}, {512, 2048}, {256, 2048}, {2048, 512}, {512, 512}} {
 		b.Run(fmt.Sprintf("Q4_K/%dx%d", sh.rows, sh.cols), func(b *testing.B) {
-			rb, _ := Q4_K.RowBytes(sh.cols)
-			ab, _ := ActivationBytes(Q4_K, sh.cols)
-			one := make([]byte, sh.rows*rb)
-			if err := Quantize(Q4_K, randomRows(41, sh.rows*sh.cols), one); err != nil {
-				b.Fatal(err)
-			}
-			ws := make([]byte, benchWorkingSet/len(one)*len(one))
-			for i := 0; i < len(ws); i += len(one) {
-				copy(ws[i:], one)
-			}
-			xc := make([]byte, ab)
-			if err := ConvertActivation(Q4_K, randomRows(42, sh.cols), xc); err != nil {
-				b.Fatal(err)
-			}
+			ws, one, xc := q4KStream(b, sh.rows, sh.cols, 41)
 			y := make([]float32, sh.rows)
 			i := 0
 			cpu0 := cputime.Used()
@@ -205,20 +192,8 @@ func BenchmarkKernelShapes(b *testing.B) {
 // costs (cold row streams, activation reordering, call overhead).
 func BenchmarkKernelSplit(b *testing.B) {
 	for _, sh := range []struct{ rows, cols int }{{2048, 2048}, {2048, 512}} {
-		rb, _ := Q4_K.RowBytes(sh.cols)
-		ab, _ := ActivationBytes(Q4_K, sh.cols)
-		one := make([]byte, sh.rows*rb)
-		if err := Quantize(Q4_K, randomRows(43, sh.rows*sh.cols), one); err != nil {
-			b.Fatal(err)
-		}
-		ws := make([]byte, benchWorkingSet/len(one)*len(one))
-		for i := 0; i < len(ws); i += len(one) {
-			copy(ws[i:], one)
-		}
-		xc := make([]byte, ab)
-		if err := ConvertActivation(Q4_K, randomRows(44, sh.cols), xc); err != nil {
-			b.Fatal(err)
-		}
+		ws, one, xc := q4KStream(b, sh.rows, sh.cols, 43)
+		rb := len(one) / sh.rows
 		y := make([]float32, sh.rows)
 		for _, calls := range []int{1, 4, 16} {
 			b.Run(fmt.Sprintf("Q4_K/%dx%d/calls=%d", sh.rows, sh.cols, calls), func(b *testing.B) {
@@ -244,4 +219,26 @@ func BenchmarkKernelSplit(b *testing.B) {
 			})
 		}
 	}
+}
+
+// q4KStream returns copies of one random rows x cols Q4_K matrix (one, its
+// bytes) filling benchWorkingSet, so that cycling through ws streams the
+// weights from memory, and a converted random activation row for it;
+// seed and seed+1 draw them.
+func q4KStream(b *testing.B, rows, cols int, seed uint64) (ws, one, xc []byte) {
+	rb, _ := Q4_K.RowBytes(cols)
+	ab, _ := ActivationBytes(Q4_K, cols)
+	one = make([]byte, rows*rb)
+	if err := Quantize(Q4_K, randomRows(seed, rows*cols), one); err != nil {
+		b.Fatal(err)
+	}
+	ws = make([]byte, benchWorkingSet/len(one)*len(one))
+	for i := 0; i < len(ws); i += len(one) {
+		copy(ws[i:], one)
+	}
+	xc = make([]byte, ab)
+	if err := ConvertActivation(Q4_K, randomRows(seed+1, cols), xc); err != nil {
+		b.Fatal(err)
+	}
+	return ws, one, xc
 }

@@ -64,6 +64,9 @@ func Run(ctx context.Context, o Options) error {
 			return ctx.Err()
 		case <-c:
 		}
+		if err := ctx.Err(); err != nil { // a tick racing the stop: the worker is already going down
+			return err
+		}
 		if o.Governor != nil && o.Limit != nil {
 			o.Limit(o.Governor.Check())
 		}

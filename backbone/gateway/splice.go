@@ -13,15 +13,16 @@ import (
 // then it gives the other direction a short grace period and closes both.
 type splice struct {
 	g      *Gateway
-	client net.Conn    // the worker's (hijacked) connection
-	hubc   net.Conn    // the connection to the hub
-	done   chan string // why each direction ended: "" normally, else a splice error reason
+	client net.Conn      // the worker's (hijacked) connection
+	hubc   net.Conn      // the connection to the hub
+	done   chan struct{} // each direction posts when it has ended
+	ended  atomic.Bool   // set by the first direction to end, which alone counts its error
 }
 
 // newSplice returns the splice of a worker's connection client and its
 // hub connection hubc.
 func newSplice(g *Gateway, client, hubc net.Conn) *splice {
-	return &splice{g: g, client: client, hubc: hubc, done: make(chan string, 2)}
+	return &splice{g: g, client: client, hubc: hubc, done: make(chan struct{}, 2)}
 }
 
 // run splices until both directions have ended and closes both
@@ -30,9 +31,7 @@ func (sp *splice) run() {
 	g := sp.g
 	go sp.copyLoop(sp.hubc, sp.client, &g.up, g.met.up)
 	go sp.copyLoop(sp.client, sp.hubc, &g.down, g.met.down)
-	if reason := <-sp.done; reason != "" { // the second direction ends on the grace deadline: not counted
-		g.met.spliceErrors.WithLabelValues(reason).Inc()
-	}
+	<-sp.done
 	grace := time.Now().Add(2 * time.Second)
 	_ = sp.client.SetReadDeadline(grace)
 	_ = sp.hubc.SetReadDeadline(grace)
@@ -42,17 +41,23 @@ func (sp *splice) run() {
 }
 
 // copyLoop copies src to dst, counting the bytes in n and bytes, until src
-// ends, idles out or dst fails; it then half-closes dst and posts why on
-// done.
+// ends, idles out or dst fails; it then counts a splice error if it was
+// the first direction to end, half-closes dst and posts on done.
 func (sp *splice) copyLoop(dst, src net.Conn, n *atomic.Uint64, bytes prometheus.Counter) {
 	reason := ""
 	defer func() {
-		// Pass the end on at once (TCP FIN / TLS close_notify) so the
+		// The first direction to end says why the splice ended; it counts
+		// before passing the end on, so the other direction's reaction to
+		// it (EOF, or the grace deadline) is never taken for the cause.
+		if sp.ended.CompareAndSwap(false, true) && reason != "" {
+			sp.g.met.spliceErrors.WithLabelValues(reason).Inc()
+		}
+		// Pass the end on (TCP FIN / TLS close_notify) so the
 		// peer sees it without waiting for the grace period.
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}
-		sp.done <- reason
+		sp.done <- struct{}{}
 	}()
 	idle := sp.g.cfg.IdleTimeout
 	buf := make([]byte, 64<<10)

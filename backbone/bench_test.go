@@ -50,6 +50,10 @@ const benchOneWay = 6500 * time.Microsecond
 // model (qwen35moe), the qwen3moe and qwen35moe Q4_K_M fixtures (if present)
 // and, with KVASIR_BENCH_Q30=1, 4-layer Q4_K models of Qwen3-30B-A3B's and
 // Qwen3.5-35B-A3B's layer shapes (1.4 and 1.9 GB, generated in memory).
+// layer0-idle-13ms computes layer 0 locally after sleeping 13 ms: what an
+// idle gap alone costs the next layers. KVASIR_BENCH_SPIN_WAIT sets the
+// dispatcher's Config.SpinWait (e.g. -1ns: block at once, as before it
+// existed).
 func BenchmarkSwarmDecode13ms(b *testing.B) {
 	models := []struct {
 		name string
@@ -82,6 +86,25 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 			lm.m.SetExperts(nil)
 			localStep[mc.name] = benchSteps(b, lm)
 			b.ReportMetric(ms(localStep[mc.name]), "step-p50-ms")
+		})
+		// The machine's own share (issue 19): layer 0 computed locally
+		// after the backbone sat idle for the round trip, with no wire
+		// at all. What this adds beyond the sleep and layer 0's compute
+		// is the cost of waking cores, helpers and caches from a 13 ms
+		// idle gap, a floor under the remote variants' added-beyond-ms.
+		b.Run(mc.name+"/layer0-idle-13ms", func(b *testing.B) {
+			lm := mc.load(b)
+			sl := &sleepyComputer{Computer: lm.m.LocalExperts(), sleep: 2 * benchOneWay}
+			lm.m.SetExperts(sl)
+			defer lm.m.SetExperts(nil)
+			step := benchSteps(b, lm)
+			b.ReportMetric(ms(step), "step-p50-ms")
+			b.ReportMetric(sl.calls.p50ms(), "call-ms")
+			if ls, ok := localStep[mc.name]; ok {
+				added := ms(step - ls)
+				b.ReportMetric(added, "added-ms")
+				b.ReportMetric(added-ms(2*benchOneWay), "added-beyond-sleep-ms")
+			}
 		})
 		for _, via := range []string{"hub-direct", "gateway", "gateway-process"} {
 			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
@@ -232,7 +255,15 @@ func benchSteps(b *testing.B, lm *loadedModel) time.Duration {
 // benchSwarm starts dispatcher and hub in this process and an in-process
 // worker holding layer 0 of lm, linked as via says, and waits for it.
 func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher, *swarmtest.Link) {
-	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), nil)
+	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), func(c *dispatch.Config) {
+		if s := os.Getenv("KVASIR_BENCH_SPIN_WAIT"); s != "" { // e.g. -1ns: never poll
+			v, err := time.ParseDuration(s)
+			if err != nil {
+				b.Fatalf("KVASIR_BENCH_SPIN_WAIT=%q: %v", s, err)
+			}
+			c.SpinWait = v
+		}
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -435,6 +466,33 @@ func echoRTT(tb testing.TB, req, resp int) time.Duration {
 
 // ms is d in milliseconds.
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// sleepyComputer computes layer 0 with its Computer (the model's own
+// experts) after sleeping for sleep, and hands every other layer back to
+// the model (expert.Delegator), timing layer 0's calls like
+// timedComputer.
+type sleepyComputer struct {
+	expert.Computer
+	sleep time.Duration
+	calls holdTimes
+}
+
+func (s *sleepyComputer) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	t0 := time.Now()
+	if layer == 0 {
+		time.Sleep(s.sleep)
+	}
+	err := s.Computer.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
+	if layer == 0 {
+		s.calls.add(time.Since(t0) / 2) // p50ms doubles
+	}
+	return err
+}
+
+// Delegate hands every layer but 0 to the model's own threads.
+func (s *sleepyComputer) Delegate(layer int, ids []int32, own expert.Computer) bool {
+	return layer != 0
+}
 
 // timedComputer times every ComputeExperts call of the Computer it wraps
 // (the calls of layers the worker does not hold return at once: their

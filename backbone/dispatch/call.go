@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -99,6 +100,9 @@ type call struct {
 	// answered (their pair outputs in out are not used).
 	sums, weights []float32
 	summed        []bool
+	// spinEnd is when the call stops polling for replies and blocks
+	// (Config.SpinWait; zero: it blocks at once).
+	spinEnd time.Time
 }
 
 // ComputeExperts implements expert.Computer (see its contract): out[r][s] is
@@ -138,6 +142,9 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 	}
 	cl := &call{d: d, ctx: ctx, layer: layer, hidden: hidden, ids: ids, k: k, out: out, sums: sums, weights: weights,
 		seq: d.calls.Add(1), wake: make(chan struct{}, 1), failed: map[*conn]bool{}}
+	if d.cfg.SpinWait > 0 && n <= d.cfg.SpinRows && runtime.GOMAXPROCS(0) > 1 {
+		cl.spinEnd = time.Now().Add(d.cfg.SpinWait)
+	}
 	d.mu.Lock()
 	idx := d.index
 	d.mu.Unlock()
@@ -426,6 +433,9 @@ func (cl *call) waitAll() error {
 		if progress || len(cl.live) == 0 {
 			continue
 		}
+		if cl.spin(next) {
+			continue
+		}
 		t.Reset(time.Until(next))
 		select {
 		case <-cl.wake:
@@ -435,6 +445,40 @@ func (cl *call) waitAll() error {
 		}
 	}
 	return nil
+}
+
+// spin polls the call's wake channel on a running core (Config.SpinWait)
+// until a reply pokes it, until (the next deadline or hedge time), the
+// call's spin budget ends or ctx ends, yielding the processor between
+// polls; it reports whether a reply poked it. Only one call of the
+// dispatcher polls at a time; the others block at once.
+func (cl *call) spin(until time.Time) bool {
+	if cl.spinEnd.IsZero() {
+		return false
+	}
+	end := cl.spinEnd
+	if until.Before(end) {
+		end = until
+	}
+	if !time.Now().Before(end) || !cl.d.spinning.CompareAndSwap(false, true) {
+		return false
+	}
+	t0 := time.Now()
+	defer func() {
+		cl.d.spinNanos.Add(int64(time.Since(t0)))
+		cl.d.spinning.Store(false)
+	}()
+	for i := 1; ; i++ {
+		select {
+		case <-cl.wake:
+			return true
+		default:
+		}
+		if i%16 == 0 && (!time.Now().Before(end) || cl.ctx.Err() != nil) {
+			return false
+		}
+		runtime.Gosched()
+	}
 }
 
 // resolve uses j's reply: a verified or unchecked result is scattered into
@@ -628,26 +672,75 @@ func (cl *call) abandon() {
 	cl.live = nil
 }
 
-// computePairs computes pairs with Fallback as one batch of m = len(pairs)
-// rows and k = 1 (row i is hidden row pairs[i].r, its expert ids[r*k+s])
-// and returns the m x D outputs. Batch invariance (expert.Computer's
+// computePairs computes pairs with Fallback and returns their m x D
+// outputs, m = len(pairs), in pairs' order. A row all of whose k slots
+// appear consecutively in slot order (every row of a sum job, or of a
+// request that took whole rows) is computed as one row with its k ids, so
+// its hidden row is gathered and converted once, not k times; the other
+// pairs go as one batch of rows with k = 1 (row i is hidden row
+// pairs[i].r, its expert ids[r*k+s]). Batch invariance (expert.Computer's
 // contract) makes each output bit-identical to computing the full call.
 func (d *Dispatcher) computePairs(ctx context.Context, layer int, hidden []float32, ids []int32, k int, pairs []pair) ([]float32, error) {
 	m, D := len(pairs), d.cfg.Model.D
 	if m == 0 {
 		return nil, nil
 	}
-	xs := make([]float32, m*D)
-	es := make([]int32, m)
-	for i, p := range pairs {
-		copy(xs[i*D:(i+1)*D], hidden[int(p.r)*D:])
-		es[i] = ids[int(p.r)*k+int(p.s)]
+	var whole, single []int // first pair index of each whole row; indices of the other pairs
+	for i := 0; i < m; {
+		j := i + 1
+		for j < m && pairs[j].r == pairs[i].r {
+			j++
+		}
+		ok := j-i == k
+		for s := 0; ok && s < k; s++ {
+			ok = pairs[i+s].s == int32(s)
+		}
+		if ok {
+			whole = append(whole, i)
+		} else {
+			for q := i; q < j; q++ {
+				single = append(single, q)
+			}
+		}
+		i = j
 	}
-	tmp := make([]float32, m*D)
-	if err := d.cfg.Fallback.ComputeExperts(ctx, layer, xs, es, m, 1, tmp); err != nil {
-		return nil, fmt.Errorf("dispatch: local fallback: %w", err)
+	out := make([]float32, m*D)
+	compute := func(idx []int, kk int) error {
+		n := len(idx)
+		if n == 0 {
+			return nil
+		}
+		xs, es := make([]float32, n*D), make([]int32, n*kk)
+		for i, q := range idx {
+			r := int(pairs[q].r)
+			copy(xs[i*D:(i+1)*D], hidden[r*D:])
+			if kk == k {
+				copy(es[i*k:(i+1)*k], ids[r*k:(r+1)*k])
+			} else {
+				es[i] = ids[r*k+int(pairs[q].s)]
+			}
+		}
+		dst := out // every pair in whole rows, in order: compute in place
+		if len(whole)*k != m || kk != k {
+			dst = make([]float32, n*kk*D)
+		}
+		if err := d.cfg.Fallback.ComputeExperts(ctx, layer, xs, es, n, kk, dst); err != nil {
+			return fmt.Errorf("dispatch: local fallback: %w", err)
+		}
+		if &dst[0] != &out[0] {
+			for i, q := range idx {
+				copy(out[q*D:(q+kk)*D], dst[i*kk*D:(i+1)*kk*D])
+			}
+		}
+		return nil
 	}
-	return tmp, nil
+	if err := compute(whole, k); err != nil {
+		return nil, err
+	}
+	if err := compute(single, 1); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // maxFramePairs is the most (row, slot) outputs one RESULT of width d

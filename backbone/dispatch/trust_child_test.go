@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -319,6 +320,51 @@ func (p *trustProc) said(prefix string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// fakeSpec is the KVASIR_MODEL of a trust child computing fakeExperts of
+// m's shapes.
+func fakeSpec(m dispatch.Model) string {
+	return fmt.Sprintf("fake:%d,%d,%d,%d", m.D, m.K, m.NLayer, m.NExpert)
+}
+
+// childEnv is the environment of a trust child with key (a hex seed,
+// newKey) computing model (KVASIR_MODEL) over layers 0-3, with kv, in
+// pairs, adding or replacing KVASIR_... settings.
+func childEnv(key, model string, kv ...string) map[string]string {
+	env := map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": model, "KVASIR_LAYERS": "0,1,2,3"}
+	for i := 0; i+1 < len(kv); i += 2 {
+		env[kv[i]] = kv[i+1]
+	}
+	return env
+}
+
+// killWhenComputing SIGKILLs p's process as soon as it starts a
+// computation (without waiting for that).
+func killWhenComputing(p *trustProc) {
+	go func() {
+		for p.computing.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	}()
+}
+
+// killedReplicaStack is a stack (deadline maxDL, every result checked in
+// the default probation) with two worker processes holding every expert
+// of m: slow takes 30 s per computation and is SIGKILLed as soon as it
+// starts one (killWhenComputing), fast answers at once. It returns the
+// stack, fast and fast's worker id.
+func killedReplicaStack(t *testing.T, m dispatch.Model, maxDL time.Duration) (*stack, *trustProc, string) {
+	t.Helper()
+	s := newStack(t, m, 0, func(c *dispatch.Config) { c.MaxDeadline = maxDL; c.Probation, c.CheckRate = 0, 0 })
+	slowKey, _ := newKey()
+	fastKey, fastID := newKey()
+	slow := s.startTrustChild(t, childEnv(slowKey, fakeSpec(m), "KVASIR_DELAY", "30s"), true)
+	fast := s.startTrustChild(t, childEnv(fastKey, fakeSpec(m), "KVASIR_DELAY", "0s"), true)
+	s.waitWorkers(t, 2)
+	killWhenComputing(slow)
+	return s, fast, fastID
 }
 
 // newKey returns a fresh ed25519 seed in hex and the worker id (hex public

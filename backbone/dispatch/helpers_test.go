@@ -204,6 +204,21 @@ func holdings(m dispatch.Model, layers ...int) []wire.Holding {
 	return hs
 }
 
+// holdingsWhere lists the experts (layer, expert) of m for which holds is
+// true.
+func holdingsWhere(m dispatch.Model, holds func(l, e int) bool) []wire.Holding {
+	var hs []wire.Holding
+	for l := 0; l < m.NLayer; l++ {
+		for e := 0; e < m.NExpert; e++ {
+			if holds(l, e) {
+				hs = append(hs, wire.Holding{Layer: uint16(l), Expert: uint32(e)})
+			}
+		}
+	}
+	return hs
+}
+
+// holdsLayers reports the experts of layers as held (fakeExperts.holds).
 func holdsLayers(layers ...int) func(l, e int) bool {
 	return func(l, e int) bool {
 		for _, x := range layers {

@@ -135,13 +135,7 @@ func TestQuorumSumWhichRows(t *testing.T) {
 		if halves {
 			for par := range 2 {
 				hold := func(l, e int) bool { return e%2 == par }
-				var hs []wire.Holding
-				for _, h := range holdings(m, 0, 1, 2, 3) {
-					if hold(int(h.Layer), int(h.Expert)) {
-						hs = append(hs, h)
-					}
-				}
-				s.startInProc(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: hold}, hs, backend("cpu"))
+				s.startInProc(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: hold}, holdingsWhere(m, hold), backend("cpu"))
 			}
 			s.waitWorkers(t, 4)
 		} else {

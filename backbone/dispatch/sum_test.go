@@ -122,17 +122,8 @@ func TestSumMixedHolders(t *testing.T) {
 	s := newStack(t, m, 0, nil)
 	lo := func(l, e int) bool { return e < 4 }
 	hi := func(l, e int) bool { return e >= 4 }
-	hold := func(f func(l, e int) bool) []wire.Holding {
-		var hs []wire.Holding
-		for _, h := range holdings(m, 0, 1, 2, 3) {
-			if f(int(h.Layer), int(h.Expert)) {
-				hs = append(hs, h)
-			}
-		}
-		return hs
-	}
-	s.startWorkerWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: lo}, hold(lo))
-	s.startWorkerWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: hi}, hold(hi))
+	s.startWorkerWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: lo}, holdingsWhere(m, lo))
+	s.startWorkerWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: hi}, holdingsWhere(m, hi))
 	s.waitWorkers(t, 2)
 	rng := rand.New(rand.NewPCG(73, 74))
 	var full, split int

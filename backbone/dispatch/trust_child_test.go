@@ -183,9 +183,14 @@ func (l *lyingComputer) ComputeExperts(ctx context.Context, layer int, hidden []
 	return nil
 }
 
-// forge is a hand-driven worker: HELLO, then it answers the first DISPATCH
-// honestly and follows it with a RESULT for a request id it was never sent.
-func forge(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any)) int {
+// handDriven is a hand-driven worker (forge, splitLiar): it dials the
+// gateway with key, says HELLO with hs, prints CONNECTED at WELCOME, and
+// for each DISPATCH computes the pairs it asks for with comp into a
+// RESULT (per pair, in the request's order) that answer sends as it
+// likes; when the connection ends it prints CLOSED <code> <reason> and
+// returns 0 (1 on any other error).
+func handDriven(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any),
+	answer func(ctx context.Context, c *websocket.Conn, f *wire.Dispatch, res *wire.Result)) int {
 	u := os.Getenv("KVASIR_GATEWAY") + wire.WorkerPath
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	ctx := context.Background()
@@ -202,7 +207,6 @@ func forge(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, model
 		return 1
 	}
 	var lim *wire.Limits
-	forged := false
 	for {
 		_, msg, err := c.Read(ctx)
 		if err != nil {
@@ -239,15 +243,24 @@ func forge(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, model
 				fmt.Fprintln(os.Stderr, err)
 				return 1
 			}
-			_ = c.Write(ctx, websocket.MessageBinary, res.Append(nil))
-			if !forged {
-				forged = true
-				res.Request += 1000
-				_ = c.Write(ctx, websocket.MessageBinary, res.Append(nil))
-				say("FORGED %d", res.Request)
-			}
+			answer(ctx, c, f, res)
 		}
 	}
+}
+
+// forge is a hand-driven worker that answers the first DISPATCH honestly
+// and follows it with a RESULT for a request id it was never sent.
+func forge(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any)) int {
+	forged := false
+	return handDriven(key, pool, hs, modelID, comp, say, func(ctx context.Context, c *websocket.Conn, _ *wire.Dispatch, res *wire.Result) {
+		_ = c.Write(ctx, websocket.MessageBinary, res.Append(nil))
+		if !forged {
+			forged = true
+			res.Request += 1000
+			_ = c.Write(ctx, websocket.MessageBinary, res.Append(nil))
+			say("FORGED %d", res.Request)
+		}
+	})
 }
 
 // trustProc is a running trust child and what it has said.
@@ -380,72 +393,20 @@ func newKey() (seedHex, id string) {
 // a RESULT whose first float is 0.1 % off: under quorum its digests
 // confirm honest answers while its own answers are wrong.
 func splitLiar(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any)) int {
-	u := os.Getenv("KVASIR_GATEWAY") + wire.WorkerPath
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	ctx := context.Background()
-	c, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: client,
-		HTTPHeader: wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	c.SetReadLimit(wire.MaxMessage)
-	hello := &wire.Hello{Key: key.Public().(ed25519.PublicKey), ModelID: modelID, Backend: "cpu-test", Holdings: hs}
-	if err := c.Write(ctx, websocket.MessageBinary, hello.Append(nil)); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	var lim *wire.Limits
-	for {
-		_, msg, err := c.Read(ctx)
-		if err != nil {
-			var ce websocket.CloseError
-			if errors.As(err, &ce) {
-				say("CLOSED %d %s", ce.Code, ce.Reason)
-			} else {
-				say("CLOSED 0 %v", err)
-			}
-			return 0
+	return handDriven(key, pool, hs, modelID, comp, say, func(ctx context.Context, c *websocket.Conn, f *wire.Dispatch, res *wire.Result) {
+		if f.Sum { // every slot requested: the rows' weighted sums
+			sums := make([]float32, f.N*f.D)
+			expert.WeightedSum(sums, res.Out, f.Weights, f.K, f.D)
+			res.M, res.Out = f.N, sums
 		}
-		f, err := wire.Decode(msg, lim)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+		out := res.Append(nil)
+		if f.Digest {
+			out = (&wire.Digest{Request: f.Request, M: res.M, D: res.D, Sum: wire.ResultDigest(out)}).Append(nil)
+		} else {
+			res.Out[0] *= 1.001
+			out = res.Append(nil)
+			say("LIE")
 		}
-		switch f := f.(type) {
-		case *wire.Welcome:
-			lim = &wire.Limits{D: int(f.D), K: int(f.K), NLayer: int(f.NLayer), NExpert: int(f.NExpert)}
-			say("CONNECTED")
-		case *wire.Dispatch:
-			var xs []float32
-			var es []int32
-			for r := 0; r < f.N; r++ {
-				for s := 0; s < f.K; s++ {
-					if id := f.IDs[r*f.K+s]; id != -1 {
-						xs = append(xs, f.Hidden[r*f.D:(r+1)*f.D]...)
-						es = append(es, id)
-					}
-				}
-			}
-			res := &wire.Result{Request: f.Request, M: len(es), D: f.D, Out: make([]float32, len(es)*f.D)}
-			if err := comp.ComputeExperts(ctx, int(f.Layer), xs, es, len(es), 1, res.Out); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			if f.Sum { // every slot requested: the rows' weighted sums
-				sums := make([]float32, f.N*f.D)
-				expert.WeightedSum(sums, res.Out, f.Weights, f.K, f.D)
-				res.M, res.Out = f.N, sums
-			}
-			out := res.Append(nil)
-			if f.Digest {
-				out = (&wire.Digest{Request: f.Request, M: res.M, D: res.D, Sum: wire.ResultDigest(out)}).Append(nil)
-			} else {
-				res.Out[0] *= 1.001
-				out = res.Append(nil)
-				say("LIE")
-			}
-			_ = c.Write(ctx, websocket.MessageBinary, out)
-		}
-	}
+		_ = c.Write(ctx, websocket.MessageBinary, out)
+	})
 }

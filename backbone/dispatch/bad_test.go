@@ -286,18 +286,11 @@ func TestUpgradeRefused(t *testing.T) {
 func TestOtherModelRefused(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, nil)
-	_, key, _ := ed25519.GenerateKey(nil)
 	hs := []wire.Holding{{Layer: 0, Expert: uint32(m.NExpert)}, {Layer: uint16(m.NLayer), Expert: 0}}
-	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: s.local,
-		Holdings: hs, ModelID: "other-moe", Logger: quiet,
-		BackoffBase: 5 * time.Millisecond, BackoffMax: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	w := s.startInProc(t, s.local, hs, func(c *worker.Config) {
+		c.ModelID, c.Backend, c.Threads = "other-moe", "", 0
+		c.BackoffBase, c.BackoffMax = 5*time.Millisecond, time.Minute // a fast retry would show within 200 ms
+	})
 	want := `model id "other-moe" does not match the backbone's "fake-moe"`
 	waitFor(t, func() bool { return strings.Contains(w.Stats().LastError, want) })
 	time.Sleep(200 * time.Millisecond) // a fast retry would dial again within this
@@ -323,7 +316,7 @@ func TestBackboneDownReason(t *testing.T) {
 	if err := s.disp.Close(); err != nil {
 		t.Fatal(err)
 	}
-	w, _ := s.startWorker(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
+	w, _ := s.startWorker(t, newFake(m), 0)
 	waitFor(t, func() bool { return w.Stats().LastError != "" })
 	st := w.Stats()
 	if !strings.Contains(st.LastError, "503 Service Unavailable: backbone unreachable") || st.State != worker.StateDialing {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
-	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
@@ -26,7 +25,7 @@ import (
 func BenchmarkDispatchRTT13ms(b *testing.B) {
 	m := dispatch.Model{ID: "bench", D: 2048, K: 8, NLayer: 1, NExpert: 128}
 	s := newStack(b, m, benchDelay, nil)
-	s.startWorker(b, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
+	s.startWorker(b, newFake(m), 0)
 	s.waitWorkers(b, 1)
 	rng := rand.New(rand.NewPCG(41, 42))
 	for _, n := range []int{1, 8, 64, 512} {
@@ -62,18 +61,7 @@ var benchDelay = func() time.Duration {
 // with the injected 13 ms round trip (one round trip per token).
 func BenchmarkFixtureDecode(b *testing.B) {
 	const name = "tiny-qwen3moe-Q8_0.gguf"
-	load := func() *model.Model {
-		f, err := gguf.Open(filepath.Join(fixtures, name))
-		if err != nil {
-			b.Skipf("fixture: %v", err)
-		}
-		b.Cleanup(func() { f.Close() })
-		m, err := model.Load(f)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return m
-	}
+	load := func() *model.Model { return loadFixture(b, name) }
 	step := func(b *testing.B, m *model.Model) {
 		ctx := context.Background()
 		seq := m.NewSequence()
@@ -123,7 +111,7 @@ func BenchmarkDecodeWhileProvisioning(b *testing.B) {
 		s.waitWorkers(b, 1)
 		_, kb, _ := ed25519.GenerateKey(nil)
 		sb := s.startSliceWorker(b, kb, filepath.Join(b.TempDir(), "b"), 0)
-		sb.w.Pause()
+		sb.Pause()
 		s.waitWorkers(b, 2)
 		stop := make(chan struct{})
 		done := make(chan struct{})
@@ -134,8 +122,8 @@ func BenchmarkDecodeWhileProvisioning(b *testing.B) {
 				return
 			}
 			for {
-				_ = sb.w.SetQuota(64 << 20)
-				for sb.w.Stats().Experts < 64 {
+				_ = sb.SetQuota(64 << 20)
+				for sb.Stats().Experts < 64 {
 					select {
 					case <-stop:
 						return
@@ -143,7 +131,7 @@ func BenchmarkDecodeWhileProvisioning(b *testing.B) {
 					}
 				}
 				rounds++
-				_ = sb.w.DeleteSlice()
+				_ = sb.DeleteSlice()
 			}
 		}()
 		bb := s.bb

@@ -2,7 +2,6 @@ package dispatch_test
 
 import (
 	"context"
-	"crypto/ed25519"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -75,16 +74,7 @@ func BenchmarkVerifyOverhead(b *testing.B) {
 				}
 				s := newStack(b, dispatch.Model{ID: "bench", D: prm.Embd, K: prm.ExpertsUsed, NLayer: prm.Layers, NExpert: prm.Experts},
 					0, func(c *dispatch.Config) { c.Fallback = local; c.Probation, c.CheckRate = -1, rate })
-				_, key, _ := ed25519.GenerateKey(nil)
-				w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: local,
-					Holdings: worker.HoldingsOf(local, nil), ModelID: "bench", Backend: "cpu", Logger: quiet})
-				if err != nil {
-					b.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() { defer close(done); _ = w.Run(ctx) }()
-				defer func() { cancel(); <-done }()
+				s.startInProc(b, local, worker.HoldingsOf(local, nil), backend("cpu"))
 				s.waitWorkers(b, 1)
 				m.SetExperts(s.disp)
 				defer m.SetExperts(nil)
@@ -127,7 +117,7 @@ func BenchmarkDetection(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		s := newStackHub(b, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = 0, 0 },
 			func(c *hub.Config) { c.SettleDelay, c.SettleResults = hub.DefaultSettleDelay, hub.DefaultSettleResults })
-		liar := &lyingComputer{inner: &fakeExperts{d: m.D, nExpert: m.NExpert}, after: dispatch.DefaultProbation, every: 20,
+		liar := &lyingComputer{inner: newFake(m), after: dispatch.DefaultProbation, every: 20,
 			say: func(string, ...any) {}}
 		_, cancel := s.startWorkerWith(b, liar, holdings(m, 0, 1, 2, 3))
 		s.waitWorkers(b, 1)
@@ -208,8 +198,8 @@ func BenchmarkQuorumRTT13ms(b *testing.B) {
 			c.Verify, c.Probation, c.CheckRate = mc.mode, 0, 0 // the defaults
 			c.NoRowSums = mc.noSums
 		})
-		s.startHolder(b, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
-		s.startHolder(b, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
+		s.startHolder(b, newFake(m), 0)
+		s.startHolder(b, newFake(m), 0)
 		s.waitWorkers(b, 2)
 		rng := rand.New(rand.NewPCG(43, 44))
 		bytes := func() (down, up uint64) {

@@ -3,9 +3,7 @@ package dispatch_test
 import (
 	"context"
 	"crypto/ed25519"
-	"encoding/hex"
 	"errors"
-	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -16,7 +14,6 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/wire"
-	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
 // capacityStack is a stack whose backbone computes no expert itself
@@ -36,43 +33,6 @@ func capacityStack(t *testing.T, wait time.Duration, mod func(*dispatch.Config))
 	})
 }
 
-// startKeyed runs an in-process worker with a fresh key serving hs with
-// comp ("cpu" backend: held to exact bits) and returns its hex key.
-func (s *stack) startHolder(t testing.TB, comp expert.Computer, layers ...int) (string, context.CancelFunc) {
-	t.Helper()
-	pub, key, _ := ed25519.GenerateKey(nil)
-	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
-		Holdings: holdings(s.model, layers...), ModelID: s.model.ID, Backend: "cpu", Threads: 1,
-		Logger: quiet, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return hex.EncodeToString(pub), cancel
-}
-
-// tryCall runs c through the dispatcher; on success it checks the outputs
-// bit for bit.
-func (s *stack) tryCall(t *testing.T, c call) error {
-	t.Helper()
-	out := make([]float32, len(c.want))
-	for i := range out {
-		out[i] = math.Float32frombits(0x7fc00001)
-	}
-	if err := s.disp.ComputeExperts(context.Background(), c.layer, c.hidden, c.ids, c.n, c.k, out); err != nil {
-		return err
-	}
-	for i := range out {
-		if fbits(out[i]) != fbits(c.want[i]) {
-			t.Fatalf("layer %d: out[%d] = %v, want %v (bit-identical)", c.layer, i, out[i], c.want[i])
-		}
-	}
-	return nil
-}
-
 func workerByID(st dispatch.Stats, id string) (dispatch.WorkerStats, bool) {
 	for _, w := range st.Workers {
 		if w.ID == id {
@@ -88,12 +48,12 @@ func workerByID(st dispatch.Stats, id string) (dispatch.WorkerStats, bool) {
 func TestCapacityReplicasVerify(t *testing.T) {
 	s := capacityStack(t, 2*time.Second, nil)
 	m := s.model
-	a, _ := s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-	b, _ := s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
+	a, _ := s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	b, _ := s.startHolder(t, newFake(m), 0, 1, 2, 3)
 	s.waitWorkers(t, 2)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 8 {
-		if err := s.tryCall(t, randomCall(t, m, rng, i%m.NLayer, 5)); err != nil {
+		if _, err := s.tryCall(t, randomCall(t, m, rng, i%m.NLayer, 5)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -121,13 +81,13 @@ func TestCapacityReplicasVerify(t *testing.T) {
 func TestCapacityLiarOutvoted(t *testing.T) {
 	s := capacityStack(t, 3*time.Second, nil)
 	m := s.model
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-	liar, _ := s.startHolder(t, &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 1e-6}, 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	liar, _ := s.startHolder(t, newScaled(m, 1e-6), 0, 1, 2, 3)
 	s.waitWorkers(t, 3)
 	rng := rand.New(rand.NewPCG(3, 4))
 	for i := range 12 {
-		if err := s.tryCall(t, randomCall(t, m, rng, i%m.NLayer, 6)); err != nil {
+		if _, err := s.tryCall(t, randomCall(t, m, rng, i%m.NLayer, 6)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -150,11 +110,11 @@ func TestCapacityLiarOutvoted(t *testing.T) {
 func TestCapacityDisputeUndecided(t *testing.T) {
 	s := capacityStack(t, 300*time.Millisecond, nil)
 	m := s.model
-	honest, _ := s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 1)
-	liar, _ := s.startHolder(t, &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 0.5}, 1)
+	honest, _ := s.startHolder(t, newFake(m), 1)
+	liar, _ := s.startHolder(t, newScaled(m, 0.5), 1)
 	s.waitWorkers(t, 2)
 	rng := rand.New(rand.NewPCG(5, 6))
-	err := s.tryCall(t, randomCall(t, m, rng, 1, 4))
+	_, err := s.tryCall(t, randomCall(t, m, rng, 1, 4))
 	var me *dispatch.MissingError
 	if !errors.Is(err, dispatch.ErrNoHolder) || !errors.As(err, &me) || me.Disputed == 0 || me.Layer != 1 || me.Pairs != me.Disputed {
 		t.Fatalf("undecided dispute: %v", err)
@@ -170,15 +130,15 @@ func TestCapacityDisputeUndecided(t *testing.T) {
 	}
 
 	s2 := capacityStack(t, 10*time.Second, nil)
-	s2.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 1)
-	liar2, _ := s2.startHolder(t, &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 0.5}, 1)
+	s2.startHolder(t, newFake(m), 1)
+	liar2, _ := s2.startHolder(t, newScaled(m, 0.5), 1)
 	s2.waitWorkers(t, 2)
 	go func() {
 		time.Sleep(300 * time.Millisecond)
-		s2.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 1)
+		s2.startHolder(t, newFake(m), 1)
 	}()
 	start := time.Now()
-	if err := s2.tryCall(t, randomCall(t, m, rng, 1, 4)); err != nil {
+	if _, err := s2.tryCall(t, randomCall(t, m, rng, 1, 4)); err != nil {
 		t.Fatal(err)
 	}
 	st = s2.disp.Stats()
@@ -194,12 +154,12 @@ func TestCapacityDisputeUndecided(t *testing.T) {
 func TestCapacityWaitsForHolder(t *testing.T) {
 	s := capacityStack(t, 250*time.Millisecond, nil)
 	m := s.model
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1)
+	s.startHolder(t, newFake(m), 0, 1)
 	s.waitWorkers(t, 1)
 	rng := rand.New(rand.NewPCG(7, 8))
 	c := randomCall(t, m, rng, 2, 3)
 	start := time.Now()
-	err := s.tryCall(t, c)
+	_, err := s.tryCall(t, c)
 	var me *dispatch.MissingError
 	if !errors.As(err, &me) || me.Layer != 2 || me.Pairs != 3*m.K || len(me.Experts) == 0 || time.Since(start) < 250*time.Millisecond {
 		t.Fatalf("no holder: %v after %v", err, time.Since(start))
@@ -212,13 +172,13 @@ func TestCapacityWaitsForHolder(t *testing.T) {
 	}
 
 	s2 := capacityStack(t, 10*time.Second, nil)
-	s2.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1)
+	s2.startHolder(t, newFake(m), 0, 1)
 	s2.waitWorkers(t, 1)
 	go func() {
 		time.Sleep(200 * time.Millisecond)
-		s2.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 2, 3)
+		s2.startHolder(t, newFake(m), 2, 3)
 	}()
-	if err := s2.tryCall(t, randomCall(t, m, rng, 2, 3)); err != nil {
+	if _, err := s2.tryCall(t, randomCall(t, m, rng, 2, 3)); err != nil {
 		t.Fatal(err)
 	}
 	if st := s2.disp.Stats(); st.HolderWaits != 1 || st.HolderWaitTime < 100*time.Millisecond || st.ExpertsLocal != 0 {
@@ -245,10 +205,10 @@ func TestCapacityLastHolderLeaves(t *testing.T) {
 		if rejoin {
 			go func() {
 				time.Sleep(300 * time.Millisecond)
-				s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
+				s.startHolder(t, newFake(m), 0, 1, 2, 3)
 			}()
 		}
-		err := s.tryCall(t, randomCall(t, m, rand.New(rand.NewPCG(9, 10)), 3, 4))
+		_, err := s.tryCall(t, randomCall(t, m, rand.New(rand.NewPCG(9, 10)), 3, 4))
 		switch {
 		case rejoin && err != nil:
 			t.Fatalf("with a new holder: %v", err)
@@ -294,7 +254,7 @@ func TestDelegate(t *testing.T) {
 	m := testModel()
 	lacks := func(layer, e int) bool { return !(layer == 2 && e == 5) }
 	s := newStack(t, m, 0, func(c *dispatch.Config) { c.LocalHeld = lacks })
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0)
+	s.startHolder(t, newFake(m), 0)
 	s.waitWorkers(t, 1)
 	ids := []int32{1, 2, 3, 4} // two rows of K = 2
 	before := s.disp.Stats()
@@ -312,7 +272,7 @@ func TestDelegate(t *testing.T) {
 		own   expert.Computer
 	}{
 		{"held layer", 0, ids, s.local},
-		{"another computer", 1, ids, &fakeExperts{d: m.D, nExpert: m.NExpert}},
+		{"another computer", 1, ids, newFake(m)},
 		{"nil computer", 1, ids, nil},
 		{"expert Fallback lacks", 2, []int32{4, 5}, s.local},
 		{"expert id out of range", 1, []int32{1, int32(m.NExpert)}, s.local},

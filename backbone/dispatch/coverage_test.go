@@ -1,16 +1,12 @@
 package dispatch_test
 
 import (
-	"context"
-	"crypto/ed25519"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
-	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/wire"
-	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
 // TestLayerCoverage: Coverage.Layers follows the workers as they join,
@@ -24,15 +20,14 @@ func TestLayerCoverage(t *testing.T) {
 		c.LocalHeld = holdsLayers(0, 3)
 		c.Probation, c.CheckRate = 100, -1 // every result of a new worker is checked where the backbone can compute it
 	})
-	_, stopA := s.startWorker(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1)
-	s.startWorker(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 1, 2)
-	_, liarKey, _ := ed25519.GenerateKey(nil)
-	s.startKeyedWith(t, liarKey, &scaled{fakeExperts{d: m.D, nExpert: m.NExpert}, 0.01}, holdings(m, 2, 3))
+	_, stopA := s.startWorker(t, newFake(m), 0, 1)
+	s.startWorker(t, newFake(m), 1, 2)
+	s.startInProc(t, newScaled(m, 0.01), holdings(m, 2, 3), backend("cpu"))
 	var partial []wire.Holding
 	for e := range 4 {
 		partial = append(partial, wire.Holding{Layer: 1, Expert: uint32(e)})
 	}
-	s.startWorkerWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, partial)
+	s.startWorkerWith(t, newFake(m), partial)
 	s.waitWorkers(t, 4)
 
 	type row struct{ holders, held, local, missing, min [4]int }
@@ -85,19 +80,4 @@ func TestLayerCoverage(t *testing.T) {
 	if got := layers(); got != want {
 		t.Fatalf("after the banned key's retries: %+v, want %+v", got, want)
 	}
-}
-
-// startKeyedWith runs an in-process worker with key serving hs with comp.
-func (s *stack) startKeyedWith(t *testing.T, key ed25519.PrivateKey, comp expert.Computer, hs []wire.Holding) {
-	t.Helper()
-	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
-		Holdings: hs, ModelID: s.model.ID, Backend: "cpu", Threads: 1, Logger: quiet,
-		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 }

@@ -47,20 +47,7 @@ func TestSwarmBitIdentical(t *testing.T) {
 		wantOut += w.Requests*24 + 4*w.Rows*uint64(m.D+m.K)
 		wantIn += w.Results*28 + 4*w.Pairs*uint64(m.D)
 	}
-	waitFor(t, func() bool { // ACCEPTED frames reach the hub after the call returns
-		for _, ss := range s.hub.Sessions() {
-			if ss.Pending != 0 {
-				return false
-			}
-		}
-		return true
-	})
-	var gotOut, gotIn, rej uint64
-	for _, ss := range s.hub.Sessions() {
-		gotOut += ss.CreditOut
-		gotIn += ss.CreditIn
-		rej += ss.Rejected
-	}
+	gotOut, gotIn, rej, _ := s.hubTotals(t)
 	if gotOut != wantOut || gotIn != wantIn || rej != 0 {
 		t.Fatalf("hub metered out %d in %d rejected %d; want %d %d 0", gotOut, gotIn, rej, wantOut, wantIn)
 	}
@@ -147,7 +134,7 @@ func TestWorkerHangs(t *testing.T) {
 func TestPause(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, nil)
-	comp := &fakeExperts{d: m.D, nExpert: m.NExpert}
+	comp := newFake(m)
 	w, _ := s.startWorker(t, comp, 0, 1, 2, 3)
 	s.waitWorkers(t, 1)
 	rng := rand.New(rand.NewPCG(11, 12))
@@ -173,23 +160,12 @@ func TestPause(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 5 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestLedgerEntries: the hub's ledger deltas sum to the session totals and
 // the last entry of a session is Final.
 func TestLedgerEntries(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, nil)
-	_, stop := s.startWorker(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
+	_, stop := s.startWorker(t, newFake(m), 0, 1, 2, 3)
 	s.waitWorkers(t, 1)
 	rng := rand.New(rand.NewPCG(13, 14))
 	for i := 0; i < 5; i++ {
@@ -224,8 +200,8 @@ func TestLedgerEntries(t *testing.T) {
 func TestReplicasShareWork(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, nil)
-	a := &fakeExperts{d: m.D, nExpert: m.NExpert}
-	b := &fakeExperts{d: m.D, nExpert: m.NExpert}
+	a := newFake(m)
+	b := newFake(m)
 	s.startWorker(t, a, 0, 1, 2, 3)
 	s.startWorker(t, b, 0, 1, 2, 3)
 	s.waitWorkers(t, 2)

@@ -32,7 +32,7 @@ func loadFixture(t testing.TB, name string) *model.Model {
 
 // decode runs a greedy decode of prompt + steps tokens on m and returns the
 // logits of every step, concatenated.
-func decode(t *testing.T, m *model.Model, prompt []int32, steps int) ([]float32, []int32) {
+func decode(t testing.TB, m *model.Model, prompt []int32, steps int) ([]float32, []int32) {
 	t.Helper()
 	ctx := context.Background()
 	seq := m.NewSequence()
@@ -56,6 +56,60 @@ func decode(t *testing.T, m *model.Model, prompt []int32, steps int) ([]float32,
 	return all, toks
 }
 
+// fixturePrompt is the prompt of every fixture decode here.
+var fixturePrompt = []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
+
+// localDecode is the reference of a swarm decode: fixture name decoded
+// greedily on its own (fixturePrompt, then steps tokens), its parameters,
+// the logits of every step and the tokens.
+func localDecode(t testing.TB, name string, steps int) (model.Params, []float32, []int32) {
+	t.Helper()
+	ref := loadFixture(t, name)
+	logits, toks := decode(t, ref, fixturePrompt, steps)
+	return ref.Params(), logits, toks
+}
+
+// fixtureBackbone loads the backbone's copy of fixture name and returns
+// it, its dispatch.Model (ID name) and the Config settings under which the
+// dispatcher computes locally with that copy's experts (Fallback) and
+// accepts a worker's holdings only with their hashes (ExpertHash).
+func fixtureBackbone(t testing.TB, name string) (*model.Model, dispatch.Model, func(*dispatch.Config)) {
+	t.Helper()
+	bb := loadFixture(t, name)
+	p := bb.Params()
+	local := bb.LocalExperts()
+	md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
+	return bb, md, func(c *dispatch.Config) {
+		c.Fallback = local
+		c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
+	}
+}
+
+// swarmDecode decodes bb greedily (fixturePrompt, then len(want) tokens)
+// with its experts computed by s's dispatcher, fails the test unless the
+// tokens are want, and returns the logits of every step and the tokens.
+func (s *stack) swarmDecode(t *testing.T, bb *model.Model, want []int32) ([]float32, []int32) {
+	t.Helper()
+	bb.SetExperts(s.disp)
+	logits, toks := decode(t, bb, fixturePrompt, len(want))
+	for i := range want {
+		if toks[i] != want[i] {
+			t.Fatalf("token %d: swarm %d, local %d (tokens %v, want %v)", i, toks[i], want[i], toks, want)
+		}
+	}
+	return logits, toks
+}
+
+// sameLogits fails the test unless got and want are bit-identical.
+func sameLogits(t *testing.T, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("logit %d: swarm %v, local %v", i, got[i], want[i])
+		}
+	}
+}
+
 // TestFixtureDecodeBitIdentical: the fixture models decoded with every MoE
 // layer served by two workers (layers 0,2 and 1,3) through gateway and hub
 // give the same greedy tokens and bit-identical logits as a local decode,
@@ -68,20 +122,13 @@ func TestFixtureDecodeBitIdentical(t *testing.T) {
 	if !testing.Short() {
 		names = append(names, "tiny-qwen3moe-F16.gguf", "tiny-qwen3moe-Q4_K_M.gguf")
 	}
-	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
 	for _, name := range names {
 		for _, off := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/nosums=%v", name, off), func(t *testing.T) {
-				ref := loadFixture(t, name)
-				p := ref.Params()
-				wantLogits, wantToks := decode(t, ref, prompt, 6)
-
-				bb := loadFixture(t, name)
-				local := bb.LocalExperts()
-				md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
+				p, wantLogits, wantToks := localDecode(t, name, 6)
+				bb, md, own := fixtureBackbone(t, name)
 				s := newStack(t, md, 0, func(c *dispatch.Config) {
-					c.Fallback = local
-					c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
+					own(c)
 					c.NoRowSums = off
 					// Every output must come from the workers: a loaded
 					// test machine must not turn a slow answer into a
@@ -93,20 +140,10 @@ func TestFixtureDecodeBitIdentical(t *testing.T) {
 				s.startWorkerWith(t, wl, worker.HoldingsOf(wl, []int{0, 2}))
 				s.startWorkerWith(t, wl, worker.HoldingsOf(wl, []int{1, 3}))
 				s.waitWorkers(t, 2)
-				bb.SetExperts(s.disp)
-				gotLogits, gotToks := decode(t, bb, prompt, 6)
-				for i := range wantToks {
-					if gotToks[i] != wantToks[i] {
-						t.Fatalf("token %d: swarm %d, local %d", i, gotToks[i], wantToks[i])
-					}
-				}
-				for i := range wantLogits {
-					if math.Float32bits(gotLogits[i]) != math.Float32bits(wantLogits[i]) {
-						t.Fatalf("logit %d: swarm %v, local %v", i, gotLogits[i], wantLogits[i])
-					}
-				}
+				gotLogits, gotToks := s.swarmDecode(t, bb, wantToks)
+				sameLogits(t, gotLogits, wantLogits)
 				st := s.disp.Stats()
-				rows := uint64((len(prompt) + 5) * p.Layers)
+				rows := uint64((len(fixturePrompt) + 5) * p.Layers)
 				want := rows * uint64(p.ExpertsUsed)
 				if st.ExpertsLocal != 0 || st.ExpertsRemote != want {
 					t.Fatalf("experts local %d remote %d, want 0 and %d (failed requests %d)", st.ExpertsLocal, st.ExpertsRemote, want, st.Fallbacks)

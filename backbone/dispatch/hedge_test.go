@@ -109,7 +109,7 @@ func testHedgeSlowReplica(t *testing.T, sums bool) {
 func TestHedgeAnswerVerified(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, func(c *dispatch.Config) { c.Hedge = true; c.CheckRate = 1 })
-	good := &fakeExperts{d: m.D, nExpert: m.NExpert}
+	good := newFake(m)
 	liar := &liarExperts{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}}
 	s.startWorker(t, good, 0, 1, 2, 3)
 	s.startWorkerWith(t, liar, holdings(m, 0, 1, 2, 3))

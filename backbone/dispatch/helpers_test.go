@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -203,6 +204,21 @@ func holdings(m dispatch.Model, layers ...int) []wire.Holding {
 	return hs
 }
 
+// holdingsWhere lists the experts (layer, expert) of m for which holds is
+// true.
+func holdingsWhere(m dispatch.Model, holds func(l, e int) bool) []wire.Holding {
+	var hs []wire.Holding
+	for l := 0; l < m.NLayer; l++ {
+		for e := 0; e < m.NExpert; e++ {
+			if holds(l, e) {
+				hs = append(hs, wire.Holding{Layer: uint16(l), Expert: uint32(e)})
+			}
+		}
+	}
+	return hs
+}
+
+// holdsLayers reports the experts of layers as held (fakeExperts.holds).
 func holdsLayers(layers ...int) func(l, e int) bool {
 	return func(l, e int) bool {
 		for _, x := range layers {
@@ -214,27 +230,70 @@ func holdsLayers(layers ...int) func(l, e int) bool {
 	}
 }
 
-// startWorker runs an in-process worker holding layers; cancel stops it.
-func (s *stack) startWorker(tb testing.TB, comp *fakeExperts, layers ...int) (*worker.Worker, context.CancelFunc) {
-	tb.Helper()
-	return s.startWorkerWith(tb, comp, holdings(s.model, layers...))
+// inProc is an in-process worker started by startInProc.
+type inProc struct {
+	*worker.Worker
+	id     string             // its worker id: the hex public key
+	cancel context.CancelFunc // ends Run without waiting (safe inside a computation)
+	stop   func()             // ends Run, waits for it and closes the worker; idempotent
 }
 
-// startWorkerWith runs an in-process worker serving hs with comp.
-func (s *stack) startWorkerWith(tb testing.TB, comp expert.Computer, hs []wire.Holding) (*worker.Worker, context.CancelFunc) {
+// startInProc runs an in-process worker through the stack's gateway (its
+// URL and CA) serving hs with comp: a fresh key, backend "fake" (held to
+// the tolerance, not to exact bits), the stack's model id, one thread,
+// reconnection backoff 20-200 ms, no logs. mod, if not nil, adjusts that
+// configuration last (a given key, another backend, a slice folder in
+// place of comp and hs...). The test's cleanup stops it (inProc.stop).
+func (s *stack) startInProc(tb testing.TB, comp expert.Computer, hs []wire.Holding, mod func(*worker.Config)) *inProc {
 	tb.Helper()
 	_, key, _ := ed25519.GenerateKey(nil)
-	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
-		Holdings: hs, ModelID: s.model.ID, Backend: "fake", Threads: 1,
-		Logger: quiet, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	cfg := worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp, Holdings: hs,
+		ModelID: s.model.ID, Backend: "fake", Threads: 1, Logger: quiet,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
+	if mod != nil {
+		mod(&cfg)
+	}
+	w, err := worker.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = w.Run(ctx) }()
-	tb.Cleanup(func() { cancel(); <-done })
-	return w, cancel
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done; w.Close() }) }
+	tb.Cleanup(stop)
+	return &inProc{Worker: w, id: keyID(cfg.Key), cancel: cancel, stop: stop}
+}
+
+// backend is a startInProc mod declaring the HELLO backend b ("cpu": held
+// to exact bits).
+func backend(b string) func(*worker.Config) {
+	return func(c *worker.Config) { c.Backend = b }
+}
+
+// startWorker runs an in-process worker ("fake" backend) holding every
+// expert of layers; cancel stops it.
+func (s *stack) startWorker(tb testing.TB, comp *fakeExperts, layers ...int) (*worker.Worker, context.CancelFunc) {
+	tb.Helper()
+	return s.startWorkerWith(tb, comp, holdings(s.model, layers...))
+}
+
+// startWorkerWith runs an in-process worker ("fake" backend) serving hs
+// with comp; cancel stops it.
+func (s *stack) startWorkerWith(tb testing.TB, comp expert.Computer, hs []wire.Holding) (*worker.Worker, context.CancelFunc) {
+	tb.Helper()
+	w := s.startInProc(tb, comp, hs, nil)
+	return w.Worker, w.cancel
+}
+
+// startHolder runs an in-process worker with a fresh key holding every
+// expert of layers with comp ("cpu" backend: held to exact bits) and
+// returns its worker id and what stops it.
+func (s *stack) startHolder(tb testing.TB, comp expert.Computer, layers ...int) (string, context.CancelFunc) {
+	tb.Helper()
+	w := s.startInProc(tb, comp, holdings(s.model, layers...), backend("cpu"))
+	return w.id, w.cancel
 }
 
 func (s *stack) waitWorkers(tb testing.TB, n int) {
@@ -273,8 +332,10 @@ func randomCall(tb testing.TB, m dispatch.Model, rng *rand.Rand, layer, n int) c
 	return c
 }
 
-// run computes c through the dispatcher and checks bit-identity.
-func (s *stack) run(tb testing.TB, c call) time.Duration {
+// tryCall computes c through the dispatcher and, when that succeeds,
+// fails the test unless the outputs are c.want bit for bit. It returns
+// the dispatcher's time (the comparison excluded) and its error.
+func (s *stack) tryCall(tb testing.TB, c call) (time.Duration, error) {
 	tb.Helper()
 	out := make([]float32, len(c.want))
 	for i := range out {
@@ -282,7 +343,7 @@ func (s *stack) run(tb testing.TB, c call) time.Duration {
 	}
 	start := time.Now()
 	if err := s.disp.ComputeExperts(context.Background(), c.layer, c.hidden, c.ids, c.n, c.k, out); err != nil {
-		tb.Fatalf("ComputeExperts: %v", err)
+		return time.Since(start), err
 	}
 	el := time.Since(start)
 	for i := range out {
@@ -290,7 +351,68 @@ func (s *stack) run(tb testing.TB, c call) time.Duration {
 			tb.Fatalf("layer %d: out[%d] = %v, want %v (bit-identical)", c.layer, i, out[i], c.want[i])
 		}
 	}
+	return el, nil
+}
+
+// run is tryCall that fails the test on an error.
+func (s *stack) run(tb testing.TB, c call) time.Duration {
+	tb.Helper()
+	el, err := s.tryCall(tb, c)
+	if err != nil {
+		tb.Fatalf("ComputeExperts: %v", err)
+	}
 	return el
 }
 
+// hubTotals waits until the hub has every verdict (no session has bytes
+// pending) and returns its metering summed over the sessions: creditable
+// bytes to and from the workers, rejected bytes, and the bytes the workers
+// uploaded.
+func (s *stack) hubTotals(t *testing.T) (out, in, rejected, up uint64) {
+	t.Helper()
+	waitFor(t, func() bool { // ACCEPTED frames reach the hub after the call returns
+		for _, ss := range s.hub.Sessions() {
+			if ss.Pending != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, ss := range s.hub.Sessions() {
+		out += ss.CreditOut
+		in += ss.CreditIn
+		rejected += ss.Rejected
+		up += ss.FromWorker
+	}
+	return out, in, rejected, up
+}
+
+// newFake returns the fake expert function for m's shapes, holding every
+// expert.
+func newFake(m dispatch.Model) *fakeExperts { return &fakeExperts{d: m.D, nExpert: m.NExpert} }
+
 func fbits(f float32) uint32 { return math.Float32bits(f) }
+
+// waitUntil polls cond every 10 ms for up to d and fails the test, naming
+// what it waited for, if cond never held.
+func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitFor is waitUntil for up to 5 s.
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	waitUntil(t, 5*time.Second, "a condition (5 s)", cond)
+}
+
+// keyID returns the worker id of key: its public key in hex.
+func keyID(key ed25519.PrivateKey) string {
+	return hex.EncodeToString(key.Public().(ed25519.PublicKey))
+}

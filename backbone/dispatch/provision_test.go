@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,46 +55,14 @@ func newProvStack(t testing.TB, mod func(*dispatch.Config)) *provStack {
 	return &provStack{stack: s, cat: cat, bb: bb, size: cat.Size(0, 0), chunk: chunk}
 }
 
-// sliceWorker is a worker over a slice directory, stopped (Run returned,
-// store closed) by stop.
-type sliceWorker struct {
-	w    *worker.Worker
-	stop func()
-}
-
-func (s *provStack) startSliceWorker(t testing.TB, key ed25519.PrivateKey, dir string, quota int64) *sliceWorker {
+// startSliceWorker runs an in-process worker with key over the slice
+// folder dir ("cpu" backend, quota bytes of disk, the model id its slice
+// says): it serves what it holds and downloads what it is assigned.
+func (s *provStack) startSliceWorker(t testing.TB, key ed25519.PrivateKey, dir string, quota int64) *inProc {
 	t.Helper()
-	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, SliceDir: dir, Quota: quota,
-		Backend: "cpu", Threads: 1, Logger: quiet, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	var stopped bool
-	stop := func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			<-done
-			w.Close()
-		}
-	}
-	t.Cleanup(stop)
-	return &sliceWorker{w: w, stop: stop}
-}
-
-// waitUntil polls cond every 10 ms for up to d.
-func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return s.startInProc(t, nil, nil, func(c *worker.Config) {
+		c.Key, c.SliceDir, c.Quota, c.Backend, c.ModelID = key, dir, quota, "cpu", ""
+	})
 }
 
 // sliceDiskBytes sums the sizes of the files in dir's layer folders
@@ -122,16 +89,6 @@ func workerStats(s *stack, id string) (dispatch.WorkerStats, bool) {
 	return dispatch.WorkerStats{}, false
 }
 
-func keyID(k ed25519.PrivateKey) string {
-	const hx = "0123456789abcdef"
-	var b strings.Builder
-	for _, c := range k.Public().(ed25519.PublicKey) {
-		b.WriteByte(hx[c>>4])
-		b.WriteByte(hx[c&15])
-	}
-	return b.String()
-}
-
 // TestProvisionEmptyWorkerDecode: a worker starting from an empty folder
 // with a 64 MiB quota joins, is assigned every expert (the fixture's 64
 // Q8_0 experts, 13.4 MB, fit), downloads them in 64 KiB chunks, and then
@@ -139,10 +96,7 @@ func keyID(k ed25519.PrivateKey) string {
 // to a local decode. Its slice is exactly the experts' bytes.
 func TestProvisionEmptyWorkerDecode(t *testing.T) {
 	s := newProvStack(t, nil)
-	p := s.bb.Params()
-	ref := loadFixture(t, provFixture)
-	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
-	wantLogits, wantToks := decode(t, ref, prompt, 6)
+	p, wantLogits, wantToks := localDecode(t, provFixture, 6)
 
 	_, key, _ := ed25519.GenerateKey(nil)
 	dir := filepath.Join(t.TempDir(), "slice")
@@ -153,7 +107,7 @@ func TestProvisionEmptyWorkerDecode(t *testing.T) {
 		ws, ok := workerStats(s.stack, keyID(key))
 		return ok && ws.Holdings == n
 	})
-	st := sw.w.Stats()
+	st := sw.Stats()
 	total := int64(n) * s.size
 	if st.Experts != n || st.SliceBytes != total || sliceDiskBytes(t, dir) != total || st.Quota != quota {
 		t.Fatalf("worker holds %d experts, %d bytes (disk %d), quota %d; want %d, %d", st.Experts, st.SliceBytes,
@@ -178,21 +132,11 @@ func TestProvisionEmptyWorkerDecode(t *testing.T) {
 	}
 	sl.Close()
 
-	s.bb.SetExperts(s.disp)
 	before := s.disp.Stats()
-	gotLogits, gotToks := decode(t, s.bb, prompt, 6)
-	for i := range wantToks {
-		if gotToks[i] != wantToks[i] {
-			t.Fatalf("token %d: swarm %d, local %d", i, gotToks[i], wantToks[i])
-		}
-	}
-	for i := range wantLogits {
-		if math.Float32bits(gotLogits[i]) != math.Float32bits(wantLogits[i]) {
-			t.Fatalf("logit %d: swarm %v, local %v", i, gotLogits[i], wantLogits[i])
-		}
-	}
+	gotLogits, gotToks := s.swarmDecode(t, s.bb, wantToks)
+	sameLogits(t, gotLogits, wantLogits)
 	after := s.disp.Stats()
-	want := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
+	want := uint64((len(fixturePrompt) + 5) * p.ExpertsUsed * p.Layers)
 	if after.ExpertsLocal != before.ExpertsLocal || after.ExpertsRemote-before.ExpertsRemote != want {
 		t.Fatalf("experts local +%d remote +%d, want 0 and %d", after.ExpertsLocal-before.ExpertsLocal,
 			after.ExpertsRemote-before.ExpertsRemote, want)
@@ -213,9 +157,9 @@ func TestProvisionResume(t *testing.T) {
 	perExpert := (s.size + int64(s.chunk) - 1) / int64(s.chunk)
 	totalChunks := 10 * perExpert
 	sw := s.startSliceWorker(t, key, dir, quota)
-	waitUntil(t, 30*time.Second, "18 chunks", func() bool { return sw.w.Stats().ChunksReceived >= 18 })
+	waitUntil(t, 30*time.Second, "18 chunks", func() bool { return sw.Stats().ChunksReceived >= 18 })
 	sw.stop()
-	first := sw.w.Stats()
+	first := sw.Stats()
 	if first.Experts >= 10 {
 		t.Fatalf("the download finished before the stop (%d experts)", first.Experts)
 	}
@@ -244,8 +188,8 @@ func TestProvisionResume(t *testing.T) {
 	}
 	verified := int64(held)*perExpert + partialChunks
 	sw2 := s.startSliceWorker(t, key, dir, quota)
-	waitUntil(t, 30*time.Second, "the resumed download", func() bool { return sw2.w.Stats().Experts == 10 })
-	got := sw2.w.Stats().ChunkRequests
+	waitUntil(t, 30*time.Second, "the resumed download", func() bool { return sw2.Stats().Experts == 10 })
+	got := sw2.Stats().ChunkRequests
 	if int64(got) != totalChunks-verified {
 		t.Fatalf("second run requested %d chunks, want %d - %d verified = %d", got, totalChunks, verified, totalChunks-verified)
 	}
@@ -266,9 +210,9 @@ func TestProvisionCorruptRefetched(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "slice")
 	quota := 3 * s.size
 	sw := s.startSliceWorker(t, key, dir, quota)
-	waitUntil(t, 30*time.Second, "3 experts", func() bool { return sw.w.Stats().Experts == 3 })
+	waitUntil(t, 30*time.Second, "3 experts", func() bool { return sw.Stats().Experts == 3 })
 	sw.stop()
-	hs := sw.w.Stats()
+	hs := sw.Stats()
 	_ = hs
 	m, err := slice.ReadManifest(dir)
 	if err != nil || m.Count() != 3 {
@@ -296,9 +240,9 @@ func TestProvisionCorruptRefetched(t *testing.T) {
 	}
 	w.Close()
 	sw2 := s.startSliceWorker(t, key, dir, quota)
-	waitUntil(t, 30*time.Second, "the refetch", func() bool { return sw2.w.Stats().Experts == 3 })
+	waitUntil(t, 30*time.Second, "the refetch", func() bool { return sw2.Stats().Experts == 3 })
 	perExpert := uint64((s.size + int64(s.chunk) - 1) / int64(s.chunk))
-	if got := sw2.w.Stats().ChunkRequests; got != perExpert {
+	if got := sw2.Stats().ChunkRequests; got != perExpert {
 		t.Fatalf("refetch requested %d chunks, want %d (one expert)", got, perExpert)
 	}
 	b, _ = os.ReadFile(path)
@@ -351,14 +295,14 @@ func TestProvisionQuota(t *testing.T) {
 	maxA := int64(0)
 	waitUntil(t, 30*time.Second, "A's 2 experts", func() bool {
 		maxA = max(maxA, sliceDiskBytes(t, da))
-		return a.w.Stats().Experts == 2
+		return a.Stats().Experts == 2
 	})
 	b := s.startSliceWorker(t, kb, db, qb)
 	n := p.Layers * p.Experts
 	waitUntil(t, 60*time.Second, "B's download", func() bool {
 		maxA = max(maxA, sliceDiskBytes(t, da))
 		ws, ok := workerStats(s.stack, keyID(kb))
-		return ok && ws.Assigned > 0 && b.w.Stats().Experts == ws.Assigned
+		return ok && ws.Assigned > 0 && b.Stats().Experts == ws.Assigned
 	})
 	if maxA > qa {
 		t.Fatalf("A's slice reached %d bytes > quota %d", maxA, qa)
@@ -370,19 +314,19 @@ func TestProvisionQuota(t *testing.T) {
 	}
 	// B, with room for everything, gets every expert but the hot one: those
 	// A lacks, then replicas of the routed ones A holds (Replicas = 2).
-	if wb.Assigned != n-1 || b.w.Store().Holds(0, 3) || a.w.Store().Holds(0, 3) {
-		t.Fatalf("B assigned %d (want %d), hot expert held by B %v / A %v", wb.Assigned, n-1, b.w.Store().Holds(0, 3), a.w.Store().Holds(0, 3))
+	if wb.Assigned != n-1 || b.Store().Holds(0, 3) || a.Store().Holds(0, 3) {
+		t.Fatalf("B assigned %d (want %d), hot expert held by B %v / A %v", wb.Assigned, n-1, b.Store().Holds(0, 3), a.Store().Holds(0, 3))
 	}
-	for _, h := range a.w.Store().Holdings() {
+	for _, h := range a.Store().Holdings() {
 		if pairs, _ := s.disp.Routing(int(h.Layer), int(h.Expert)); pairs == 0 {
 			t.Fatalf("A holds (%d, %d), never routed, while routed experts were unassigned", h.Layer, h.Expert)
 		}
 	}
 	// Lower A's quota to one expert: it drops one, the backbone follows.
-	if err := a.w.SetQuota(s.size); err != nil {
+	if err := a.SetQuota(s.size); err != nil {
 		t.Fatal(err)
 	}
-	if st := a.w.Stats(); st.Experts != 1 || st.SliceBytes != s.size || sliceDiskBytes(t, da) != s.size {
+	if st := a.Stats(); st.Experts != 1 || st.SliceBytes != s.size || sliceDiskBytes(t, da) != s.size {
 		t.Fatalf("after SetQuota: %d experts, %d bytes (disk %d)", st.Experts, st.SliceBytes, sliceDiskBytes(t, da))
 	}
 	waitUntil(t, 10*time.Second, "the backbone to re-plan A", func() bool {
@@ -390,7 +334,7 @@ func TestProvisionQuota(t *testing.T) {
 		return ok && ws.Quota == uint64(s.size) && ws.Holdings == 1 && ws.AssignedBytes <= uint64(s.size)
 	})
 	// Delete the slice: nothing left on disk, quota 0, nothing assigned.
-	if err := a.w.DeleteSlice(); err != nil {
+	if err := a.DeleteSlice(); err != nil {
 		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(da); len(ents) != 0 {
@@ -401,10 +345,10 @@ func TestProvisionQuota(t *testing.T) {
 		return ok && ws.Quota == 0 && ws.Holdings == 0
 	})
 	// A new quota: assigned and downloaded again.
-	if err := a.w.SetQuota(2 * s.size); err != nil {
+	if err := a.SetQuota(2 * s.size); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 30*time.Second, "A's new download", func() bool { return a.w.Stats().Experts == 2 })
+	waitUntil(t, 30*time.Second, "A's new download", func() bool { return a.Stats().Experts == 2 })
 	if d := sliceDiskBytes(t, da); d != 2*s.size {
 		t.Fatalf("A's slice holds %d bytes, want %d", d, 2*s.size)
 	}

@@ -1,13 +1,11 @@
 package dispatch_test
 
 import (
-	"math"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
-	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
 // TestQuorumLiarsFixtureDecode (issue 20): under --verify quorum, a greedy
@@ -30,31 +28,25 @@ import (
 func TestQuorumLiarsFixtureDecode(t *testing.T) {
 	const name = "tiny-qwen3moe-Q8_0.gguf"
 	const steps = 40 // the patient liar's probation (32 results) ends within it with sums too
-	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
-	ref := loadFixture(t, name)
-	p := ref.Params()
-	wantLogits, wantToks := decode(t, ref, prompt, steps)
+	_, wantLogits, wantToks := localDecode(t, name, steps)
 	for _, tc := range []struct {
 		name         string
-		env          map[string]string
-		backboneOnly bool // the backbone computes no expert: a third holder decides
-		pairs        bool // Config.NoRowSums: every request per pair
+		env          []string // the liar's KVASIR_... settings, in pairs (childEnv)
+		backboneOnly bool     // the backbone computes no expert: a third holder decides
+		pairs        bool     // Config.NoRowSums: every request per pair
 	}{
-		{"always", map[string]string{"KVASIR_LIE": "always"}, false, false},
-		{"patient", map[string]string{"KVASIR_LIE": "after:32:every:20:one"}, false, false},
-		{"split", map[string]string{"KVASIR_SPLIT": "1"}, false, false},
-		{"patient-backbone-only", map[string]string{"KVASIR_LIE": "after:32:every:20:one"}, true, false},
-		{"split-backbone-only", map[string]string{"KVASIR_SPLIT": "1"}, true, false},
-		{"patient-pairs", map[string]string{"KVASIR_LIE": "after:32:every:20:one"}, false, true},
-		{"split-backbone-only-pairs", map[string]string{"KVASIR_SPLIT": "1"}, true, true},
+		{"always", []string{"KVASIR_LIE", "always"}, false, false},
+		{"patient", []string{"KVASIR_LIE", "after:32:every:20:one"}, false, false},
+		{"split", []string{"KVASIR_SPLIT", "1"}, false, false},
+		{"patient-backbone-only", []string{"KVASIR_LIE", "after:32:every:20:one"}, true, false},
+		{"split-backbone-only", []string{"KVASIR_SPLIT", "1"}, true, false},
+		{"patient-pairs", []string{"KVASIR_LIE", "after:32:every:20:one"}, false, true},
+		{"split-backbone-only-pairs", []string{"KVASIR_SPLIT", "1"}, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			bb := loadFixture(t, name)
-			local := bb.LocalExperts()
-			md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
+			bb, md, own := fixtureBackbone(t, name)
 			s, l := ledgerStack(t, md, func(c *dispatch.Config) {
-				c.Fallback = local
-				c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
+				own(c)
 				c.Verify = dispatch.VerifyQuorum
 				c.CheckRate = 0 // the default: 1 request in 20 audited against the backbone's outputs
 				c.BanFile = filepath.Join(t.TempDir(), "bans.json")
@@ -63,34 +55,17 @@ func TestQuorumLiarsFixtureDecode(t *testing.T) {
 				}
 				c.NoRowSums = tc.pairs
 			})
-			env := func(key string, extra map[string]string) map[string]string {
-				e := map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": "fixture:" + name, "KVASIR_LAYERS": "0,1,2,3"}
-				for k, v := range extra {
-					e[k] = v
-				}
-				return e
-			}
 			var honestIDs []string
 			for range 2 {
 				key, id := newKey()
-				s.startTrustChild(t, env(key, nil), true)
+				s.startTrustChild(t, childEnv(key, "fixture:"+name), true)
 				honestIDs = append(honestIDs, id)
 			}
 			liarKey, liarID := newKey()
-			liar := s.startTrustChild(t, env(liarKey, tc.env), true)
+			liar := s.startTrustChild(t, childEnv(liarKey, "fixture:"+name, tc.env...), true)
 			s.waitWorkers(t, 3)
-			bb.SetExperts(s.disp)
-			gotLogits, gotToks := decode(t, bb, prompt, steps)
-			for i := range wantToks {
-				if gotToks[i] != wantToks[i] {
-					t.Fatalf("token %d: swarm %d, local %d", i, gotToks[i], wantToks[i])
-				}
-			}
-			for i := range wantLogits {
-				if math.Float32bits(gotLogits[i]) != math.Float32bits(wantLogits[i]) {
-					t.Fatalf("logit %d: swarm %v, local %v", i, gotLogits[i], wantLogits[i])
-				}
-			}
+			gotLogits, _ := s.swarmDecode(t, bb, wantToks)
+			sameLogits(t, gotLogits, wantLogits)
 			st := s.disp.Stats()
 			if st.Caught != 1 || liar.lies.Load() < 1 || st.QuorumDisputes < 1 || st.Digests == 0 ||
 				(tc.backboneOnly && (st.ExpertsLocal != 0 || st.QuorumAsks == 0)) {

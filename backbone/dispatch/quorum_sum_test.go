@@ -1,16 +1,12 @@
 package dispatch_test
 
 import (
-	"context"
-	"crypto/ed25519"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
-	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/wire"
-	"github.com/kvasir-ai/kvasir/engine/worker"
 )
 
 // quorumSums is quorumCfg with audits as given and a 2 s deadline floor:
@@ -23,23 +19,6 @@ func quorumSums(rate float64, mod func(*dispatch.Config)) func(*dispatch.Config)
 			mod(c)
 		}
 	})
-}
-
-// startCPUWith runs an in-process worker declaring a CPU backend (exact
-// bits) serving hs with comp.
-func (s *stack) startCPUWith(tb testing.TB, comp expert.Computer, hs []wire.Holding) {
-	tb.Helper()
-	_, key, _ := ed25519.GenerateKey(nil)
-	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
-		Holdings: hs, ModelID: s.model.ID, Backend: "cpu", Threads: 1,
-		Logger: quiet, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	tb.Cleanup(func() { cancel(); <-done })
 }
 
 // TestQuorumSumDigests (wire 7): two honest CPU holders of every expert
@@ -55,8 +34,8 @@ func (s *stack) startCPUWith(tb testing.TB, comp expert.Computer, hs []wire.Hold
 func TestQuorumSumDigests(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, quorumSums(-1, nil))
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
 	s.waitWorkers(t, 2)
 	rng := rand.New(rand.NewPCG(81, 82))
 	rows := uint64(0)
@@ -71,7 +50,7 @@ func TestQuorumSumDigests(t *testing.T) {
 		st.SumRequests != 2*st.QuorumRequests || st.SumRows != 2*rows || st.QuorumDisputes != 0 {
 		t.Fatalf("stats %+v", st)
 	}
-	var wantOut, wantIn, up uint64
+	var wantOut, wantIn uint64
 	for _, w := range st.Workers {
 		if w.Digests == 0 || w.Results == w.Digests || w.Pairs != w.Rows*uint64(m.K) || w.Results != w.Requests {
 			t.Fatalf("worker %+v: both answer sum RESULTs and DIGESTs (random pairing), every request answered", w)
@@ -79,21 +58,7 @@ func TestQuorumSumDigests(t *testing.T) {
 		wantOut += w.Requests*24 + 4*w.Rows*uint64(m.D+2*m.K)
 		wantIn += w.Results*28 + 4*w.Pairs*uint64(m.D)
 	}
-	waitFor(t, func() bool {
-		for _, ss := range s.hub.Sessions() {
-			if ss.Pending != 0 {
-				return false
-			}
-		}
-		return true
-	})
-	var gotOut, gotIn, rej uint64
-	for _, ss := range s.hub.Sessions() {
-		gotOut += ss.CreditOut
-		gotIn += ss.CreditIn
-		rej += ss.Rejected
-		up += ss.FromWorker
-	}
+	gotOut, gotIn, rej, up := s.hubTotals(t)
 	if gotOut != wantOut || gotIn != wantIn || rej != 0 {
 		t.Fatalf("hub metered out %d in %d rejected %d; want %d %d 0", gotOut, gotIn, rej, wantOut, wantIn)
 	}
@@ -118,9 +83,9 @@ func TestQuorumSumLiar(t *testing.T) {
 				c.LocalHeld = func(l, e int) bool { return false }
 			}
 		}))
-		s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-		s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-		liar, _ := s.startHolder(t, &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 1e-3}, 0, 1, 2, 3)
+		s.startHolder(t, newFake(m), 0, 1, 2, 3)
+		s.startHolder(t, newFake(m), 0, 1, 2, 3)
+		liar, _ := s.startHolder(t, newScaled(m, 1e-3), 0, 1, 2, 3)
 		s.waitWorkers(t, 3)
 		rng := rand.New(rand.NewPCG(83, 84))
 		for i := 0; i < 12; i++ {
@@ -142,7 +107,7 @@ func TestQuorumSumLiar(t *testing.T) {
 // backbone's own outputs: the sums stay bit-identical and both are caught.
 func TestQuorumSumColludersAudited(t *testing.T) {
 	m := testModel()
-	liar := func() *scaled { return &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 1e-3} }
+	liar := func() *scaled { return newScaled(m, 1e-3) }
 	s := newStack(t, m, 0, quorumSums(1, nil))
 	s.startHolder(t, liar(), 0, 1, 2, 3)
 	s.startHolder(t, liar(), 0, 1, 2, 3)
@@ -165,18 +130,12 @@ func TestQuorumSumWhichRows(t *testing.T) {
 	m := testModel()
 	for _, halves := range []bool{true, false} {
 		s := newStack(t, m, 0, quorumSums(-1, func(c *dispatch.Config) { c.LocalHeld = func(l, e int) bool { return false } }))
-		s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-		s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
+		s.startHolder(t, newFake(m), 0, 1, 2, 3)
+		s.startHolder(t, newFake(m), 0, 1, 2, 3)
 		if halves {
 			for par := range 2 {
 				hold := func(l, e int) bool { return e%2 == par }
-				var hs []wire.Holding
-				for _, h := range holdings(m, 0, 1, 2, 3) {
-					if hold(int(h.Layer), int(h.Expert)) {
-						hs = append(hs, h)
-					}
-				}
-				s.startCPUWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: hold}, hs)
+				s.startInProc(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: hold}, holdingsWhere(m, hold), backend("cpu"))
 			}
 			s.waitWorkers(t, 4)
 		} else {

@@ -25,8 +25,8 @@ func quorumCfg(mod func(*dispatch.Config)) func(*dispatch.Config) {
 func TestQuorumHonestDigests(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, quorumCfg(nil))
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
 	s.waitWorkers(t, 2)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 20; i++ {
@@ -50,7 +50,7 @@ func TestQuorumHonestDigests(t *testing.T) {
 func TestQuorumOneHolderComputedLocally(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, quorumCfg(nil))
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
 	s.waitWorkers(t, 1)
 	rng := rand.New(rand.NewPCG(3, 4))
 	for i := 0; i < 5; i++ {
@@ -67,8 +67,8 @@ func TestQuorumOneHolderComputedLocally(t *testing.T) {
 func TestQuorumLiarOutvotedLocal(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, quorumCfg(nil))
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-	liar, _ := s.startHolder(t, &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 1e-3}, 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	liar, _ := s.startHolder(t, newScaled(m, 1e-3), 0, 1, 2, 3)
 	s.waitWorkers(t, 2)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := 0; i < 6; i++ {
@@ -93,13 +93,13 @@ func TestQuorumArbiter(t *testing.T) {
 		c.LocalHeld = func(l, e int) bool { return false }
 		c.HolderWait = 500 * time.Millisecond
 	}))
-	_, stopA := s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-	s.startHolder(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, 0, 1, 2, 3)
-	liar, _ := s.startHolder(t, &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 1e-3}, 0, 1, 2, 3)
+	_, stopA := s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	liar, _ := s.startHolder(t, newScaled(m, 1e-3), 0, 1, 2, 3)
 	s.waitWorkers(t, 3)
 	rng := rand.New(rand.NewPCG(7, 8))
 	for i := 0; i < 30 && s.disp.Stats().Caught == 0; i++ {
-		if err := s.tryCall(t, randomCall(t, m, rng, i%m.NLayer, 4)); err != nil {
+		if _, err := s.tryCall(t, randomCall(t, m, rng, i%m.NLayer, 4)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,13 +111,13 @@ func TestQuorumArbiter(t *testing.T) {
 		t.Fatalf("liar %+v", w)
 	}
 	for i := 0; i < 5; i++ {
-		if err := s.tryCall(t, randomCall(t, m, rng, i%m.NLayer, 4)); err != nil {
+		if _, err := s.tryCall(t, randomCall(t, m, rng, i%m.NLayer, 4)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	stopA()
 	waitUntil(t, 10*time.Second, "one holder left", func() bool { return len(s.disp.Stats().Workers) > 0 && s.disp.Coverage().MinReplicas == 1 })
-	err := s.tryCall(t, randomCall(t, m, rng, 0, 2))
+	_, err := s.tryCall(t, randomCall(t, m, rng, 0, 2))
 	var me *dispatch.MissingError
 	if !errors.Is(err, dispatch.ErrNoHolder) || !errors.As(err, &me) {
 		t.Fatalf("one holder under quorum: %v", err)
@@ -131,7 +131,7 @@ func TestQuorumArbiter(t *testing.T) {
 // their lie is used: what c colluding holders can do (docs/accounting.md).
 func TestQuorumColludersAudited(t *testing.T) {
 	m := testModel()
-	liar := func() *scaled { return &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: 1e-3} }
+	liar := func() *scaled { return newScaled(m, 1e-3) }
 	s := newStack(t, m, 0, quorumCfg(func(c *dispatch.Config) { c.CheckRate = 1 }))
 	s.startHolder(t, liar(), 0, 1, 2, 3)
 	s.startHolder(t, liar(), 0, 1, 2, 3)
@@ -167,10 +167,10 @@ func TestVerifyMode(t *testing.T) {
 		t.Fatal("majority accepted")
 	}
 	m := testModel()
-	if _, err := dispatch.New(dispatch.Config{Model: m, Fallback: &fakeExperts{d: m.D, nExpert: m.NExpert}, Verify: "x"}); err == nil {
+	if _, err := dispatch.New(dispatch.Config{Model: m, Fallback: newFake(m), Verify: "x"}); err == nil {
 		t.Fatal("New accepted Verify x")
 	}
-	d, err := dispatch.New(dispatch.Config{Model: m, Fallback: &fakeExperts{d: m.D, nExpert: m.NExpert}})
+	d, err := dispatch.New(dispatch.Config{Model: m, Fallback: newFake(m)})
 	if err != nil || d.Verify() != dispatch.VerifySpot || d.Coverage().Verify != dispatch.VerifySpot {
 		t.Fatalf("default: %v", err)
 	}

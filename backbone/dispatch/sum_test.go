@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
-	"syscall"
 	"testing"
 	"time"
 
@@ -98,21 +97,7 @@ func TestSumBitIdentical(t *testing.T) {
 			wantIn += w.Results*28 + 4*w.Pairs*uint64(m.D)
 			results += w.Results
 		}
-		waitFor(t, func() bool {
-			for _, ss := range s.hub.Sessions() {
-				if ss.Pending != 0 {
-					return false
-				}
-			}
-			return true
-		})
-		var gotOut, gotIn, rej, up uint64
-		for _, ss := range s.hub.Sessions() {
-			gotOut += ss.CreditOut
-			gotIn += ss.CreditIn
-			rej += ss.Rejected
-			up += ss.FromWorker
-		}
+		gotOut, gotIn, rej, up := s.hubTotals(t)
 		if gotOut != wantOut || gotIn != wantIn || rej != 0 {
 			t.Fatalf("sums off %v: hub metered out %d in %d rejected %d; want %d %d 0", off, gotOut, gotIn, rej, wantOut, wantIn)
 		}
@@ -137,17 +122,8 @@ func TestSumMixedHolders(t *testing.T) {
 	s := newStack(t, m, 0, nil)
 	lo := func(l, e int) bool { return e < 4 }
 	hi := func(l, e int) bool { return e >= 4 }
-	hold := func(f func(l, e int) bool) []wire.Holding {
-		var hs []wire.Holding
-		for _, h := range holdings(m, 0, 1, 2, 3) {
-			if f(int(h.Layer), int(h.Expert)) {
-				hs = append(hs, h)
-			}
-		}
-		return hs
-	}
-	s.startWorkerWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: lo}, hold(lo))
-	s.startWorkerWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: hi}, hold(hi))
+	s.startWorkerWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: lo}, holdingsWhere(m, lo))
+	s.startWorkerWith(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: hi}, holdingsWhere(m, hi))
 	s.waitWorkers(t, 2)
 	rng := rand.New(rand.NewPCG(73, 74))
 	var full, split int
@@ -185,8 +161,7 @@ func TestSumLiarCaught(t *testing.T) {
 	m := testModel()
 	s, l := ledgerStack(t, m, func(c *dispatch.Config) { c.Probation = 0 }) // the default: every result checked
 	key, id := newKey()
-	s.startTrustChild(t, map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": "fake:16,2,4,8",
-		"KVASIR_LAYERS": "0,1,2,3", "KVASIR_LIE": "always"}, true)
+	s.startTrustChild(t, childEnv(key, fakeSpec(m), "KVASIR_LIE", "always"), true)
 	s.waitWorkers(t, 1)
 	rng := rand.New(rand.NewPCG(75, 76))
 	s.runSum(t, randomCall(t, m, rng, 1, 6), randomWeights(rng, 6, m.K))
@@ -207,21 +182,7 @@ func TestSumLiarCaught(t *testing.T) {
 func TestSumWorkerKilled(t *testing.T) {
 	m := testModel()
 	const maxDL = 3 * time.Second
-	s := newStack(t, m, 0, func(c *dispatch.Config) { c.MaxDeadline = maxDL; c.Probation, c.CheckRate = 0, 0 })
-	slowKey, _ := newKey()
-	fastKey, _ := newKey()
-	env := func(key, delay string) map[string]string {
-		return map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": "fake:16,2,4,8", "KVASIR_LAYERS": "0,1,2,3", "KVASIR_DELAY": delay}
-	}
-	slow := s.startTrustChild(t, env(slowKey, "30s"), true)
-	s.startTrustChild(t, env(fastKey, "0s"), true)
-	s.waitWorkers(t, 2)
-	go func() {
-		for slow.computing.Load() == 0 {
-			time.Sleep(time.Millisecond)
-		}
-		_ = slow.cmd.Process.Signal(syscall.SIGKILL)
-	}()
+	s, _, _ := killedReplicaStack(t, m, maxDL)
 	const rows = 16
 	rng := rand.New(rand.NewPCG(77, 78))
 	el := s.runSum(t, randomCall(t, m, rng, 1, rows), randomWeights(rng, rows, m.K))

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,9 +183,14 @@ func (l *lyingComputer) ComputeExperts(ctx context.Context, layer int, hidden []
 	return nil
 }
 
-// forge is a hand-driven worker: HELLO, then it answers the first DISPATCH
-// honestly and follows it with a RESULT for a request id it was never sent.
-func forge(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any)) int {
+// handDriven is a hand-driven worker (forge, splitLiar): it dials the
+// gateway with key, says HELLO with hs, prints CONNECTED at WELCOME, and
+// for each DISPATCH computes the pairs it asks for with comp into a
+// RESULT (per pair, in the request's order) that answer sends as it
+// likes; when the connection ends it prints CLOSED <code> <reason> and
+// returns 0 (1 on any other error).
+func handDriven(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any),
+	answer func(ctx context.Context, c *websocket.Conn, f *wire.Dispatch, res *wire.Result)) int {
 	u := os.Getenv("KVASIR_GATEWAY") + wire.WorkerPath
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	ctx := context.Background()
@@ -201,7 +207,6 @@ func forge(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, model
 		return 1
 	}
 	var lim *wire.Limits
-	forged := false
 	for {
 		_, msg, err := c.Read(ctx)
 		if err != nil {
@@ -238,15 +243,24 @@ func forge(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, model
 				fmt.Fprintln(os.Stderr, err)
 				return 1
 			}
-			_ = c.Write(ctx, websocket.MessageBinary, res.Append(nil))
-			if !forged {
-				forged = true
-				res.Request += 1000
-				_ = c.Write(ctx, websocket.MessageBinary, res.Append(nil))
-				say("FORGED %d", res.Request)
-			}
+			answer(ctx, c, f, res)
 		}
 	}
+}
+
+// forge is a hand-driven worker that answers the first DISPATCH honestly
+// and follows it with a RESULT for a request id it was never sent.
+func forge(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any)) int {
+	forged := false
+	return handDriven(key, pool, hs, modelID, comp, say, func(ctx context.Context, c *websocket.Conn, _ *wire.Dispatch, res *wire.Result) {
+		_ = c.Write(ctx, websocket.MessageBinary, res.Append(nil))
+		if !forged {
+			forged = true
+			res.Request += 1000
+			_ = c.Write(ctx, websocket.MessageBinary, res.Append(nil))
+			say("FORGED %d", res.Request)
+		}
+	})
 }
 
 // trustProc is a running trust child and what it has said.
@@ -321,6 +335,51 @@ func (p *trustProc) said(prefix string) (string, bool) {
 	return "", false
 }
 
+// fakeSpec is the KVASIR_MODEL of a trust child computing fakeExperts of
+// m's shapes.
+func fakeSpec(m dispatch.Model) string {
+	return fmt.Sprintf("fake:%d,%d,%d,%d", m.D, m.K, m.NLayer, m.NExpert)
+}
+
+// childEnv is the environment of a trust child with key (a hex seed,
+// newKey) computing model (KVASIR_MODEL) over layers 0-3, with kv, in
+// pairs, adding or replacing KVASIR_... settings.
+func childEnv(key, model string, kv ...string) map[string]string {
+	env := map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": model, "KVASIR_LAYERS": "0,1,2,3"}
+	for i := 0; i+1 < len(kv); i += 2 {
+		env[kv[i]] = kv[i+1]
+	}
+	return env
+}
+
+// killWhenComputing SIGKILLs p's process as soon as it starts a
+// computation (without waiting for that).
+func killWhenComputing(p *trustProc) {
+	go func() {
+		for p.computing.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	}()
+}
+
+// killedReplicaStack is a stack (deadline maxDL, every result checked in
+// the default probation) with two worker processes holding every expert
+// of m: slow takes 30 s per computation and is SIGKILLed as soon as it
+// starts one (killWhenComputing), fast answers at once. It returns the
+// stack, fast and fast's worker id.
+func killedReplicaStack(t *testing.T, m dispatch.Model, maxDL time.Duration) (*stack, *trustProc, string) {
+	t.Helper()
+	s := newStack(t, m, 0, func(c *dispatch.Config) { c.MaxDeadline = maxDL; c.Probation, c.CheckRate = 0, 0 })
+	slowKey, _ := newKey()
+	fastKey, fastID := newKey()
+	slow := s.startTrustChild(t, childEnv(slowKey, fakeSpec(m), "KVASIR_DELAY", "30s"), true)
+	fast := s.startTrustChild(t, childEnv(fastKey, fakeSpec(m), "KVASIR_DELAY", "0s"), true)
+	s.waitWorkers(t, 2)
+	killWhenComputing(slow)
+	return s, fast, fastID
+}
+
 // newKey returns a fresh ed25519 seed in hex and the worker id (hex public
 // key) it gives.
 func newKey() (seedHex, id string) {
@@ -334,72 +393,20 @@ func newKey() (seedHex, id string) {
 // a RESULT whose first float is 0.1 % off: under quorum its digests
 // confirm honest answers while its own answers are wrong.
 func splitLiar(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, modelID string, comp expert.Computer, say func(string, ...any)) int {
-	u := os.Getenv("KVASIR_GATEWAY") + wire.WorkerPath
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	ctx := context.Background()
-	c, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: client,
-		HTTPHeader: wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	c.SetReadLimit(wire.MaxMessage)
-	hello := &wire.Hello{Key: key.Public().(ed25519.PublicKey), ModelID: modelID, Backend: "cpu-test", Holdings: hs}
-	if err := c.Write(ctx, websocket.MessageBinary, hello.Append(nil)); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	var lim *wire.Limits
-	for {
-		_, msg, err := c.Read(ctx)
-		if err != nil {
-			var ce websocket.CloseError
-			if errors.As(err, &ce) {
-				say("CLOSED %d %s", ce.Code, ce.Reason)
-			} else {
-				say("CLOSED 0 %v", err)
-			}
-			return 0
+	return handDriven(key, pool, hs, modelID, comp, say, func(ctx context.Context, c *websocket.Conn, f *wire.Dispatch, res *wire.Result) {
+		if f.Sum { // every slot requested: the rows' weighted sums
+			sums := make([]float32, f.N*f.D)
+			expert.WeightedSum(sums, res.Out, f.Weights, f.K, f.D)
+			res.M, res.Out = f.N, sums
 		}
-		f, err := wire.Decode(msg, lim)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+		out := res.Append(nil)
+		if f.Digest {
+			out = (&wire.Digest{Request: f.Request, M: res.M, D: res.D, Sum: wire.ResultDigest(out)}).Append(nil)
+		} else {
+			res.Out[0] *= 1.001
+			out = res.Append(nil)
+			say("LIE")
 		}
-		switch f := f.(type) {
-		case *wire.Welcome:
-			lim = &wire.Limits{D: int(f.D), K: int(f.K), NLayer: int(f.NLayer), NExpert: int(f.NExpert)}
-			say("CONNECTED")
-		case *wire.Dispatch:
-			var xs []float32
-			var es []int32
-			for r := 0; r < f.N; r++ {
-				for s := 0; s < f.K; s++ {
-					if id := f.IDs[r*f.K+s]; id != -1 {
-						xs = append(xs, f.Hidden[r*f.D:(r+1)*f.D]...)
-						es = append(es, id)
-					}
-				}
-			}
-			res := &wire.Result{Request: f.Request, M: len(es), D: f.D, Out: make([]float32, len(es)*f.D)}
-			if err := comp.ComputeExperts(ctx, int(f.Layer), xs, es, len(es), 1, res.Out); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			if f.Sum { // every slot requested: the rows' weighted sums
-				sums := make([]float32, f.N*f.D)
-				expert.WeightedSum(sums, res.Out, f.Weights, f.K, f.D)
-				res.M, res.Out = f.N, sums
-			}
-			out := res.Append(nil)
-			if f.Digest {
-				out = (&wire.Digest{Request: f.Request, M: res.M, D: res.D, Sum: wire.ResultDigest(out)}).Append(nil)
-			} else {
-				res.Out[0] *= 1.001
-				out = res.Append(nil)
-				say("LIE")
-			}
-			_ = c.Write(ctx, websocket.MessageBinary, out)
-		}
-	}
+		_ = c.Write(ctx, websocket.MessageBinary, out)
+	})
 }

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -92,46 +91,26 @@ func ledgerOf(t *testing.T, l *ledger.Ledger, id string) (bytes, rejected uint64
 // bit for bit, and the gateway credits the liar nothing.
 func TestLyingWorkerFixtureDecode(t *testing.T) {
 	const name = "tiny-qwen3moe-Q8_0.gguf"
-	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
-	ref := loadFixture(t, name)
-	p := ref.Params()
-	wantLogits, wantToks := decode(t, ref, prompt, 6)
-
-	bb := loadFixture(t, name)
-	local := bb.LocalExperts()
-	md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
+	p, wantLogits, wantToks := localDecode(t, name, 6)
+	bb, md, own := fixtureBackbone(t, name)
 	banFile := filepath.Join(t.TempDir(), "bans.json")
 	s, l := ledgerStack(t, md, func(c *dispatch.Config) {
-		c.Fallback = local
-		c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
+		own(c)
 		c.Probation, c.CheckRate = 0, 0 // the defaults
 		c.BanFile = banFile
 	})
 	honestKey, honestID := newKey()
 	liarKey, liarID := newKey()
-	env := func(key, lie string) map[string]string {
-		return map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": "fixture:" + name, "KVASIR_LAYERS": "0,1,2,3", "KVASIR_LIE": lie}
-	}
-	honest := s.startTrustChild(t, env(honestKey, ""), true)
-	liar := s.startTrustChild(t, env(liarKey, "always"), true)
+	honest := s.startTrustChild(t, childEnv(honestKey, "fixture:"+name), true)
+	liar := s.startTrustChild(t, childEnv(liarKey, "fixture:"+name, "KVASIR_LIE", "always"), true)
 	s.waitWorkers(t, 2)
-	bb.SetExperts(s.disp)
-	gotLogits, gotToks := decode(t, bb, prompt, 6)
-	for i := range wantToks {
-		if gotToks[i] != wantToks[i] {
-			t.Fatalf("token %d: swarm %d, local %d", i, gotToks[i], wantToks[i])
-		}
-	}
-	for i := range wantLogits {
-		if math.Float32bits(gotLogits[i]) != math.Float32bits(wantLogits[i]) {
-			t.Fatalf("logit %d: swarm %v, local %v", i, gotLogits[i], wantLogits[i])
-		}
-	}
+	gotLogits, gotToks := s.swarmDecode(t, bb, wantToks)
+	sameLogits(t, gotLogits, wantLogits)
 	st := s.disp.Stats()
 	if st.Caught != 1 || st.Mismatches != 1 || liar.lies.Load() != 1 {
 		t.Fatalf("caught %d mismatches %d, liar lied %d times; want 1 1 1", st.Caught, st.Mismatches, liar.lies.Load())
 	}
-	total := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
+	total := uint64((len(fixturePrompt) + 5) * p.ExpertsUsed * p.Layers)
 	if st.ExpertsLocal+st.ExpertsRemote != total || st.ExpertsLocal == 0 || st.ExpertsLocal > total/2 {
 		t.Fatalf("experts local %d remote %d of %d", st.ExpertsLocal, st.ExpertsRemote, total)
 	}
@@ -185,8 +164,7 @@ func TestLiarAfterProbation(t *testing.T) {
 		c.Probation, c.CheckRate, c.BanFile = probation, 0.25, banFile
 	})
 	key, id := newKey()
-	env := map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": "fake:16,2,4,8", "KVASIR_LAYERS": "0,1,2,3",
-		"KVASIR_LIE": "after:4:every:20"}
+	env := childEnv(key, fakeSpec(m), "KVASIR_LIE", "after:4:every:20")
 	liar := s.startTrustChild(t, env, true)
 	s.waitWorkers(t, 1)
 	rng := rand.New(rand.NewPCG(61, 62))
@@ -243,8 +221,7 @@ func TestForgedResult(t *testing.T) {
 	m := testModel()
 	s, l := ledgerStack(t, m, nil)
 	key, id := newKey()
-	forger := s.startTrustChild(t, map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": "fake:16,2,4,8",
-		"KVASIR_LAYERS": "0,1,2,3", "KVASIR_FORGE": "1"}, true)
+	forger := s.startTrustChild(t, childEnv(key, fakeSpec(m), "KVASIR_FORGE", "1"), true)
 	s.waitWorkers(t, 1)
 	s.run(t, randomCall(t, m, rand.New(rand.NewPCG(63, 64)), 2, 4))
 	waitUntil(t, 10*time.Second, "the forger's session to close", func() bool { _, ok := forger.said("CLOSED"); return ok })
@@ -269,21 +246,7 @@ func TestForgedResult(t *testing.T) {
 func TestReplicaTakesOverKilledWorker(t *testing.T) {
 	m := testModel()
 	const maxDL = 3 * time.Second
-	s := newStack(t, m, 0, func(c *dispatch.Config) { c.MaxDeadline = maxDL; c.Probation, c.CheckRate = 0, 0 })
-	slowKey, _ := newKey()
-	fastKey, fastID := newKey()
-	env := func(key, delay string) map[string]string {
-		return map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": "fake:16,2,4,8", "KVASIR_LAYERS": "0,1,2,3", "KVASIR_DELAY": delay}
-	}
-	slow := s.startTrustChild(t, env(slowKey, "30s"), true)
-	fast := s.startTrustChild(t, env(fastKey, "0s"), true)
-	s.waitWorkers(t, 2)
-	go func() {
-		for slow.computing.Load() == 0 {
-			time.Sleep(time.Millisecond)
-		}
-		_ = slow.cmd.Process.Signal(syscall.SIGKILL)
-	}()
+	s, fast, fastID := killedReplicaStack(t, m, maxDL)
 	const rows = 16
 	el := s.run(t, randomCall(t, m, rand.New(rand.NewPCG(65, 66)), 1, rows))
 	st := s.disp.Stats()
@@ -312,7 +275,7 @@ func TestFrameSplitAt64MiB(t *testing.T) {
 	}
 	s := newStack(t, m, 0, func(c *dispatch.Config) { c.MaxDeadline = 2 * time.Minute })
 	key, _ := newKey()
-	s.startTrustChild(t, map[string]string{"KVASIR_KEY": key, "KVASIR_MODEL": "fake:2048,8,1,16", "KVASIR_LAYERS": "0"}, true)
+	s.startTrustChild(t, childEnv(key, fakeSpec(m), "KVASIR_LAYERS", "0"), true)
 	s.waitWorkers(t, 1)
 	rng := rand.New(rand.NewPCG(67, 68))
 	s.run(t, randomCall(t, m, rng, 0, 1023))
@@ -333,6 +296,11 @@ type scaled struct {
 	rel float32
 }
 
+// newScaled returns the scaled computer for m's shapes (every expert held).
+func newScaled(m dispatch.Model, rel float32) *scaled {
+	return &scaled{fakeExperts: fakeExperts{d: m.D, nExpert: m.NExpert}, rel: rel}
+}
+
 func (c *scaled) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
 	if err := c.fakeExperts.ComputeExperts(ctx, layer, hidden, ids, n, k, out); err != nil {
 		return err
@@ -341,30 +309,6 @@ func (c *scaled) ComputeExperts(ctx context.Context, layer int, hidden []float32
 		out[i] *= 1 + c.rel
 	}
 	return nil
-}
-
-// startBackend runs an in-process worker declaring backend and returns its
-// worker.
-func (s *stack) startBackend(t *testing.T, comp expert.Computer, backend string) *worker.Worker {
-	t.Helper()
-	_, key, _ := ed25519.GenerateKey(nil)
-	return s.startKeyed(t, key, comp, backend)
-}
-
-// startKeyed runs an in-process worker with key holding every layer.
-func (s *stack) startKeyed(t *testing.T, key ed25519.PrivateKey, comp expert.Computer, backend string) *worker.Worker {
-	t.Helper()
-	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
-		Holdings: holdings(s.model, 0, 1, 2, 3), ModelID: s.model.ID, Backend: backend, Threads: 1, Logger: quiet,
-		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return w
 }
 
 // TestBackendTolerance: a declared non-CPU backend is held to the stated
@@ -381,10 +325,17 @@ func TestBackendTolerance(t *testing.T) {
 		}
 		return out
 	}
-	t.Run("gpu-within-bound", func(t *testing.T) {
+	// checked is a stack checking every result (a probation of 100, no
+	// random checks) with one worker serving every expert with comp and
+	// declaring backend b.
+	checked := func(t *testing.T, comp expert.Computer, b string) *stack {
 		s := newStack(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = 100, -1 })
-		s.startBackend(t, &scaled{fakeExperts{d: m.D, nExpert: m.NExpert}, 1e-4}, "cuda-test")
+		s.startInProc(t, comp, holdings(m, 0, 1, 2, 3), backend(b))
 		s.waitWorkers(t, 1)
+		return s
+	}
+	t.Run("gpu-within-bound", func(t *testing.T) {
+		s := checked(t, newScaled(m, 1e-4), "cuda-test")
 		for i := 0; i < 5; i++ {
 			c := randomCall(t, m, rng, i%m.NLayer, 4)
 			out := compute(s, c)
@@ -400,18 +351,14 @@ func TestBackendTolerance(t *testing.T) {
 		}
 	})
 	t.Run("gpu-beyond-bound", func(t *testing.T) {
-		s := newStack(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = 100, -1 })
-		s.startBackend(t, &scaled{fakeExperts{d: m.D, nExpert: m.NExpert}, 0.01}, "cuda-test")
-		s.waitWorkers(t, 1)
+		s := checked(t, newScaled(m, 0.01), "cuda-test")
 		s.run(t, randomCall(t, m, rng, 0, 4)) // the reference replaces the result: bit-identical
 		if st := s.disp.Stats(); st.Mismatches != 1 || st.Caught != 1 || st.ExpertsLocal != 8 {
 			t.Fatalf("mismatches %d caught %d local %d", st.Mismatches, st.Caught, st.ExpertsLocal)
 		}
 	})
 	t.Run("cpu-one-ulp", func(t *testing.T) {
-		s := newStack(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = 100, -1 })
-		s.startBackend(t, &scaled{fakeExperts{d: m.D, nExpert: m.NExpert}, 1e-7}, "cpu")
-		s.waitWorkers(t, 1)
+		s := checked(t, newScaled(m, 1e-7), "cpu")
 		s.run(t, randomCall(t, m, rng, 0, 4))
 		if st := s.disp.Stats(); st.Mismatches != 1 || st.Caught != 1 {
 			t.Fatalf("mismatches %d caught %d", st.Mismatches, st.Caught)
@@ -419,7 +366,7 @@ func TestBackendTolerance(t *testing.T) {
 	})
 	t.Run("cpu-only", func(t *testing.T) {
 		s := newStack(t, m, 0, func(c *dispatch.Config) { c.Tolerance = -1 })
-		w := s.startBackend(t, &fakeExperts{d: m.D, nExpert: m.NExpert}, "metal")
+		w := s.startInProc(t, newFake(m), holdings(m, 0, 1, 2, 3), backend("metal")).Worker
 		waitUntil(t, 10*time.Second, "the refusal", func() bool {
 			return strings.Contains(w.Stats().LastError, "not a CPU backend")
 		})
@@ -437,8 +384,9 @@ func TestCaughtClosesSameKeySessions(t *testing.T) {
 	s := newStackHub(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = 100, -1 },
 		func(c *hub.Config) { c.SettleDelay = time.Hour })
 	_, key, _ := ed25519.GenerateKey(nil)
-	s.startKeyed(t, key, &fakeExperts{d: m.D, nExpert: m.NExpert}, "cpu")
-	s.startKeyed(t, key, &scaled{fakeExperts{d: m.D, nExpert: m.NExpert}, 0.01}, "cpu")
+	sameKey := func(c *worker.Config) { c.Key, c.Backend = key, "cpu" }
+	s.startInProc(t, newFake(m), holdings(m, 0, 1, 2, 3), sameKey)
+	s.startInProc(t, newScaled(m, 0.01), holdings(m, 0, 1, 2, 3), sameKey)
 	s.waitWorkers(t, 2)
 	rng := rand.New(rand.NewPCG(73, 74))
 	for i := 0; s.disp.Stats().Caught == 0 && i < 50; i++ {

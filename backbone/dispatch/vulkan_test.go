@@ -2,7 +2,6 @@ package dispatch_test
 
 import (
 	"context"
-	"crypto/ed25519"
 	"errors"
 	"math"
 	"os"
@@ -89,7 +88,6 @@ func (c *scaledBy) ComputeExperts(ctx context.Context, layer int, hidden []float
 // its session's bytes forfeited, and the decode still equals the local one
 // (the reference replaces its result).
 func TestVulkanWorkerDecode(t *testing.T) {
-	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
 	for _, name := range []string{"tiny-qwen3moe-Q8_0.gguf", "tiny-qwen3moe-Q4_K_M.gguf"} {
 		for _, liar := range []bool{false, true} {
 			sub := name
@@ -97,16 +95,10 @@ func TestVulkanWorkerDecode(t *testing.T) {
 				sub += "/scaled-1.01"
 			}
 			t.Run(sub, func(t *testing.T) {
-				ref := loadFixture(t, name)
-				p := ref.Params()
-				wantLogits, wantToks := decode(t, ref, prompt, 6)
-
-				bb := loadFixture(t, name)
-				local := bb.LocalExperts()
-				md := dispatch.Model{ID: name, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts}
+				p, wantLogits, wantToks := localDecode(t, name, 6)
+				bb, md, own := fixtureBackbone(t, name)
 				s := newStackHub(t, md, 0, func(c *dispatch.Config) {
-					c.Fallback = local
-					c.ExpertHash = func(l, e int) ([32]byte, bool) { return worker.ExpertSHA256(local.Layer(l), e) }
+					own(c)
 					c.Probation, c.CheckRate = 1000, 1 // check every result
 				}, func(c *hub.Config) {
 					// The hub command's settling: what the worker earned is
@@ -119,27 +111,13 @@ func TestVulkanWorkerDecode(t *testing.T) {
 				if liar {
 					comp = &scaledBy{inner: gpu, f: 1.01, honest: 8} // earns first, so that it has something to forfeit
 				}
-				_, key, _ := ed25519.GenerateKey(nil)
 				var servedIn, servedOut atomic.Uint64 // DISPATCH and RESULT bytes, as the worker counts them
-				w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, Computer: comp,
-					Holdings: worker.HoldingsOf(wl, nil), ModelID: md.ID, Backend: backend, Threads: 1, Logger: quiet,
-					BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
-					OnServed: func(_ string, in, out uint64) { servedIn.Add(in); servedOut.Add(out) }})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() { defer close(done); _ = w.Run(ctx) }()
-				t.Cleanup(func() { cancel(); <-done })
+				s.startInProc(t, comp, worker.HoldingsOf(wl, nil), func(c *worker.Config) {
+					c.Backend = backend
+					c.OnServed = func(_ string, in, out uint64) { servedIn.Add(in); servedOut.Add(out) }
+				})
 				s.waitWorkers(t, 1)
-				bb.SetExperts(s.disp)
-				gotLogits, gotToks := decode(t, bb, prompt, 6)
-				for i := range wantToks {
-					if gotToks[i] != wantToks[i] {
-						t.Fatalf("token %d: swarm %d, local %d (tokens %v, want %v)", i, gotToks[i], wantToks[i], gotToks, wantToks)
-					}
-				}
+				gotLogits, gotToks := s.swarmDecode(t, bb, wantToks)
 				// Logits of every step against the local decode's.
 				worst, worstStep := 1.0, 0
 				for step := range wantToks {
@@ -176,7 +154,7 @@ func TestVulkanWorkerDecode(t *testing.T) {
 					})
 					return
 				}
-				want := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
+				want := uint64((len(fixturePrompt) + 5) * p.ExpertsUsed * p.Layers)
 				if st.Mismatches != 0 || st.Checks == 0 || st.ExpertsRemote != want || st.ExpertsLocal != 0 {
 					t.Fatalf("checks %d mismatches %d remote %d local %d (want %d remote)", st.Checks, st.Mismatches, st.ExpertsRemote, st.ExpertsLocal, want)
 				}
@@ -209,7 +187,6 @@ func TestVulkanWorkerDecode(t *testing.T) {
 // answered from the CPU path: same tokens, no mismatch, the fault
 // recorded and no pair computed on the device.
 func TestVulkanProvisionedWorker(t *testing.T) {
-	prompt := []int32{9707, 11, 1879, 0, 576, 3974, 13876, 38835}
 	for _, fault := range []bool{false, true} {
 		name := "device"
 		if fault {
@@ -219,7 +196,7 @@ func TestVulkanProvisionedWorker(t *testing.T) {
 			dev := vulkanDevice(t)
 			s := newProvStack(t, func(c *dispatch.Config) { c.Probation, c.CheckRate = 1000, 1 })
 			p := s.bb.Params()
-			_, wantToks := decode(t, loadFixture(t, provFixture), prompt, 6)
+			_, _, wantToks := localDecode(t, provFixture, 6)
 			opt := vulkan.Options{Device: dev.Index, Logf: t.Logf}
 			if fault {
 				opt.InjectFault = func() error { return errors.New("VK_ERROR_DEVICE_LOST (injected)") }
@@ -228,38 +205,26 @@ func TestVulkanProvisionedWorker(t *testing.T) {
 			if err != nil {
 				t.Skipf("vulkan: %v", err)
 			}
-			_, key, _ := ed25519.GenerateKey(nil)
-			w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, SliceDir: filepath.Join(t.TempDir(), "slice"),
-				Quota: 64 << 20, Accelerator: gpu, Backend: vulkan.BackendName(dev), Threads: 1, Logger: quiet,
-				BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); _ = w.Run(ctx) }()
-			t.Cleanup(func() { cancel(); <-done; w.Close(); gpu.Close() })
+			t.Cleanup(func() { gpu.Close() }) // after the worker's own cleanup (Close)
+			w := s.startInProc(t, nil, nil, func(c *worker.Config) {
+				c.SliceDir, c.Quota, c.Accelerator = filepath.Join(t.TempDir(), "slice"), 64<<20, gpu
+				c.Backend, c.ModelID = vulkan.BackendName(dev), ""
+			})
 			n := p.Layers * p.Experts
 			waitUntil(t, 60*time.Second, "the download", func() bool {
-				ws, ok := workerStats(s.stack, keyID(key))
+				ws, ok := workerStats(s.stack, w.id)
 				return ok && ws.Holdings == n
 			})
 			if gs := gpu.Stats(); gs.ResidentExperts != n {
 				t.Fatalf("device stats %+v after the download, want all %d experts resident", gs, n)
 			}
-			s.bb.SetExperts(s.disp)
-			_, gotToks := decode(t, s.bb, prompt, 6)
-			for i := range wantToks {
-				if gotToks[i] != wantToks[i] {
-					t.Fatalf("token %d: swarm %d, local %d (tokens %v, want %v)", i, gotToks[i], wantToks[i], gotToks, wantToks)
-				}
-			}
+			_, gotToks := s.swarmDecode(t, s.bb, wantToks)
 			st := s.disp.Stats()
-			ws, _ := workerStats(s.stack, keyID(key))
+			ws, _ := workerStats(s.stack, w.id)
 			gs := gpu.Stats()
 			t.Logf("backend %q: tokens %v; checks %d mismatches %d; remote %d local %d; device %+v",
 				ws.Backend, gotToks, st.Checks, st.Mismatches, st.ExpertsRemote, st.ExpertsLocal, gs)
-			want := uint64((len(prompt) + 5) * p.ExpertsUsed * p.Layers)
+			want := uint64((len(fixturePrompt) + 5) * p.ExpertsUsed * p.Layers)
 			if ws.Backend != vulkan.BackendName(dev) || st.Mismatches != 0 || st.Caught != 0 || st.Checks == 0 ||
 				st.ExpertsRemote != want || st.ExpertsLocal != 0 {
 				t.Fatalf("backend %q, checks %d mismatches %d caught %d remote %d local %d (want %d remote)", ws.Backend,

@@ -158,7 +158,11 @@ func TestBadWorkerClosed(t *testing.T) {
 			case el := <-done:
 				slack := 500 * time.Millisecond
 				if tc.name == "oversized" {
-					slack = time.Second // 64 MiB of TLS compete for the CPU of a shared 2-core machine
+					// 64 MiB of TLS compete for the CPU of a shared 2-core
+					// machine (2.16 s seen under load): the bound is that
+					// the call ends near its deadline, not when the frame
+					// does.
+					slack = 3 * time.Second
 				}
 				if el > maxDL+slack {
 					t.Fatalf("call took %v", el)

@@ -212,8 +212,6 @@ func TestProvisionCorruptRefetched(t *testing.T) {
 	sw := s.startSliceWorker(t, key, dir, quota)
 	waitUntil(t, 30*time.Second, "3 experts", func() bool { return sw.Stats().Experts == 3 })
 	sw.stop()
-	hs := sw.Stats()
-	_ = hs
 	m, err := slice.ReadManifest(dir)
 	if err != nil || m.Count() != 3 {
 		t.Fatalf("manifest %v %v", m, err)

@@ -100,6 +100,11 @@ func TestVulkanWorkerDecode(t *testing.T) {
 				s := newStackHub(t, md, 0, func(c *dispatch.Config) {
 					own(c)
 					c.Probation, c.CheckRate = 1000, 1 // check every result
+					// Every output must come from the worker: a loaded test
+					// machine (lavapipe is a CPU rasterizer) must not turn a
+					// slow answer into a local recomputation (the deadlines
+					// are tested elsewhere).
+					c.MinDeadline = 2 * time.Second
 				}, func(c *hub.Config) {
 					// The hub command's settling: what the worker earned is
 					// still unsettled when its lie is caught.

@@ -52,7 +52,12 @@ func assignMsg(mod func(a *Assign)) []byte {
 // CHUNK_REQ, CHUNK and HOLDINGS messages to Decode: no panic, and what is
 // accepted re-encodes to the same bytes.
 func FuzzProvision(f *testing.F) {
-	for _, fr := range sampleFrames()[9:] {
+	for _, fr := range sampleFrames() {
+		switch fr.(type) {
+		case *Assign, *ChunkReq, *Chunk, *Holdings:
+		default:
+			continue
+		}
 		msg := fr.Append(nil)
 		f.Add(msg)
 		f.Add(msg[:len(msg)-1])

@@ -51,9 +51,7 @@ const benchOneWay = 6500 * time.Microsecond
 // and, with KVASIR_BENCH_Q30=1, 4-layer Q4_K models of Qwen3-30B-A3B's and
 // Qwen3.5-35B-A3B's layer shapes (1.4 and 1.9 GB, generated in memory).
 // layer0-idle-13ms computes layer 0 locally after sleeping 13 ms: what an
-// idle gap alone costs the next layers. KVASIR_BENCH_SPIN_WAIT sets the
-// dispatcher's Config.SpinWait (e.g. -1ns: block at once, as before it
-// existed).
+// idle gap alone costs the next layers.
 func BenchmarkSwarmDecode13ms(b *testing.B) {
 	models := []struct {
 		name string
@@ -255,15 +253,7 @@ func benchSteps(b *testing.B, lm *loadedModel) time.Duration {
 // benchSwarm starts dispatcher and hub in this process and an in-process
 // worker holding layer 0 of lm, linked as via says, and waits for it.
 func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher, *swarmtest.Link) {
-	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), func(c *dispatch.Config) {
-		if s := os.Getenv("KVASIR_BENCH_SPIN_WAIT"); s != "" { // e.g. -1ns: never poll
-			v, err := time.ParseDuration(s)
-			if err != nil {
-				b.Fatalf("KVASIR_BENCH_SPIN_WAIT=%q: %v", s, err)
-			}
-			c.SpinWait = v
-		}
-	})
+	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package dispatch
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -100,9 +99,6 @@ type call struct {
 	// answered (their pair outputs in out are not used).
 	sums, weights []float32
 	summed        []bool
-	// spinEnd is when the call stops polling for replies and blocks
-	// (Config.SpinWait; zero: it blocks at once).
-	spinEnd time.Time
 }
 
 // ComputeExperts implements expert.Computer (see its contract): out[r][s] is
@@ -142,9 +138,6 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 	}
 	cl := &call{d: d, ctx: ctx, layer: layer, hidden: hidden, ids: ids, k: k, out: out, sums: sums, weights: weights,
 		seq: d.calls.Add(1), wake: make(chan struct{}, 1), failed: map[*conn]bool{}}
-	if d.cfg.SpinWait > 0 && n <= d.cfg.SpinRows && runtime.GOMAXPROCS(0) > 1 {
-		cl.spinEnd = time.Now().Add(d.cfg.SpinWait)
-	}
 	d.mu.Lock()
 	idx := d.index
 	d.mu.Unlock()
@@ -433,9 +426,6 @@ func (cl *call) waitAll() error {
 		if progress || len(cl.live) == 0 {
 			continue
 		}
-		if cl.spin(next) {
-			continue
-		}
 		t.Reset(time.Until(next))
 		select {
 		case <-cl.wake:
@@ -445,40 +435,6 @@ func (cl *call) waitAll() error {
 		}
 	}
 	return nil
-}
-
-// spin polls the call's wake channel on a running core (Config.SpinWait)
-// until a reply pokes it, until (the next deadline or hedge time), the
-// call's spin budget ends or ctx ends, yielding the processor between
-// polls; it reports whether a reply poked it. Only one call of the
-// dispatcher polls at a time; the others block at once.
-func (cl *call) spin(until time.Time) bool {
-	if cl.spinEnd.IsZero() {
-		return false
-	}
-	end := cl.spinEnd
-	if until.Before(end) {
-		end = until
-	}
-	if !time.Now().Before(end) || !cl.d.spinning.CompareAndSwap(false, true) {
-		return false
-	}
-	t0 := time.Now()
-	defer func() {
-		cl.d.spinNanos.Add(int64(time.Since(t0)))
-		cl.d.spinning.Store(false)
-	}()
-	for i := 1; ; i++ {
-		select {
-		case <-cl.wake:
-			return true
-		default:
-		}
-		if i%16 == 0 && (!time.Now().Before(end) || cl.ctx.Err() != nil) {
-			return false
-		}
-		runtime.Gosched()
-	}
 }
 
 // resolve uses j's reply: a verified or unchecked result is scattered into

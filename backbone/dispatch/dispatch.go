@@ -162,23 +162,6 @@ type Config struct {
 	// default a row whose k experts one worker holds is sent to it as a
 	// DISPATCH_SUM (wire 6) and answered with d floats instead of k x d.
 	NoRowSums bool
-	// SpinWait is how long a call of at most SpinRows rows waits for its
-	// workers' replies on a running core (polling, yielding the processor
-	// to any other goroutine) before it blocks; default DefaultSpinWait,
-	// negative never. SpinRows defaults to DefaultSpinRows.
-	//
-	// A small step's remote wait is a round trip with the cores idle, and
-	// on the machines measured a core back from 13 ms of idleness ran the
-	// step's next layers up to 2x slower (docs/BENCHMARKS.md,
-	// "layer0-idle-13ms": +2.5-3.4 ms per step on the 30B shape); polling
-	// keeps the caller's core running, for the price of that core's time
-	// during the wait. Large calls are compute-bound (their wait is short
-	// next to their compute, and other lanes or co-located workers can use
-	// the core), so they block at once. One call polls at a time, and none
-	// when GOMAXPROCS is 1 (the poller would then hold back the network
-	// poller, and with it the reply, for up to 10 ms).
-	SpinWait time.Duration
-	SpinRows int
 	// BanFor is how long a worker key caught returning a wrong result (or
 	// a result for a request it was never sent) is refused; default
 	// DefaultBanFor.
@@ -201,12 +184,6 @@ const (
 	DefaultBanFor = 24 * time.Hour
 	// DefaultHolderWait is Config.HolderWait's default.
 	DefaultHolderWait = 30 * time.Second
-	// DefaultSpinWait is Config.SpinWait's default: longer than a
-	// continental round trip.
-	DefaultSpinWait = 50 * time.Millisecond
-	// DefaultSpinRows is Config.SpinRows's default: a decode step of a
-	// few sequences, or one with a speculative draft to verify.
-	DefaultSpinRows = 16
 )
 
 // Errors returned (wrapped) by ComputeExperts.
@@ -248,8 +225,6 @@ type Dispatcher struct {
 	// Quorum (quorum.go).
 	quorumReqs, quorumAgreed, quorumLocal, quorumDisputes, quorumAsks, quorumAudits, digests atomic.Uint64
 	planUncovered, planNeed, planQuota                                                       atomic.Int64
-	spinning                                                                                 atomic.Bool // a call polls for its replies (Config.SpinWait)
-	spinNanos                                                                                atomic.Int64
 
 	wmu    sync.Mutex
 	wakes  [256]int64 // ring of recent answers' wake times (timing.go), ns
@@ -282,12 +257,6 @@ func New(cfg Config) (*Dispatcher, error) {
 	def(&cfg.IdleTimeout, 90*time.Second)
 	def(&cfg.ReplanEvery, 30*time.Second)
 	def(&cfg.HolderWait, DefaultHolderWait)
-	if cfg.SpinWait == 0 {
-		cfg.SpinWait = DefaultSpinWait
-	}
-	if cfg.SpinRows == 0 {
-		cfg.SpinRows = DefaultSpinRows
-	}
 	if cfg.ChunkSize <= 0 {
 		cfg.ChunkSize = 1 << 20
 	}

@@ -52,10 +52,7 @@ type Stats struct {
 	Calls uint64 // ComputeExperts calls
 	// WakeP50ms is the median time, in ms, from an answer read whole on a
 	// session's link to its call using it (issue 19).
-	WakeP50ms float64
-	// SpinTime is the wall time calls spent polling for replies on a
-	// running core (Config.SpinWait), in total.
-	SpinTime      time.Duration
+	WakeP50ms     float64
 	ExpertsRemote uint64 // (row, slot) expert outputs computed by workers and used
 	ExpertsLocal  uint64 // (row, slot) outputs computed by Fallback (unheld, failed or late)
 	Fallbacks     uint64 // worker requests that failed (error, deadline, refused, session closed): their pairs went to a replica or local
@@ -137,7 +134,7 @@ func (d *Dispatcher) Stats() Stats {
 	}
 	gone := append([]WorkerStats(nil), d.gone...)
 	d.mu.Unlock()
-	st := Stats{Calls: d.calls.Load(), WakeP50ms: float64(d.wakeP50()) / 1e6, SpinTime: time.Duration(d.spinNanos.Load()), ExpertsRemote: d.remote.Load(), ExpertsLocal: d.local.Load(), Fallbacks: d.fails.Load(),
+	st := Stats{Calls: d.calls.Load(), WakeP50ms: float64(d.wakeP50()) / 1e6, ExpertsRemote: d.remote.Load(), ExpertsLocal: d.local.Load(), Fallbacks: d.fails.Load(),
 		Checks: d.checks.Load(), CheckPairs: d.checkPairs.Load(), Mismatches: d.mismatches.Load(), Caught: d.caught.Load(),
 		RefusedBanned: d.refusedBanned.Load(), Banned: len(d.bans.List(time.Now())), CheckTime: time.Duration(d.checkNanos.Load()),
 		Hedges: d.hedges.Load(), HedgeWins: d.hedgeWins.Load(), HedgeLost: d.hedgeLost.Load(),

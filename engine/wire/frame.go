@@ -9,6 +9,7 @@ import (
 	"math"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Sentinel errors returned (wrapped) by the decoder. Any of them means the
@@ -263,13 +264,39 @@ func appendStr(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// AppendFloats appends v as little-endian float32 bits.
+// AppendFloats appends v as little-endian float32 bits (every bit kept,
+// NaN payloads included). On a little-endian host that is v's memory,
+// appended in one copy.
 func AppendFloats(b []byte, v []float32) []byte {
+	if hostLittleEndian && len(v) > 0 {
+		return append(b, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))...)
+	}
 	for _, f := range v {
 		b = le.AppendUint32(b, math.Float32bits(f))
 	}
 	return b
 }
+
+// getFloats sets dst[i] to the float32 whose little-endian bits are
+// src[4i:4i+4] (len(src) == 4*len(dst)), every bit kept: one copy on a
+// little-endian host.
+func getFloats(dst []float32, src []byte) {
+	if hostLittleEndian && len(dst) > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), src)
+		return
+	}
+	for i := range dst {
+		dst[i] = math.Float32frombits(le.Uint32(src[4*i:]))
+	}
+}
+
+// hostLittleEndian reports whether this machine stores a uint32 least
+// significant byte first (amd64, arm64, ...), so that a []float32's memory
+// is already its wire encoding.
+var hostLittleEndian = func() bool {
+	x := uint32(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // Append encodes the HELLO. Strings longer than their maximum are truncated.
 func (h *Hello) Append(b []byte) []byte {
@@ -690,9 +717,7 @@ func decodeDispatch(r *reader, lim *Limits, sum bool) (*Dispatch, error) {
 	hb := r.take(d.N*d.D*4, "hidden")
 	ib := r.take(d.N*d.K*4, "ids")
 	d.Hidden = make([]float32, d.N*d.D)
-	for i := range d.Hidden {
-		d.Hidden[i] = math.Float32frombits(le.Uint32(hb[4*i:]))
-	}
+	getFloats(d.Hidden, hb)
 	d.IDs = make([]int32, d.N*d.K)
 	some := false
 	for i := range d.IDs {
@@ -719,9 +744,7 @@ func decodeDispatch(r *reader, lim *Limits, sum bool) (*Dispatch, error) {
 		// Any bits, as hidden: the backbone's router weights, used as sent.
 		wb := r.take(d.N*d.K*4, "weights")
 		d.Sum, d.Weights = true, make([]float32, d.N*d.K)
-		for i := range d.Weights {
-			d.Weights[i] = math.Float32frombits(le.Uint32(wb[4*i:]))
-		}
+		getFloats(d.Weights, wb)
 	}
 	return d, nil
 }
@@ -810,9 +833,7 @@ func decodeResult(r *reader, lim *Limits) (*Result, error) {
 	res.M, res.D = int(m), int(dd)
 	ob := r.take(res.M*res.D*4, "out")
 	res.Out = make([]float32, res.M*res.D)
-	for i := range res.Out {
-		res.Out[i] = math.Float32frombits(le.Uint32(ob[4*i:]))
-	}
+	getFloats(res.Out, ob)
 	res.Timing = Timing{QueueMicros: r.u32("queue"), ComputeMicros: r.u32("compute")}
 	return res, nil
 }

@@ -1,0 +1,80 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestFloatsEncoding: AppendFloats and getFloats carry every bit of every
+// float32 (signalling and quiet NaN payloads, infinities, -0, subnormals,
+// random bits) as little-endian uint32s, against encoding/binary's
+// encoding of math.Float32bits; the one-copy path of a little-endian host
+// and the per-float path give the same bytes and the same floats.
+func TestFloatsEncoding(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	bits := []uint32{0x7fa00001, 0x7fc00000, 0xffc12345, 0x7f800000, 0xff800000, 0x80000000, 0x00000001, 0x807fffff}
+	for range 1000 {
+		bits = append(bits, rng.Uint32())
+	}
+	v := make([]float32, len(bits))
+	want := make([]byte, 0, 4*len(bits)+3)
+	want = append(want, 1, 2, 3) // AppendFloats appends after what is there
+	for i, u := range bits {
+		v[i] = math.Float32frombits(u)
+		want = binary.LittleEndian.AppendUint32(want, u)
+	}
+	defer func(h bool) { hostLittleEndian = h }(hostLittleEndian)
+	for _, fast := range []bool{true, false} {
+		hostLittleEndian = fast && hostLittleEndian
+		got := AppendFloats([]byte{1, 2, 3}, v)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("fast=%v: AppendFloats differs from the little-endian bits", fast)
+		}
+		back := make([]float32, len(bits))
+		getFloats(back, want[3:])
+		for i := range back {
+			if math.Float32bits(back[i]) != bits[i] {
+				t.Fatalf("fast=%v: float %d decoded as %#08x, want %#08x", fast, i, math.Float32bits(back[i]), bits[i])
+			}
+		}
+		if got := AppendFloats(nil, nil); len(got) != 0 {
+			t.Fatalf("fast=%v: AppendFloats(nil, nil) = %v", fast, got)
+		}
+	}
+}
+
+// BenchmarkFloatFrames encodes and decodes the two frames that carry a
+// swarm's floats, at a 30B-A3B layer's shape (d 2048, k 8): a 256-row
+// DISPATCH_SUM and its 256-row RESULT (row sums). SetBytes is the frame
+// bytes, so MB/s is the codec's throughput.
+func BenchmarkFloatFrames(b *testing.B) {
+	const n, d, k = 256, 2048, 8
+	rng := rand.New(rand.NewPCG(5, 6))
+	disp := &Dispatch{Request: 1, Layer: 3, N: n, D: d, K: k, Sum: true,
+		Hidden: make([]float32, n*d), IDs: make([]int32, n*k), Weights: make([]float32, n*k)}
+	for i := range disp.Hidden {
+		disp.Hidden[i] = float32(rng.NormFloat64())
+	}
+	for i := range disp.IDs {
+		disp.IDs[i], disp.Weights[i] = int32(i%k*16), 1/float32(k)
+	}
+	res := &Result{Request: 1, M: n, D: d, Out: disp.Hidden}
+	lim := &Limits{D: d, K: k, NLayer: 48, NExpert: 128}
+	for _, f := range []Frame{disp, res} {
+		msg := f.Append(nil)
+		b.Run(fmt.Sprintf("%T", f)[6:], func(b *testing.B) {
+			b.SetBytes(int64(len(msg)))
+			buf := make([]byte, 0, len(msg))
+			for b.Loop() {
+				buf = f.Append(buf[:0])
+				if _, err := Decode(buf, lim); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -138,9 +138,11 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 		go func() { defer d.wg.Done(); c.chunkSender() }()
 		d.plan()
 	}
+	var buf []byte // the last payload's memory, reused: handle keeps no part of a message
 	for {
 		_ = link.SetReadDeadline(time.Now().Add(d.cfg.IdleTimeout))
-		kind, p, err := wire.ReadLink(br)
+		kind, p, err := wire.ReadLinkBuf(br, buf)
+		buf = p[:0]
 		c.readAt = time.Now()
 		if err != nil {
 			// The hub half-closes the link when the worker is gone: the

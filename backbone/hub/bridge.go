@@ -131,8 +131,10 @@ func (b *bridge) fromWorker() {
 func (b *bridge) fromBackbone() {
 	h, s, c := b.h, b.s, b.c
 	br := bufio.NewReaderSize(b.link, 64<<10)
+	var buf []byte // the last payload's memory, reused (nothing below keeps p)
 	for {
-		kind, p, err := wire.ReadLink(br)
+		kind, p, err := wire.ReadLinkBuf(br, buf)
+		buf = p[:0]
 		if err != nil {
 			if !b.workerGone.Load() {
 				c.Close(websocket.StatusGoingAway, "backbone link closed")

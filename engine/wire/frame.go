@@ -543,7 +543,9 @@ func (r *reader) done() error {
 }
 
 // Decode parses and validates one message against lim. It never panics and
-// never allocates more than a small multiple of len(msg). Errors wrap
+// never allocates more than a small multiple of len(msg); the frame it
+// returns shares no memory with msg (a reader may reuse msg's buffer for
+// the next message). Errors wrap
 // ErrTruncated, ErrTooLarge, ErrMagic, ErrVersion, ErrType, ErrShape,
 // ErrRange, ErrNotHeld, ErrTrailing or ErrString.
 func Decode(msg []byte, lim *Limits) (Frame, error) {

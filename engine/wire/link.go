@@ -135,6 +135,15 @@ func WriteLink(w io.Writer, kind byte, parts ...[]byte) error {
 // payload. A length of 0 or above MaxMessage+1 wraps ErrLink; a short read is
 // an I/O error (io.ErrUnexpectedEOF).
 func ReadLink(r *bufio.Reader) (kind byte, payload []byte, err error) {
+	return ReadLinkBuf(r, nil)
+}
+
+// ReadLinkBuf is ReadLink reading the payload into buf's memory when its
+// capacity suffices (else into a new slice): a reader that passes the
+// previous payload back (payload[:0]) allocates only when a frame is
+// larger than all before it. The payload is valid until buf is reused;
+// Decode's frames share no memory with it.
+func ReadLinkBuf(r *bufio.Reader, buf []byte) (kind byte, payload []byte, err error) {
 	var h [5]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return 0, nil, err
@@ -143,7 +152,11 @@ func ReadLink(r *bufio.Reader) (kind byte, payload []byte, err error) {
 	if n == 0 || n > MaxMessage+1 {
 		return 0, nil, fmt.Errorf("%w: length %d", ErrLink, n)
 	}
-	payload = make([]byte, n-1)
+	if cap(buf) >= int(n-1) {
+		payload = buf[:n-1]
+	} else {
+		payload = make([]byte, n-1)
+	}
 	if _, err := io.ReadFull(r, payload); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF

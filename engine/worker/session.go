@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"errors"
@@ -282,8 +283,9 @@ func (s *workerSession) computeLoop() {
 
 // readLoop reads and handles the backbone's frames.
 func (s *workerSession) readLoop() {
+	var buf bytes.Buffer // one message at a time, its memory reused: handle keeps no part of it
 	for {
-		_, msg, err := s.c.Read(s.cctx)
+		msg, err := s.readInto(&buf)
 		if err != nil {
 			s.errc <- fmt.Errorf("read: %w", err)
 			return
@@ -295,6 +297,20 @@ func (s *workerSession) readLoop() {
 			return
 		}
 	}
+}
+
+// readInto reads one message into buf (reset first, so that its memory
+// is reused) and returns its bytes, valid until the next call.
+func (s *workerSession) readInto(buf *bytes.Buffer) ([]byte, error) {
+	_, r, err := s.c.Reader(s.cctx)
+	if err != nil {
+		return nil, err
+	}
+	buf.Reset()
+	if _, err := buf.ReadFrom(r); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // queued is a DISPATCH waiting for computeLoop and when its message was

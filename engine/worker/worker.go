@@ -602,7 +602,9 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 		msg, what = digestOf(d.Request, rows, d.D, out), "DIGEST"
 	default:
 		tm := wire.Timing{QueueMicros: wire.Micros(t0.Sub(at)), ComputeMicros: wire.Micros(t1.Sub(t0))}
-		msg = (&wire.Result{Request: d.Request, M: rows, D: d.D, Out: out, Timing: tm}).Append(make([]byte, 0, wire.ResultSize(rows, d.D)))
+		mp := scratchBytes(wire.ResultSize(rows, d.D))
+		defer msgScratch.Put(mp)
+		msg = (&wire.Result{Request: d.Request, M: rows, D: d.D, Out: out, Timing: tm}).Append((*mp)[:0])
 	}
 	t2 := time.Now()
 	if err := send(msg); err != nil {
@@ -625,6 +627,24 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 // allocated and zeroed anew for every request otherwise. Each buffer is
 // copied into the message (or hashed) before it goes back.
 var scratch sync.Pool
+
+// msgScratch holds serve's RESULT message buffers (*[]byte) between
+// requests: send writes a message whole before it returns.
+var msgScratch sync.Pool
+
+// scratchBytes returns a buffer of capacity >= n from msgScratch
+// (contents undefined, length n); give it back with msgScratch.Put.
+func scratchBytes(n int) *[]byte {
+	p, _ := msgScratch.Get().(*[]byte)
+	if p == nil {
+		p = new([]byte)
+	}
+	if cap(*p) < n {
+		*p = make([]byte, n)
+	}
+	*p = (*p)[:n]
+	return p
+}
 
 // scratchFloats returns a buffer of n floats from scratch (contents
 // undefined); give it back with scratch.Put.

@@ -120,8 +120,14 @@ func (l *Link) untrack(c net.Conn) {
 
 type chunk struct {
 	due time.Time
-	b   []byte
+	b   []byte  // the bytes read
+	buf *[]byte // the readBufs buffer holding them, put back once written
 }
+
+// readBufs holds the relays' 256 KiB read buffers (*[]byte): a buffer per
+// read would allocate (and have the collector clear) 256 KiB for every
+// TLS record a benchmark's swarm sends.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
 // relay copies src to dst, each chunk oneWay after it was read; either
 // side's end closes both.
@@ -137,10 +143,12 @@ func (l *Link) relay(dst, src net.Conn) {
 	go func() {
 		defer close(q)
 		for {
-			b := make([]byte, 256<<10)
-			n, err := src.Read(b)
+			bp := readBufs.Get().(*[]byte)
+			n, err := src.Read(*bp)
 			if n > 0 {
-				q <- chunk{time.Now().Add(l.oneWay), b[:n:n]}
+				q <- chunk{time.Now().Add(l.oneWay), (*bp)[:n:n], bp}
+			} else {
+				readBufs.Put(bp)
 			}
 			if err != nil {
 				return
@@ -151,7 +159,9 @@ func (l *Link) relay(dst, src net.Conn) {
 		if l.oneWay > 0 {
 			sleepUntil(c.due)
 		}
-		if _, err := dst.Write(c.b); err != nil {
+		_, err := dst.Write(c.b)
+		readBufs.Put(c.buf)
+		if err != nil {
 			src.Close()
 			for range q { // let the reader finish
 			}

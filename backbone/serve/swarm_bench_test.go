@@ -122,7 +122,7 @@ func BenchmarkRealSwarm(b *testing.B) {
 	for _, n := range seqs {
 		b.Run(fmt.Sprintf("local/seqs=%d", n), func(b *testing.B) {
 			m, tok := loadTiny(b)
-			benchServer(b, Config{Model: m, Tokenizer: tok, MaxBatchRows: 512, MaxSeqs: 512, Registry: prometheus.NewRegistry(), Logger: quiet}, n, maxTok)
+			benchServer(b, Config{Model: m, Tokenizer: tok, MaxBatchRows: 512, MaxSeqs: 512, Registry: prometheus.NewRegistry(), Logger: quiet}, n, maxTok, nil)
 		})
 	}
 	for _, lanes := range []int{1, 2} {
@@ -137,7 +137,8 @@ func BenchmarkRealSwarm(b *testing.B) {
 					cfg.Lanes = append(cfg.Lanes, lm)
 					cfg.Experts = d
 				}
-				benchServer(b, cfg, n, maxTok)
+				var st0 dispatch.Stats
+				benchServer(b, cfg, n, maxTok, func() { st0 = d.Stats() })
 				st := d.Stats()
 				var misses uint64
 				for _, w := range st.Workers {
@@ -145,7 +146,7 @@ func BenchmarkRealSwarm(b *testing.B) {
 				}
 				b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
 				b.ReportMetric(float64(misses), "misses")
-				reportUpload(b, st, m.Params().ExpertsUsed)
+				reportUpload(b, st0, st, m.Params().ExpertsUsed)
 			})
 		}
 	}
@@ -223,7 +224,7 @@ func BenchmarkRealSwarmQ30(b *testing.B) {
 	maxTok := benchTokens()
 	b.Run(fmt.Sprintf("local/seqs=%d", n), func(b *testing.B) {
 		m, tok := load()
-		benchServer(b, Config{Model: m, Tokenizer: tok, MaxBatchRows: n, MaxSeqs: n, Registry: prometheus.NewRegistry(), Logger: quiet}, n, maxTok)
+		benchServer(b, Config{Model: m, Tokenizer: tok, MaxBatchRows: n, MaxSeqs: n, Registry: prometheus.NewRegistry(), Logger: quiet}, n, maxTok, nil)
 	})
 	b.Run(fmt.Sprintf("lanes=2/seqs=%d", n), func(b *testing.B) {
 		m, tok := load()
@@ -232,18 +233,21 @@ func BenchmarkRealSwarmQ30(b *testing.B) {
 		lm, _ := load()
 		cfg := Config{Model: m, Lanes: []*model.Model{lm}, Experts: d, Tokenizer: tok, MaxBatchRows: n, MaxSeqs: n,
 			Registry: prometheus.NewRegistry(), Logger: quiet}
-		benchServer(b, cfg, n, maxTok)
+		var st0 dispatch.Stats
+		benchServer(b, cfg, n, maxTok, func() { st0 = d.Stats() })
 		st := d.Stats()
 		b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
-		reportUpload(b, st, m.Params().ExpertsUsed)
+		reportUpload(b, st0, st, m.Params().ExpertsUsed)
 	})
 }
 
 // reportUpload reports the workers' upload per remote expert output
 // (up-B/out: about 4 d bytes when every output travels, 4 d / k with row
-// sums) and the share of remote outputs that came summed (sum%).
+// sums), the share of remote outputs that came summed (sum%) and the
+// share the backbone recomputed to check them (checked%).
 // k is the model's experts per row.
-func reportUpload(b *testing.B, st dispatch.Stats, k int) {
+// st0 is the dispatcher's state before the timed waves, for checked%.
+func reportUpload(b *testing.B, st0, st dispatch.Stats, k int) {
 	var up uint64
 	for _, w := range st.Workers {
 		up += w.BytesIn
@@ -251,6 +255,9 @@ func reportUpload(b *testing.B, st dispatch.Stats, k int) {
 	remote := float64(max(1, st.ExpertsRemote))
 	b.ReportMetric(float64(up)/remote, "up-B/out")
 	b.ReportMetric(100*float64(st.SumRows)*float64(k)/remote, "sum%")
+	// Spot checks recompute outputs on the backbone: all of a session's
+	// first results (probation), then 1 in 20.
+	b.ReportMetric(100*float64(st.CheckPairs-st0.CheckPairs)/float64(max(1, st.ExpertsRemote-st0.ExpertsRemote)), "checked%")
 }
 
 // q30 is BenchmarkRealSwarmQ30's model file, generated once.

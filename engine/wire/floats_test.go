@@ -78,3 +78,58 @@ func BenchmarkFloatFrames(b *testing.B) {
 		})
 	}
 }
+
+// TestDecodeFloatsFrom: with Limits.Floats set, Decode fills the slices it
+// returns (whatever they held: NaN poison here) for a DISPATCH_SUM's hidden
+// rows and weights and a RESULT's outputs, with the bits a plain Decode
+// gives.
+func TestDecodeFloatsFrom(t *testing.T) {
+	const n, d, k = 3, 4, 2
+	disp := &Dispatch{Request: 7, Layer: 1, N: n, D: d, K: k, Sum: true, Hidden: make([]float32, n*d),
+		IDs: []int32{0, 1, 2, 3, 4, 5}, Weights: []float32{0.5, 0.5, 0.25, 0.75, 1, 0}}
+	for i := range disp.Hidden {
+		disp.Hidden[i] = float32(i) - 5.5
+	}
+	res := &Result{Request: 7, M: n, D: d, Out: disp.Hidden}
+	for _, f := range []Frame{disp, res} {
+		msg := f.Append(nil)
+		plain, err := Decode(msg, &Limits{D: d, K: k, NLayer: 2, NExpert: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var given [][]float32
+		lim := &Limits{D: d, K: k, NLayer: 2, NExpert: 8, Floats: func(m int) []float32 {
+			s := make([]float32, m+5) // longer than asked: Decode uses m
+			for i := range s {
+				s[i] = float32(math.NaN())
+			}
+			given = append(given, s)
+			return s
+		}}
+		got, err := Decode(msg, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pairs [][2][]float32
+		switch g := got.(type) {
+		case *Dispatch:
+			p := plain.(*Dispatch)
+			pairs = [][2][]float32{{g.Hidden, p.Hidden}, {g.Weights, p.Weights}}
+		case *Result:
+			pairs = [][2][]float32{{g.Out, plain.(*Result).Out}}
+		}
+		if len(given) != len(pairs) {
+			t.Fatalf("%T: Floats called %d times, want %d", got, len(given), len(pairs))
+		}
+		for i, p := range pairs {
+			if len(p[0]) != len(p[1]) || &p[0][0] != &given[i][0] {
+				t.Fatalf("%T: slice %d not the one Floats gave (len %d, want %d)", got, i, len(p[0]), len(p[1]))
+			}
+			for j := range p[0] {
+				if math.Float32bits(p[0][j]) != math.Float32bits(p[1][j]) {
+					t.Fatalf("%T: slice %d [%d] = %v, want %v", got, i, j, p[0][j], p[1][j])
+				}
+			}
+		}
+	}
+}

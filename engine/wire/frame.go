@@ -41,6 +41,19 @@ type Limits struct {
 	// Holds, when non-nil, reports whether the receiver holds (layer, expert);
 	// a DISPATCH naming an expert it does not hold fails with ErrNotHeld.
 	Holds func(layer, expert int) bool
+	// Floats, when non-nil, gives the float slices Decode fills (a
+	// DISPATCH's hidden rows and weights, a RESULT's outputs): len n, any
+	// contents (all n are overwritten), so that a receiver can recycle
+	// them; nil allocates.
+	Floats func(n int) []float32
+}
+
+// floats returns n floats for Decode to fill: from lim.Floats, or new.
+func (lim *Limits) floats(n int) []float32 {
+	if lim.Floats != nil {
+		return lim.Floats(n)[:n]
+	}
+	return make([]float32, n)
 }
 
 // Frame is one decoded protocol frame: *Hello, *Welcome, *Dispatch (also a
@@ -718,7 +731,7 @@ func decodeDispatch(r *reader, lim *Limits, sum bool) (*Dispatch, error) {
 	d.N, d.D, d.K = int(n), int(dd), int(k)
 	hb := r.take(d.N*d.D*4, "hidden")
 	ib := r.take(d.N*d.K*4, "ids")
-	d.Hidden = make([]float32, d.N*d.D)
+	d.Hidden = lim.floats(d.N * d.D)
 	getFloats(d.Hidden, hb)
 	d.IDs = make([]int32, d.N*d.K)
 	some := false
@@ -745,7 +758,7 @@ func decodeDispatch(r *reader, lim *Limits, sum bool) (*Dispatch, error) {
 	if sum {
 		// Any bits, as hidden: the backbone's router weights, used as sent.
 		wb := r.take(d.N*d.K*4, "weights")
-		d.Sum, d.Weights = true, make([]float32, d.N*d.K)
+		d.Sum, d.Weights = true, lim.floats(d.N*d.K)
 		getFloats(d.Weights, wb)
 	}
 	return d, nil
@@ -834,7 +847,7 @@ func decodeResult(r *reader, lim *Limits) (*Result, error) {
 	}
 	res.M, res.D = int(m), int(dd)
 	ob := r.take(res.M*res.D*4, "out")
-	res.Out = make([]float32, res.M*res.D)
+	res.Out = lim.floats(res.M * res.D)
 	getFloats(res.Out, ob)
 	res.Timing = Timing{QueueMicros: r.u32("queue"), ComputeMicros: r.u32("compute")}
 	return res, nil

@@ -181,7 +181,7 @@ func (s *workerSession) welcome() error {
 	}
 	s.wel = wel
 	s.lim = &wire.Limits{D: int(wel.D), K: int(wel.K), NLayer: int(wel.NLayer), NExpert: int(wel.NExpert),
-		Holds: s.w.holdsExpert}
+		Holds: s.w.holdsExpert, Floats: dispatchFloats.get}
 	return nil
 }
 
@@ -268,7 +268,10 @@ func (s *workerSession) computeLoop() {
 			d := q.d
 			in := d.Size()
 			w.dutyCheck() // the time since the last request was idle: it pays back
-			if err := w.serve(s.sctx, d, q.at, in, s.wel.Session, s.send); err != nil {
+			err := w.serve(s.sctx, d, q.at, in, s.wel.Session, s.send)
+			dispatchFloats.put(d.Hidden) // serve keeps no part of the request
+			dispatchFloats.put(d.Weights)
+			if err != nil {
 				s.errc <- err
 				return
 			}

@@ -100,6 +100,18 @@ type call struct {
 	// answered (their pair outputs in out are not used).
 	sums, weights []float32
 	summed        []bool
+	// used holds the outputs of the replies the call took, from d.outs,
+	// given back when the call ends (recycle).
+	used [][]float32
+}
+
+// recycle gives the outputs of the replies the call took back to
+// d.outs: the call copied what it used into out (or sums) and keeps none.
+func (cl *call) recycle() {
+	for _, o := range cl.used {
+		cl.d.outs.Put(o)
+	}
+	cl.used = nil
 }
 
 // ComputeExperts implements expert.Computer (see its contract): out[r][s] is
@@ -139,6 +151,7 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 	}
 	cl := &call{d: d, ctx: ctx, layer: layer, hidden: hidden, ids: ids, k: k, out: out, sums: sums, weights: weights,
 		seq: d.calls.Add(1), wake: make(chan struct{}, 1), failed: map[*conn]bool{}}
+	defer cl.recycle()
 	d.mu.Lock()
 	idx := d.index
 	d.mu.Unlock()
@@ -435,6 +448,9 @@ func (cl *call) waitAll() error {
 				}
 			}
 			progress = true
+			if rep.out != nil {
+				cl.used = append(cl.used, rep.out)
+			}
 			if !rep.at.IsZero() {
 				cl.d.addWake(time.Since(rep.at))
 			}

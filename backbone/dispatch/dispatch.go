@@ -199,6 +199,7 @@ type Dispatcher struct {
 	cfg  Config
 	log  *slog.Logger
 	lim  wire.Limits
+	outs wire.FloatPool // the RESULT outputs lim.Floats hands out; calls give them back when they end
 	ln   net.Listener
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -330,7 +331,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		workers: map[string]*conn{}, index: map[uint64][]*conn{}, changed: make(chan struct{}),
 		usage: make([]atomic.Uint64, m.NLayer*m.NExpert), rows: make([]atomic.Uint64, m.NLayer)}
 	d.lim = wire.Limits{D: m.D, K: m.K, NLayer: m.NLayer, NExpert: m.NExpert,
-		MaxRows: wire.MaxMessage / (4 * (m.D + m.K))}
+		MaxRows: wire.MaxMessage / (4 * (m.D + m.K)), Floats: d.outs.Get}
 	return d, nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
+	"sync"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -46,6 +48,33 @@ type Limits struct {
 	// contents (all n are overwritten), so that a receiver can recycle
 	// them; nil allocates.
 	Floats func(n int) []float32
+}
+
+// FloatPool recycles float slices by capacity class (a power of two, so
+// that a slice serves only requests that fit it): a Limits.Floats for a
+// receiver that gives the decoded slices back once done with them. The
+// zero value is ready; it is safe for concurrent use.
+type FloatPool [bits.UintSize + 1]sync.Pool
+
+// Get returns n floats (contents undefined) of capacity the power of two
+// at or above n; nil for n <= 0.
+func (p *FloatPool) Get(n int) []float32 {
+	if n <= 0 {
+		return nil
+	}
+	c := bits.Len(uint(n - 1))
+	if v, _ := p[c].Get().(*[]float32); v != nil {
+		return (*v)[:n]
+	}
+	return make([]float32, n, 1<<c)
+}
+
+// Put gives b back for reuse; the caller keeps no reference to it. A
+// slice Get did not return (its capacity not a power of two) is ignored.
+func (p *FloatPool) Put(b []float32) {
+	if c := bits.Len(uint(cap(b) - 1)); cap(b) > 0 && cap(b) == 1<<c {
+		p[c].Put(&b)
+	}
 }
 
 // floats returns n floats for Decode to fill: from lim.Floats, or new.

@@ -181,7 +181,7 @@ func (s *workerSession) welcome() error {
 	}
 	s.wel = wel
 	s.lim = &wire.Limits{D: int(wel.D), K: int(wel.K), NLayer: int(wel.NLayer), NExpert: int(wel.NExpert),
-		Holds: s.w.holdsExpert, Floats: dispatchFloats.get}
+		Holds: s.w.holdsExpert, Floats: dispatchFloats.Get}
 	return nil
 }
 
@@ -269,8 +269,8 @@ func (s *workerSession) computeLoop() {
 			in := d.Size()
 			w.dutyCheck() // the time since the last request was idle: it pays back
 			err := w.serve(s.sctx, d, q.at, in, s.wel.Session, s.send)
-			dispatchFloats.put(d.Hidden) // serve keeps no part of the request
-			dispatchFloats.put(d.Weights)
+			dispatchFloats.Put(d.Hidden) // serve keeps no part of the request
+			dispatchFloats.Put(d.Weights)
 			if err != nil {
 				s.errc <- err
 				return

@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/bits"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -629,36 +628,11 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 // copied into the message (or hashed) before it goes back.
 var scratch sync.Pool
 
-// floatPool recycles float slices by capacity class (a power of two, so
-// that a slice is handed out only for a request that fits it). The zero
-// value is ready.
-type floatPool [bits.UintSize + 1]sync.Pool
-
-// get returns n floats (contents undefined) of capacity the power of two
-// at or above n.
-func (p *floatPool) get(n int) []float32 {
-	if n <= 0 {
-		return nil
-	}
-	c := bits.Len(uint(n - 1))
-	if v, _ := p[c].Get().(*[]float32); v != nil {
-		return (*v)[:n]
-	}
-	return make([]float32, n, 1<<c)
-}
-
-// put gives b back (a slice get did not return is ignored).
-func (p *floatPool) put(b []float32) {
-	if c := bits.Len(uint(cap(b) - 1)); cap(b) > 0 && cap(b) == 1<<c {
-		p[c].Put(&b)
-	}
-}
-
 // dispatchFloats holds the DISPATCH hidden rows and weights the sessions'
 // decoder fills (wire.Limits.Floats) until serve is done with them: a
 // 256-row request of the 30B shape is 2 MiB of floats, and copying into
 // fresh memory ran at a third of the speed of reused memory here.
-var dispatchFloats floatPool
+var dispatchFloats wire.FloatPool
 
 // msgScratch holds serve's RESULT message buffers (*[]byte) between
 // requests: send writes a message whole before it returns.

@@ -1,33 +1,33 @@
-package worker
+package wire
 
 import "testing"
 
-// TestFloatPool: get returns n floats of the power-of-two capacity at or
+// TestFloatPool: Get returns n floats of the power-of-two capacity at or
 // above n; a slice put back serves requests of its class only, never a
-// larger one; slices get did not make are ignored.
+// larger one; slices Get did not make are ignored.
 func TestFloatPool(t *testing.T) {
-	var p floatPool
-	if b := p.get(0); b != nil {
+	var p FloatPool
+	if b := p.Get(0); b != nil {
 		t.Fatalf("get(0) = %v", b)
 	}
 	for _, n := range []int{1, 2, 3, 1000, 1024, 1025, 512 * 2048} {
-		b := p.get(n)
+		b := p.Get(n)
 		if len(b) != n || cap(b) < n || cap(b)&(cap(b)-1) != 0 || cap(b) >= 2*n && n > 1 {
 			t.Fatalf("get(%d): len %d cap %d", n, len(b), cap(b))
 		}
 	}
-	b := p.get(1000) // class 1024
-	p.put(b)
-	if c := p.get(700); len(c) != 700 || cap(c) != 1024 { // b, or a new one of its class (a sync.Pool may drop)
+	b := p.Get(1000) // class 1024
+	p.Put(b)
+	if c := p.Get(700); len(c) != 700 || cap(c) != 1024 { // b, or a new one of its class (a sync.Pool may drop)
 		t.Fatalf("get(700) after put: len %d cap %d", len(c), cap(c))
 	}
-	big := p.get(1024)
-	p.put(big)
-	if c := p.get(1025); cap(c) < 1025 {
+	big := p.Get(1024)
+	p.Put(big)
+	if c := p.Get(1025); cap(c) < 1025 {
 		t.Fatalf("get(1025) cap %d", cap(c))
 	}
-	p.put(make([]float32, 1000)) // not a pool slice: ignored
-	if c := p.get(1000); cap(c) != 1024 {
+	p.Put(make([]float32, 1000)) // not a pool slice: ignored
+	if c := p.Get(1000); cap(c) != 1024 {
 		t.Fatalf("get(1000) after a foreign put: cap %d", cap(c))
 	}
 }

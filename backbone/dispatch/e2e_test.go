@@ -74,14 +74,14 @@ func TestUnheldComputedLocally(t *testing.T) {
 // before the deadline.
 func TestWorkerDiesMidStep(t *testing.T) {
 	m := testModel()
-	s := newStack(t, m, 0, func(c *dispatch.Config) { c.MaxDeadline = 3 * time.Second })
+	s := newStack(t, m, 0, func(c *dispatch.Config) { c.MaxDeadline = 5 * time.Second })
 	comp := &fakeExperts{d: m.D, nExpert: m.NExpert, block: make(chan struct{})}
 	var cancel func()
 	comp.onCall = func() { go cancel() } // kill the worker once it has the request
 	_, cancel = s.startWorker(t, comp, 0, 1, 2, 3)
 	s.waitWorkers(t, 1)
 	el := s.run(t, randomCall(t, m, rand.New(rand.NewPCG(5, 6)), 2, 9))
-	if el > time.Second {
+	if el > 2500*time.Millisecond { // half the deadline: a loaded test machine's slack, far from waiting it out
 		t.Fatalf("call took %v after the worker died", el)
 	}
 	st := s.disp.Stats()
@@ -101,7 +101,7 @@ func TestWorkerHangs(t *testing.T) {
 	s.startWorker(t, comp, 0)
 	s.waitWorkers(t, 1)
 	el := s.run(t, randomCall(t, m, rand.New(rand.NewPCG(7, 8)), 0, 4))
-	if el < maxDL || el > maxDL+500*time.Millisecond {
+	if el < maxDL || el > maxDL+2*time.Second { // slack for a loaded test machine; the worker never answers
 		t.Fatalf("call took %v, want about the %v deadline", el, maxDL)
 	}
 	close(comp.block) // the worker answers late

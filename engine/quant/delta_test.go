@@ -106,3 +106,51 @@ func testMulAddF32(t *testing.T) {
 	}
 	MulAddF32(nil, nil, nil) // nothing to do
 }
+
+// TestScaleF32 holds ScaleF32 and ScaleAddF32 on each SIMD path to the Go
+// loops they stand for, bit for bit, over lengths around the 16-lane
+// steps and values (scales included) that include zeros of both signs,
+// infinities and subnormals, and checks that they write nothing past
+// len(dst).
+func TestScaleF32(t *testing.T) { eachSIMDPath(t, testScaleF32) }
+
+func testScaleF32(t *testing.T) {
+	r := rand.New(rand.NewPCG(26, 3))
+	special := []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)), 1e-42, -3e-39, 3e38}
+	val := func() float32 {
+		if r.IntN(8) == 0 {
+			return special[r.IntN(len(special))]
+		}
+		return float32(r.NormFloat64() * math.Pow(10, r.Float64()*8-4))
+	}
+	for _, n := range []int{1, 2, 15, 16, 17, 31, 32, 33, 100, 128, 129, 2048} {
+		for range 20 {
+			x, d0 := make([]float32, n+3), make([]float32, n+3)
+			for i := range x {
+				x[i], d0[i] = val(), val()
+			}
+			a := val()
+			for _, add := range []bool{false, true} {
+				got, want := append([]float32(nil), d0...), append([]float32(nil), d0...)
+				if add {
+					ScaleAddF32(got[:n], x, a)
+					for i := range n { // the loop ScaleAddF32 stands for
+						want[i] += float32(a * x[i])
+					}
+				} else {
+					ScaleF32(got[:n], x, a)
+					for i := range n {
+						want[i] = a * x[i]
+					}
+				}
+				for i := range want {
+					if !sameBits(got[i], want[i]) {
+						t.Fatalf("n=%d add=%v: dst[%d] = %v, want %v (a %v, x %v, dst %v)", n, add, i, got[i], want[i], a, x[i], d0[i])
+					}
+				}
+			}
+		}
+	}
+	ScaleF32(nil, nil, 1) // nothing to do
+	ScaleAddF32(nil, nil, 1)
+}

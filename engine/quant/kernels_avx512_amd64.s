@@ -1941,3 +1941,79 @@ matail:
 madone:
 	VZEROUPPER
 	RET
+
+// func scaleF32AVX512(dst, x *float32, a float32, n int)
+// dst[i] = a*x[i] for i < n (n >= 1), 16 lanes at a time, the tail under
+// a mask, with the scalar loop's operand order (a first).
+TEXT ·scaleF32AVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS a+16(FP), Z2
+	MOVQ         n+24(FP), CX
+	CMPQ         CX, $16
+	JLT          sctail
+
+scloop:
+	VMULPS  0(SI), Z2, Z0
+	VMOVUPS Z0, 0(DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	CMPQ    CX, $16
+	JGE     scloop
+
+sctail:
+	TESTQ     CX, CX
+	JZ        scdone
+	MOVL      $1, AX
+	SHLL      CX, AX
+	DECL      AX
+	KMOVW     AX, K1
+	VMOVUPS.Z 0(SI), K1, Z0
+	VMULPS    Z0, Z2, Z0
+	VMOVUPS   Z0, K1, 0(DI)
+
+scdone:
+	VZEROUPPER
+	RET
+
+// func scaleAddF32AVX512(dst, x *float32, a float32, n int)
+// dst[i] = dst[i] + a*x[i] for i < n (n >= 1), 16 lanes at a time, the
+// tail under a mask: VMULPS a*x then VADDPS dst+product, each rounded,
+// with the scalar loop's operand order (a first in the multiply, dst
+// first in the add).
+TEXT ·scaleAddF32AVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS a+16(FP), Z2
+	MOVQ         n+24(FP), CX
+	CMPQ         CX, $16
+	JLT          satail
+
+saloop:
+	VMULPS  0(SI), Z2, Z0
+	VMOVUPS 0(DI), Z1
+	VADDPS  Z0, Z1, Z1
+	VMOVUPS Z1, 0(DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	CMPQ    CX, $16
+	JGE     saloop
+
+satail:
+	TESTQ     CX, CX
+	JZ        sadone
+	MOVL      $1, AX
+	SHLL      CX, AX
+	DECL      AX
+	KMOVW     AX, K1
+	VMOVUPS.Z 0(SI), K1, Z0
+	VMULPS    Z0, Z2, Z0
+	VMOVUPS.Z 0(DI), K1, Z1
+	VADDPS    Z0, Z1, Z1
+	VMOVUPS   Z1, K1, 0(DI)
+
+sadone:
+	VZEROUPPER
+	RET

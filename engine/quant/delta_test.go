@@ -73,6 +73,36 @@ func BenchmarkDeltaRule(b *testing.B) {
 	}
 }
 
+// BenchmarkDeltaRuleCold is BenchmarkDeltaRule over 1024 heads' states of
+// 128 x 128 (64 MiB, on the Go heap as a Sequence's state is), one head
+// per call, 17 heads on from the last (not the neighbour a prefetch past
+// the end would have warmed), so that every call finds its state in
+// memory, not in the caches, as a decode step does (the weights streamed
+// between two tokens evict it). MB/s counts the state's bytes read (and
+// written).
+func BenchmarkDeltaRuleCold(b *testing.B) {
+	const n, heads = 128, 1024
+	st, q, k, v, o := make([]float32, heads*n*n), make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range q {
+		q[i], k[i], v[i] = 0.01*float32(i%7), 0.02*float32(i%5), float32(i%3)
+	}
+	for _, p := range simdPaths() {
+		b.Run(p, func(b *testing.B) {
+			old, _ := SetSIMDPath(p)
+			defer SetSIMDPath(old)
+			for i := range st {
+				st[i] = 1e-3 // faulted in before the clock starts
+			}
+			b.SetBytes(4 * n * n)
+			h := 0
+			for b.Loop() {
+				DeltaRule(st[h*n*n:(h+1)*n*n], q, k, v, o, 0.5, 0.99, 0.088)
+				h = (h + 17) % heads
+			}
+		})
+	}
+}
+
 // TestMulAddF32 holds MulAddF32 on each SIMD path to the Go loop it
 // stands for, bit for bit, over lengths around the 16-lane steps and
 // values that include zeros of both signs, infinities and subnormals,

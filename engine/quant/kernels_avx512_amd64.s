@@ -1007,6 +1007,8 @@ q4k58loop:
 // overlaps the other rows' work: a 128 x 128 head in 1.28 us instead of
 // 1.67 with pairs, BenchmarkDeltaRule), then a pair left through dpair
 // and an odd last row through drow's single-row code.
+#define DPFD 4096
+
 TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
 	MOVQ         st+0(FP), BX
 	MOVQ         v+24(FP), R13
@@ -1022,6 +1024,16 @@ TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
 	VBROADCASTSS decay+60(FP), Z20
 	VMOVSS       scale+64(FP), X21
 	F32TAILMASKS
+	MOVQ         BX, SI
+	MOVQ         $(DPFD/64), CX
+
+dwarm:
+	// The first DPFD bytes of the state: the quad loop's prefetches start
+	// DPFD bytes ahead of the rows it reads.
+	PREFETCHT0 (SI)
+	ADDQ       $64, SI
+	DECQ       CX
+	JNZ        dwarm
 
 drow:
 	CMPQ   R8, $4
@@ -1151,6 +1163,14 @@ dquad:
 	JZ            dqatail
 
 dqaloop:
+	PREFETCHT0    DPFD(SI)
+	PREFETCHT0    DPFD+64(SI)
+	PREFETCHT0    DPFD(SI)(R9*1)
+	PREFETCHT0    DPFD+64(SI)(R9*1)
+	PREFETCHT0    DPFD(AX)
+	PREFETCHT0    DPFD+64(AX)
+	PREFETCHT0    DPFD(AX)(R9*1)
+	PREFETCHT0    DPFD+64(AX)(R9*1)
 	VMULPS        0(SI), Z20, Z10
 	VMULPS        64(SI), Z20, Z11
 	VMULPS        0(SI)(R9*1), Z20, Z12

@@ -560,3 +560,26 @@ func SiLU(dst, x []float32) {
 		}
 	}
 }
+
+// GateSigmoid sets dst[i] = dst[i] * sigmoid(gate[i]) for i < len(gate),
+// sigmoid(x) = 1 / (1 + e^-x) in float32 as ggml's op_sigmoid
+// (ggml-cpu/unary-ops.cpp) followed by ggml_mul computes it, e^-x
+// evaluated in float64 (math.Exp) and rounded, as SiLU does (a gated
+// attention's output gate, llama.cpp src/models/qwen35moe.cpp
+// build_layer_attn). dst must hold len(gate) floats. On the AVX-512 kernel
+// path the elements go 8 at a time through gateSigmoidAVX512 (SiLU's
+// exponential, then 1 / (1 + e) and the product: same bits).
+func GateSigmoid(dst, gate []float32) {
+	n := len(gate)
+	if n == 0 {
+		return
+	}
+	_ = dst[n-1]
+	for i := 0; i < n; {
+		i += gateSigmoidFast(dst[i:n], gate[i:n])
+		end := min(n, i+8) // a group the kernel declined, or the tail
+		for ; i < end; i++ {
+			dst[i] *= 1 / (1 + float32(math.Exp(float64(-gate[i]))))
+		}
+	}
+}

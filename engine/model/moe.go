@@ -267,9 +267,8 @@ func (m *Model) gateShared(s *SharedExpert, n int) {
 	x := ws.xn[:n*d]
 	for i := range n {
 		g := sigmoid(quant.DotF32(s.GateInp, x[i*d:(i+1)*d]))
-		for j, v := range ws.ffOut[i*d : (i+1)*d] {
-			ws.ffOut[i*d+j] = v * g
-		}
+		o := ws.ffOut[i*d : (i+1)*d]
+		quant.ScaleF32(o, o, g) // o[j] = g * o[j]: ggml_mul's product, either order
 	}
 }
 

@@ -298,7 +298,8 @@ var (
 // SoftmaxTopK is the router of llama.cpp's build_moe_ffn with
 // LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX and norm_w = false: p =
 // softmax(logits); the top-k experts by p (descending; ties: lower id) with
-// w_s = p_{ids_s}. See Router for the arguments and errors.
+// w_s = p_{ids_s}. See Router for the arguments and errors; probs holds p
+// on return.
 //
 // Finite logits give finite probabilities in [0, 1] (softmax subtracts the
 // maximum), so every slot then finds an expert. A logit is non-finite when
@@ -313,19 +314,30 @@ func SoftmaxTopK(logits, probs []float32, ids []int32, w []float32) error {
 		return fmt.Errorf("%w: %d slots for %d experts", ErrBatch, len(ids), len(logits))
 	}
 	softmax(probs, logits)
-	for s := range ids {
-		best := -1
-		for e, v := range probs {
-			if v >= 0 && (best < 0 || v > probs[best]) {
-				best = e
-			}
+	// One pass keeps the best so far in ids and w, sorted as the slots
+	// are (probability descending, then id ascending): an expert goes
+	// below those of equal probability, whose ids are lower.
+	k, cnt := len(ids), 0
+	if k == 0 {
+		return nil
+	}
+	for e, v := range probs {
+		if !(v >= 0) || cnt == k && !(v > w[k-1]) { // v >= 0: unreachable otherwise for finite logits
+			continue
 		}
-		if best < 0 { // unreachable for finite logits; never index with -1
-			return fmt.Errorf("%w: no expert left for slot %d", ErrNonFinite, s)
+		j := cnt
+		if cnt < k {
+			cnt++
+		} else {
+			j = k - 1 // the last one drops out
 		}
-		ids[s] = int32(best)
-		w[s] = probs[best]
-		probs[best] = -1 // taken
+		for ; j > 0 && w[j-1] < v; j-- {
+			ids[j], w[j] = ids[j-1], w[j-1]
+		}
+		ids[j], w[j] = int32(e), v
+	}
+	if cnt < k { // unreachable for finite logits
+		return fmt.Errorf("%w: no expert left for slot %d", ErrNonFinite, cnt)
 	}
 	return nil
 }

@@ -5,16 +5,23 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
 
 // TestTeam: every unit of every region runs exactly once, on a worker
-// number in [0, threads), and the helpers are gone after stop.
+// number in [0, threads), whether a start takes over the helpers lingering
+// from the last stop (same number), ends them for another number, or
+// finds them gone; and the helpers return on their own after the last
+// stop (goleak waits for them).
 func TestTeam(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	for _, threads := range []int{1, 2, 5} {
-		var tm team
+	var tm team
+	for i, threads := range []int{1, 2, 5, 5, 2, 2, 3, 1, 2} {
+		if i == 7 {
+			time.Sleep(50 * spinTime) // the lingering helpers return first
+		}
 		tm.start(threads)
 		for region, n := range []int{0, 1, 2, 7, 1000, 3} {
 			hits := make([]atomic.Int32, n)
@@ -38,7 +45,8 @@ func TestTeam(t *testing.T) {
 	}
 }
 
-// TestForwardLeavesNoGoroutines: Forward's helpers stop before it returns,
+// TestForwardLeavesNoGoroutines: Forward's helpers return after it (once
+// their lingering for a next Forward is over; goleak waits for them),
 // also when it fails.
 func TestForwardLeavesNoGoroutines(t *testing.T) {
 	defer goleak.VerifyNone(t)

@@ -12,9 +12,9 @@ import (
 // ~300 regions (48 layers x 6) start no goroutine of their own.
 //
 // A region hands out units [0, n) in order from a shared counter; the
-// caller works on it too. Between regions a helper spins, yielding the
-// processor (runtime.Gosched, so other goroutines such as an expert
-// Computer's keep running), for up to spinTime before it blocks on its
+// caller works on it too. Between regions a helper spins, polling and
+// yielding the processor in turn (runtime.Gosched, so other goroutines
+// such as an expert Computer's keep running), for up to spinTime before it blocks on its
 // wake channel; the caller waits for the helpers at the end of a region
 // the same way. The serial steps between two regions of a decode step
 // (norms, rope, routing) take microseconds, and waking a blocked thread
@@ -55,6 +55,13 @@ const spinTime = 200 * time.Microsecond
 
 // spinCheck is how many yields pass between two clock reads while spinning.
 const spinCheck = 16
+
+// spinPolls is how many times spinUntil checks its condition between two
+// yields (a few hundred nanoseconds of loads of one cache line): a yield
+// goes through the scheduler (~1 us on a virtual machine, its lock shared
+// with the other spinning thread), so checking only once per yield saw a
+// region's start or end that much later, 41 times per decode step.
+const spinPolls = 64
 
 // start provides threads-1 helpers (none for threads <= 1): those still
 // lingering from the last Forward when there are as many, else new ones.
@@ -119,13 +126,15 @@ func (t *team) signal(c chan struct{}) {
 	}
 }
 
-// spinUntil yields until cond holds or spinTime has passed, and reports
-// whether cond holds.
+// spinUntil checks cond spinPolls times per yield until it holds or
+// spinTime has passed, and reports whether cond holds.
 func spinUntil(cond func() bool) bool {
 	var t0 time.Time
 	for i := 0; ; i++ {
-		if cond() {
-			return true
+		for range spinPolls {
+			if cond() {
+				return true
+			}
 		}
 		if i%spinCheck == 0 {
 			if i == 0 {

@@ -10,6 +10,8 @@ package expert
 import (
 	"context"
 	"fmt"
+
+	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
 // Computer computes the SwiGLU experts of one MoE layer:
@@ -82,15 +84,9 @@ func WeightedSum(dst, outs, w []float32, k, d int) {
 		x := dst[r*d : (r+1)*d]
 		o := outs[r*k*d : (r+1)*k*d]
 		ws := w[r*k : (r+1)*k]
-		w0, o0 := ws[0], o[:d]
-		for j := range x {
-			x[j] = float32(w0 * o0[j])
-		}
+		quant.ScaleF32(x, o[:d], ws[0]) // the loops' bits, in AVX-512 where there is
 		for s := 1; s < k; s++ {
-			ws, os := ws[s], o[s*d:(s+1)*d]
-			for j := range x {
-				x[j] += float32(ws * os[j])
-			}
+			quant.ScaleAddF32(x, o[s*d:(s+1)*d], ws[s])
 		}
 	}
 }

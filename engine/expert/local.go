@@ -279,12 +279,22 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 
 	// Activations in grouped order: pair q = order[...] of expert e sits at
 	// q in [start[e], start[e+1]), so each expert's rows are contiguous.
-	// (In parallel pair ranges for a large batch.)
+	// (In parallel pair ranges for a large batch.) One row whose experts
+	// are distinct (a decode step) needs no copies: every expert reads
+	// that row (acts).
+	one := n == 1 && len(s.active) == np
 	s.xgs = grow(s.xgs, np*gab)
 	xus := s.xgs
 	if uT.VecDotType() != gT.VecDotType() {
 		s.xus = grow(s.xus, np*uab)
 		xus = s.xus
+	}
+	// acts returns expert pairs [q0, q1)'s gate and up activations.
+	acts := func(q0, q1 int) (ag, au []byte) {
+		if one {
+			return s.xg[:gab], xu[:uab]
+		}
+		return s.xgs[q0*gab : q1*gab], xus[q0*uab : q1*uab]
 	}
 	gather := func(lo, hi int) {
 		for q := lo; q < hi; q++ {
@@ -297,7 +307,7 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 	}
 	if units := min(np, 4*threads); threads > 1 && n >= minParallelConvert {
 		run(units, func(_, u int) { gather(np*u/units, np*(u+1)/units) })
-	} else {
+	} else if !one {
 		gather(0, np)
 	}
 
@@ -358,11 +368,12 @@ func (c *Local) ComputeExpertsWith(ctx context.Context, run Runner, threads int,
 		w := hi - lo
 		reg := q0*dff + cnt*lo
 		tg, tu := s.tg[reg:reg+cnt*w], s.tu[reg:reg+cnt*w]
-		if err := quant.MatMulConverted(gT, l.Gate.Expert[un.e][lo*grb:hi*grb], w, d, s.xgs[q0*gab:q1*gab], cnt, tg, 1); err != nil {
+		ag, au := acts(q0, q1)
+		if err := quant.MatMulConverted(gT, l.Gate.Expert[un.e][lo*grb:hi*grb], w, d, ag, cnt, tg, 1); err != nil {
 			fail(err)
 			return
 		}
-		if err := quant.MatMulConverted(uT, l.Up.Expert[un.e][lo*urb:hi*urb], w, d, xus[q0*uab:q1*uab], cnt, tu, 1); err != nil {
+		if err := quant.MatMulConverted(uT, l.Up.Expert[un.e][lo*urb:hi*urb], w, d, au, cnt, tu, 1); err != nil {
 			fail(err)
 			return
 		}
@@ -557,6 +568,29 @@ func SiLU(dst, x []float32) {
 		for ; i < end; i++ {
 			v := x[i]
 			dst[i] = v / (1 + float32(math.Exp(float64(-v))))
+		}
+	}
+}
+
+// GateSigmoid sets dst[i] = dst[i] * sigmoid(gate[i]) for i < len(gate),
+// sigmoid(x) = 1 / (1 + e^-x) in float32 as ggml's op_sigmoid
+// (ggml-cpu/unary-ops.cpp) followed by ggml_mul computes it, e^-x
+// evaluated in float64 (math.Exp) and rounded, as SiLU does (a gated
+// attention's output gate, llama.cpp src/models/qwen35moe.cpp
+// build_layer_attn). dst must hold len(gate) floats. On the AVX-512 kernel
+// path the elements go 8 at a time through gateSigmoidAVX512 (SiLU's
+// exponential, then 1 / (1 + e) and the product: same bits).
+func GateSigmoid(dst, gate []float32) {
+	n := len(gate)
+	if n == 0 {
+		return
+	}
+	_ = dst[n-1]
+	for i := 0; i < n; {
+		i += gateSigmoidFast(dst[i:n], gate[i:n])
+		end := min(n, i+8) // a group the kernel declined, or the tail
+		for ; i < end; i++ {
+			dst[i] *= 1 / (1 + float32(math.Exp(float64(-gate[i]))))
 		}
 	}
 }

@@ -490,3 +490,55 @@ func TestSiLUKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestGateSigmoidKernel holds GateSigmoid on every SIMD path to the Go
+// expression it stands for (the model's sigmoid, then the product),
+// bit for bit, over gates in and out of the kernel's range (|x| >= 700,
+// infinities, NaN: the Go code's groups), lengths around the 8-lane
+// groups, and products with zeros, infinities and NaN in dst.
+func TestGateSigmoidKernel(t *testing.T) {
+	same := func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) || a != a && b != b }
+	rng := rand.New(rand.NewPCG(31, 32))
+	special := []float32{0, float32(math.Copysign(0, -1)), 699.99, -699.99, 700, -700, 88.7, -103.9,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 1e-40}
+	for _, path := range quant.SIMDPaths() {
+		old, err := quant.SetSIMDPath(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{1, 7, 8, 9, 16, 33, 1000} {
+			for trial := range 20 {
+				g, d0 := make([]float32, n), make([]float32, n+1)
+				for i := range g {
+					switch rng.IntN(10) {
+					case 0:
+						g[i] = float32(rng.NormFloat64() * 800)
+					case 1:
+						g[i] = special[rng.IntN(len(special))]
+					default:
+						g[i] = float32(rng.NormFloat64() * 4)
+					}
+					d0[i] = float32(rng.NormFloat64() * 3)
+					if rng.IntN(10) == 0 {
+						d0[i] = special[rng.IntN(len(special))]
+					}
+				}
+				d0[n] = 42 // past the end: untouched
+				got := append([]float32(nil), d0...)
+				GateSigmoid(got[:n], g)
+				for i, v := range g {
+					want := d0[i] * (1 / (1 + float32(math.Exp(float64(-v)))))
+					if !same(got[i], want) {
+						t.Fatalf("%s n=%d trial %d: %g x sigmoid(%g) = %g, Go %g", path, n, trial, d0[i], v, got[i], want)
+					}
+				}
+				if got[n] != 42 {
+					t.Fatalf("%s n=%d: wrote past len(gate)", path, n)
+				}
+			}
+		}
+		if _, err := quant.SetSIMDPath(old); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

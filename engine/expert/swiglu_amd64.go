@@ -14,6 +14,9 @@ func swigluAVX512(dst, gate, up *float32, n int) int
 //go:noescape
 func siluAVX512(dst, x *float32, n int) int
 
+//go:noescape
+func gateSigmoidAVX512(dst, gate *float32, n int) int
+
 // swigluFMA: math.Exp takes its FMA path here (Go's math package uses
 // FMA when the CPU has AVX and FMA), which swigluAVX512 reproduces.
 var swigluFMA = cpu.X86.HasAVX && cpu.X86.HasFMA
@@ -34,4 +37,14 @@ func siluFast(dst, x []float32) int {
 		return 0
 	}
 	return siluAVX512(&dst[0], &x[0], len(x))
+}
+
+// gateSigmoidFast runs gateSigmoidAVX512 on the quant package's AVX-512
+// kernel path and returns how many leading elements it did (0: none, do
+// them in Go).
+func gateSigmoidFast(dst, gate []float32) int {
+	if !swigluFMA || len(gate) < 8 || quant.SIMDPath() != "avx512" {
+		return 0
+	}
+	return gateSigmoidAVX512(&dst[0], &gate[0], len(gate))
 }

@@ -40,10 +40,11 @@ GLOBL swexp<>(SB), RODATA|NOPTR, $112
 	MOVQ         $0x7fffffffffffffff, BX \
 	VPBROADCASTQ BX, Z25
 
-// SWSILU(done): Y0 = silu of the 8 float32 at (SI)(AX*4), x / (1 + e) with
-// e = float32(math.Exp(-x)) (see above); jumps to done, Y0 unspecified,
-// when a lane has |x| >= 700 or NaN. Clobbers Z1..Z4, K1, K2.
-#define SWSILU(done) \
+// SWEXP1(done): for the 8 float32 x at (SI)(AX*4), Y0 = x and Y1 = 1 + e
+// in float32 with e = float32(math.Exp(-x)) (see above); jumps to done,
+// Y0 and Y1 unspecified, when a lane has |x| >= 700 or NaN. Clobbers
+// Z2..Z4, K1, K2.
+#define SWEXP1(done) \
 	VMOVUPS      (SI)(AX*4), Y0 \
 	VCVTPS2PD    Y0, Z1 \
 	VXORPD       Z2, Z2, Z2 \
@@ -82,8 +83,14 @@ GLOBL swexp<>(SB), RODATA|NOPTR, $112
 	VPSLLQ       $52, Z3, Z3 \
 	VMULPD       Z3, Z1, Z1 \
 	VCVTPD2PS    Z1, Y1 \
-	VADDPS       Y24, Y1, Y1 \
-	VDIVPS       Y1, Y0, Y0
+	VADDPS       Y24, Y1, Y1
+
+// SWSILU(done): Y0 = silu of the 8 float32 at (SI)(AX*4), x / (1 + e)
+// (SWEXP1); jumps to done, Y0 unspecified, when a lane has |x| >= 700 or
+// NaN. Clobbers Z1..Z4, K1, K2.
+#define SWSILU(done) \
+	SWEXP1(done) \
+	VDIVPS Y1, Y0, Y0
 
 // SWCLEAN zeroes Z16..Z25 before VZEROUPPER (see the quant package's
 // K4CLEAN).
@@ -150,6 +157,36 @@ siloop:
 	JNZ          siloop
 
 sidone:
+	MOVQ   AX, ret+24(FP)
+	SWCLEAN
+	VZEROUPPER
+	RET
+
+// func gateSigmoidAVX512(dst, gate *float32, n int) int
+// For 8-lane groups g < n/8 in order: dst[i] = dst[i] * (1 / (1 + e)) for
+// i in the group, e = float32(math.Exp(-gate[i])) (SWEXP1), each step
+// rounded to float32 as the Go loop's, stopping before the first group
+// with a |gate| >= 700 or NaN; returns the elements done.
+TEXT ·gateSigmoidAVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         gate+8(FP), SI
+	MOVQ         n+16(FP), CX
+	SHRQ         $3, CX
+	XORQ         AX, AX
+	TESTQ        CX, CX
+	JZ           gsdone
+	SWSETUP
+
+gsloop:
+	SWEXP1(gsdone)
+	VDIVPS       Y1, Y24, Y1
+	VMULPS       (DI)(AX*4), Y1, Y1
+	VMOVUPS      Y1, (DI)(AX*4)
+	ADDQ         $8, AX
+	DECQ         CX
+	JNZ          gsloop
+
+gsdone:
 	MOVQ   AX, ret+24(FP)
 	SWCLEAN
 	VZEROUPPER

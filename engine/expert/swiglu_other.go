@@ -7,3 +7,6 @@ func swigluFast(dst, gate, up []float32) int { return 0 }
 
 // siluFast has no kernel in this build: SiLU runs in Go.
 func siluFast(dst, x []float32) int { return 0 }
+
+// gateSigmoidFast has no kernel in this build: GateSigmoid runs in Go.
+func gateSigmoidFast(dst, gate []float32) int { return 0 }

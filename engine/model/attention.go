@@ -3,6 +3,7 @@ package model
 import (
 	"math"
 
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
@@ -93,10 +94,8 @@ func (m *Model) attnLayer(il int, a *Attention, rows []Row) error {
 	}
 	m.attention(il, rows)
 	att := ws.att[:n*p.Heads*p.HeadDimV]
-	if a.Gated { // ggml_mul(cur, ggml_sigmoid(gate))
-		for i, g := range ws.gate[:n*qd] {
-			att[i] *= sigmoid(g)
-		}
+	if a.Gated { // ggml_mul(cur, ggml_sigmoid(gate)): att[i] *= sigmoid(gate[i])
+		expert.GateSigmoid(att, ws.gate[:n*qd])
 	}
 	return m.project(att, n, &a.Output, ws.tmp[:n*d])
 }

@@ -535,13 +535,31 @@ func (m *Model) project(x []float32, n int, w *Weight, y []float32) error {
 // Every output element is one quant.MatMulConverted dot product whatever the
 // chunking, so results do not depend on the thread count.
 func (m *Model) projectAll(x []float32, n int, jobs ...proj) error {
+	units, unit, err := m.planProjection(x, n, jobs)
+	if err != nil || units == 0 {
+		return err
+	}
+	ws := &m.ws
+	ws.err = nil
+	m.team.run(units, unit)
+	return ws.err
+}
+
+// planProjection prepares projectAll's region without running it: it
+// converts x for the jobs and, when the work is worth sharing, plans the
+// chunks (ws.chunks) and returns their number and the function that
+// computes chunk u, which reports its error with ws.fail (the caller
+// clears ws.err first). Work too small to share it computes at once on the
+// caller and returns units = 0. The plan lives in the workspace until the
+// next projectAll or planProjection.
+func (m *Model) planProjection(x []float32, n int, jobs []proj) (units int, unit func(worker, u int), err error) {
 	ws := &m.ws
 	ws.convN = 0
 	cost, total := 0, 0
 	for i := range jobs {
 		c, err := m.convert(x, jobs[i].w)
 		if err != nil {
-			return err
+			return 0, nil, err
 		}
 		jobs[i].conv = c
 		cost += jobs[i].w.Bytes()
@@ -553,10 +571,10 @@ func (m *Model) projectAll(x []float32, n int, jobs ...proj) error {
 		for _, jb := range jobs {
 			w := jb.w
 			if err := quant.MatMulConverted(w.Type, w.Data, w.Rows, w.Cols, jb.conv, n, jb.y, 1); err != nil {
-				return fmt.Errorf("model: %s: %w", w.Name, err)
+				return 0, nil, fmt.Errorf("model: %s: %w", w.Name, err)
 			}
 		}
-		return nil
+		return 0, nil, nil
 	}
 	ws.planChunks(jobs, total, max(1, total*minChunkCost/cost), threads)
 	tmp := 0
@@ -566,37 +584,39 @@ func (m *Model) projectAll(x []float32, n int, jobs ...proj) error {
 	if len(ws.ptmp) < tmp {
 		ws.ptmp = make([]float32, max(tmp, 2*len(ws.ptmp)))
 	}
-	ws.err = nil
-	m.team.run(len(ws.chunks), func(_, u int) {
-		c := ws.chunks[u]
-		jb := &jobs[c.j]
-		w := jb.w
-		rb, err := w.Type.RowBytes(w.Cols)
-		if err != nil {
-			ws.fail(err)
-			return
+	return len(ws.chunks), func(_, u int) { ws.projectChunk(jobs, n, u) }, nil
+}
+
+// projectChunk computes chunk u of ws.chunks, planned by planProjection
+// for jobs over n rows, reporting an error with ws.fail.
+func (ws *workspace) projectChunk(jobs []proj, n, u int) {
+	c := ws.chunks[u]
+	jb := &jobs[c.j]
+	w := jb.w
+	rb, err := w.Type.RowBytes(w.Cols)
+	if err != nil {
+		ws.fail(err)
+		return
+	}
+	lo, hi := int(c.lo), int(c.hi)
+	rows := hi - lo
+	if n == 1 {
+		err = quant.MatMulConverted(w.Type, w.Data[lo*rb:hi*rb], rows, w.Cols, jb.conv, 1, jb.y[lo:hi], 1)
+	} else {
+		// n x rows into a private region, then scattered.
+		off := 0
+		for _, o := range jobs[:c.j] {
+			off += n * o.w.Rows
 		}
-		lo, hi := int(c.lo), int(c.hi)
-		rows := hi - lo
-		if n == 1 {
-			err = quant.MatMulConverted(w.Type, w.Data[lo*rb:hi*rb], rows, w.Cols, jb.conv, 1, jb.y[lo:hi], 1)
-		} else {
-			// n x rows into a private region, then scattered.
-			off := 0
-			for _, o := range jobs[:c.j] {
-				off += n * o.w.Rows
-			}
-			t := ws.ptmp[off+n*lo : off+n*hi]
-			err = quant.MatMulConverted(w.Type, w.Data[lo*rb:hi*rb], rows, w.Cols, jb.conv, n, t, 1)
-			for i := range n {
-				copy(jb.y[i*w.Rows+lo:i*w.Rows+hi], t[i*rows:(i+1)*rows])
-			}
+		t := ws.ptmp[off+n*lo : off+n*hi]
+		err = quant.MatMulConverted(w.Type, w.Data[lo*rb:hi*rb], rows, w.Cols, jb.conv, n, t, 1)
+		for i := range n {
+			copy(jb.y[i*w.Rows+lo:i*w.Rows+hi], t[i*rows:(i+1)*rows])
 		}
-		if err != nil {
-			ws.fail(fmt.Errorf("model: %s: %w", w.Name, err))
-		}
-	})
-	return ws.err
+	}
+	if err != nil {
+		ws.fail(fmt.Errorf("model: %s: %w", w.Name, err))
+	}
 }
 
 // planChunks sets ws.chunks to guided chunks over the jobs' rows taken as

@@ -174,3 +174,41 @@ func TestArchitecturesHaveGenerators(t *testing.T) {
 		t.Errorf("modelgen writes %s, model loads %s", got, want)
 	}
 }
+
+// TestSoftmaxTopKOrder: SoftmaxTopK's slots are those of the definition
+// (slot s takes the untaken expert of the highest probability, the lowest
+// id among equals), here computed by k passes of argmax over the
+// probabilities, on random logits with many ties, for every k.
+func TestSoftmaxTopKOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	for trial := range 300 {
+		ne := 1 + r.IntN(40)
+		logits := make([]float32, ne)
+		for e := range logits {
+			logits[e] = float32(r.IntN(6)) * 0.5 // few distinct values: ties
+			if trial%3 == 0 {
+				logits[e] = float32(r.NormFloat64())
+			}
+		}
+		k := 1 + r.IntN(ne)
+		ids, w := make([]int32, k), make([]float32, k)
+		if err := SoftmaxTopK(logits, make([]float32, ne), ids, w); err != nil {
+			t.Fatal(err)
+		}
+		p := make([]float32, ne)
+		softmax(p, logits)
+		taken := make([]bool, ne)
+		for s := range k {
+			best := -1
+			for e, v := range p {
+				if !taken[e] && (best < 0 || v > p[best]) {
+					best = e
+				}
+			}
+			taken[best] = true
+			if ids[s] != int32(best) || math.Float32bits(w[s]) != math.Float32bits(p[best]) {
+				t.Fatalf("trial %d (k %d of %d, logits %v): slot %d = expert %d (%v), want %d (%v)", trial, k, ne, logits, s, ids[s], w[s], best, p[best])
+			}
+		}
+	}
+}

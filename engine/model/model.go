@@ -150,7 +150,9 @@ type Model struct {
 	// localExpertTime is the wall time spent computing routed experts on
 	// the model's own threads (moe's local branch) since Load: what a
 	// local decode step pays that a backbone with every expert remote
-	// does not (BenchmarkBackboneStep).
+	// does not (BenchmarkBackboneStep). With a shared expert it includes
+	// the shared expert's down projection, which runs in the routed
+	// experts' region (sharedLocal).
 	localExpertTime time.Duration
 }
 

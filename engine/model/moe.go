@@ -80,7 +80,19 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 	p, ws := m.p, &m.ws
 	n, d := len(rows), p.Embd
 	ne, k := p.Experts, p.ExpertsUsed
-	if err := m.project(ws.xn[:n*d], n, &b.GateInp, ws.router[:n*ne]); err != nil {
+	// With the model's own experts, the shared expert rides along in the
+	// regions the routed ones need anyway: its gate and up projections in
+	// the router's region, its down projection in the routed experts'
+	// region (sharedLocal). Each output element is the same dot product
+	// wherever it is computed.
+	fused := b.Shared != nil && m.local != nil && m.experts == expert.Computer(m.local)
+	if fused {
+		sh, ff := b.Shared, b.Shared.Gate.Rows
+		if err := m.projectAll(ws.xn[:n*d], n, proj{w: &b.GateInp, y: ws.router[:n*ne]},
+			proj{w: &sh.Gate, y: ws.ffGate[:n*ff]}, proj{w: &sh.Up, y: ws.ffUp[:n*ff]}); err != nil {
+			return err
+		}
+	} else if err := m.project(ws.xn[:n*d], n, &b.GateInp, ws.router[:n*ne]); err != nil {
 		return err
 	}
 	for i := range n {
@@ -109,6 +121,10 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 		run := expert.Runner(serial)
 		if m.team.helpers > 0 {
 			run = m.team.run
+		}
+		if fused {
+			err = m.sharedLocal(ctx, il, b.Shared, run, n)
+			break
 		}
 		t0 := time.Now()
 		err = m.local.ComputeExpertsWith(ctx, run, m.team.helpers+1, il, hidden, ids, n, k, eo)
@@ -173,18 +189,87 @@ func (m *Model) shared(s *SharedExpert, n int) error {
 	if err := m.feedForward(&s.FeedForward, n); err != nil {
 		return err
 	}
+	m.gateShared(s, n)
+	return nil
+}
+
+// sharedLocal computes layer il's routed experts (the model's own, into
+// ws.eo) and its shared expert s (into ws.ffOut, gating included) for the
+// n rows of ws.xn, the shared expert's gate and up projections already in
+// ws.ffGate and ws.ffUp: silu(gate) * up, then its down projection planned
+// (planProjection) and run as extra units of the routed experts' region
+// (rider), so that the layer pays one region and one barrier for both.
+// The shared expert's outputs are the dot products feedForward computes,
+// bit for bit.
+func (m *Model) sharedLocal(ctx context.Context, il int, s *SharedExpert, run expert.Runner, n int) error {
+	ws, d, k, ff := &m.ws, m.p.Embd, m.p.ExpertsUsed, s.Gate.Rows
+	h := ws.ffGate[:n*ff]
+	expert.SwiGLU(h, h, ws.ffUp[:n*ff])
+	units, unit, err := m.planProjection(h, n, []proj{{w: &s.Down, y: ws.ffOut[:n*d]}})
+	if err != nil {
+		return err
+	}
+	ws.err = nil
+	r := rider{run: run, units: units, unit: unit}
+	t0 := time.Now()
+	err = m.local.ComputeExpertsWith(ctx, r.Run, m.team.helpers+1, il, ws.xn[:n*d], ws.ids[:n*k], n, k, ws.eo[:n*k*d])
+	r.flush()
+	m.localExpertTime += time.Since(t0)
+	if err = errors.Join(err, ws.err); err != nil {
+		return err
+	}
+	m.gateShared(s, n)
+	return nil
+}
+
+// rider is a Runner (Run) that adds units extra units, unit(worker, u) for
+// u in [0, units), to the first region it is given, after that region's
+// own units; flush runs them if no region came. The extra units must not
+// depend on the region's work nor it on theirs.
+type rider struct {
+	run   expert.Runner
+	units int
+	unit  func(worker, u int)
+}
+
+// Run runs fn over [0, n) with r.run, plus r's units the first time.
+func (r *rider) Run(n int, fn func(worker, unit int)) {
+	if r.units == 0 {
+		r.run(n, fn)
+		return
+	}
+	extra, unit := r.units, r.unit
+	r.units = 0
+	r.run(n+extra, func(w, u int) {
+		if u < n {
+			fn(w, u)
+		} else {
+			unit(w, u-n)
+		}
+	})
+}
+
+// flush runs r's units if no region has run them.
+func (r *rider) flush() {
+	if r.units > 0 {
+		r.Run(0, nil)
+	}
+}
+
+// gateShared scales the shared expert's outputs in ws.ffOut (n x Embd) by
+// its gate, sigmoid(GateInp . x) per row of ws.xn (SharedSigmoid; nothing
+// for SharedUngated).
+func (m *Model) gateShared(s *SharedExpert, n int) {
 	if s.Gating != SharedSigmoid {
-		return nil
+		return
 	}
 	ws, d := &m.ws, m.p.Embd
 	x := ws.xn[:n*d]
 	for i := range n {
 		g := sigmoid(quant.DotF32(s.GateInp, x[i*d:(i+1)*d]))
-		for j, v := range ws.ffOut[i*d : (i+1)*d] {
-			ws.ffOut[i*d+j] = v * g
-		}
+		o := ws.ffOut[i*d : (i+1)*d]
+		quant.ScaleF32(o, o, g) // o[j] = g * o[j]: ggml_mul's product, either order
 	}
-	return nil
 }
 
 // minWeightSum is the clamp on the sum of the selected router probabilities
@@ -213,7 +298,8 @@ var (
 // SoftmaxTopK is the router of llama.cpp's build_moe_ffn with
 // LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX and norm_w = false: p =
 // softmax(logits); the top-k experts by p (descending; ties: lower id) with
-// w_s = p_{ids_s}. See Router for the arguments and errors.
+// w_s = p_{ids_s}. See Router for the arguments and errors; probs holds p
+// on return.
 //
 // Finite logits give finite probabilities in [0, 1] (softmax subtracts the
 // maximum), so every slot then finds an expert. A logit is non-finite when
@@ -228,19 +314,30 @@ func SoftmaxTopK(logits, probs []float32, ids []int32, w []float32) error {
 		return fmt.Errorf("%w: %d slots for %d experts", ErrBatch, len(ids), len(logits))
 	}
 	softmax(probs, logits)
-	for s := range ids {
-		best := -1
-		for e, v := range probs {
-			if v >= 0 && (best < 0 || v > probs[best]) {
-				best = e
-			}
+	// One pass keeps the best so far in ids and w, sorted as the slots
+	// are (probability descending, then id ascending): an expert goes
+	// below those of equal probability, whose ids are lower.
+	k, cnt := len(ids), 0
+	if k == 0 {
+		return nil
+	}
+	for e, v := range probs {
+		if !(v >= 0) || cnt == k && !(v > w[k-1]) { // v >= 0: unreachable otherwise for finite logits
+			continue
 		}
-		if best < 0 { // unreachable for finite logits; never index with -1
-			return fmt.Errorf("%w: no expert left for slot %d", ErrNonFinite, s)
+		j := cnt
+		if cnt < k {
+			cnt++
+		} else {
+			j = k - 1 // the last one drops out
 		}
-		ids[s] = int32(best)
-		w[s] = probs[best]
-		probs[best] = -1 // taken
+		for ; j > 0 && w[j-1] < v; j-- {
+			ids[j], w[j] = ids[j-1], w[j-1]
+		}
+		ids[j], w[j] = int32(e), v
+	}
+	if cnt < k { // unreachable for finite logits
+		return fmt.Errorf("%w: no expert left for slot %d", ErrNonFinite, cnt)
 	}
 	return nil
 }

@@ -5,16 +5,23 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
 
 // TestTeam: every unit of every region runs exactly once, on a worker
-// number in [0, threads), and the helpers are gone after stop.
+// number in [0, threads), whether a start takes over the helpers lingering
+// from the last stop (same number), ends them for another number, or
+// finds them gone; and the helpers return on their own after the last
+// stop (goleak waits for them).
 func TestTeam(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	for _, threads := range []int{1, 2, 5} {
-		var tm team
+	var tm team
+	for i, threads := range []int{1, 2, 5, 5, 2, 2, 3, 1, 2} {
+		if i == 7 {
+			time.Sleep(50 * spinTime) // the lingering helpers return first
+		}
 		tm.start(threads)
 		for region, n := range []int{0, 1, 2, 7, 1000, 3} {
 			hits := make([]atomic.Int32, n)
@@ -38,7 +45,8 @@ func TestTeam(t *testing.T) {
 	}
 }
 
-// TestForwardLeavesNoGoroutines: Forward's helpers stop before it returns,
+// TestForwardLeavesNoGoroutines: Forward's helpers return after it (once
+// their lingering for a next Forward is over; goleak waits for them),
 // also when it fails.
 func TestForwardLeavesNoGoroutines(t *testing.T) {
 	defer goleak.VerifyNone(t)
@@ -79,4 +87,44 @@ func TestParallelPrefillInvariance(t *testing.T) {
 	defer m.SetThreads(0)
 	sameBits(t, "one batch of 80, 3 threads", run(t, m, tokens, len(tokens)), ref)
 	sameBits(t, "batches of 33, 3 threads", run(t, m, tokens, 33), ref)
+}
+
+// TestRider: a rider's extra units run exactly once, in the first region
+// it is given (after that region's own units, which keep their numbers)
+// or at flush when no region came, and a second region gets none.
+func TestRider(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	for _, threads := range []int{1, 3} {
+		var tm team
+		tm.start(threads)
+		for _, regions := range [][]int{{5, 2}, {0}, {1, 4}, {}} {
+			extra := make([]atomic.Int32, 4)
+			r := rider{run: tm.run, units: len(extra), unit: func(_, u int) { extra[u].Add(1) }}
+			var seen []int
+			for i, n := range regions {
+				own := make([]atomic.Int32, n)
+				r.Run(n, func(_, u int) { own[u].Add(1) })
+				for u := range own {
+					if h := own[u].Load(); h != 1 {
+						t.Fatalf("threads %d regions %v: region %d unit %d ran %d times", threads, regions, i, u, h)
+					}
+				}
+				ran := 0
+				for u := range extra {
+					ran += int(extra[u].Load())
+				}
+				seen = append(seen, ran)
+			}
+			r.flush()
+			for u := range extra {
+				if h := extra[u].Load(); h != 1 {
+					t.Fatalf("threads %d regions %v: extra unit %d ran %d times", threads, regions, u, h)
+				}
+			}
+			if len(regions) > 0 && seen[0] != len(extra) {
+				t.Fatalf("threads %d regions %v: %d extra units after the first region, want %d", threads, regions, seen[0], len(extra))
+			}
+		}
+		tm.stop()
+	}
 }

@@ -73,6 +73,36 @@ func BenchmarkDeltaRule(b *testing.B) {
 	}
 }
 
+// BenchmarkDeltaRuleCold is BenchmarkDeltaRule over 1024 heads' states of
+// 128 x 128 (64 MiB, on the Go heap as a Sequence's state is), one head
+// per call, 17 heads on from the last (not the neighbour a prefetch past
+// the end would have warmed), so that every call finds its state in
+// memory, not in the caches, as a decode step does (the weights streamed
+// between two tokens evict it). MB/s counts the state's bytes read (and
+// written).
+func BenchmarkDeltaRuleCold(b *testing.B) {
+	const n, heads = 128, 1024
+	st, q, k, v, o := make([]float32, heads*n*n), make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range q {
+		q[i], k[i], v[i] = 0.01*float32(i%7), 0.02*float32(i%5), float32(i%3)
+	}
+	for _, p := range simdPaths() {
+		b.Run(p, func(b *testing.B) {
+			old, _ := SetSIMDPath(p)
+			defer SetSIMDPath(old)
+			for i := range st {
+				st[i] = 1e-3 // faulted in before the clock starts
+			}
+			b.SetBytes(4 * n * n)
+			h := 0
+			for b.Loop() {
+				DeltaRule(st[h*n*n:(h+1)*n*n], q, k, v, o, 0.5, 0.99, 0.088)
+				h = (h + 17) % heads
+			}
+		})
+	}
+}
+
 // TestMulAddF32 holds MulAddF32 on each SIMD path to the Go loop it
 // stands for, bit for bit, over lengths around the 16-lane steps and
 // values that include zeros of both signs, infinities and subnormals,
@@ -105,4 +135,52 @@ func testMulAddF32(t *testing.T) {
 		}
 	}
 	MulAddF32(nil, nil, nil) // nothing to do
+}
+
+// TestScaleF32 holds ScaleF32 and ScaleAddF32 on each SIMD path to the Go
+// loops they stand for, bit for bit, over lengths around the 16-lane
+// steps and values (scales included) that include zeros of both signs,
+// infinities and subnormals, and checks that they write nothing past
+// len(dst).
+func TestScaleF32(t *testing.T) { eachSIMDPath(t, testScaleF32) }
+
+func testScaleF32(t *testing.T) {
+	r := rand.New(rand.NewPCG(26, 3))
+	special := []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)), 1e-42, -3e-39, 3e38}
+	val := func() float32 {
+		if r.IntN(8) == 0 {
+			return special[r.IntN(len(special))]
+		}
+		return float32(r.NormFloat64() * math.Pow(10, r.Float64()*8-4))
+	}
+	for _, n := range []int{1, 2, 15, 16, 17, 31, 32, 33, 100, 128, 129, 2048} {
+		for range 20 {
+			x, d0 := make([]float32, n+3), make([]float32, n+3)
+			for i := range x {
+				x[i], d0[i] = val(), val()
+			}
+			a := val()
+			for _, add := range []bool{false, true} {
+				got, want := append([]float32(nil), d0...), append([]float32(nil), d0...)
+				if add {
+					ScaleAddF32(got[:n], x, a)
+					for i := range n { // the loop ScaleAddF32 stands for
+						want[i] += float32(a * x[i])
+					}
+				} else {
+					ScaleF32(got[:n], x, a)
+					for i := range n {
+						want[i] = a * x[i]
+					}
+				}
+				for i := range want {
+					if !sameBits(got[i], want[i]) {
+						t.Fatalf("n=%d add=%v: dst[%d] = %v, want %v (a %v, x %v, dst %v)", n, add, i, got[i], want[i], a, x[i], d0[i])
+					}
+				}
+			}
+		}
+	}
+	ScaleF32(nil, nil, 1) // nothing to do
+	ScaleAddF32(nil, nil, 1)
 }

@@ -440,6 +440,21 @@ func quantizeQ8KFast(x []float32, dst []byte) int {
 	return q8KQuantAVX512(&x[0], &dst[0], nb)
 }
 
+// scaleF32Fast runs ScaleAddF32 (add) or ScaleF32 (equal lengths >= 1)
+// with the AVX-512 kernel and reports whether it did (false off the
+// AVX-512 path).
+func scaleF32Fast(dst, x []float32, a float32, add bool) bool {
+	if !useSIMD || !useAVX512 {
+		return false
+	}
+	if add {
+		scaleAddF32AVX512(&dst[0], &x[0], a, len(dst))
+	} else {
+		scaleF32AVX512(&dst[0], &x[0], a, len(dst))
+	}
+	return true
+}
+
 // mulAddF32Fast runs MulAddF32 (equal lengths >= 1) with the AVX-512
 // kernel and reports whether it did (false off the AVX-512 path).
 func mulAddF32Fast(dst, x, w []float32) bool {

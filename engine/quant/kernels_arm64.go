@@ -325,3 +325,7 @@ func quantizeQ8KFast(x []float32, dst []byte) int { return 0 }
 
 // mulAddF32Fast has no arm64 kernel (MulAddF32 runs its Go loop).
 func mulAddF32Fast(dst, x, w []float32) bool { return false }
+
+// scaleF32Fast has no arm64 kernel (ScaleF32 and ScaleAddF32 run their Go
+// loops).
+func scaleF32Fast(dst, x []float32, a float32, add bool) bool { return false }

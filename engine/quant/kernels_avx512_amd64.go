@@ -169,3 +169,9 @@ func q8KQuantAVX512(x *float32, dst *byte, nb int) int
 
 //go:noescape
 func mulAddF32AVX512(dst, x, w *float32, n int)
+
+//go:noescape
+func scaleF32AVX512(dst, x *float32, a float32, n int)
+
+//go:noescape
+func scaleAddF32AVX512(dst, x *float32, a float32, n int)

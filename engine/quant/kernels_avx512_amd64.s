@@ -1007,6 +1007,8 @@ q4k58loop:
 // overlaps the other rows' work: a 128 x 128 head in 1.28 us instead of
 // 1.67 with pairs, BenchmarkDeltaRule), then a pair left through dpair
 // and an odd last row through drow's single-row code.
+#define DPFD 4096
+
 TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
 	MOVQ         st+0(FP), BX
 	MOVQ         v+24(FP), R13
@@ -1022,6 +1024,16 @@ TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
 	VBROADCASTSS decay+60(FP), Z20
 	VMOVSS       scale+64(FP), X21
 	F32TAILMASKS
+	MOVQ         BX, SI
+	MOVQ         $(DPFD/64), CX
+
+dwarm:
+	// The first DPFD bytes of the state: the quad loop's prefetches start
+	// DPFD bytes ahead of the rows it reads.
+	PREFETCHT0 (SI)
+	ADDQ       $64, SI
+	DECQ       CX
+	JNZ        dwarm
 
 drow:
 	CMPQ   R8, $4
@@ -1151,6 +1163,14 @@ dquad:
 	JZ            dqatail
 
 dqaloop:
+	PREFETCHT0    DPFD(SI)
+	PREFETCHT0    DPFD+64(SI)
+	PREFETCHT0    DPFD(SI)(R9*1)
+	PREFETCHT0    DPFD+64(SI)(R9*1)
+	PREFETCHT0    DPFD(AX)
+	PREFETCHT0    DPFD+64(AX)
+	PREFETCHT0    DPFD(AX)(R9*1)
+	PREFETCHT0    DPFD+64(AX)(R9*1)
 	VMULPS        0(SI), Z20, Z10
 	VMULPS        64(SI), Z20, Z11
 	VMULPS        0(SI)(R9*1), Z20, Z12
@@ -1939,5 +1959,81 @@ matail:
 	VMOVUPS   Z1, K1, 0(DI)
 
 madone:
+	VZEROUPPER
+	RET
+
+// func scaleF32AVX512(dst, x *float32, a float32, n int)
+// dst[i] = a*x[i] for i < n (n >= 1), 16 lanes at a time, the tail under
+// a mask, with the scalar loop's operand order (a first).
+TEXT ·scaleF32AVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS a+16(FP), Z2
+	MOVQ         n+24(FP), CX
+	CMPQ         CX, $16
+	JLT          sctail
+
+scloop:
+	VMULPS  0(SI), Z2, Z0
+	VMOVUPS Z0, 0(DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	CMPQ    CX, $16
+	JGE     scloop
+
+sctail:
+	TESTQ     CX, CX
+	JZ        scdone
+	MOVL      $1, AX
+	SHLL      CX, AX
+	DECL      AX
+	KMOVW     AX, K1
+	VMOVUPS.Z 0(SI), K1, Z0
+	VMULPS    Z0, Z2, Z0
+	VMOVUPS   Z0, K1, 0(DI)
+
+scdone:
+	VZEROUPPER
+	RET
+
+// func scaleAddF32AVX512(dst, x *float32, a float32, n int)
+// dst[i] = dst[i] + a*x[i] for i < n (n >= 1), 16 lanes at a time, the
+// tail under a mask: VMULPS a*x then VADDPS dst+product, each rounded,
+// with the scalar loop's operand order (a first in the multiply, dst
+// first in the add).
+TEXT ·scaleAddF32AVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS a+16(FP), Z2
+	MOVQ         n+24(FP), CX
+	CMPQ         CX, $16
+	JLT          satail
+
+saloop:
+	VMULPS  0(SI), Z2, Z0
+	VMOVUPS 0(DI), Z1
+	VADDPS  Z0, Z1, Z1
+	VMOVUPS Z1, 0(DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	CMPQ    CX, $16
+	JGE     saloop
+
+satail:
+	TESTQ     CX, CX
+	JZ        sadone
+	MOVL      $1, AX
+	SHLL      CX, AX
+	DECL      AX
+	KMOVW     AX, K1
+	VMOVUPS.Z 0(SI), K1, Z0
+	VMULPS    Z0, Z2, Z0
+	VMOVUPS.Z 0(DI), K1, Z1
+	VADDPS    Z0, Z1, Z1
+	VMOVUPS   Z1, K1, 0(DI)
+
+sadone:
 	VZEROUPPER
 	RET

@@ -75,3 +75,7 @@ func quantizeQ8KFast(x []float32, dst []byte) int { return 0 }
 
 // mulAddF32Fast has no kernel in this build (MulAddF32 runs its Go loop).
 func mulAddF32Fast(dst, x, w []float32) bool { return false }
+
+// scaleF32Fast has no kernel in this build (ScaleF32 and ScaleAddF32 run their Go
+// loops).
+func scaleF32Fast(dst, x []float32, a float32, add bool) bool { return false }

@@ -505,6 +505,51 @@ func MulAddF32(dst, x, w []float32) {
 	genericMulAddF32(dst, x, w)
 }
 
+// ScaleF32 sets dst[i] = a*x[i] for i < len(dst), and ScaleAddF32 sets
+// dst[i] += a*x[i], the product rounded to float32 before the add (no
+// fused multiply-add): the bits of the Go loops `dst[i] = a * x[i]` and
+// `dst[i] += float32(a * x[i])` on every path (expert.WeightedSum's
+// steps, ggml_mul by a row's router weight then ggml_add). x must hold at
+// least len(dst) floats (else they panic, as the loops would).
+func ScaleF32(dst, x []float32, a float32) {
+	n := len(dst)
+	if n == 0 {
+		return
+	}
+	x = x[:n]
+	if scaleF32Fast(dst, x, a, false) {
+		return
+	}
+	genericScaleF32(dst, x, a)
+}
+
+// ScaleAddF32: see ScaleF32.
+func ScaleAddF32(dst, x []float32, a float32) {
+	n := len(dst)
+	if n == 0 {
+		return
+	}
+	x = x[:n]
+	if scaleF32Fast(dst, x, a, true) {
+		return
+	}
+	genericScaleAddF32(dst, x, a)
+}
+
+// genericScaleF32 is ScaleF32 in Go (equal lengths).
+func genericScaleF32(dst, x []float32, a float32) {
+	for i, xi := range x {
+		dst[i] = a * xi
+	}
+}
+
+// genericScaleAddF32 is ScaleAddF32 in Go (equal lengths).
+func genericScaleAddF32(dst, x []float32, a float32) {
+	for i, xi := range x {
+		dst[i] += float32(a * xi)
+	}
+}
+
 // genericMulAddF32 is MulAddF32 in Go (equal lengths).
 func genericMulAddF32(dst, x, w []float32) {
 	for i, xi := range x {

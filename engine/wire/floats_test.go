@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"fmt"
@@ -130,6 +131,37 @@ func TestDecodeFloatsFrom(t *testing.T) {
 					t.Fatalf("%T: slice %d [%d] = %v, want %v", got, i, j, p[0][j], p[1][j])
 				}
 			}
+		}
+	}
+}
+
+// TestReadLinkBufReuse: ReadLinkBuf reads a payload into the buffer it is
+// given when it fits (the same memory), into new memory when it does not,
+// and refuses a zero or oversized length and a truncated payload as
+// ReadLink does, whatever buffer it holds.
+func TestReadLinkBufReuse(t *testing.T) {
+	var w bytes.Buffer
+	_ = WriteLink(&w, LinkData, []byte("abc"))
+	_ = WriteLink(&w, LinkData, bytes.Repeat([]byte("x"), 100))
+	r := bufio.NewReader(bytes.NewReader(w.Bytes()))
+	buf := make([]byte, 0, 16)
+	_, p, err := ReadLinkBuf(r, buf)
+	if err != nil || string(p) != "abc" || &p[0] != &buf[:1][0] {
+		t.Fatalf("small frame: %q %v (same memory: %v)", p, err, err == nil && &p[0] == &buf[:1][0])
+	}
+	_, p, err = ReadLinkBuf(r, p[:0])
+	if err != nil || len(p) != 100 || cap(buf) != 16 {
+		t.Fatalf("large frame: %d bytes %v", len(p), err)
+	}
+	for name, b := range map[string][]byte{
+		"zero length": {0, 0, 0, 0, LinkData},
+		"oversized":   {0xFF, 0xFF, 0xFF, 0x7F, LinkData},
+		"truncated":   {10, 0, 0, 0, LinkData, 1, 2},
+	} {
+		_, _, err := ReadLinkBuf(bufio.NewReader(bytes.NewReader(b)), make([]byte, 0, 64))
+		_, _, want := ReadLink(bufio.NewReader(bytes.NewReader(b)))
+		if err == nil || want == nil || err.Error() != want.Error() {
+			t.Errorf("%s: ReadLinkBuf %v, ReadLink %v", name, err, want)
 		}
 	}
 }

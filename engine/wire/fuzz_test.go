@@ -42,12 +42,22 @@ func FuzzReadLink(f *testing.F) {
 	f.Add([]byte("KVLK\x01\x00\xff\xff"))
 	f.Add([]byte{0xFF, 0xFF, 0xFF, 0x7F, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r := bufio.NewReader(bytes.NewReader(b))
+		// The same bytes through ReadLink and through ReadLinkBuf reusing
+		// its last payload: the same frames, the same end.
+		r, rb := bufio.NewReader(bytes.NewReader(b)), bufio.NewReader(bytes.NewReader(b))
 		_, _, _ = ReadLinkPreamble(r)
+		_, _, _ = ReadLinkPreamble(rb)
+		var buf []byte
 		for i := 0; i < 8; i++ {
-			if _, _, err := ReadLink(r); err != nil {
+			k, p, err := ReadLink(r)
+			kb, pb, errb := ReadLinkBuf(rb, buf)
+			if (err == nil) != (errb == nil) || k != kb || !bytes.Equal(p, pb) {
+				t.Fatalf("frame %d: ReadLink %d %x %v, ReadLinkBuf %d %x %v", i, k, p, err, kb, pb, errb)
+			}
+			if err != nil {
 				return
 			}
+			buf = pb[:0]
 		}
 	})
 }

@@ -103,10 +103,11 @@ func (l *handshakeListener) handshake(c net.Conn, ip string) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	_ = c.SetDeadline(time.Now().Add(l.timeout))
 	err := tc.HandshakeContext(ctx)
+	expired := ctx.Err() != nil // before cancel, which would set it for every handshake
 	cancel()
 	l.release(ip)
 	if err != nil {
-		if ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		if expired || errors.Is(err, os.ErrDeadlineExceeded) {
 			l.g.met.refused.WithLabelValues("handshake_timeout").Inc()
 		}
 		c.Close()

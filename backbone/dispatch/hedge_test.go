@@ -61,6 +61,17 @@ func testHedgeSlowReplica(t *testing.T, sums bool) {
 	if st.ExpertsLocal != 0 || st.Hedges == 0 {
 		t.Fatalf("local %d hedges %d (slow worker calls %d)", st.ExpertsLocal, st.Hedges, slow.calls.Load()-before)
 	}
+	// A loser that had not answered when its call ended answers later
+	// (REJECTED): wait for that verdict before the workers stop, or
+	// stopping cancels its computation and no RESULT comes.
+	waitFor(t, func() bool {
+		var rejected uint64
+		for _, x := range s.hub.Sessions() {
+			rejected += x.Rejected
+		}
+		return rejected > 0
+	})
+	st = s.disp.Stats()
 	if n := slow.calls.Load() - before; n > 20 {
 		t.Errorf("the slow worker still got %d of 40 calls' requests", n)
 	}

@@ -103,6 +103,19 @@ type qgroup struct {
 	auditRef []float32
 }
 
+// noOpinion reports whether every ask of g that went to worker key id
+// failed (no job of id answered in time): id has given g no opinion.
+func (g *qgroup) noOpinion(id string) bool {
+	for _, a := range g.asks {
+		for _, j := range a.jobs {
+			if j.c.worker == id && !a.failed {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // ask is one opinion on all of a group's pairs: a DIGEST from one worker,
 // or RESULTs from one or more workers (jobs), each for the pairs at its
 // indices in the group.
@@ -483,7 +496,14 @@ func (cl *call) advance(g *qgroup) error {
 // cover the pairs. It reports whether it sent one.
 func (cl *call) askMore(g *qgroup, idx map[uint64][]*conn, allowFailed bool) bool {
 	d := cl.d
-	skip := func(x *conn) bool { return g.keys[x.worker] || (!allowFailed && cl.failed[x]) }
+	skip := func(x *conn) bool {
+		if !allowFailed {
+			return g.keys[x.worker] || cl.failed[x]
+		}
+		// A key whose every ask of g failed (late, refused) gave no
+		// opinion: with no other key left it is asked again.
+		return g.keys[x.worker] && !g.noOpinion(x.worker)
+	}
 	var done []*ask
 	for _, a := range g.asks {
 		if a.done {

@@ -175,3 +175,40 @@ func TestVerifyMode(t *testing.T) {
 		t.Fatalf("default: %v", err)
 	}
 }
+
+// TestQuorumLateHolderAskedAgain: a backbone that computes nothing, two
+// honest holders under quorum (the real defaults: HolderWait 30 s,
+// MinDeadline 50 ms). One holder answers one call past its deadline: that
+// opinion is lost, no third key exists, and the call asks the late holder
+// again (its first ask gave no opinion) instead of waiting HolderWait for
+// a new holder; the outputs are bit-identical.
+func TestQuorumLateHolderAskedAgain(t *testing.T) {
+	m := testModel()
+	s := newStack(t, m, 0, func(c *dispatch.Config) {
+		c.Verify = dispatch.VerifyQuorum
+		c.LocalHeld = func(l, e int) bool { return false }
+	})
+	late := newFake(m)
+	s.startHolder(t, late, 0, 1, 2, 3)
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	s.waitWorkers(t, 2)
+	rng := rand.New(rand.NewPCG(9, 10))
+	for i := range 8 { // latency samples: the deadline settles at its 50 ms floor
+		s.run(t, randomCall(t, m, rng, i%m.NLayer, 2))
+	}
+	late.slow.Store(int64(300 * time.Millisecond))
+	go func() {
+		time.Sleep(100 * time.Millisecond) // only the first ask is late
+		late.slow.Store(0)
+	}()
+	el, err := s.tryCall(t, randomCall(t, m, rng, 0, 2))
+	if err != nil {
+		t.Fatalf("a late holder under quorum: %v after %v", err, el)
+	}
+	if st := s.disp.Stats(); st.ExpertsLocal != 0 || st.QuorumAsks == 0 {
+		t.Fatalf("local outputs %d, further asks %d", st.ExpertsLocal, st.QuorumAsks)
+	}
+	if el > 10*time.Second {
+		t.Fatalf("the call took %v: it waited for a new holder", el)
+	}
+}

@@ -253,9 +253,7 @@ func benchSteps(b *testing.B, lm *loadedModel) time.Duration {
 // benchSwarm starts dispatcher and hub in this process and an in-process
 // worker holding layer 0 of lm, linked as via says, and waits for it.
 func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher, *swarmtest.Link) {
-	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), func(c *dispatch.Config) {
-		c.Poll = swarmtest.BenchPoll()
-	})
+	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

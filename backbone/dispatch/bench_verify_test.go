@@ -3,7 +3,6 @@ package dispatch_test
 import (
 	"context"
 	"fmt"
-	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -198,7 +197,6 @@ func BenchmarkQuorumRTT13ms(b *testing.B) {
 		s := newStack(b, m, benchDelay, func(c *dispatch.Config) {
 			c.Verify, c.Probation, c.CheckRate = mc.mode, 0, 0 // the defaults
 			c.NoRowSums = mc.noSums
-			c.Poll = swarmtest.BenchPoll()
 		})
 		s.startHolder(b, newFake(m), 0)
 		s.startHolder(b, newFake(m), 0)

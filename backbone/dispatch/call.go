@@ -3,7 +3,6 @@ package dispatch
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -104,9 +103,6 @@ type call struct {
 	// used holds the outputs of the replies the call took, from d.outs,
 	// given back when the call ends (recycle).
 	used [][]float32
-	// start is when the call began; pollEnd when its polling for replies
-	// ends (poll).
-	start, pollEnd time.Time
 }
 
 // recycle gives the outputs of the replies the call took back to
@@ -153,7 +149,7 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 	for _, e := range ids {
 		d.usage[layer*d.cfg.Model.NExpert+int(e)].Add(1)
 	}
-	cl := &call{start: time.Now(), d: d, ctx: ctx, layer: layer, hidden: hidden, ids: ids, k: k, out: out, sums: sums, weights: weights,
+	cl := &call{d: d, ctx: ctx, layer: layer, hidden: hidden, ids: ids, k: k, out: out, sums: sums, weights: weights,
 		seq: d.calls.Add(1), wake: make(chan struct{}, 1), failed: map[*conn]bool{}}
 	defer cl.recycle()
 	d.mu.Lock()
@@ -466,9 +462,6 @@ func (cl *call) waitAll() error {
 		if progress || len(cl.live) == 0 {
 			continue
 		}
-		if cl.poll(next) {
-			continue
-		}
 		t.Reset(time.Until(next))
 		select {
 		case <-cl.wake:
@@ -478,55 +471,6 @@ func (cl *call) waitAll() error {
 		}
 	}
 	return nil
-}
-
-// poll waits for the call's next reply on a running core until next or
-// until Config.Poll after the call's start, whichever comes first (issue
-// 19): it reports whether a reply came or ctx ended (the caller's loop
-// then sees which). Between looks it yields to the process's other
-// goroutines (runtime.Gosched) and to the machine's other threads
-// (sched_yield), so that it takes only time nobody else wants.
-func (cl *call) poll(next time.Time) bool {
-	if cl.d.cfg.Poll <= 0 {
-		return false
-	}
-	if cl.pollEnd.IsZero() {
-		cl.pollEnd = cl.start.Add(cl.d.cfg.Poll)
-	}
-	end := cl.pollEnd
-	if next.Before(end) {
-		end = next
-	}
-	if cl.ctx.Value(noPollKey{}) != nil {
-		return false
-	}
-	t0 := time.Now()
-	defer func() { cl.d.pollNanos.Add(int64(time.Since(t0))) }()
-	for now := t0; now.Before(end); now = time.Now() {
-		select {
-		case <-cl.wake:
-			return true
-		case <-cl.ctx.Done():
-			return true
-		default:
-		}
-		runtime.Gosched()
-		yieldThread()
-	}
-	return false
-}
-
-// noPollKey is the context key NoPoll sets.
-type noPollKey struct{}
-
-// NoPoll returns a context for ComputeExperts and ComputeExpertsSum calls
-// that sleep at once while they wait for replies (Config.Poll is not
-// used). A caller whose wait other work fills uses it (serve's lanes: one
-// lane computes while another's experts are away): a poller, however
-// politely it yields, took 8-10 % of serve's tok/s at 512 sequences with
-// the workers in the same process (docs/BENCHMARKS-by-hand.md).
-func NoPoll(ctx context.Context) context.Context {
-	return context.WithValue(ctx, noPollKey{}, true)
 }
 
 // resolve uses j's reply: a verified or unchecked result is scattered into

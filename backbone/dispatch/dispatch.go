@@ -157,16 +157,6 @@ type Config struct {
 	// another holder of all its pairs, the first valid answer used. Spot
 	// verification only (quorum requests are never hedged).
 	Hedge bool
-	// Poll is how long a call waits for its workers' replies on a running
-	// core before it sleeps, counted from the call's start: default
-	// DefaultPoll, negative sleeps at once. Between looks the poller yields
-	// to the process's other goroutines and to every other thread of the
-	// machine, so it takes only CPU time nobody else wants; a core that
-	// sleeps through a WAN round trip comes back slow (on the VMs
-	// measured, the step after a 13 ms idle ran ~3 ms longer), a polled
-	// one does not (issue 19; docs/BENCHMARKS-by-hand.md, "Polling through
-	// the round trip").
-	Poll time.Duration
 	// NoRowSums turns row sums off (sum.go): ComputeExpertsSum then
 	// sends every pair as ComputeExperts does and sums locally. By
 	// default a row whose k experts one worker holds is sent to it as a
@@ -192,9 +182,6 @@ const (
 	DefaultTolerance = 1.0 / 128
 	// DefaultBanFor is Config.BanFor's default.
 	DefaultBanFor = 24 * time.Hour
-	// DefaultPoll is Config.Poll's default: a round trip of up to 100 ms
-	// is waited for on a running core.
-	DefaultPoll = 100 * time.Millisecond
 	// DefaultHolderWait is Config.HolderWait's default.
 	DefaultHolderWait = 30 * time.Second
 )
@@ -230,7 +217,6 @@ type Dispatcher struct {
 	// Verification and failover (Stats).
 	checks, checkPairs, mismatches, caught, refusedBanned atomic.Uint64
 	checkNanos                                            atomic.Int64
-	pollNanos                                             atomic.Int64 // Stats.PollTime
 	failovers, replicaPairs, splits                       atomic.Uint64
 	hedges, hedgeWins, hedgeLost                          atomic.Uint64
 	sumReqs, sumRows                                      atomic.Uint64 // row sums (sum.go)
@@ -302,12 +288,6 @@ func New(cfg Config) (*Dispatcher, error) {
 		cfg.Tolerance = DefaultTolerance
 	}
 	def(&cfg.BanFor, DefaultBanFor)
-	switch {
-	case cfg.Poll == 0:
-		cfg.Poll = DefaultPoll
-	case cfg.Poll < 0:
-		cfg.Poll = 0
-	}
 	v, err := ParseVerifyMode(string(cfg.Verify))
 	if err != nil {
 		return nil, err

@@ -77,10 +77,6 @@ type Stats struct {
 	// Row sums (sum.go, ComputeExpertsSum).
 	SumRequests uint64 // DISPATCH_SUMs sent (rows to a worker holding all their experts, answered with their weighted sums)
 	SumRows     uint64 // rows in them
-	// Polling (Config.Poll): wall time calls spent polling for replies on
-	// a running core (the CPU it took is at most this; the poller yields
-	// to every other thread between looks).
-	PollTime time.Duration
 
 	// Capacity (capacity.go).
 	CrossChecks      uint64        // requests verified by replica comparison (sent twice)
@@ -142,7 +138,7 @@ func (d *Dispatcher) Stats() Stats {
 		Checks: d.checks.Load(), CheckPairs: d.checkPairs.Load(), Mismatches: d.mismatches.Load(), Caught: d.caught.Load(),
 		RefusedBanned: d.refusedBanned.Load(), Banned: len(d.bans.List(time.Now())), CheckTime: time.Duration(d.checkNanos.Load()),
 		Hedges: d.hedges.Load(), HedgeWins: d.hedgeWins.Load(), HedgeLost: d.hedgeLost.Load(),
-		SumRequests: d.sumReqs.Load(), SumRows: d.sumRows.Load(), PollTime: time.Duration(d.pollNanos.Load()),
+		SumRequests: d.sumReqs.Load(), SumRows: d.sumRows.Load(),
 		Failovers: d.failovers.Load(), ReplicaPairs: d.replicaPairs.Load(), Splits: d.splits.Load(),
 		CrossChecks: d.crossChecks.Load(), Disputes: d.disputes.Load(), Unverified: d.unverified.Load(),
 		HolderWaits: d.holderWaits.Load(), HolderWaitTime: time.Duration(d.holderWaitNanos.Load()), NoHolderFailures: d.noHolder.Load(),

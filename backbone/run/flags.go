@@ -32,7 +32,6 @@ type SwarmFlags struct {
 
 	Verify dispatch.VerifyMode // --verify: spot | quorum (issue 20)
 	Hedge  bool                // --hedge: latency-aware replica choice and hedged requests (issue 19)
-	Poll   time.Duration       // --poll: how long a call polls for its replies before it sleeps (issue 19)
 	// RowSums is --row-sums (default true): rows whose experts one worker
 	// holds are sent as DISPATCH_SUM and answered with their weighted sum
 	// (under --verify quorum: rows two workers hold, one of them answering
@@ -56,7 +55,6 @@ func AddSwarmFlags(fs *flag.FlagSet) *SwarmFlags {
 	fs.StringVar(&sf.ModelSource, "model-source", "", "with --provision: http(s) URL of the full model GGUF; workers fetch their experts' byte ranges from it (a backbone-only --model: default its stored URL)")
 	fs.Var((*verifyFlag)(&sf.Verify), "verify", "with a swarm: verification policy: spot (probation and random --check-rate checks: a liar is caught and loses its pay, an unchecked wrong answer is used) or quorum (every answer confirmed by a second holder under another key, or computed here: no single liar changes a token; 2x worker compute). Default spot; quorum is recommended for a public network (docs/accounting.md)")
 	fs.BoolVar(&sf.Hedge, "hedge", false, "with a swarm: send each request to one of the fastest holders of its experts and, when it is later than that holder's recent p95, the same pairs to a second holder; the first valid answer is used (checked as any other), the other's RESULT is not paid (spot verification only)")
-	fs.DurationVar(&sf.Poll, "poll", dispatch.DefaultPoll, "with a swarm: how long a step waits for its workers' answers on a running core (yielding to every other thread) before it sleeps; a core that sleeps through the round trip comes back slow; 0: sleep at once")
 	fs.BoolVar(&sf.RowSums, "row-sums", true, "with a swarm: send a row whose k experts one worker holds to it as a DISPATCH_SUM, answered with the row's router-weighted sum (d floats instead of k x d; the same bits; under --verify quorum two full holders, the second answering with the sum's digest); false: every expert output travels")
 	fs.DurationVar(&sf.HolderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
 	return sf
@@ -74,9 +72,6 @@ func (sf *SwarmFlags) Check() error {
 	}
 	if sf.ModelSource != "" && !sf.Provision {
 		return errors.New("--model-source needs --provision")
-	}
-	if sf.Poll < 0 {
-		return fmt.Errorf("--poll %v: want >= 0", sf.Poll)
 	}
 	if sf.HolderWait <= 0 {
 		return fmt.Errorf("--holder-wait %v: want > 0", sf.HolderWait)
@@ -108,10 +103,6 @@ func (sf *SwarmFlags) tune(c *dispatch.Config) {
 	c.BanFile, c.BanFor = sf.banFile, sf.banFor
 	c.Verify = sf.Verify
 	c.Hedge = sf.Hedge
-	c.Poll = sf.Poll
-	if sf.Poll == 0 {
-		c.Poll = -1
-	}
 	c.NoRowSums = !sf.RowSums
 }
 

@@ -125,7 +125,6 @@ type SwarmCollector struct {
 	wRTT, wConnected, wHoldings                    *prometheus.Desc
 	wPart, wake                                    *prometheus.Desc
 	checks, mismatches, checkSecs, refusedBanned   *prometheus.Desc
-	pollSecs                                       *prometheus.Desc
 	banned, failovers                              *prometheus.Desc
 	crossChecks, disputes, unverified              *prometheus.Desc
 	holderWaits, holderWaitSecs, noHolder, planUnc *prometheus.Desc
@@ -161,7 +160,6 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 		checks:         d("checks_total", "Worker results verified against a local recomputation."),
 		mismatches:     d("check_mismatches_total", "Checked worker results that differed: replaced, forfeited, key banned."),
 		checkSecs:      d("check_seconds_total", "Local compute time spent on verification references, seconds."),
-		pollSecs:       d("poll_seconds_total", "Wall time expert calls spent polling for workers' replies on a running core (--poll), seconds."),
 		refusedBanned:  d("banned_refusals_total", "Worker HELLOs refused because the key is banned."),
 		banned:         d("banned_workers", "Worker keys banned now."),
 		failovers:      d("failovers_total", "Replica requests sent for the pairs of a failed worker request."),
@@ -184,7 +182,7 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 // Describe implements prometheus.Collector.
 func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
-		c.wLate, c.wBytes, c.wRTT, c.wPart, c.wake, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.pollSecs, c.refusedBanned,
+		c.wLate, c.wBytes, c.wRTT, c.wPart, c.wake, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
 		c.banned, c.failovers, c.crossChecks, c.disputes, c.unverified, c.holderWaits, c.holderWaitSecs, c.noHolder, c.planUnc,
 		c.verify, c.quorum, c.quorumAsks, c.digests, c.sumRequests, c.sumRows} {
 		ch <- d
@@ -210,7 +208,6 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 	cv(c.checks, st.Checks)
 	cv(c.mismatches, st.Mismatches)
 	emit(c.checkSecs, prometheus.CounterValue, st.CheckTime.Seconds())
-	emit(c.pollSecs, prometheus.CounterValue, st.PollTime.Seconds())
 	cv(c.refusedBanned, st.RefusedBanned)
 	emit(c.banned, prometheus.GaugeValue, float64(st.Banned))
 	cv(c.failovers, st.Failovers)

@@ -3,7 +3,6 @@ package serve
 import (
 	"context"
 	"fmt"
-	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
@@ -68,18 +67,6 @@ func (b *baton) release() { <-b.ch }
 type batonExperts struct {
 	inner expert.Computer
 	l     *lane
-	// ctx and quiet: the last ctx a call came with and the same ctx
-	// without the dispatcher's polling (dispatch.NoPoll: another lane
-	// fills the wait), made once per ctx.
-	ctx, quiet context.Context
-}
-
-// noPoll returns ctx for the inner Computer: its wait is not polled.
-func (e *batonExperts) noPoll(ctx context.Context) context.Context {
-	if ctx != e.ctx {
-		e.ctx, e.quiet = ctx, dispatch.NoPoll(ctx)
-	}
-	return e.quiet
 }
 
 func (e *batonExperts) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
@@ -87,7 +74,7 @@ func (e *batonExperts) ComputeExperts(ctx context.Context, layer int, hidden []f
 		e.l.baton.release()
 		e.l.holdsCPU = false
 	}
-	err := e.inner.ComputeExperts(e.noPoll(ctx), layer, hidden, ids, n, k, out)
+	err := e.inner.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
 	if aerr := e.l.baton.acquire(ctx); aerr != nil {
 		return aerr
 	}
@@ -120,7 +107,7 @@ func (e *batonSumExperts) ComputeExpertsSum(ctx context.Context, layer int, hidd
 		e.l.baton.release()
 		e.l.holdsCPU = false
 	}
-	err := e.sum.ComputeExpertsSum(e.noPoll(ctx), layer, hidden, ids, weights, n, k, out)
+	err := e.sum.ComputeExpertsSum(ctx, layer, hidden, ids, weights, n, k, out)
 	if aerr := e.l.baton.acquire(ctx); aerr != nil {
 		return aerr
 	}

@@ -36,14 +36,13 @@ func newSwarm(tb testing.TB, m *model.Model, oneWay time.Duration, workers int) 
 // newSwarmOf is newSwarm with workers holding the experts of the models
 // load returns, announced as model id. Row sums (DISPATCH_SUM) are on
 // unless KVASIR_BENCH_NOSUMS=1 (every expert output travels: the protocol
-// before wire 6, for a before/after comparison); KVASIR_BENCH_POLL sets
-// the dispatcher's Poll (swarmtest.BenchPoll).
+// before wire 6, for a before/after comparison).
 func newSwarmOf(tb testing.TB, m *model.Model, oneWay time.Duration, workers int, load func() *model.Model, id string) *dispatch.Dispatcher {
 	tb.Helper()
 	p := m.Params()
 	d, err := dispatch.New(dispatch.Config{Listen: "127.0.0.1:0", Fallback: m.LocalExperts(), Logger: quiet,
 		Model:     dispatch.Model{ID: id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts},
-		NoRowSums: os.Getenv("KVASIR_BENCH_NOSUMS") == "1", Poll: swarmtest.BenchPoll()})
+		NoRowSums: os.Getenv("KVASIR_BENCH_NOSUMS") == "1"})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -572,6 +572,28 @@ func SiLU(dst, x []float32) {
 	}
 }
 
+// ExpShifted sets dst[i] = float32(math.Exp(float64(src[i] - m))) for i <
+// len(src), the difference rounded to float32 first (the exponentials of
+// a softmax with its maximum m subtracted, ggml_soft_max; model.softmax).
+// dst must hold len(src) floats and may alias src (element by element).
+// On the AVX-512 kernel path the elements go 8 at a time through
+// expShiftedAVX512 (SwiGLU's exponential of m - src[i], which is exactly
+// -(src[i] - m): same bits).
+func ExpShifted(dst, src []float32, m float32) {
+	n := len(src)
+	if n == 0 {
+		return
+	}
+	_ = dst[n-1]
+	for i := 0; i < n; {
+		i += expShiftedFast(dst[i:n], src[i:n], m)
+		end := min(n, i+8) // a group the kernel declined, or the tail
+		for ; i < end; i++ {
+			dst[i] = float32(math.Exp(float64(src[i] - m)))
+		}
+	}
+}
+
 // GateSigmoid sets dst[i] = dst[i] * sigmoid(gate[i]) for i < len(gate),
 // sigmoid(x) = 1 / (1 + e^-x) in float32 as ggml's op_sigmoid
 // (ggml-cpu/unary-ops.cpp) followed by ggml_mul computes it, e^-x

@@ -542,3 +542,93 @@ func TestGateSigmoidKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestExpShifted holds ExpShifted on each SIMD path to the Go expression
+// it stands for, float32(math.Exp(float64(src[i] - m))), bit for bit (NaNs
+// included), over lengths around the 8-lane groups, shifts m that are
+// finite, zero, a maximum of src or infinite, values near the kernel's
+// ±700 limit, infinities, NaNs and subnormals, with dst separate from src
+// and aliasing it; and checks that it writes nothing past len(src).
+func TestExpShifted(t *testing.T) {
+	rng := rand.New(rand.NewPCG(33, 34))
+	special := []float32{0, float32(math.Copysign(0, -1)), 699.99, -699.99, 700, -700, 88.7, -103.9, -87.3,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 1e-40, -1e-40}
+	for _, path := range quant.SIMDPaths() {
+		old, err := quant.SetSIMDPath(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{1, 7, 8, 9, 16, 33, 256, 1000} {
+			for trial := range 40 {
+				src := make([]float32, n)
+				for i := range src {
+					switch rng.IntN(10) {
+					case 0:
+						src[i] = float32(rng.NormFloat64() * 800)
+					case 1:
+						src[i] = special[rng.IntN(len(special))]
+					default:
+						src[i] = float32(rng.NormFloat64() * 4)
+					}
+				}
+				var m float32
+				switch trial % 4 {
+				case 0:
+					m = float32(math.Inf(-1))
+					for _, v := range src {
+						m = max(m, v)
+					}
+				case 1:
+					m = float32(rng.NormFloat64() * 10)
+				case 2:
+					m = special[rng.IntN(len(special))]
+				}
+				for _, alias := range []bool{false, true} {
+					got := make([]float32, n+1)
+					got[n] = 42 // past the end: untouched
+					if alias {
+						copy(got, src)
+						ExpShifted(got[:n], got[:n], m)
+					} else {
+						ExpShifted(got[:n], src, m)
+					}
+					for i, v := range src {
+						want := float32(math.Exp(float64(v - m)))
+						if math.Float32bits(got[i]) != math.Float32bits(want) {
+							t.Fatalf("%s n=%d trial %d alias %v: exp(%g - %g) = %g (%#x), Go %g (%#x)", path, n, trial, alias, v, m,
+								got[i], math.Float32bits(got[i]), want, math.Float32bits(want))
+						}
+					}
+					if got[n] != 42 {
+						t.Fatalf("%s n=%d: wrote past len(src)", path, n)
+					}
+				}
+			}
+		}
+		if _, err := quant.SetSIMDPath(old); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkExpShifted is ExpShifted over 256 router logits (a qwen35moe
+// routing softmax's exponentials) on each SIMD path.
+func BenchmarkExpShifted(b *testing.B) {
+	rng := rand.New(rand.NewPCG(35, 36))
+	src, dst := make([]float32, 256), make([]float32, 256)
+	for i := range src {
+		src[i] = float32(rng.NormFloat64() * 2)
+	}
+	for _, path := range quant.SIMDPaths() {
+		b.Run(path, func(b *testing.B) {
+			old, err := quant.SetSIMDPath(path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer quant.SetSIMDPath(old)
+			for b.Loop() {
+				ExpShifted(dst, src, 3)
+			}
+		})
+	}
+}

@@ -17,6 +17,9 @@ func siluAVX512(dst, x *float32, n int) int
 //go:noescape
 func gateSigmoidAVX512(dst, gate *float32, n int) int
 
+//go:noescape
+func expShiftedAVX512(dst, src *float32, n int, m float32) int
+
 // swigluFMA: math.Exp takes its FMA path here (Go's math package uses
 // FMA when the CPU has AVX and FMA), which swigluAVX512 reproduces.
 var swigluFMA = cpu.X86.HasAVX && cpu.X86.HasFMA
@@ -47,4 +50,14 @@ func gateSigmoidFast(dst, gate []float32) int {
 		return 0
 	}
 	return gateSigmoidAVX512(&dst[0], &gate[0], len(gate))
+}
+
+// expShiftedFast runs expShiftedAVX512 on the quant package's AVX-512
+// kernel path and returns how many leading elements it did (0: none, do
+// them in Go).
+func expShiftedFast(dst, src []float32, m float32) int {
+	if !swigluFMA || len(src) < 8 || quant.SIMDPath() != "avx512" {
+		return 0
+	}
+	return expShiftedAVX512(&dst[0], &src[0], len(src), m)
 }

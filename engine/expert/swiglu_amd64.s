@@ -46,6 +46,13 @@ GLOBL swexp<>(SB), RODATA|NOPTR, $112
 // Z2..Z4, K1, K2.
 #define SWEXP1(done) \
 	VMOVUPS      (SI)(AX*4), Y0 \
+	SWEXP0(done) \
+	VADDPS       Y24, Y1, Y1
+
+// SWEXP0(done): for the 8 float32 x in Y0, Y1 = e = float32(math.Exp(-x))
+// (see above); jumps to done, Y1 unspecified, when a lane has |x| >= 700
+// or NaN. Y0 is kept. Clobbers Z2..Z4, K1, K2.
+#define SWEXP0(done) \
 	VCVTPS2PD    Y0, Z1 \
 	VXORPD       Z2, Z2, Z2 \
 	VSUBPD       Z1, Z2, Z1 \
@@ -82,8 +89,7 @@ GLOBL swexp<>(SB), RODATA|NOPTR, $112
 	VPMOVSXDQ    Y3, Z3 \
 	VPSLLQ       $52, Z3, Z3 \
 	VMULPD       Z3, Z1, Z1 \
-	VCVTPD2PS    Z1, Y1 \
-	VADDPS       Y24, Y1, Y1
+	VCVTPD2PS    Z1, Y1
 
 // SWSILU(done): Y0 = silu of the 8 float32 at (SI)(AX*4), x / (1 + e)
 // (SWEXP1); jumps to done, Y0 unspecified, when a lane has |x| >= 700 or
@@ -189,5 +195,38 @@ gsloop:
 gsdone:
 	MOVQ   AX, ret+24(FP)
 	SWCLEAN
+	VZEROUPPER
+	RET
+
+// func expShiftedAVX512(dst, src *float32, n int, m float32) int
+// For 8-lane groups g < n/8 in order: dst[i] = float32(math.Exp(src[i] -
+// m)) for i in the group, the difference in float32 as the Go loop's (m -
+// src[i], exactly its negation, which SWEXP0 negates back in float64),
+// stopping before the first group with a |src[i] - m| >= 700 or NaN;
+// returns the elements done.
+TEXT ·expShiftedAVX512(SB), NOSPLIT, $0-40
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS m+24(FP), Y5
+	SHRQ         $3, CX
+	XORQ         AX, AX
+	TESTQ        CX, CX
+	JZ           exdone
+	SWSETUP
+
+exloop:
+	VMOVUPS      (SI)(AX*4), Y0
+	VSUBPS       Y0, Y5, Y0
+	SWEXP0(exdone)
+	VMOVUPS      Y1, (DI)(AX*4)
+	ADDQ         $8, AX
+	DECQ         CX
+	JNZ          exloop
+
+exdone:
+	MOVQ   AX, ret+32(FP)
+	SWCLEAN
+	VPXORD Z5, Z5, Z5
 	VZEROUPPER
 	RET

@@ -10,3 +10,6 @@ func siluFast(dst, x []float32) int { return 0 }
 
 // gateSigmoidFast has no kernel in this build: GateSigmoid runs in Go.
 func gateSigmoidFast(dst, gate []float32) int { return 0 }
+
+// expShiftedFast has no kernel in this build: ExpShifted runs in Go.
+func expShiftedFast(dst, src []float32, m float32) int { return 0 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
@@ -185,12 +186,15 @@ type workspace struct {
 	conv                     [3][]byte
 	convType                 [3]quant.Type
 	convN                    int
-	scores                   [][]float32 // per worker
-	chunks                   []chunk     // projectAll's work list
-	ptmp                     []float32   // projectAll's per-chunk outputs when n > 1
-	remote                   chan error  // moe's remote expert call's result (capacity 1, one call at a time)
-	mu                       sync.Mutex  // guards err
-	err                      error       // first error of a parallel region
+	scores                   [][]float32         // per worker
+	chunks                   []chunk             // projectAll's work list
+	pjobs                    []proj              // the planned projections (planProjection)
+	pn                       int                 // their rows
+	chunkUnit                func(worker, u int) // projectChunk of the plan's chunk u
+	ptmp                     []float32           // projectAll's per-chunk outputs when n > 1
+	remote                   chan error          // moe's remote expert call's result (capacity 1, one call at a time)
+	mu                       sync.Mutex          // guards err
+	err                      error               // first error of a parallel region
 }
 
 // ensure sizes the buffers for batches of n rows; ff is the largest
@@ -584,7 +588,15 @@ func (m *Model) planProjection(x []float32, n int, jobs []proj) (units int, unit
 	if len(ws.ptmp) < tmp {
 		ws.ptmp = make([]float32, max(tmp, 2*len(ws.ptmp)))
 	}
-	return len(ws.chunks), func(_, u int) { ws.projectChunk(jobs, n, u) }, nil
+	// The plan's jobs and rows live in the workspace, and the unit
+	// function is made once per workspace: a decode step plans ~5
+	// projections per layer, and a closure over jobs (and jobs itself)
+	// would be a heap allocation each.
+	ws.pjobs, ws.pn = append(ws.pjobs[:0], jobs...), n
+	if ws.chunkUnit == nil {
+		ws.chunkUnit = func(_, u int) { ws.projectChunk(ws.pjobs, ws.pn, u) }
+	}
+	return len(ws.chunks), ws.chunkUnit, nil
 }
 
 // projectChunk computes chunk u of ws.chunks, planned by planProjection
@@ -727,16 +739,17 @@ func rmsNorm(dst, src, w []float32, eps float32) {
 
 // softmax sets dst = softmax(src) as ggml_soft_max (max subtracted, float64
 // sum of the float32 exponentials, multiplied by float32(1/sum)). dst may
-// alias src.
+// alias src. The exponentials, float32(math.Exp(float64(src[i] - max))),
+// come from expert.ExpShifted (8 at a time on the AVX-512 path, same bits).
 func softmax(dst, src []float32) {
 	mx := float32(math.Inf(-1))
 	for _, v := range src {
 		mx = max(mx, v)
 	}
+	dst = dst[:len(src)]
+	expert.ExpShifted(dst, src, mx)
 	var sum float64
-	for i, v := range src {
-		e := float32(math.Exp(float64(v - mx)))
-		dst[i] = e
+	for _, e := range dst {
 		sum += float64(e)
 	}
 	inv := float32(1 / sum)

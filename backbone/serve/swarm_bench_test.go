@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -188,7 +189,8 @@ func runWaves(b *testing.B, s *Server, n, maxTok int) (int, time.Duration) {
 // of one buffer), where the experts' compute, not the protocol, is most of
 // a token's work: local serving against the real swarm (two workers
 // holding every expert, 13 ms round trip, two lanes). The workers share
-// this machine's cores with the backbone. KVASIR_BENCH_Q30=1 runs it.
+// this machine's cores with the backbone. KVASIR_BENCH_Q30=1 runs it;
+// KVASIR_BENCH_LANES sets the swarm's lanes (default 2).
 func BenchmarkRealSwarmQ30(b *testing.B) {
 	if os.Getenv("KVASIR_BENCH_Q30") != "1" {
 		b.Skip("set KVASIR_BENCH_Q30=1 (generates a 1.4 GB model in memory)")
@@ -226,12 +228,20 @@ func BenchmarkRealSwarmQ30(b *testing.B) {
 		m, tok := load()
 		benchServer(b, Config{Model: m, Tokenizer: tok, MaxBatchRows: n, MaxSeqs: n, Registry: prometheus.NewRegistry(), Logger: quiet}, n, maxTok, nil)
 	})
-	b.Run(fmt.Sprintf("lanes=2/seqs=%d", n), func(b *testing.B) {
+	lanes := 2
+	if v, err := strconv.Atoi(os.Getenv("KVASIR_BENCH_LANES")); err == nil && v >= 2 {
+		lanes = v
+	}
+	b.Run(fmt.Sprintf("lanes=%d/seqs=%d", lanes, n), func(b *testing.B) {
 		m, tok := load()
 		d := newSwarmOf(b, m, benchRTT()/2, 2, func() *model.Model { wm, _ := load(); return wm }, "q30")
 		m.SetExperts(d)
-		lm, _ := load()
-		cfg := Config{Model: m, Lanes: []*model.Model{lm}, Experts: d, Tokenizer: tok, MaxBatchRows: n, MaxSeqs: n,
+		var more []*model.Model
+		for range lanes - 1 {
+			lm, _ := load()
+			more = append(more, lm)
+		}
+		cfg := Config{Model: m, Lanes: more, Experts: d, Tokenizer: tok, MaxBatchRows: n, MaxSeqs: n,
 			Registry: prometheus.NewRegistry(), Logger: quiet}
 		var st0 dispatch.Stats
 		benchServer(b, cfg, n, maxTok, func() { st0 = d.Stats() })

@@ -395,11 +395,7 @@ func TestSwiGLUKernel(t *testing.T) {
 		}
 	}
 	rng := rand.New(rand.NewPCG(21, 22))
-	for _, path := range quant.SIMDPaths() {
-		old, err := quant.SetSIMDPath(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachSIMDPath(t, func(t *testing.T, path string) {
 		for _, n := range []int{1, 7, 8, 9, 16, 33, 1000} {
 			for trial := range 20 {
 				gate, up := make([]float32, n), make([]float32, n)
@@ -432,10 +428,7 @@ func TestSwiGLUKernel(t *testing.T) {
 				}
 			}
 		}
-		if _, err := quant.SetSIMDPath(old); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 }
 
 // TestSiLUKernel holds SiLU (the AVX-512 kernel where the CPU has it) to
@@ -446,11 +439,7 @@ func TestSwiGLUKernel(t *testing.T) {
 func TestSiLUKernel(t *testing.T) {
 	same := func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) || a != a && b != b }
 	rng := rand.New(rand.NewPCG(23, 24))
-	for _, path := range quant.SIMDPaths() {
-		old, err := quant.SetSIMDPath(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachSIMDPath(t, func(t *testing.T, path string) {
 		for _, n := range []int{1, 7, 8, 9, 16, 33, 1000} {
 			for trial := range 20 {
 				x := make([]float32, n)
@@ -485,10 +474,7 @@ func TestSiLUKernel(t *testing.T) {
 				}
 			}
 		}
-		if _, err := quant.SetSIMDPath(old); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 }
 
 // TestGateSigmoidKernel holds GateSigmoid on every SIMD path to the Go
@@ -501,11 +487,7 @@ func TestGateSigmoidKernel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 32))
 	special := []float32{0, float32(math.Copysign(0, -1)), 699.99, -699.99, 700, -700, 88.7, -103.9,
 		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 1e-40}
-	for _, path := range quant.SIMDPaths() {
-		old, err := quant.SetSIMDPath(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachSIMDPath(t, func(t *testing.T, path string) {
 		for _, n := range []int{1, 7, 8, 9, 16, 33, 1000} {
 			for trial := range 20 {
 				g, d0 := make([]float32, n), make([]float32, n+1)
@@ -537,10 +519,7 @@ func TestGateSigmoidKernel(t *testing.T) {
 				}
 			}
 		}
-		if _, err := quant.SetSIMDPath(old); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 }
 
 // TestExpShifted holds ExpShifted on each SIMD path to the Go expression
@@ -553,11 +532,7 @@ func TestExpShifted(t *testing.T) {
 	rng := rand.New(rand.NewPCG(33, 34))
 	special := []float32{0, float32(math.Copysign(0, -1)), 699.99, -699.99, 700, -700, 88.7, -103.9, -87.3,
 		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 1e-40, -1e-40}
-	for _, path := range quant.SIMDPaths() {
-		old, err := quant.SetSIMDPath(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachSIMDPath(t, func(t *testing.T, path string) {
 		for _, n := range []int{1, 7, 8, 9, 16, 33, 256, 1000} {
 			for trial := range 40 {
 				src := make([]float32, n)
@@ -605,10 +580,7 @@ func TestExpShifted(t *testing.T) {
 				}
 			}
 		}
-		if _, err := quant.SetSIMDPath(old); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 }
 
 // BenchmarkExpShifted is ExpShifted over 256 router logits (a qwen35moe
@@ -629,6 +601,21 @@ func BenchmarkExpShifted(b *testing.B) {
 			for b.Loop() {
 				ExpShifted(dst, src, 3)
 			}
+		})
+	}
+}
+
+// eachSIMDPath runs test on every kernel path quant offers (quant.SIMDPaths),
+// each as a subtest named for it, and restores the path in use after.
+func eachSIMDPath(t *testing.T, test func(t *testing.T, path string)) {
+	for _, path := range quant.SIMDPaths() {
+		t.Run(path, func(t *testing.T) {
+			old, err := quant.SetSIMDPath(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer quant.SetSIMDPath(old)
+			test(t, path)
 		})
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -315,23 +314,9 @@ func (cl *call) scatter(pairs []pair, outs []float32) {
 	}
 }
 
-// msgPool holds DISPATCH message buffers (*[]byte) between sends:
-// sendData writes a message whole before it returns, and nothing keeps it.
-var msgPool sync.Pool
-
-// msgBuf returns a buffer of capacity >= n from msgPool (length 0); give
-// it back with msgPool.Put.
-func msgBuf(n int) *[]byte {
-	p, _ := msgPool.Get().(*[]byte)
-	if p == nil {
-		p = new([]byte)
-	}
-	if cap(*p) < n {
-		*p = make([]byte, 0, n)
-	}
-	*p = (*p)[:0]
-	return p
-}
+// msgPool holds DISPATCH message buffers between sends: sendData writes a
+// message whole before it returns, and nothing keeps it.
+var msgPool wire.SlicePool[byte]
 
 // send writes j's DISPATCH, registers it as pending and adds it to the live
 // requests; its deadline is the worker's adaptive one, cut to the step's
@@ -348,7 +333,7 @@ func (cl *call) send(j *job) error {
 	j.req = d.reqs.Add(1)
 	t0 := time.Now()
 	hdr := &wire.Dispatch{Request: j.req, Layer: uint16(cl.layer), N: len(rows), D: D, K: cl.k, Digest: j.digest, Sum: j.sum}
-	mp := msgBuf(hdr.Size())
+	mp := msgPool.Get(hdr.Size())
 	defer msgPool.Put(mp)
 	msg := hdr.Append((*mp)[:0]) // the header: the rows' hidden, ids (and weights) follow
 	for _, r := range rows {

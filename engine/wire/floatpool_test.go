@@ -31,3 +31,21 @@ func TestFloatPool(t *testing.T) {
 		t.Fatalf("get(1000) after a foreign put: cap %d", cap(c))
 	}
 }
+
+// TestSlicePool: Get returns n elements with capacity >= n whatever was
+// put back before (larger, smaller or nothing), for bytes and floats.
+func TestSlicePool(t *testing.T) {
+	var bp SlicePool[byte]
+	var fp SlicePool[float32]
+	for _, n := range []int{0, 5, 1 << 20, 3, 1 << 10, 0, 7} {
+		b, f := bp.Get(n), fp.Get(n)
+		if len(*b) != n || cap(*b) < n || len(*f) != n || cap(*f) < n {
+			t.Fatalf("Get(%d): bytes len %d cap %d, floats len %d cap %d", n, len(*b), cap(*b), len(*f), cap(*f))
+		}
+		for i := range *b {
+			(*b)[i], (*f)[i] = byte(i), float32(i)
+		}
+		bp.Put(b)
+		fp.Put(f)
+	}
+}

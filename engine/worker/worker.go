@@ -565,7 +565,7 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 			}
 		}
 	}
-	outp := scratchFloats(m * d.D) // fully written by ComputeExperts (expert.Computer)
+	outp := scratch.Get(m * d.D) // fully written by ComputeExperts (expert.Computer)
 	defer scratch.Put(outp)
 	out := *outp
 	t0 := time.Now()
@@ -591,7 +591,7 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 		// The decoder checked that every slot is requested: out is
 		// N x K x D in (row, slot) order.
 		rows = d.N
-		sump := scratchFloats(d.N * d.D)
+		sump := scratch.Get(d.N * d.D)
 		defer scratch.Put(sump)
 		expert.WeightedSum(*sump, out, d.Weights, d.K, d.D)
 		out = *sump
@@ -602,7 +602,7 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 		msg, what = digestOf(d.Request, rows, d.D, out), "DIGEST"
 	default:
 		tm := wire.Timing{QueueMicros: wire.Micros(t0.Sub(at)), ComputeMicros: wire.Micros(t1.Sub(t0))}
-		mp := scratchBytes(wire.ResultSize(rows, d.D))
+		mp := msgScratch.Get(wire.ResultSize(rows, d.D))
 		defer msgScratch.Put(mp)
 		msg = (&wire.Result{Request: d.Request, M: rows, D: d.D, Out: out, Timing: tm}).Append((*mp)[:0])
 	}
@@ -622,11 +622,11 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 	return nil
 }
 
-// scratch holds serve's output buffers (*[]float32) between requests: a
+// scratch holds serve's output buffers between requests: a
 // RESULT of 256 rows x 8 slots of the 30B shape is 16 MiB of outputs,
 // allocated and zeroed anew for every request otherwise. Each buffer is
 // copied into the message (or hashed) before it goes back.
-var scratch sync.Pool
+var scratch wire.SlicePool[float32]
 
 // dispatchFloats holds the DISPATCH hidden rows and weights the sessions'
 // decoder fills (wire.Limits.Floats) until serve is done with them: a
@@ -634,37 +634,9 @@ var scratch sync.Pool
 // fresh memory ran at a third of the speed of reused memory here.
 var dispatchFloats wire.FloatPool
 
-// msgScratch holds serve's RESULT message buffers (*[]byte) between
-// requests: send writes a message whole before it returns.
-var msgScratch sync.Pool
-
-// scratchBytes returns a buffer of capacity >= n from msgScratch
-// (contents undefined, length n); give it back with msgScratch.Put.
-func scratchBytes(n int) *[]byte {
-	p, _ := msgScratch.Get().(*[]byte)
-	if p == nil {
-		p = new([]byte)
-	}
-	if cap(*p) < n {
-		*p = make([]byte, n)
-	}
-	*p = (*p)[:n]
-	return p
-}
-
-// scratchFloats returns a buffer of n floats from scratch (contents
-// undefined); give it back with scratch.Put.
-func scratchFloats(n int) *[]float32 {
-	p, _ := scratch.Get().(*[]float32)
-	if p == nil {
-		p = new([]float32)
-	}
-	if cap(*p) < n {
-		*p = make([]float32, n)
-	}
-	*p = (*p)[:n]
-	return p
-}
+// msgScratch holds serve's RESULT message buffers between requests: send
+// writes a message whole before it returns.
+var msgScratch wire.SlicePool[byte]
 
 // digestOf answers a DISPATCH_DIGEST (quorum verification, protocol 4): the
 // DIGEST of the RESULT carrying out (m rows of d). The hub meters an

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
 // Link is a loopback TCP relay standing in for a wide-area link: every
@@ -124,10 +126,10 @@ type chunk struct {
 	buf *[]byte // the readBufs buffer holding them, put back once written
 }
 
-// readBufs holds the relays' 256 KiB read buffers (*[]byte): a buffer per
-// read would allocate (and have the collector clear) 256 KiB for every
-// TLS record a benchmark's swarm sends.
-var readBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+// readBufs holds the relays' 256 KiB read buffers: a buffer per read would
+// allocate (and have the collector clear) 256 KiB for every TLS record a
+// benchmark's swarm sends.
+var readBufs wire.SlicePool[byte]
 
 // relay copies src to dst, each chunk oneWay after it was read; either
 // side's end closes both.
@@ -143,7 +145,7 @@ func (l *Link) relay(dst, src net.Conn) {
 	go func() {
 		defer close(q)
 		for {
-			bp := readBufs.Get().(*[]byte)
+			bp := readBufs.Get(256 << 10)
 			n, err := src.Read(*bp)
 			if n > 0 {
 				q <- chunk{time.Now().Add(l.oneWay), (*bp)[:n:n], bp}

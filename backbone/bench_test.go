@@ -115,6 +115,7 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 				tc := &timedComputer{Computer: d}
 				lm.m.SetExperts(tc)
 				defer lm.m.SetExperts(nil)
+				spin0 := d.Stats().SpinCPU
 				step := benchSteps(b, lm)
 				b.ReportMetric(ms(step), "step-p50-ms")
 				// The call's own time (the remote layer's ComputeExperts,
@@ -122,6 +123,10 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 				b.ReportMetric(tc.p50ms(), "call-ms")
 				st := d.Stats()
 				b.ReportMetric(100*float64(st.ExpertsRemote)/float64(max(1, st.ExpertsRemote+st.ExpertsLocal)), "remote%")
+				// CPU time the idle spinners used per step, ms (every
+				// dispatcher of the process: this run's alone); 0 with
+				// KVASIR_BENCH_SPIN=0.
+				b.ReportMetric(ms(st.SpinCPU-spin0)/float64(b.N), "spin-cpu-ms/op")
 				for _, w := range st.Workers {
 					b.ReportMetric(w.RTTp50ms, "rtt-p50-ms")
 					// Where the round trip went (issue 19): the link's
@@ -253,7 +258,7 @@ func benchSteps(b *testing.B, lm *loadedModel) time.Duration {
 // benchSwarm starts dispatcher and hub in this process and an in-process
 // worker holding layer 0 of lm, linked as via says, and waits for it.
 func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher, *swarmtest.Link) {
-	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), nil)
+	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), benchSpin)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -312,6 +317,15 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher
 		b.Fatal(err)
 	}
 	return d, link
+}
+
+// benchSpin turns the dispatcher's idle spinning off when
+// KVASIR_BENCH_SPIN=0 (its default, dispatch.DefaultSpinWait, otherwise).
+// The spinner threads are per process: compare in two runs.
+func benchSpin(c *dispatch.Config) {
+	if os.Getenv("KVASIR_BENCH_SPIN") == "0" {
+		c.SpinWait = -1
+	}
 }
 
 // startWorker runs an in-process worker serving layer 0 of lm on url.

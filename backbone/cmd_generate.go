@@ -56,6 +56,11 @@ type generateResult struct {
 	Verify        string           `json:"verify,omitempty"`         // the verification policy (--verify)
 	SumRequests   *uint64          `json:"sum_requests,omitempty"`   // DISPATCH_SUMs sent (--row-sums): rows answered with their weighted sum
 	SumRows       *uint64          `json:"sum_rows,omitempty"`       // rows in them
+	// SpinThreads and SpinCPUSeconds: the threads that kept the CPUs
+	// spinning while steps waited for workers (--spin-wait; 0 when off)
+	// and their CPU time, seconds (SCHED_IDLE: time nothing else wanted).
+	SpinThreads    *int     `json:"spin_threads,omitempty"`
+	SpinCPUSeconds *float64 `json:"spin_cpu_seconds,omitempty"`
 }
 
 // generateMain is generateMainContext without cancellation.
@@ -197,6 +202,8 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		st := d.Stats()
 		res.ExpertsRemote, res.ExpertsLocal, res.Workers, res.Verify = &st.ExpertsRemote, &st.ExpertsLocal, run.WorkersJSON(st), string(st.Verify)
 		res.SumRequests, res.SumRows = &st.SumRequests, &st.SumRows
+		spinSecs := st.SpinCPU.Seconds()
+		res.SpinThreads, res.SpinCPUSeconds = &st.SpinThreads, &spinSecs
 	}
 	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(res); err != nil {

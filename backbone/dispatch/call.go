@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/engine/idlespin"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
@@ -154,6 +155,11 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 	d.mu.Lock()
 	idx := d.index
 	d.mu.Unlock()
+	if d.spin && len(idx) > 0 {
+		// Keep the CPUs from halting while the workers compute: woken
+		// now, the spinners are up before the first answer is due.
+		defer idlespin.Hold()()
+	}
 
 	var local []pair
 	byConn := map[*conn][]pair{}

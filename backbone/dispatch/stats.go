@@ -1,6 +1,10 @@
 package dispatch
 
-import "time"
+import (
+	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/idlespin"
+)
 
 // WorkerStats describes one worker session as seen by the dispatcher.
 type WorkerStats struct {
@@ -101,6 +105,14 @@ type Stats struct {
 	QuorumAsks     uint64     // further opinions asked (a missing or disputed answer on a backbone that cannot compute the pairs)
 	QuorumAudits   uint64     // quorum requests drawn (CheckRate) to have their agreed outputs compared with the backbone's
 	Digests        uint64     // DIGEST answers received
+
+	// Idle spinning (Config.SpinWait, engine/idlespin): the process's
+	// spinner threads (0 when this dispatcher does not spin) and the CPU
+	// time they used, all dispatchers of the process together. They run
+	// at SCHED_IDLE: this is CPU time no other thread of the machine
+	// wanted, counted in the process's CPU time (getrusage) all the same.
+	SpinThreads int
+	SpinCPU     time.Duration
 }
 
 func (c *conn) stats() WorkerStats {
@@ -145,6 +157,10 @@ func (d *Dispatcher) Stats() Stats {
 		PlanUncovered: int(d.planUncovered.Load()), PlanNeedBytes: d.planNeed.Load(), PlanQuotaBytes: d.planQuota.Load(),
 		Verify: d.cfg.Verify, QuorumRequests: d.quorumReqs.Load(), QuorumAgreed: d.quorumAgreed.Load(), QuorumLocal: d.quorumLocal.Load(),
 		QuorumDisputes: d.quorumDisputes.Load(), QuorumAsks: d.quorumAsks.Load(), QuorumAudits: d.quorumAudits.Load(), Digests: d.digests.Load()}
+	if d.spin {
+		sp := idlespin.Read()
+		st.SpinThreads, st.SpinCPU = sp.Threads, sp.CPU
+	}
 	for _, c := range live {
 		st.Workers = append(st.Workers, c.stats())
 	}

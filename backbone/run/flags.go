@@ -14,7 +14,8 @@ import (
 
 // SwarmFlags are the dispatcher flags that generate, serve and demo share:
 // the deadline floor, provisioning (issue 6), verification (issue 11), the
-// model source and the holder wait (issue 12).
+// model source and the holder wait (issue 12), hedging, row sums and idle
+// spinning (issue 19).
 type SwarmFlags struct {
 	minDeadline time.Duration
 	Provision   bool   // --provision
@@ -37,11 +38,14 @@ type SwarmFlags struct {
 	// (under --verify quorum: rows two workers hold, one of them answering
 	// with the DIGEST of the sum, DISPATCH_SUM_DIGEST).
 	RowSums bool
+	// SpinWait is --spin-wait: how long a call keeps the CPUs spinning
+	// while it waits for workers (dispatch.Config.SpinWait; 0 off).
+	SpinWait time.Duration
 }
 
 // AddSwarmFlags registers --min-deadline, --provision, --provision-rate,
-// the --check-* and --ban-* flags, --model-source, --holder-wait and
-// --verify on fs.
+// the --check-* and --ban-* flags, --model-source, --holder-wait,
+// --verify, --hedge, --row-sums and --spin-wait on fs.
 func AddSwarmFlags(fs *flag.FlagSet) *SwarmFlags {
 	sf := &SwarmFlags{}
 	fs.DurationVar(&sf.minDeadline, "min-deadline", 0, "with a swarm: lower bound of a worker request's adaptive deadline (0: dispatch's 50 ms; raise it on a loaded machine to keep slow answers remote)")
@@ -56,6 +60,7 @@ func AddSwarmFlags(fs *flag.FlagSet) *SwarmFlags {
 	fs.Var((*verifyFlag)(&sf.Verify), "verify", "with a swarm: verification policy: spot (probation and random --check-rate checks: a liar is caught and loses its pay, an unchecked wrong answer is used) or quorum (every answer confirmed by a second holder under another key, or computed here: no single liar changes a token; 2x worker compute). Default spot; quorum is recommended for a public network (docs/accounting.md)")
 	fs.BoolVar(&sf.Hedge, "hedge", false, "with a swarm: send each request to one of the fastest holders of its experts and, when it is later than that holder's recent p95, the same pairs to a second holder; the first valid answer is used (checked as any other), the other's RESULT is not paid (spot verification only)")
 	fs.BoolVar(&sf.RowSums, "row-sums", true, "with a swarm: send a row whose k experts one worker holds to it as a DISPATCH_SUM, answered with the row's router-weighted sum (d floats instead of k x d; the same bits; under --verify quorum two full holders, the second answering with the sum's digest); false: every expert output travels")
+	fs.DurationVar(&sf.SpinWait, "spin-wait", dispatch.DefaultSpinWait, "with a swarm: while a step waits for workers, keep every CPU spinning at idle priority (SCHED_IDLE: it yields to any other thread) for up to this long, so that the answer is read and the next layers computed on CPUs that never halted (issue 19: 2-3 ms less per round trip on a virtual machine); 0: off, the CPUs sleep. Linux builds with cgo only")
 	fs.DurationVar(&sf.HolderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
 	return sf
 }
@@ -72,6 +77,9 @@ func (sf *SwarmFlags) Check() error {
 	}
 	if sf.ModelSource != "" && !sf.Provision {
 		return errors.New("--model-source needs --provision")
+	}
+	if sf.SpinWait < 0 {
+		return fmt.Errorf("--spin-wait %v: want >= 0 (0: off)", sf.SpinWait)
 	}
 	if sf.HolderWait <= 0 {
 		return fmt.Errorf("--holder-wait %v: want > 0", sf.HolderWait)
@@ -104,6 +112,10 @@ func (sf *SwarmFlags) tune(c *dispatch.Config) {
 	c.Verify = sf.Verify
 	c.Hedge = sf.Hedge
 	c.NoRowSums = !sf.RowSums
+	c.SpinWait = sf.SpinWait
+	if sf.SpinWait == 0 {
+		c.SpinWait = -1
+	}
 }
 
 // announceListening returns a SwarmConfig.Listening that prints "CMD:

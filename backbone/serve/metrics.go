@@ -130,6 +130,7 @@ type SwarmCollector struct {
 	holderWaits, holderWaitSecs, noHolder, planUnc *prometheus.Desc
 	verify, quorum, quorumAsks, digests            *prometheus.Desc
 	sumRequests, sumRows                           *prometheus.Desc
+	spinThreads, spinSecs                          *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*SwarmCollector)(nil)
@@ -176,6 +177,8 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 		digests:        d("digests_total", "DIGEST answers received (quorum)."),
 		sumRequests:    d("sum_requests_total", "DISPATCH_SUMs sent: rows to a worker holding all their experts, answered with each row's weighted sum."),
 		sumRows:        d("sum_rows_total", "Rows in DISPATCH_SUMs sent."),
+		spinThreads:    d("spin_threads", "Threads keeping the CPUs spinning while calls wait for workers (--spin-wait; 0: off)."),
+		spinSecs:       d("spin_cpu_seconds_total", "CPU time of those threads (SCHED_IDLE: time no other thread wanted), seconds."),
 	}
 }
 
@@ -184,7 +187,7 @@ func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
 		c.wLate, c.wBytes, c.wRTT, c.wPart, c.wake, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
 		c.banned, c.failovers, c.crossChecks, c.disputes, c.unverified, c.holderWaits, c.holderWaitSecs, c.noHolder, c.planUnc,
-		c.verify, c.quorum, c.quorumAsks, c.digests, c.sumRequests, c.sumRows} {
+		c.verify, c.quorum, c.quorumAsks, c.digests, c.sumRequests, c.sumRows, c.spinThreads, c.spinSecs} {
 		ch <- d
 	}
 }
@@ -228,6 +231,8 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 	cv(c.quorumAsks, st.QuorumAsks)
 	cv(c.digests, st.Digests)
 	cv(c.sumRequests, st.SumRequests)
+	emit(c.spinThreads, prometheus.GaugeValue, float64(st.SpinThreads))
+	emit(c.spinSecs, prometheus.CounterValue, st.SpinCPU.Seconds())
 	cv(c.sumRows, st.SumRows)
 	seen := map[[2]string]bool{}
 	for _, w := range st.Workers {

@@ -354,9 +354,13 @@ func startWorkerProcess(b *testing.B, lm *loadedModel, url string, ca []byte) {
 	if err := os.WriteFile(caFile, ca, 0o644); err != nil {
 		b.Fatal(err)
 	}
-	w, err := demo.Start("worker", io.Discard, []string{asBackbone}, backboneBin(b), "worker", "--gateway", url,
+	args := []string{"worker", "--gateway", url,
 		"--slice", path.(string), "--layers", "0", "--ca", caFile, "--key", filepath.Join(dir, "worker.key"),
-		"--threads", "1", "--backend", "cpu")
+		"--threads", "1", "--backend", "cpu"}
+	if v := os.Getenv("KVASIR_BENCH_WORKER_SPIN"); v != "" {
+		args = append(args, "--spin-wait", v) // e.g. 100ms: the worker's own idle spinning
+	}
+	w, err := demo.Start("worker", io.Discard, []string{asBackbone}, backboneBin(b), args...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -38,10 +38,15 @@ func runWorker(args []string) int {
 	source := fs.String("model-source", "", "with --quota: http(s) URL of the full model GGUF to download assigned experts from instead of the one the backbone names (a mirror); bytes are verified against the backbone's hashes either way")
 	backend := fs.String("backend", "auto", workerrole.BackendFlagHelp)
 	cpuLimit := fs.Int("cpu-limit", 0, "limit the worker to this percent of the machine's CPU time, 1-100 (0 or 100: no limit); it pauses between requests, answering every request it took")
+	spinWait := fs.Duration("spin-wait", 0, "keep every CPU spinning at idle priority (SCHED_IDLE: it yields to any other thread) for up to this long after each answer, so that the next request is computed on CPUs that never halted (issue 19: a dedicated worker machine's choice); 0: off, the CPUs sleep between requests. Linux builds with cgo only")
 	if err := config.Parse(fs, "worker", args, os.Stdout); err != nil {
 		if errors.Is(err, config.ErrPrinted) {
 			return 0
 		}
+		return 2
+	}
+	if *spinWait < 0 {
+		fmt.Fprintf(os.Stderr, "worker: --spin-wait %v: want >= 0 (0: off)\n", *spinWait)
 		return 2
 	}
 	if *cpuLimit < 0 || *cpuLimit > 100 {
@@ -49,7 +54,7 @@ func runWorker(args []string) int {
 		return 2
 	}
 	c := workerrole.Config{Gateway: *gw, Slice: *slice, Tiny: *modelTiny, CAFile: *caFile, KeyFile: *keyFile,
-		Threads: *threads, ModelID: *modelID, Source: *source, Backend: *backend, CPULimit: *cpuLimit}
+		Threads: *threads, ModelID: *modelID, Source: *source, Backend: *backend, CPULimit: *cpuLimit, SpinWait: *spinWait}
 	if *quotaFlag != "" {
 		quota, err := run.ParseBytes(*quotaFlag)
 		if err != nil || *gw == "" || *slice == "" {

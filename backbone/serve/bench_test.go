@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvasir-ai/kvasir/engine/cputime"
+	"github.com/kvasir-ai/kvasir/engine/idlespin"
 )
 
 // benchRTT is the simulated round trip: 13 ms, or KVASIR_BENCH_RTT_MS.
@@ -38,7 +39,8 @@ func benchTokens() int {
 // step of one lane, meaningful when every lane has work) and
 // tok/s/seq, and cpu-ms/tok (process CPU time per generated token: on a
 // shared machine tok/s measures the share of the CPU the run got, this
-// does not). The per-token throughput gain at 512 over 1 is the ratio of
+// does not; the idle spinners' time, engine/idlespin, is left out and
+// reported as spin-ms/tok). The per-token throughput gain at 512 over 1 is the ratio of
 // their tok/s. lanes=2 splits the sequences over two model instances that
 // take turns on the CPU while the other waits for its round trip.
 //
@@ -84,15 +86,17 @@ func benchServer(b *testing.B, cfg Config, n, maxTok int, warmed func()) *Server
 		warmed()
 	}
 	steps0 := gatherValue(b, reg, "kvasir_serve_steps_total")
-	cpu0 := cputime.Used()
+	cpu0, spin0 := cputime.Used(), idlespin.Read().CPU
 	tokens, elapsed := runWaves(b, s, n, maxTok)
-	cpu := cputime.Used() - cpu0
+	spin := idlespin.Read().CPU - spin0
+	cpu := cputime.Used() - cpu0 - spin
 	steps := gatherValue(b, reg, "kvasir_serve_steps_total") - steps0
 	tps := float64(tokens) / elapsed.Seconds()
 	b.ReportMetric(tps, "tok/s")
 	b.ReportMetric(tps/float64(n), "tok/s/seq")
 	b.ReportMetric(elapsed.Seconds()*1e3/steps*float64(len(s.lanes)), "ms/step") // per lane, when all lanes are busy
 	b.ReportMetric(cpu.Seconds()*1e3/float64(tokens), "cpu-ms/tok")
+	b.ReportMetric(spin.Seconds()*1e3/float64(tokens), "spin-ms/tok")
 	return s
 }
 

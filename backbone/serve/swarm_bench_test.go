@@ -37,13 +37,15 @@ func newSwarm(tb testing.TB, m *model.Model, oneWay time.Duration, workers int) 
 // newSwarmOf is newSwarm with workers holding the experts of the models
 // load returns, announced as model id. Row sums (DISPATCH_SUM) are on
 // unless KVASIR_BENCH_NOSUMS=1 (every expert output travels: the protocol
-// before wire 6, for a before/after comparison).
+// before wire 6, for a before/after comparison); idle spinning
+// (dispatch.Config.SpinWait) unless KVASIR_BENCH_SPIN=0 (per process:
+// compare in two runs).
 func newSwarmOf(tb testing.TB, m *model.Model, oneWay time.Duration, workers int, load func() *model.Model, id string) *dispatch.Dispatcher {
 	tb.Helper()
 	p := m.Params()
 	d, err := dispatch.New(dispatch.Config{Listen: "127.0.0.1:0", Fallback: m.LocalExperts(), Logger: quiet,
 		Model:     dispatch.Model{ID: id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts},
-		NoRowSums: os.Getenv("KVASIR_BENCH_NOSUMS") == "1"})
+		NoRowSums: os.Getenv("KVASIR_BENCH_NOSUMS") == "1", SpinWait: spinWait()})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -268,6 +270,15 @@ func reportUpload(b *testing.B, st0, st dispatch.Stats, k int) {
 	// Spot checks recompute outputs on the backbone: all of a session's
 	// first results (probation), then 1 in 20.
 	b.ReportMetric(100*float64(st.CheckPairs-st0.CheckPairs)/float64(max(1, st.ExpertsRemote-st0.ExpertsRemote)), "checked%")
+}
+
+// spinWait is the benchmarks' dispatch.Config.SpinWait: the default, or
+// off with KVASIR_BENCH_SPIN=0.
+func spinWait() time.Duration {
+	if os.Getenv("KVASIR_BENCH_SPIN") == "0" {
+		return -1
+	}
+	return 0
 }
 
 // q30 is BenchmarkRealSwarmQ30's model file, generated once.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/cputime"
+	"github.com/kvasir-ai/kvasir/engine/idlespin"
 )
 
 // The CPU limit (Config.CPULimit, SetCPULimit) is a duty cycle: the worker
@@ -136,11 +137,12 @@ func (d *dutyCycle) rest() time.Duration {
 // cores is the machine's CPU count the limit is a share of.
 var cores = runtime.NumCPU()
 
-// cpuNow returns the process CPU time (processCPU), or, where the OS gives
-// none, the compute time charged so far (Worker.charged).
+// cpuNow returns the process CPU time (processCPU) less the idle
+// spinners' (engine/idlespin: time no other thread wanted), or, where the
+// OS gives none, the compute time charged so far (Worker.charged).
 func (w *Worker) cpuNow() time.Duration {
 	if c, ok := cputime.Process(); ok {
-		return c
+		return c - idlespin.Read().CPU
 	}
 	return time.Duration(w.charged.Load())
 }

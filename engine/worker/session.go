@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/kvasir-ai/kvasir/engine/idlespin"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
@@ -257,14 +258,26 @@ func (s *workerSession) pingLoop() {
 	}
 }
 
-// computeLoop computes DISPATCHes in arrival order.
+// computeLoop computes DISPATCHes in arrival order. With
+// Config.SpinWait it holds the idle spinners from an answer sent with
+// nothing queued until the next request (or the session's end).
 func (s *workerSession) computeLoop() {
 	w := s.w
+	var release func() // the spinners' hold, nil when not held
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
 	for {
 		select {
 		case <-s.sctx.Done():
 			return
 		case q := <-s.queue:
+			if release != nil {
+				release()
+				release = nil
+			}
 			d := q.d
 			in := d.Size()
 			w.dutyCheck() // the time since the last request was idle: it pays back
@@ -280,6 +293,9 @@ func (s *workerSession) computeLoop() {
 			w.busy--
 			w.mu.Unlock()
 			w.poke()
+			if w.cfg.SpinWait > 0 && len(s.queue) == 0 {
+				release = idlespin.Hold()
+			}
 		}
 	}
 }

@@ -29,12 +29,14 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/idlespin"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
@@ -109,6 +111,10 @@ type Stats struct {
 	Resting  bool
 	RestTime time.Duration
 	Rests    uint64
+	// SpinCPU is the CPU time the process's idle spinners used
+	// (Config.SpinWait, engine/idlespin; 0 when off): not counted against
+	// the CPU limit.
+	SpinCPU time.Duration
 }
 
 // Config configures a Worker.
@@ -125,6 +131,16 @@ type Config struct {
 	// time, 1-100 (0 or 100: no limit), by resting between requests (a
 	// duty cycle, cpulimit.go); SetCPULimit changes it while it runs.
 	CPULimit int
+	// SpinWait, when > 0, keeps the machine's CPUs spinning at idle
+	// priority (engine/idlespin: SCHED_IDLE, yielding to any other thread)
+	// for up to this long after each answer while no request is queued,
+	// so that the next request is read and computed on CPUs that never
+	// halted (issue 19; a dedicated worker machine's choice, off by
+	// default: a contributor's CPUs sleep between requests). Where the
+	// build has no spinners (CGO_ENABLED=0, not Linux) New logs it and
+	// the worker runs without. The spinners' CPU time is not counted
+	// against CPULimit.
+	SpinWait time.Duration
 	// OnServed, if set, is called after each RESULT (or DIGEST) is sent
 	// with the session id and that request's DISPATCH and RESULT message
 	// sizes in bytes (for a DIGEST: the RESULT it stands for, as metered).
@@ -295,6 +311,16 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.SourceAttempts <= 0 {
 		cfg.SourceAttempts = 5
 	}
+	if cfg.SpinWait > 0 {
+		if err := idlespin.Start(runtime.GOMAXPROCS(0), cfg.SpinWait); err != nil {
+			lg := cfg.Logger
+			if lg == nil {
+				lg = slog.Default()
+			}
+			lg.Warn("worker: CPUs not kept spinning between requests", "err", err)
+			cfg.SpinWait = 0
+		}
+	}
 	if cfg.Source != "" && !strings.HasPrefix(cfg.Source, "http://") && !strings.HasPrefix(cfg.Source, "https://") {
 		if store != nil {
 			store.Close()
@@ -333,6 +359,9 @@ func (w *Worker) Stats() Stats {
 	s.Rows, s.Requests, s.BytesIn, s.BytesOut = w.rows.Load(), w.reqs.Load(), w.bin.Load(), w.bout.Load()
 	s.QueueTime, s.ComputeTime = time.Duration(w.queueNanos.Load()), time.Duration(w.computeNanos.Load())
 	s.EncodeTime, s.SendTime = time.Duration(w.encodeNanos.Load()), time.Duration(w.sendNanos.Load())
+	if w.cfg.SpinWait > 0 {
+		s.SpinCPU = idlespin.Read().CPU
+	}
 	if w.store != nil {
 		w.mu.Lock()
 		s.BadExperts = w.badAtOpen

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 )
@@ -160,4 +162,35 @@ func BenchmarkIdleWake(b *testing.B) {
 		startForTest(b)
 		run(b, true)
 	})
+}
+
+// TestSpinnersAreIdlePriority: every spinner thread runs at SCHED_IDLE
+// (policy 5 in field 41 of /proc/self/task/TID/stat, proc(5)), so that it
+// never takes CPU time from a thread with work.
+func TestSpinnersAreIdlePriority(t *testing.T) {
+	startForTest(t)
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Skip(err)
+	}
+	idle := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/stat")
+		if err != nil {
+			continue // the thread ended
+		}
+		// Fields after the command name, which is in parentheses and
+		// may hold spaces: field 3 is the first of them.
+		s := string(b)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) < 39 {
+			t.Fatalf("stat of task %s: %q", task.Name(), s)
+		}
+		if fields[41-3] == "5" { // SCHED_IDLE
+			idle++
+		}
+	}
+	if st := Read(); idle != st.Threads {
+		t.Fatalf("%d threads at SCHED_IDLE, %d spinners", idle, st.Threads)
+	}
 }

@@ -26,7 +26,9 @@ static atomic_ullong kv_spins;       // spinning episodes
 static atomic_ullong kv_nholds;      // holds
 static atomic_int kv_spinning;       // threads spinning now
 static long long kv_max_ns;          // one hold's longest spin
-static int kv_threads;
+static atomic_int kv_reported;       // threads past their SCHED_IDLE switch
+static atomic_int kv_ok;             // of which spinning at SCHED_IDLE
+static atomic_int kv_err;            // the errno of a failed switch
 
 static long long kv_clock(clockid_t id) {
 	struct timespec ts;
@@ -53,7 +55,15 @@ static void *kv_main(void *arg) {
 	CPU_SET(cpu, &set);
 	sched_setaffinity(0, sizeof set, &set); // this thread: best effort
 	struct sched_param sp = {0};
-	sched_setscheduler(0, SCHED_IDLE, &sp); // this thread only (Linux)
+	// This thread only (Linux). A spinner that could not drop to
+	// SCHED_IDLE would take CPU time from work: it ends instead.
+	if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0) {
+		atomic_store(&kv_err, errno);
+		atomic_fetch_add(&kv_reported, 1);
+		return NULL;
+	}
+	atomic_fetch_add(&kv_ok, 1);
+	atomic_fetch_add(&kv_reported, 1);
 	for (;;) {
 		unsigned g = atomic_load(&kv_gen);
 		if (!kv_wanted()) {
@@ -79,8 +89,9 @@ static void *kv_main(void *arg) {
 }
 
 // kv_start starts up to n spinner threads, one per CPU of the process's
-// affinity mask, with signals blocked (Go's handlers stay on Go's threads).
-// Returns the number started, or -errno when none could be.
+// affinity mask, with signals blocked (Go's handlers stay on Go's threads),
+// and waits for them to switch to SCHED_IDLE (one that cannot ends).
+// Returns the number spinning at SCHED_IDLE, or -errno when none is.
 static int kv_start(int n, long long max_ns) {
 	cpu_set_t mask;
 	if (sched_getaffinity(0, sizeof mask, &mask) != 0)
@@ -105,8 +116,16 @@ static int kv_start(int n, long long max_ns) {
 		started++;
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	kv_threads = started;
-	return started > 0 ? started : -err;
+	if (started == 0)
+		return -err;
+	// Wait (up to 1 s) for each to say whether it runs at SCHED_IDLE.
+	struct timespec tick = {0, 100000};
+	for (int i = 0; i < 10000 && atomic_load(&kv_reported) < started; i++)
+		nanosleep(&tick, NULL);
+	int ok = atomic_load(&kv_ok);
+	if (ok == 0)
+		return atomic_load(&kv_err) ? -atomic_load(&kv_err) : -EAGAIN;
+	return ok;
 }
 
 static void kv_hold(void) {

@@ -155,12 +155,6 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 	d.mu.Lock()
 	idx := d.index
 	d.mu.Unlock()
-	if d.spin && len(idx) > 0 {
-		// Keep the CPUs from halting while the workers compute: woken
-		// now, the spinners are up before the first answer is due.
-		defer idlespin.Hold()()
-	}
-
 	var local []pair
 	byConn := map[*conn][]pair{}
 	var sumRows map[*conn][]int32 // rows each full holder gets as sum jobs
@@ -197,6 +191,12 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 			seen(c)
 			byConn[c] = append(byConn[c], pair{int32(r), int32(s)})
 		}
+	}
+	if d.spin && (len(order) > 0 || d.quorum() && len(idx) > 0) {
+		// Requests go out: keep the CPUs from halting while the workers
+		// compute. Woken now, the spinners are up before the first
+		// answer is due.
+		defer idlespin.Hold()()
 	}
 	var verify []*job // first requests chosen for a check: their references are computed now
 	var audits []*qgroup

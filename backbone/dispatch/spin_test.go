@@ -82,3 +82,23 @@ func TestSpinOff(t *testing.T) {
 		t.Fatalf("stats with spinning off: threads %d cpu %v", st.SpinThreads, st.SpinCPU)
 	}
 }
+
+// TestSpinOnlyWhenRequestsGo: a call whose pairs no worker holds (all
+// computed here) does not wake the spinners; one sent to a worker does.
+func TestSpinOnlyWhenRequestsGo(t *testing.T) {
+	spinSupported(t)
+	m := testModel()
+	s := newStack(t, m, 0, nil)
+	s.startWorker(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: holdsLayers(1)}, 1)
+	s.waitWorkers(t, 1)
+	rng := rand.New(rand.NewPCG(9, 10))
+	before := idlespin.Read().Holds
+	s.run(t, randomCall(t, m, rng, 0, 4)) // layer 0: nobody holds it
+	if h := idlespin.Read().Holds; h != before {
+		t.Fatalf("a local-only call held the spinners (%d -> %d holds)", before, h)
+	}
+	s.run(t, randomCall(t, m, rng, 1, 4))
+	if h := idlespin.Read().Holds; h != before+1 {
+		t.Fatalf("a remote call: %d -> %d holds, want one", before, h)
+	}
+}

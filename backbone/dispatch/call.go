@@ -194,9 +194,13 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 	}
 	if d.spin && (len(order) > 0 || d.quorum() && len(idx) > 0) {
 		// Requests go out: keep the CPUs from halting while the workers
-		// compute. Woken now, the spinners are up before the first
-		// answer is due.
-		defer idlespin.Hold()()
+		// compute, when recent calls waited long enough for that to pay
+		// (Config.SpinMinWait). Woken now, the spinners are up before the
+		// first answer is due.
+		if d.waitEWMA.Load() >= int64(d.cfg.SpinMinWait) {
+			defer idlespin.Hold()()
+		}
+		defer d.noteWait(time.Now())
 	}
 	var verify []*job // first requests chosen for a check: their references are computed now
 	var audits []*qgroup
@@ -299,6 +303,18 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 		cl.finishSums(n)
 	}
 	return nil
+}
+
+// noteWait adds the wait of a call that sent its first request at t0 to
+// the dispatcher's moving average (Config.SpinMinWait).
+func (d *Dispatcher) noteWait(t0 time.Time) {
+	w := int64(time.Since(t0))
+	for {
+		old := d.waitEWMA.Load()
+		if d.waitEWMA.CompareAndSwap(old, old+(w-old)/8) {
+			return
+		}
+	}
 }
 
 func maxTime(a, b time.Time) time.Time {

@@ -178,6 +178,14 @@ type Config struct {
 	// Where the build has none (CGO_ENABLED=0, not Linux), Start logs it
 	// and the calls wait as before.
 	SpinWait time.Duration
+	// SpinMinWait: calls spin only while the dispatcher's recent calls
+	// waited at least this long on average (an EWMA of the wall time from
+	// a call's first request to its end, 1/8 per call); 0 means
+	// DefaultSpinMinWait. Sub-millisecond round trips (a loopback swarm)
+	// are slower with the spinners up: their many short waits keep
+	// waking them, and a busy vCPU took longer to take a woken thread
+	// than a halted one (docs/BENCHMARKS-by-hand.md).
+	SpinMinWait time.Duration
 }
 
 // Verification defaults (docs/accounting.md, "Verification and forfeit",
@@ -200,6 +208,11 @@ const (
 	// continent's round trip, short enough that a stalled worker does not
 	// keep the CPUs busy for nothing.
 	DefaultSpinWait = 100 * time.Millisecond
+	// DefaultSpinMinWait is Config.SpinMinWait's default: above a LAN's or
+	// a loopback swarm's round trips (0.6-0.8 ms in the demo, where
+	// spinning cost a third of its tok/s), below any WAN's (13 ms: 1.5-2.7
+	// ms less per remote layer with spinning).
+	DefaultSpinMinWait = 2 * time.Millisecond
 )
 
 // Errors returned (wrapped) by ComputeExperts.
@@ -228,6 +241,10 @@ type Dispatcher struct {
 
 	bans *Bans
 	spin bool // calls keep the CPUs spinning while they wait (Config.SpinWait, Start)
+	// waitEWMA is the moving average of calls' waits, ns (from the first
+	// request to the end; 1/8 per call that sent requests): spinning is
+	// on while it is at least Config.SpinMinWait.
+	waitEWMA atomic.Int64
 
 	calls, reqs          atomic.Uint64
 	remote, local, fails atomic.Uint64
@@ -308,6 +325,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.SpinWait == 0 {
 		cfg.SpinWait = DefaultSpinWait
 	}
+	def(&cfg.SpinMinWait, DefaultSpinMinWait)
 	v, err := ParseVerifyMode(string(cfg.Verify))
 	if err != nil {
 		return nil, err

@@ -23,7 +23,9 @@ func spinSupported(t *testing.T) {
 // TestSpinThroughRoundTrip (issue 19): on the defaults a call that waits
 // for a worker 2 x 10 ms away keeps the CPUs spinning while it waits (the
 // spinners are seen spinning during the call, and their holds and CPU time
-// grow), then lets them sleep; the outputs are the worker's bit for bit.
+// grow; from the second call, once the calls' average wait is known to be
+// above DefaultSpinMinWait), then lets them sleep; the outputs are the
+// worker's bit for bit.
 func TestSpinThroughRoundTrip(t *testing.T) {
 	spinSupported(t)
 	m := testModel()
@@ -33,7 +35,7 @@ func TestSpinThroughRoundTrip(t *testing.T) {
 	before := idlespin.Read()
 	rng := rand.New(rand.NewPCG(5, 6))
 	seen := false
-	for i := 0; i < 200 && !seen || i < 5; i++ {
+	for i := 0; i < 200 && !seen || i < 8; i++ {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -84,14 +86,18 @@ func TestSpinOff(t *testing.T) {
 }
 
 // TestSpinOnlyWhenRequestsGo: a call whose pairs no worker holds (all
-// computed here) does not wake the spinners; one sent to a worker does.
+// computed here) does not wake the spinners; one sent to a worker 10 ms
+// away does.
 func TestSpinOnlyWhenRequestsGo(t *testing.T) {
 	spinSupported(t)
 	m := testModel()
-	s := newStack(t, m, 0, nil)
+	s := newStack(t, m, 5*time.Millisecond, nil)
 	s.startWorker(t, &fakeExperts{d: m.D, nExpert: m.NExpert, holds: holdsLayers(1)}, 1)
 	s.waitWorkers(t, 1)
 	rng := rand.New(rand.NewPCG(9, 10))
+	for range 4 { // the calls' average wait rises above DefaultSpinMinWait
+		s.run(t, randomCall(t, m, rng, 1, 2))
+	}
 	before := idlespin.Read().Holds
 	s.run(t, randomCall(t, m, rng, 0, 4)) // layer 0: nobody holds it
 	if h := idlespin.Read().Holds; h != before {
@@ -100,5 +106,24 @@ func TestSpinOnlyWhenRequestsGo(t *testing.T) {
 	s.run(t, randomCall(t, m, rng, 1, 4))
 	if h := idlespin.Read().Holds; h != before+1 {
 		t.Fatalf("a remote call: %d -> %d holds, want one", before, h)
+	}
+}
+
+// TestNoSpinOnShortWaits: calls whose average wait is below SpinMinWait
+// (here 1 h, for a test that does not depend on the machine's speed) never
+// hold the spinners, however many go out.
+func TestNoSpinOnShortWaits(t *testing.T) {
+	spinSupported(t)
+	m := testModel()
+	s := newStack(t, m, 5*time.Millisecond, func(c *dispatch.Config) { c.SpinMinWait = time.Hour })
+	s.startWorker(t, newFake(m), 0, 1, 2, 3)
+	s.waitWorkers(t, 1)
+	before := idlespin.Read().Holds
+	rng := rand.New(rand.NewPCG(11, 12))
+	for i := range 8 {
+		s.run(t, randomCall(t, m, rng, i%m.NLayer, 2))
+	}
+	if h := idlespin.Read().Holds; h != before {
+		t.Fatalf("%d holds for calls waiting less than SpinMinWait", h-before)
 	}
 }

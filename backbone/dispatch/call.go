@@ -155,6 +155,7 @@ func (d *Dispatcher) compute(ctx context.Context, layer int, hidden []float32, i
 	d.mu.Lock()
 	idx := d.index
 	d.mu.Unlock()
+
 	var local []pair
 	byConn := map[*conn][]pair{}
 	var sumRows map[*conn][]int32 // rows each full holder gets as sum jobs

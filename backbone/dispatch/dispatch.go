@@ -182,9 +182,9 @@ type Config struct {
 	// waited at least this long on average (an EWMA of the wall time from
 	// a call's first request to its end, 1/8 per call); 0 means
 	// DefaultSpinMinWait. Sub-millisecond round trips (a loopback swarm)
-	// are slower with the spinners up: their many short waits keep
-	// waking them, and a busy vCPU took longer to take a woken thread
-	// than a halted one (docs/BENCHMARKS-by-hand.md).
+	// ran slower with the spinners up: their many short waits keep waking
+	// them, for halts too short to cost much (docs/BENCHMARKS-by-hand.md,
+	// "Idle spinning through the round trip").
 	SpinMinWait time.Duration
 }
 
@@ -210,8 +210,8 @@ const (
 	DefaultSpinWait = 100 * time.Millisecond
 	// DefaultSpinMinWait is Config.SpinMinWait's default: above a LAN's or
 	// a loopback swarm's round trips (0.6-0.8 ms in the demo, where
-	// spinning cost a third of its tok/s), below any WAN's (13 ms: 1.5-2.7
-	// ms less per remote layer with spinning).
+	// spinning on every call cost a tenth of its tok/s), below any WAN's
+	// (13 ms: 1.5-2.7 ms less per remote layer with spinning).
 	DefaultSpinMinWait = 2 * time.Millisecond
 )
 

@@ -139,7 +139,8 @@ type Config struct {
 	// default: a contributor's CPUs sleep between requests). Where the
 	// build has no spinners (CGO_ENABLED=0, not Linux) New logs it and
 	// the worker runs without. The spinners' CPU time is not counted
-	// against CPULimit.
+	// against CPULimit (from the end of each spinning episode: at most
+	// SpinWait of it is counted for a while).
 	SpinWait time.Duration
 	// OnServed, if set, is called after each RESULT (or DIGEST) is sent
 	// with the session id and that request's DISPATCH and RESULT message

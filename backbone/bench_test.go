@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -44,9 +45,11 @@ const benchOneWay = 6500 * time.Microsecond
 // does), "gateway" goes through the TLS gateway's authenticated splice.
 // Every other layer is computed locally: one round trip per token. The
 // worker runs in this process, on the same CPUs, except in
-// "gateway-process": there it is a `backbone worker` process serving
-// layer 0 of the model's file (the fixtures and the 4-layer shapes, which
-// are written to the temp folder for it), as in a real swarm. Models: the embedded tiny
+// "gateway-process" and "gateway-process-nospin" (the same with the
+// dispatcher's idle spinning off, dispatch.Config.SpinWait): there it is a
+// `backbone worker` process serving layer 0 of the model's file (the
+// fixtures and the 4-layer shapes, which are written to the temp folder
+// for it), as in a real swarm. Models: the embedded tiny
 // model (qwen35moe), the qwen3moe and qwen35moe Q4_K_M fixtures (if present)
 // and, with KVASIR_BENCH_Q30=1, 4-layer Q4_K models of Qwen3-30B-A3B's and
 // Qwen3.5-35B-A3B's layer shapes (1.4 and 1.9 GB, generated in memory).
@@ -104,7 +107,7 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 				b.ReportMetric(added-ms(2*benchOneWay), "added-beyond-sleep-ms")
 			}
 		})
-		for _, via := range []string{"hub-direct", "gateway", "gateway-process"} {
+		for _, via := range []string{"hub-direct", "gateway", "gateway-process", "gateway-process-nospin"} {
 			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
 				lm := mc.load(b)
 				d, link := benchSwarm(b, lm, via)
@@ -258,7 +261,14 @@ func benchSteps(b *testing.B, lm *loadedModel) time.Duration {
 // benchSwarm starts dispatcher and hub in this process and an in-process
 // worker holding layer 0 of lm, linked as via says, and waits for it.
 func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher, *swarmtest.Link) {
-	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), benchSpin)
+	tune := benchSpin
+	if v, ok := strings.CutSuffix(via, "-nospin"); ok {
+		// The same path with this dispatcher's spinning off, in the same
+		// process as the variants with it (the spinner threads sleep
+		// unless a dispatcher holds them): a side-by-side comparison.
+		via, tune = v, func(c *dispatch.Config) { c.SpinWait = -1 }
+	}
+	d, err := startDispatcher(lm, "127.0.0.1:0", quietLogger(), tune)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -785,6 +785,20 @@ END {
       f((l > 0 && dd > 0) ? 1000 / dd - 1000 / l : -1, 2) " | " f((l > 0 && gg > 0) ? 1000 / gg - 1000 / l : -1, 2) " |"
   }
   print ""
+  print "Idle spinning (issue 19, `--spin-wait`): the same remote layer with the worker a `backbone worker` process,"
+  print "the CPUs of the dispatcher kept spinning at SCHED_IDLE through the wait (the default) and not (`-nospin`), in"
+  print "the same run. added-beyond: the time a step adds beyond the echo round trip and the compute of the worker (goal"
+  print "<= 0.5 ms)."
+  print ""
+  print "| model | step p50 ms, spinning | step p50 ms, not | added-beyond ms, spinning | added-beyond ms, not | spinner CPU ms per step |"
+  print "|---|---:|---:|---:|---:|---:|"
+  for (j = 1; j <= 5; j++) {
+    sp = "SwarmDecode13ms/" ms[j] "/layer0-remote-gateway-process"; ns = sp "-nospin"
+    if (!has(sp, "step-p50-ms")) continue
+    print "| " ms[j] " | " f(num(sp, "step-p50-ms"), 2) " | " f(num(ns, "step-p50-ms"), 2) " | " f(num(sp, "added-beyond-ms"), 2) " | " \
+      f(num(ns, "added-beyond-ms"), 2) " | " f(num(sp, "spin-cpu-ms/op"), 1) " |"
+  }
+  print ""
   table("swarm-decode")
 
   print "## Gateway splice (`backbone/gateway`)"

@@ -63,6 +63,9 @@ func TestWorkerErrorMessages(t *testing.T) {
 		{"cpu limit", func() int {
 			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--key", key, "--cpu-limit", "150"})
 		}, "worker: --cpu-limit 150: want 1-100", true},
+		{"spin wait negative", func() int {
+			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--key", key, "--spin-wait", "-5ms"})
+		}, "worker: --spin-wait -5ms: want >= 0 (0: off)", true},
 		{"hub public", func() int {
 			return runHub([]string{"--listen", "0.0.0.0:0", "--ledger", "", "--secret-file", filepath.Join(dir, "secret")})
 		}, "pass --allow-public", false},

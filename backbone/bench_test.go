@@ -329,14 +329,9 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher
 	return d, link
 }
 
-// benchSpin turns the dispatcher's idle spinning off when
-// KVASIR_BENCH_SPIN=0 (its default, dispatch.DefaultSpinWait, otherwise).
-// The spinner threads are per process: compare in two runs.
-func benchSpin(c *dispatch.Config) {
-	if os.Getenv("KVASIR_BENCH_SPIN") == "0" {
-		c.SpinWait = -1
-	}
-}
+// benchSpin sets the dispatcher's idle spinning from KVASIR_BENCH_SPIN
+// (swarmtest.BenchSpinWait).
+func benchSpin(c *dispatch.Config) { c.SpinWait = swarmtest.BenchSpinWait() }
 
 // startWorker runs an in-process worker serving layer 0 of lm on url.
 func startWorker(b *testing.B, lm *loadedModel, url string, key ed25519.PrivateKey, pool *x509.CertPool) {

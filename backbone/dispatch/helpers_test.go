@@ -133,9 +133,7 @@ func newStackHub(tb testing.TB, m dispatch.Model, oneWay time.Duration, mod func
 	// Verification off unless a test turns it on (verify_test.go): the
 	// tests below count local computations.
 	cfg := dispatch.Config{Listen: "127.0.0.1:0", Model: m, Fallback: s.local, Logger: quiet, Probation: -1, CheckRate: -1}
-	if os.Getenv("KVASIR_BENCH_SPIN") == "0" {
-		cfg.SpinWait = -1 // benchmarks' before/after (per process)
-	}
+	cfg.SpinWait = swarmtest.BenchSpinWait() // benchmarks' before/after (KVASIR_BENCH_SPIN=0)
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -45,7 +45,7 @@ func newSwarmOf(tb testing.TB, m *model.Model, oneWay time.Duration, workers int
 	p := m.Params()
 	d, err := dispatch.New(dispatch.Config{Listen: "127.0.0.1:0", Fallback: m.LocalExperts(), Logger: quiet,
 		Model:     dispatch.Model{ID: id, D: p.Embd, K: p.ExpertsUsed, NLayer: p.Layers, NExpert: p.Experts},
-		NoRowSums: os.Getenv("KVASIR_BENCH_NOSUMS") == "1", SpinWait: spinWait()})
+		NoRowSums: os.Getenv("KVASIR_BENCH_NOSUMS") == "1", SpinWait: swarmtest.BenchSpinWait()})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -270,15 +270,6 @@ func reportUpload(b *testing.B, st0, st dispatch.Stats, k int) {
 	// Spot checks recompute outputs on the backbone: all of a session's
 	// first results (probation), then 1 in 20.
 	b.ReportMetric(100*float64(st.CheckPairs-st0.CheckPairs)/float64(max(1, st.ExpertsRemote-st0.ExpertsRemote)), "checked%")
-}
-
-// spinWait is the benchmarks' dispatch.Config.SpinWait: the default, or
-// off with KVASIR_BENCH_SPIN=0.
-func spinWait() time.Duration {
-	if os.Getenv("KVASIR_BENCH_SPIN") == "0" {
-		return -1
-	}
-	return 0
 }
 
 // q30 is BenchmarkRealSwarmQ30's model file, generated once.

@@ -497,21 +497,21 @@ func (sc *scheduler) deliver(start time.Time) {
 	s.met.batchSeqs.Observe(float64(sc.seqs))
 	s.met.promptTokens.Add(float64(sc.prefill))
 	vocab := s.p.Vocab
-	sampled := 0
 	for i, a := range sc.owners {
 		// A request's rows after a rejected draft, or after it ended, are
 		// dropped unsampled.
 		if a.seq == nil || a.row < 0 {
 			continue
 		}
+		// Each token is counted before sample delivers it, as the step
+		// is above.
+		s.met.generatedTokens.Inc()
 		if !a.decoding || a.row == 0 && len(a.drafts) == 0 {
 			sc.sample(a, sc.logits[i*vocab:(i+1)*vocab], a.seq.Len())
-			sampled++
 			continue
 		}
 		k := a.row
 		t := sc.sample(a, sc.logits[i*vocab:(i+1)*vocab], a.base+1+k)
-		sampled++
 		if a.seq == nil {
 			continue // ended: its sequence is released
 		}
@@ -531,7 +531,6 @@ func (sc *scheduler) deliver(start time.Time) {
 			a.row = -1
 		}
 	}
-	s.met.generatedTokens.Add(float64(sampled))
 	sc.compact()
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,13 +33,29 @@ func TestSpinBetweenRequests(t *testing.T) {
 	}
 	const d = 3
 	const answers = 5
+	before := idlespin.Read()
 	done := make(chan error, 1)
+	var conns atomic.Int32
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if conns.Add(1) > 1 {
+			// One session only: a reconnect would serve more answers
+			// and hold the spinners more times (CI once saw 8 holds).
+			http.Error(rw, "one session only", http.StatusServiceUnavailable)
+			return
+		}
 		c, err := websocket.Accept(rw, r, nil)
 		if err != nil {
 			return
 		}
 		defer c.CloseNow()
+		defer func() {
+			// The session stays open until the worker closes it.
+			for {
+				if _, _, err := c.Read(context.Background()); err != nil {
+					return
+				}
+			}
+		}()
 		done <- func() error {
 			ctx := context.Background()
 			lim := &wire.Limits{D: d, K: 2, NLayer: 2, NExpert: 4}
@@ -61,6 +78,15 @@ func TestSpinBetweenRequests(t *testing.T) {
 				if f, err := wire.Decode(msg, lim); err != nil || f.(*wire.Result).Request != uint64(10+i) {
 					return fmt.Errorf("answer %d: %v %v", i, f, err)
 				}
+				// The next request goes once this answer's hold is
+				// taken: one sent earlier may be queued before the
+				// worker looks, and then (rightly) no hold is taken.
+				for t0 := time.Now(); idlespin.Read().Holds < before.Holds+uint64(i+1); {
+					if time.Since(t0) > 10*time.Second {
+						return fmt.Errorf("answer %d: no hold taken in 10 s", i)
+					}
+					time.Sleep(time.Millisecond)
+				}
 			}
 			return nil
 		}()
@@ -68,7 +94,6 @@ func TestSpinBetweenRequests(t *testing.T) {
 	defer srv.Close()
 	pool := srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
 	_, key, _ := ed25519.GenerateKey(nil)
-	before := idlespin.Read()
 	w, err := New(Config{GatewayURL: "wss" + strings.TrimPrefix(srv.URL, "https"), Key: key, RootCAs: pool,
 		Computer: scale{d}, ModelID: "m", Logger: quiet, SpinWait: 10 * time.Second,
 		Holdings: []wire.Holding{{Layer: 1, Expert: 1}, {Layer: 1, Expert: 3}}})
@@ -78,6 +103,7 @@ func TestSpinBetweenRequests(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = w.Run(ctx) }()
+	defer func() { cancel(); <-ran }() // a failed test leaves no hold behind
 	select {
 	case err := <-done:
 		if err != nil {

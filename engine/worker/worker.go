@@ -436,12 +436,17 @@ func (w *Worker) poke() {
 
 func (w *Worker) setState(s State, reason string) {
 	w.mu.Lock()
+	w.setStateLocked(s, reason)
+	w.mu.Unlock()
+}
+
+// setStateLocked is setState with w.mu held.
+func (w *Worker) setStateLocked(s State, reason string) {
 	w.st.State, w.st.Reason = s, reason
 	if s != StateConnected && s != StatePaused {
 		w.st.ConnectedSince = time.Time{}
 		w.st.Session = ""
 	}
-	w.mu.Unlock()
 }
 
 // Run dials the gateway, serves sessions and reconnects after each failure
@@ -486,11 +491,13 @@ func (w *Worker) Run(ctx context.Context) error {
 			delay, attempt = w.cfg.BackoffMax, 30
 			reason = fmt.Sprintf("permanent: %s; retrying in %v", msg, delay.Round(time.Millisecond))
 		}
+		w.log.Warn("worker: disconnected", "err", msg, "retry_in", delay.Round(time.Millisecond))
+		// The error and the reason change together: Stats never shows
+		// this error with the previous attempt's reason.
 		w.mu.Lock()
 		w.st.LastError = msg
+		w.setStateLocked(StateDialing, reason)
 		w.mu.Unlock()
-		w.log.Warn("worker: disconnected", "err", msg, "retry_in", delay.Round(time.Millisecond))
-		w.setState(StateDialing, reason)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

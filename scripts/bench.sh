@@ -556,6 +556,8 @@ END {
     print "| decode tg32, " sh ", 2 threads: kvasir / llama.cpp tok/s (goal >= 1.4)" nm " | " f(ratio(kd, ld), 2) " |"
     print "| prefill pp512, " sh ": kvasir / llama.cpp tok/s (goal >= 1.2)" nm " | " f(ratio(kp, lp), 2) " |"
     print "| decode, " sh ": tok/s x weight bytes/token / BW, kvasir (goal >= 0.8) / llama.cpp | " f(ratio(wgbs(kd, rwb), bw), 2) " / " f(ratio(wgbs(ld, rwb), bw), 2) " |"
+    rmb = num(kg "/RealModel/tg32", "memB/tok"); rtb = (rmb < 0 || rwb < 0) ? -1 : rwb + rmb
+    print "| same with the sequence memory each token moves (recurrent state read and written, KV cache read): tok/s x (weight + memory) bytes/token / BW, kvasir / llama.cpp | " f(ratio(wgbs(kd, rtb), bw), 2) " / " f(ratio(wgbs(ld, rtb), bw), 2) " |"
   }
   bk = num("big-kvasir/Generate/decode", "tok/s"); bl = num("big-llama/LlamaCpp/tg32", "tok/s")
   print "| decode of a file larger than the page cache (" f(fileGB("big-kvasir"), 1) " GB, " dropped(("big-kvasir" in cmd) ? "big-kvasir" : "big-llama") "): kvasir / llama.cpp tok/s (goal >= 1.0)" ((!("big-kvasir" in cmd) || ("big-llama" in cmd)) ? "" : " (llama.cpp not measured in this run)") " | " f(ratio(bk, bl), 2) " |"
@@ -638,6 +640,9 @@ END {
     print "| weight bytes read per decoded token | " f(rwb, 0) " | same file | | | |"
     print "| decode weight GB/s (tok/s x bytes/token) | " f(wgbs(kd, rwb), 2) " | " (lm ? f(wgbs(ld, rwb), 2) : "") " | | | |"
     print "| ... / BW (" f(bw, 2) " GB/s, membw group) | " f(ratio(wgbs(kd, rwb), bw), 2) " | " (lm ? f(ratio(wgbs(ld, rwb), bw), 2) : "") " | | >= 0.8 (kvasir) | " goal(ratio(wgbs(kd, rwb), bw), 0.8) " |"
+    rmb = num(kg "/RealModel/tg32", "memB/tok"); rtb = (rmb < 0 || rwb < 0) ? -1 : rwb + rmb
+    print "| sequence memory moved per decoded token, mean of tg32 (recurrent state read and written, KV cache read; Model.MemoryBytesPerToken) | " f(rmb, 0) " | same model | | | |"
+    print "| ... (weight + memory bytes) x tok/s / BW: the whole step against the roofline | " f(ratio(wgbs(kd, rtb), bw), 2) " | " (lm ? f(ratio(wgbs(ld, rtb), bw), 2) : "") " | | | |"
     print "| decode bound BW / bytes per token (tok/s) | " f(rwb > 0 ? bw * 1e9 / rwb : -1, 1) " | | | | |"
     print "| kvasir CPU per token, decode / prefill (cpu-us/tok) | " f(num(kg "/RealModel/tg32", "cpu-us/tok"), 0) " / " f(num(kg "/RealModel/pp512", "cpu-us/tok"), 0) " | | | | |"
     print "| llama-bench process: wall s, peak RSS; load s; weights mapped + repacked GB | | " (lm ? f(num(lg "/LlamaCpp/process", "wall_s"), 1) " s, " f(num(lg "/LlamaCpp/process", "peakRSS_GB"), 2) " GB; " f(num(lg "/LlamaCpp/process", "load_s"), 1) " s; " f(num(lg "/LlamaCpp/process", "mapped_GB"), 2) " + " f(num(lg "/LlamaCpp/process", "repacked_GB"), 2) : "") " | | | |"

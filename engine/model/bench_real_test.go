@@ -101,10 +101,11 @@ func BenchmarkRealModel(b *testing.B) {
 			gen()
 		}
 		reportCPU(b, cpu0, n*b.N)
-		tps := float64(n*b.N) / b.Elapsed().Seconds()
-		b.ReportMetric(tps, "tok/s")
-		b.ReportMetric(float64(m.BytesPerToken()), "weightB/tok")
-		b.ReportMetric(tps*float64(m.BytesPerToken())/1e9, "GB/s")
+		var mem int64 // positions 0..n-1, each generation
+		for pos := range n {
+			mem += m.MemoryBytesPerToken(pos)
+		}
+		reportTraffic(b, m, n*b.N, mem*int64(b.N))
 	})
 	b.Run("pp512", func(b *testing.B) {
 		const n = 512

@@ -9,8 +9,9 @@ import (
 )
 
 // benchDecode measures single-token decode at positions 64.. of one
-// sequence (after a 64-token prefill), reporting tok/s and the bytes of
-// weights read per token.
+// sequence (after a 64-token prefill), reporting tok/s, the bytes of
+// weights read per token, and with the sequence memory's traffic
+// (MemoryBytesPerToken: recurrent state, KV cache) traffic-GB/s.
 func benchDecode(b *testing.B, m *Model) {
 	ctx := context.Background()
 	vocab := m.Params().Vocab
@@ -28,6 +29,7 @@ func benchDecode(b *testing.B, m *Model) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu0 := cputime.Used()
+	var mem int64 // sequence memory moved, bytes
 	for i := 0; i < b.N; i++ {
 		if seq.Len() >= 256 && seq.Truncate(64) != nil {
 			// A recurrent sequence cannot rewind: prefill it again.
@@ -40,14 +42,27 @@ func benchDecode(b *testing.B, m *Model) {
 		}
 		row[0].Token = Greedy(logits)
 		row[0].Pos = seq.Len()
+		mem += m.MemoryBytesPerToken(row[0].Pos)
 		if err := m.Forward(ctx, row, logits); err != nil {
 			b.Fatal(err)
 		}
 	}
 	reportCPU(b, cpu0, b.N)
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
-	b.ReportMetric(float64(m.BytesPerToken()), "weightB/tok")
-	b.ReportMetric(float64(m.BytesPerToken())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	reportTraffic(b, m, b.N, mem)
+}
+
+// reportTraffic reports tok/s, the bytes of weights per token and their
+// rate (GB/s), and the mean bytes of sequence memory per token (memB/tok)
+// and weights plus memory per second (traffic-GB/s), for n tokens decoded
+// in b.Elapsed() that moved mem bytes of sequence memory in all.
+func reportTraffic(b *testing.B, m *Model, n int, mem int64) {
+	s := b.Elapsed().Seconds()
+	w := float64(m.BytesPerToken())
+	b.ReportMetric(float64(n)/s, "tok/s")
+	b.ReportMetric(w, "weightB/tok")
+	b.ReportMetric(w*float64(n)/s/1e9, "GB/s")
+	b.ReportMetric(float64(mem)/float64(n), "memB/tok")
+	b.ReportMetric((w*float64(n)+float64(mem))/s/1e9, "traffic-GB/s")
 }
 
 // benchPrefill measures a 64-token prompt in one batch (logits for the last

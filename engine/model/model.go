@@ -406,6 +406,36 @@ func (m *Model) BytesPerToken() int64 {
 	return n
 }
 
+// MemoryBytesPerToken returns the bytes of a sequence's memory that one
+// decoded token at position pos (0-based; pos tokens before it) moves to
+// and from RAM, each byte counted once as a roofline does (caches
+// ignored):
+//
+//	MemoryRecurrent layer: 2 x (SSMHeads x SSMState^2 + (SSMConv-1) x
+//	    (2*SSMGroups+SSMHeads) x SSMState) x 4, the delta rule state and the
+//	    convolution state read and written back (NewSequence's layout)
+//	MemoryKV layer: (pos+1) x HeadsKV x (HeadDim+HeadDimV) x 4, the F32 K
+//	    and V of every position read (the new one's written)
+//
+// Added to BytesPerToken it is the decode step's compulsory traffic: the
+// delta rule state alone is 2 MB per layer of Qwen3.5-35B-A3B's shape,
+// read and written at every token. Negative pos counts as 0.
+func (m *Model) MemoryBytesPerToken(pos int) int64 {
+	p := m.p
+	pos = max(pos, 0)
+	var n int64
+	for i := range m.Blocks {
+		switch m.Blocks[i].Memory {
+		case MemoryRecurrent:
+			ch := int64(2*p.SSMGroups+p.SSMHeads) * int64(p.SSMState)
+			n += 2 * 4 * (int64(p.SSMHeads)*int64(p.SSMState)*int64(p.SSMState) + int64(p.SSMConv-1)*ch)
+		case MemoryKV:
+			n += 4 * int64(pos+1) * int64(p.HeadsKV) * int64(p.HeadDim+p.HeadDimV)
+		}
+	}
+	return n
+}
+
 // weights returns the block's matrices that every token reads (all but the
 // routed experts).
 func (b *Block) weights() []*Weight {

@@ -284,3 +284,31 @@ func TestQwen35MTPBlock(t *testing.T) {
 	toks := []int32{3, 1, 4, 1, 5}
 	sameBits(t, "with an MTP block", run(t, m, toks, 5), run(t, base, toks, 5))
 }
+
+// TestMemoryBytesPerToken: the traffic of a tiny qwen35moe's sequence
+// memory, worked by hand from its hyperparameters (3 Gated DeltaNet layers
+// of 4 value heads, state 64, 2 key heads, conv 4; one attention layer of 2
+// KV heads of 64), and equal to what NewSequence allocates for the
+// recurrent layers.
+func TestMemoryBytesPerToken(t *testing.T) {
+	m := tinyQwen35(t)
+	// Per recurrent layer: (4*64*64 + 3*(2*2+4)*64) floats, read and written.
+	const rec = 2 * 4 * (4*64*64 + 3*(2*2+4)*64) // 143,360 bytes
+	for _, c := range []struct{ pos, want int64 }{
+		{0, 3*rec + 1*2*(64+64)*4},  // one position of K and V
+		{9, 3*rec + 10*2*(64+64)*4}, // ten
+		{-5, 3*rec + 1*2*(64+64)*4}, // clamped to 0
+	} {
+		if got := m.MemoryBytesPerToken(int(c.pos)); got != c.want {
+			t.Errorf("pos %d: %d bytes, want %d", c.pos, got, c.want)
+		}
+	}
+	s := m.NewSequence()
+	var alloc int64
+	for _, mem := range s.mem {
+		alloc += 4 * int64(len(mem.conv)+len(mem.ssm))
+	}
+	if alloc != 3*rec/2 {
+		t.Errorf("NewSequence holds %d bytes of recurrent state; MemoryBytesPerToken moves %d (want twice)", alloc, 3*rec)
+	}
+}

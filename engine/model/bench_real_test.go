@@ -6,9 +6,11 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/cputime"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
 // realModel is the GGUF file of BenchmarkRealModel, opened once per process.
@@ -30,6 +32,11 @@ var realModel struct {
 //     their GB/s (tok/s x bytes/token: compare with the memory bandwidth).
 //   - pp512: one iteration runs a 512-token prompt as one batch, logits for
 //     its last row (llama-bench -p 512); tok/s.
+//   - membw, run first: the machine's read bandwidth at that moment
+//     (read-GB/s: the better of 1 and 2 goroutines summing a 256 MiB
+//     float32 buffer with quant.DotF32, 8 passes per iteration), the
+//     denominator of the decode's fraction of the bandwidth measured beside
+//     it rather than minutes before on a machine whose bandwidth varies.
 //
 // The weights are made resident as `backbone generate` and `serve` make
 // them by default when they fit (--resident auto): copied into the
@@ -79,6 +86,24 @@ func BenchmarkRealModel(b *testing.B) {
 	ctx := context.Background()
 	vocab := m.Params().Vocab
 	logits := make([]float32, vocab)
+	b.Run("membw", func(b *testing.B) {
+		const size = 256 << 20
+		f := make([]float32, size/4)
+		for i := range f { // touch every page before timing
+			f[i] = float32(i & 255)
+		}
+		best := 0.0
+		for _, th := range []int{1, 2} {
+			t0 := time.Now()
+			for range b.N {
+				for range 8 {
+					quant.ParallelFor(len(f), th, func(lo, hi int) { _ = quant.DotF32(f[lo:hi], f[lo:hi]) })
+				}
+			}
+			best = max(best, 8*float64(size)*float64(b.N)/time.Since(t0).Seconds()/1e9)
+		}
+		b.ReportMetric(best, "read-GB/s")
+	})
 	b.Run("tg32", func(b *testing.B) {
 		const n = 32
 		seq := m.NewSequence()

@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -29,14 +30,20 @@ var realModel struct {
 //
 //   - tg32: one iteration decodes 32 tokens one at a time from an empty
 //     sequence (llama-bench -n 32); tok/s, weight bytes read per token and
-//     their GB/s (tok/s x bytes/token: compare with the memory bandwidth).
+//     their GB/s (tok/s x bytes/token: compare with the memory bandwidth),
+//     the sequence memory moved (memB/tok, Model.MemoryBytesPerToken) and
+//     weights plus memory per second (traffic-GB/s). Each iteration is
+//     paired with the read bandwidth measured (untimed) right before it on
+//     KVASIR_BENCH_THREADS goroutines: pair-read-GB/s, and the medians over
+//     the pairs of the weight GB/s / that bandwidth (bw-frac) and of the
+//     traffic / it (traffic-frac).
 //   - pp512: one iteration runs a 512-token prompt as one batch, logits for
 //     its last row (llama-bench -p 512); tok/s.
 //   - membw, run first: the machine's read bandwidth at that moment
 //     (read-GB/s: the better of 1 and 2 goroutines summing a 256 MiB
-//     float32 buffer with quant.DotF32, 8 passes per iteration), the
-//     denominator of the decode's fraction of the bandwidth measured beside
-//     it rather than minutes before on a machine whose bandwidth varies.
+//     float32 buffer with quant.DotF32, 8 passes per iteration), measured
+//     beside the decode rather than minutes before on a machine whose
+//     bandwidth varies.
 //
 // The weights are made resident as `backbone generate` and `serve` make
 // them by default when they fit (--resident auto): copied into the
@@ -86,21 +93,21 @@ func BenchmarkRealModel(b *testing.B) {
 	ctx := context.Background()
 	vocab := m.Params().Vocab
 	logits := make([]float32, vocab)
+	// One 256 MiB buffer for the bandwidth measurements (membw and the
+	// pairs of tg32), every page touched before timing.
+	bwBuf := make([]float32, 256<<20/4)
+	for i := range bwBuf {
+		bwBuf[i] = float32(i & 255)
+	}
 	b.Run("membw", func(b *testing.B) {
-		const size = 256 << 20
-		f := make([]float32, size/4)
-		for i := range f { // touch every page before timing
-			f[i] = float32(i & 255)
-		}
 		best := 0.0
 		for _, th := range []int{1, 2} {
+			var bytes float64
 			t0 := time.Now()
 			for range b.N {
-				for range 8 {
-					quant.ParallelFor(len(f), th, func(lo, hi int) { _ = quant.DotF32(f[lo:hi], f[lo:hi]) })
-				}
+				bytes += readPasses(bwBuf, th, 8)
 			}
-			best = max(best, 8*float64(size)*float64(b.N)/time.Since(t0).Seconds()/1e9)
+			best = max(best, bytes/time.Since(t0).Seconds()/1e9)
 		}
 		b.ReportMetric(best, "read-GB/s")
 	})
@@ -119,18 +126,39 @@ func BenchmarkRealModel(b *testing.B) {
 				tok = Greedy(logits)
 			}
 		}
-		gen()
-		b.ResetTimer()
-		cpu0 := cputime.Used()
-		for range b.N {
-			gen()
-		}
-		reportCPU(b, cpu0, n*b.N)
-		var mem int64 // positions 0..n-1, each generation
+		var mem int64 // positions 0..n-1, one generation
 		for pos := range n {
 			mem += m.MemoryBytesPerToken(pos)
 		}
+		wb := float64(m.BytesPerToken())
+		gen()
+		b.ResetTimer()
+		cpu0 := cputime.Used()
+		var cpuOut time.Duration // the pairs' bandwidth passes, not decode
+		var bws, fw, ft []float64
+		for range b.N {
+			// Each generation paired with the read bandwidth right
+			// before it (8 passes on the decode's goroutine count,
+			// untimed), so that the fractions compare like with like on
+			// a host whose bandwidth moves from second to second.
+			b.StopTimer()
+			c0 := cputime.Used()
+			t0 := time.Now()
+			bw := readPasses(bwBuf, threads, 8) / time.Since(t0).Seconds() / 1e9
+			cpuOut += cputime.Used() - c0
+			b.StartTimer()
+			t1 := time.Now()
+			gen()
+			el := time.Since(t1).Seconds()
+			bws = append(bws, bw)
+			fw = append(fw, n*wb/el/1e9/bw)
+			ft = append(ft, (n*wb+float64(mem))/el/1e9/bw)
+		}
+		reportCPU(b, cpu0+cpuOut, n*b.N)
 		reportTraffic(b, m, n*b.N, mem*int64(b.N))
+		b.ReportMetric(median(bws), "pair-read-GB/s")
+		b.ReportMetric(median(fw), "bw-frac")
+		b.ReportMetric(median(ft), "traffic-frac")
 	})
 	b.Run("pp512", func(b *testing.B) {
 		const n = 512
@@ -154,4 +182,28 @@ func BenchmarkRealModel(b *testing.B) {
 		reportCPU(b, cpu0, n*b.N)
 		b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tok/s")
 	})
+}
+
+// readPasses reads buf passes times, split over threads goroutines
+// (quant.DotF32 of each chunk with itself: AVX-512 loads where the CPU
+// has them), and returns the bytes read.
+func readPasses(buf []float32, threads, passes int) float64 {
+	for range passes {
+		quant.ParallelFor(len(buf), threads, func(lo, hi int) { _ = quant.DotF32(buf[lo:hi], buf[lo:hi]) })
+	}
+	return 4 * float64(len(buf)) * float64(passes)
+}
+
+// median returns the median of xs (the mean of the middle two for an even
+// count; 0 for none), sorting a copy.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

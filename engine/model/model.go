@@ -411,9 +411,8 @@ func (m *Model) BytesPerToken() int64 {
 // and from RAM, each byte counted once as a roofline does (caches
 // ignored):
 //
-//	MemoryRecurrent layer: 2 x (SSMHeads x SSMState^2 + (SSMConv-1) x
-//	    (2*SSMGroups+SSMHeads) x SSMState) x 4, the delta rule state and the
-//	    convolution state read and written back (NewSequence's layout)
+//	recurrent layers: 2 x StateBytes, the delta rule and convolution
+//	    states read and written back
 //	MemoryKV layer: (pos+1) x HeadsKV x (HeadDim+HeadDimV) x 4, the F32 K
 //	    and V of every position read (the new one's written)
 //
@@ -423,13 +422,9 @@ func (m *Model) BytesPerToken() int64 {
 func (m *Model) MemoryBytesPerToken(pos int) int64 {
 	p := m.p
 	pos = max(pos, 0)
-	var n int64
+	n := 2 * m.StateBytes() // read and written back
 	for i := range m.Blocks {
-		switch m.Blocks[i].Memory {
-		case MemoryRecurrent:
-			ch := int64(2*p.SSMGroups+p.SSMHeads) * int64(p.SSMState)
-			n += 2 * 4 * (int64(p.SSMHeads)*int64(p.SSMState)*int64(p.SSMState) + int64(p.SSMConv-1)*ch)
-		case MemoryKV:
+		if m.Blocks[i].Memory == MemoryKV {
 			n += 4 * int64(pos+1) * int64(p.HeadsKV) * int64(p.HeadDim+p.HeadDimV)
 		}
 	}

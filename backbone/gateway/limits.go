@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
 // Defaults of the handshake limits (Config.HandshakeTimeout,
@@ -99,7 +101,9 @@ func (l *handshakeListener) release(ip string) {
 }
 
 func (l *handshakeListener) handshake(c net.Conn, ip string) {
-	tc := tls.Server(c, l.tc)
+	// The splice writes a hub read's records in one system call
+	// (wire.BatchConn; splice.copyLoop).
+	tc := tls.Server(wire.NewBatchConn(c, nil).BufferReads(), l.tc)
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	_ = c.SetDeadline(time.Now().Add(l.timeout))
 	err := tc.HandshakeContext(ctx)

@@ -1,10 +1,14 @@
 package gateway
 
 import (
+	"crypto/tls"
+	"errors"
 	"net"
+	"os"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -60,13 +64,32 @@ func (sp *splice) copyLoop(dst, src net.Conn, n *atomic.Uint64, bytes prometheus
 		sp.done <- struct{}{}
 	}()
 	idle := sp.g.cfg.IdleTimeout
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, 256<<10)
+	// A TLS source returns one record per Read: the records its last
+	// read from the socket already holds are gathered too (drain), so that
+	// a worker's message goes on to the hub in one write rather than one
+	// per 16 KiB record. A TLS destination writes one record per 16 KiB:
+	// they leave in one system call (wire.BatchConn below crypto/tls).
+	tsrc, _ := src.(*tls.Conn)
+	var batch *wire.BatchConn
+	if tc, ok := dst.(*tls.Conn); ok {
+		batch, _ = tc.NetConn().(*wire.BatchConn)
+	}
 	for {
 		_ = src.SetReadDeadline(time.Now().Add(idle))
 		k, err := src.Read(buf)
+		if tsrc != nil && err == nil && k > 0 {
+			k, err = drain(tsrc, buf, k)
+		}
 		if k > 0 {
 			_ = dst.SetWriteDeadline(time.Now().Add(idle))
-			if _, werr := dst.Write(buf[:k]); werr != nil {
+			var werr error
+			if batch != nil {
+				werr = batch.Batch(func() error { _, e := dst.Write(buf[:k]); return e })
+			} else {
+				_, werr = dst.Write(buf[:k])
+			}
+			if werr != nil {
 				reason = "write"
 				return
 			}
@@ -79,3 +102,27 @@ func (sp *splice) copyLoop(dst, src net.Conn, n *atomic.Uint64, bytes prometheus
 		}
 	}
 }
+
+// drain reads into buf[k:] what c can return without waiting (the records
+// its last socket read already holds: a Read with a deadline in the past
+// makes no system call and returns those, then a timeout, which a
+// crypto/tls read survives) and returns the new length; err is a read
+// error other than that timeout (k then counts the bytes before it).
+func drain(c *tls.Conn, buf []byte, k int) (int, error) {
+	_ = c.SetReadDeadline(aLongTimeAgo)
+	for k < len(buf) {
+		n, err := c.Read(buf[k:])
+		k += n
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return k, nil
+			}
+			return k, err
+		}
+	}
+	return k, nil
+}
+
+// aLongTimeAgo is a deadline that has passed (net/http's trick to end a
+// read at once).
+var aLongTimeAgo = time.Unix(1, 0)

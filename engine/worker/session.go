@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -21,8 +23,9 @@ import (
 // downloadLoop (assignments). The first error any of them posts on errc
 // ends the session.
 type workerSession struct {
-	w *Worker
-	c *websocket.Conn
+	w  *Worker
+	c  *websocket.Conn
+	bc *wire.BatchConn // c's connection, batching each message's writes (nil: not batched)
 	// sctx bounds the session's goroutines and computations; connection
 	// reads and writes use cctx, which is not derived from Run's context,
 	// because coder/websocket closes the connection without a close
@@ -48,7 +51,7 @@ func (w *Worker) session(ctx context.Context) (welcomed time.Time, err error) {
 
 // runSession is session's body; it sets *welcomed on WELCOME.
 func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
-	c, err := w.dial(ctx)
+	c, bc, err := w.dial(ctx)
 	if err != nil {
 		return err
 	}
@@ -58,7 +61,7 @@ func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
 	defer cancel()
 	cctx, ccancel := context.WithCancel(context.Background())
 	defer ccancel()
-	s := &workerSession{w: w, c: c, sctx: sctx, cancel: cancel, cctx: cctx, ccancel: ccancel}
+	s := &workerSession{w: w, c: c, bc: bc, sctx: sctx, cancel: cancel, cctx: cctx, ccancel: ccancel}
 	hello, err := s.hello()
 	if err != nil {
 		return err
@@ -109,22 +112,83 @@ func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
 }
 
 // dial opens the WebSocket to the gateway, the upgrade signed with the
-// worker's key.
-func (w *Worker) dial(ctx context.Context) (*websocket.Conn, error) {
+// worker's key; bc is its connection's batching layer (dialBatched), nil if
+// the transport did not dial through it.
+func (w *Worker) dial(ctx context.Context) (c *websocket.Conn, bc *wire.BatchConn, err error) {
 	hdr := wire.SignUpgrade(w.cfg.Key, http.MethodGet, w.path, time.Now())
-	dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
+	slot := new(*wire.BatchConn)
+	dctx, dcancel := context.WithTimeout(context.WithValue(ctx, batchSlot{}, slot), 15*time.Second)
 	c, resp, err := websocket.Dial(dctx, w.url, &websocket.DialOptions{HTTPClient: w.client, HTTPHeader: hdr,
 		CompressionMode: websocket.CompressionDisabled})
 	dcancel()
 	if err != nil {
-		return nil, dialError(resp, err)
+		return nil, nil, dialError(resp, err)
 	}
-	return c, nil
+	return c, *slot, nil
+}
+
+// batchSlot is the context key under which dial asks the transport's dial
+// functions for the connection they made (a **wire.BatchConn).
+type batchSlot struct{}
+
+// dialBatched is the worker transport's DialContext (ws://): a TCP
+// connection with a batching layer (wire.BatchConn), which it also leaves
+// in ctx's batchSlot.
+func (w *Worker) dialBatched(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	bc := wire.NewBatchConn(c, nil)
+	if slot, ok := ctx.Value(batchSlot{}).(**wire.BatchConn); ok {
+		*slot = bc
+	}
+	return bc, nil
+}
+
+// dialBatchedTLS is the worker transport's DialTLSContext (wss://): TLS
+// (w.cfg.RootCAs, TLS 1.2 at least, the handshake bounded by 10 s) between
+// two batching layers, one above it, so that a WebSocket message reaches
+// crypto/tls as one write (full records), and one below it, so that the
+// records leave in one system call. The upper one goes in ctx's batchSlot.
+func (w *Worker) dialBatchedTLS(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	under := wire.NewBatchConn(raw, nil).BufferReads()
+	tc := tls.Client(under, &tls.Config{RootCAs: w.cfg.RootCAs, MinVersion: tls.VersionTLS12, ServerName: host,
+		NextProtos: []string{"http/1.1"}})
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = tc.HandshakeContext(hctx)
+	cancel()
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	bc := wire.NewBatchConn(tc, under)
+	if slot, ok := ctx.Value(batchSlot{}).(**wire.BatchConn); ok {
+		*slot = bc
+	}
+	return bc, nil
 }
 
 // send writes msg to the backbone and counts its bytes.
 func (s *workerSession) send(msg []byte) error {
-	if err := s.c.Write(s.cctx, websocket.MessageBinary, msg); err != nil {
+	write := func() error { return s.c.Write(s.cctx, websocket.MessageBinary, msg) }
+	var err error
+	if s.bc != nil {
+		err = s.bc.Batch(write)
+	} else {
+		err = write()
+	}
+	if err != nil {
 		return err
 	}
 	s.w.bout.Add(uint64(len(msg)))

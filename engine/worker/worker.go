@@ -20,7 +20,6 @@ package worker
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -337,9 +336,9 @@ func New(cfg Config) (*Worker, error) {
 		w.holds[uint64(h.Layer)<<32|uint64(h.Expert)] = struct{}{}
 	}
 	w.client = &http.Client{Transport: &http.Transport{
-		TLSClientConfig:     &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout: 10 * time.Second,
-		DisableKeepAlives:   true,
+		DialContext:       w.dialBatched,
+		DialTLSContext:    w.dialBatchedTLS,
+		DisableKeepAlives: true,
 	}}
 	w.srcClient = newSourceClient(cfg)
 	w.st.Gateway = u.Host

@@ -1,0 +1,274 @@
+package wire
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// countConn counts the writes and reads that reach it.
+type countConn struct {
+	net.Conn
+	writes, reads atomic.Int64
+}
+
+func (c *countConn) Write(p []byte) (int, error) { c.writes.Add(1); return c.Conn.Write(p) }
+func (c *countConn) Read(p []byte) (int, error)  { c.reads.Add(1); return c.Conn.Read(p) }
+
+// tcpPair returns the two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (a, b net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		ch <- c
+	}()
+	a, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = <-ch
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// readAll reads n bytes from c in the background.
+func readAll(c net.Conn, n int) <-chan []byte {
+	ch := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, n)
+		_, err := io.ReadFull(c, b)
+		if err != nil {
+			b = nil
+		}
+		ch <- b
+	}()
+	return ch
+}
+
+func pattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + i/251)
+	}
+	return b
+}
+
+func TestBatchConnGathersWritesInOrder(t *testing.T) {
+	a, b := tcpPair(t)
+	cc := &countConn{Conn: a}
+	bc := NewBatchConn(cc, nil)
+	msg := pattern(64*4096 + 123)
+	got := readAll(b, len(msg)+3)
+	err := bc.Batch(func() error {
+		for p := msg; len(p) > 0; {
+			n := min(4096, len(p))
+			if _, err := bc.Write(p[:n]); err != nil {
+				return err
+			}
+			p = p[n:]
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := cc.writes.Load(); n != 1 {
+		t.Fatalf("%d writes reached the socket for one batch, want 1", n)
+	}
+	if _, err := bc.Write([]byte("end")); err != nil { // outside a batch: straight through
+		t.Fatal(err)
+	}
+	if n := cc.writes.Load(); n != 2 {
+		t.Fatalf("%d writes after an unbatched one, want 2", n)
+	}
+	if !bytes.Equal(<-got, append(msg, "end"...)) {
+		t.Fatal("bytes differ from what was written")
+	}
+}
+
+func TestBatchConnConcurrentWriterKeepsOrder(t *testing.T) {
+	a, b := tcpPair(t)
+	bc := NewBatchConn(a, nil)
+	got := readAll(b, 3)
+	bc.Begin()
+	bc.Write([]byte("A"))
+	done := make(chan struct{})
+	go func() { // a pong written by another goroutine during the batch
+		bc.Write([]byte("B"))
+		close(done)
+	}()
+	<-done
+	if err := bc.End(); err != nil {
+		t.Fatal(err)
+	}
+	bc.Write([]byte("C"))
+	if g := string(<-got); g != "ABC" {
+		t.Fatalf("got %q, want ABC", g)
+	}
+}
+
+func TestBatchConnEndReportsWriteError(t *testing.T) {
+	a, _ := tcpPair(t)
+	bc := NewBatchConn(a, nil)
+	a.Close()
+	err := bc.Batch(func() error {
+		_, err := bc.Write([]byte("lost"))
+		return err
+	})
+	if !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Batch on a closed connection: %v, want net.ErrClosed", err)
+	}
+}
+
+// selfSigned returns a TLS certificate for 127.0.0.1 and a pool trusting it.
+func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
+}
+
+// TestBatchConnAroundTLS is the worker's stack: a message written in 4 KiB
+// pieces to a BatchConn above TLS, over a BatchConn below it, leaves in one
+// socket write, and a TLS reader over a BatchConn with BufferReads reads
+// it back exactly with far fewer socket reads than records.
+func TestBatchConnAroundTLS(t *testing.T) {
+	a, b := tcpPair(t)
+	cert, pool := selfSigned(t)
+	ca := &countConn{Conn: a}
+	under := NewBatchConn(ca, nil)
+	client := tls.Client(under, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	cb := &countConn{Conn: b}
+	server := tls.Server(NewBatchConn(cb, nil).BufferReads(), &tls.Config{Certificates: []tls.Certificate{cert}})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := server.Handshake(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := client.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	upper := NewBatchConn(client, under)
+	msg := pattern(256 << 10)
+	got := make(chan []byte, 1)
+	go func() {
+		out := make([]byte, 0, len(msg))
+		buf := make([]byte, 16<<10)
+		for len(out) < len(msg) {
+			n, err := server.Read(buf)
+			out = append(out, buf[:n]...)
+			if err != nil {
+				break
+			}
+		}
+		got <- out
+	}()
+	w0, r0 := ca.writes.Load(), cb.reads.Load()
+	err := upper.Batch(func() error {
+		for p := msg; len(p) > 0; p = p[4096:] {
+			if _, err := upper.Write(p[:4096]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(<-got, msg) {
+		t.Fatal("bytes through TLS differ")
+	}
+	if n := ca.writes.Load() - w0; n != 1 {
+		t.Errorf("%d socket writes for a 256 KiB message, want 1", n)
+	}
+	// 16 records of 16 KiB arrive together: 64 KiB socket reads take 5
+	// (crypto/tls alone asks for about a record at a time: 16 or more).
+	if n := cb.reads.Load() - r0; n > 8 {
+		t.Errorf("%d socket reads for 16 records, want at most 8", n)
+	}
+}
+
+// errAfter returns data then err from one Read, as a socket may.
+type errAfter struct {
+	net.Conn
+	data []byte
+	err  error
+}
+
+func (e *errAfter) Read(p []byte) (int, error) {
+	if len(e.data) == 0 {
+		return 0, e.err
+	}
+	n := copy(p, e.data)
+	e.data = e.data[n:]
+	if len(e.data) == 0 {
+		return n, e.err
+	}
+	return n, nil
+}
+
+func TestBatchConnBufferedReadsKeepDataBeforeError(t *testing.T) {
+	bc := NewBatchConn(&errAfter{data: []byte("hello world"), err: io.EOF}, nil).BufferReads()
+	var out []byte
+	buf := make([]byte, 4)
+	for {
+		n, err := bc.Read(buf)
+		out = append(out, buf[:n]...)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out) > 100 {
+			t.Fatal("no EOF")
+		}
+	}
+	if string(out) != "hello world" {
+		t.Fatalf("read %q before EOF, want %q", out, "hello world")
+	}
+	if n, err := bc.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("after EOF: %d, %v", n, err)
+	}
+}

@@ -23,19 +23,21 @@ import (
 // The bytes and their order are unchanged: a write from another goroutine
 // during a batch (a WebSocket pong, a TLS alert) joins the batch in the
 // order it was made, and End writes everything gathered before any later
-// write. Writes inside a batch report success at once; an error of the
-// gathered bytes is End's (and the connection's next write's). A deadline
-// set on the connection applies to End's write.
+// write. A write inside a batch returns once its bytes are gathered (or,
+// past the limit, written); the error of bytes written later is End's. A
+// deadline set on the connection applies to those writes.
 //
 // The cost is one copy of the batched bytes, against 4-64x fewer system
 // calls (docs/BENCHMARKS-by-hand.md, "Writes per message").
 type BatchConn struct {
 	net.Conn
 	under *BatchConn // a batching connection below this one (Batch: above and below TLS), or nil
+	limit int        // gathered bytes that are written at once, before End
 
 	mu  sync.Mutex
 	on  bool
-	buf []byte
+	bp  *[]byte // the gathered bytes' buffer (batchBufs), held during a batch only
+	buf []byte  // the gathered bytes, in *bp
 
 	// Reads (BufferReads): rb holds rb[ri:rn] read from the socket and
 	// not yet returned, rerr the error that came with them; rb is a
@@ -45,6 +47,97 @@ type BatchConn struct {
 	rb       *[]byte
 	ri, rn   int
 	rerr     error
+}
+
+// NewBatchConn returns c with batching; under, when not nil, is a
+// BatchConn somewhere below c (c a TLS connection over under) whose batch
+// brackets each write c makes of what it gathered, so that the records it
+// becomes leave in one system call.
+//
+// A batch writes what it gathered when it reaches 256 KiB (512 KiB when
+// under is nil: the socket's writer, which then takes a whole 256 KiB of an
+// upper layer with its records' overhead) and at End, so a large message
+// costs a system call per 256-512 KiB and holds no more than that.
+//
+// A TLS connection over a BatchConn must finish its handshake before the
+// first batch: a handshake inside one would wait for the answer to its own
+// gathered ClientHello.
+func NewBatchConn(c net.Conn, under *BatchConn) *BatchConn {
+	limit := 2 * batchLimit
+	if under != nil {
+		limit = batchLimit
+	}
+	return &BatchConn{Conn: c, under: under, limit: limit}
+}
+
+// batchLimit is an upper BatchConn's write size (bytes).
+const batchLimit = 256 << 10
+
+// batchBufs holds the buffers of batches between them (capacity
+// 2*batchLimit plus a record's worth of slack).
+var batchBufs SlicePool[byte]
+
+// Begin starts a batch (a second Begin before End is the same batch).
+func (c *BatchConn) Begin() {
+	c.mu.Lock()
+	c.on = true
+	c.mu.Unlock()
+}
+
+// End ends the batch and writes what it gathered, returning the write's
+// error.
+func (c *BatchConn) End() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.on = false
+	var err error
+	if len(c.buf) > 0 {
+		_, err = c.writeInner(c.buf)
+	}
+	if c.bp != nil {
+		batchBufs.Put(c.bp)
+		c.bp, c.buf = nil, nil
+	}
+	return err
+}
+
+// writeInner writes p to the connection below, inside a batch of under.
+func (c *BatchConn) writeInner(p []byte) (int, error) {
+	if c.under == nil {
+		return c.Conn.Write(p)
+	}
+	c.under.Begin()
+	n, err := c.Conn.Write(p)
+	if uerr := c.under.End(); err == nil {
+		err = uerr
+	}
+	return n, err
+}
+
+// Write gathers p during a batch (writing what was gathered once it
+// reaches the limit) and writes it otherwise.
+func (c *BatchConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.on {
+		return c.Conn.Write(p)
+	}
+	if len(c.buf) == 0 && len(p) >= c.limit {
+		return c.writeInner(p) // nothing to join: no copy
+	}
+	if c.bp == nil {
+		c.bp = batchBufs.Get(2*batchLimit + 64<<10)
+		c.buf = (*c.bp)[:0]
+	}
+	c.buf = append(c.buf, p...)
+	if len(c.buf) >= c.limit {
+		_, err := c.writeInner(c.buf)
+		c.buf = c.buf[:0]
+		if err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
 }
 
 // readChunk is the size of a gathered socket read (BufferReads).
@@ -98,62 +191,6 @@ func (c *BatchConn) Read(p []byte) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// NewBatchConn returns c with batching; under, when not nil, is a
-// BatchConn somewhere below c (c a TLS connection over under) that End
-// brackets in a batch of its own, so that what c writes at End leaves in one
-// system call.
-func NewBatchConn(c net.Conn, under *BatchConn) *BatchConn {
-	return &BatchConn{Conn: c, under: under}
-}
-
-// maxKeep is the largest buffer End keeps for the next batch (bytes);
-// a larger one is dropped so that one big message does not pin its size.
-const maxKeep = 1 << 20
-
-// Begin starts a batch (a second Begin before End is the same batch).
-func (c *BatchConn) Begin() {
-	c.mu.Lock()
-	c.on = true
-	c.mu.Unlock()
-}
-
-// End ends the batch and writes what it gathered, returning the write's
-// error.
-func (c *BatchConn) End() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.on = false
-	if len(c.buf) == 0 {
-		return nil
-	}
-	if c.under != nil {
-		c.under.Begin()
-	}
-	_, err := c.Conn.Write(c.buf)
-	if c.under != nil {
-		if uerr := c.under.End(); err == nil {
-			err = uerr
-		}
-	}
-	if cap(c.buf) > maxKeep {
-		c.buf = nil
-	} else {
-		c.buf = c.buf[:0]
-	}
-	return err
-}
-
-// Write gathers p during a batch and writes it otherwise.
-func (c *BatchConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.on {
-		c.buf = append(c.buf, p...)
-		return len(p), nil
-	}
-	return c.Conn.Write(p)
 }
 
 // Batch runs write inside a batch of c and returns write's error, else

@@ -177,18 +177,7 @@ func TestBatchConnAroundTLS(t *testing.T) {
 	client := tls.Client(under, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
 	cb := &countConn{Conn: b}
 	server := tls.Server(NewBatchConn(cb, nil).BufferReads(), &tls.Config{Certificates: []tls.Certificate{cert}})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := server.Handshake(); err != nil {
-			t.Error(err)
-		}
-	}()
-	if err := client.Handshake(); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
+	handshake(t, client, server)
 	upper := NewBatchConn(client, under)
 	msg := pattern(256 << 10)
 	got := make(chan []byte, 1)
@@ -227,6 +216,23 @@ func TestBatchConnAroundTLS(t *testing.T) {
 	if n := cb.reads.Load() - r0; n > 8 {
 		t.Errorf("%d socket reads for 16 records, want at most 8", n)
 	}
+}
+
+// handshake completes the TLS handshake of client and server.
+func handshake(t *testing.T, client, server *tls.Conn) {
+	t.Helper()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := server.Handshake(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := client.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
 }
 
 // errAfter returns data then err from one Read, as a socket may.
@@ -270,5 +276,46 @@ func TestBatchConnBufferedReadsKeepDataBeforeError(t *testing.T) {
 	}
 	if n, err := bc.Read(buf); n != 0 || err != io.EOF {
 		t.Fatalf("after EOF: %d, %v", n, err)
+	}
+}
+
+// TestBatchConnLargeMessageInLimitedWrites: a 3 MiB message through the
+// worker's stack leaves in socket writes of about 256 KiB (not one 3 MiB
+// buffer), and arrives exactly.
+func TestBatchConnLargeMessageInLimitedWrites(t *testing.T) {
+	a, b := tcpPair(t)
+	cert, pool := selfSigned(t)
+	ca := &countConn{Conn: a}
+	under := NewBatchConn(ca, nil)
+	client := tls.Client(under, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	server := tls.Server(NewBatchConn(b, nil).BufferReads(), &tls.Config{Certificates: []tls.Certificate{cert}})
+	handshake(t, client, server) // before batching: a handshake inside a batch would wait on its own gathered ClientHello
+	msg := pattern(3 << 20)
+	got := make(chan []byte, 1)
+	go func() {
+		out := make([]byte, len(msg))
+		if _, err := io.ReadFull(server, out); err != nil {
+			out = nil
+		}
+		got <- out
+	}()
+	upper := NewBatchConn(client, under)
+	err := upper.Batch(func() error {
+		for p := msg; len(p) > 0; p = p[4096:] {
+			if _, err := upper.Write(p[:4096]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(<-got, msg) {
+		t.Fatal("bytes through TLS differ")
+	}
+	// The handshake's writes, then 12 of 256 KiB.
+	if n := ca.writes.Load(); n < 12 || n > 16 {
+		t.Errorf("%d socket writes for a 3 MiB message, want 12 (256 KiB each) plus the handshake's", n)
 	}
 }

@@ -70,7 +70,13 @@ func (sp *splice) copyLoop(dst, src net.Conn, n *atomic.Uint64, bytes prometheus
 	// a worker's message goes on to the hub in one write rather than one
 	// per 16 KiB record. A TLS destination writes one record per 16 KiB:
 	// they leave in one system call (wire.BatchConn below crypto/tls).
+	// Only when the socket read under it holds more (wire.BatchConn's
+	// Buffered): a lone small message pays nothing for the drain.
 	tsrc, _ := src.(*tls.Conn)
+	var srcUnder *wire.BatchConn
+	if tsrc != nil {
+		srcUnder, _ = tsrc.NetConn().(*wire.BatchConn)
+	}
 	var batch *wire.BatchConn
 	if tc, ok := dst.(*tls.Conn); ok {
 		batch, _ = tc.NetConn().(*wire.BatchConn)
@@ -78,7 +84,7 @@ func (sp *splice) copyLoop(dst, src net.Conn, n *atomic.Uint64, bytes prometheus
 	for {
 		_ = src.SetReadDeadline(time.Now().Add(idle))
 		k, err := src.Read(buf)
-		if tsrc != nil && err == nil && k > 0 {
+		if srcUnder != nil && err == nil && k > 0 && srcUnder.Buffered() > 0 {
 			k, err = drain(tsrc, buf, k)
 		}
 		if k > 0 {

@@ -156,6 +156,17 @@ func (c *BatchConn) BufferReads() *BatchConn {
 	return c
 }
 
+// Buffered is the number of bytes a BufferReads connection has read from
+// the socket and not yet returned.
+func (c *BatchConn) Buffered() int {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	if c.rb == nil {
+		return 0
+	}
+	return c.rn - c.ri
+}
+
 // Read reads from the connection, through the gathered socket reads when
 // BufferReads was called.
 func (c *BatchConn) Read(p []byte) (int, error) {

@@ -141,7 +141,7 @@ func (c *BatchConn) Write(p []byte) (int, error) {
 }
 
 // readChunk is the size of a gathered socket read (BufferReads).
-const readChunk = 64 << 10
+const readChunk = 256 << 10
 
 // readBufs holds the read buffers of BatchConns between reads.
 var readBufs SlicePool[byte]

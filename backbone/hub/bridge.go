@@ -28,6 +28,7 @@ type bridge struct {
 	ctx  context.Context // the session's: ends when the hub closes
 	s    *session
 	c    *websocket.Conn
+	cb   *wire.BatchConn // c's connection: each message to the worker leaves in one write (nil: unbatched)
 	link net.Conn
 
 	wmu sync.Mutex    // guards bw
@@ -40,8 +41,8 @@ type bridge struct {
 }
 
 // newBridge returns the bridge of session s between c and link.
-func newBridge(h *Hub, ctx context.Context, s *session, c *websocket.Conn, link net.Conn) *bridge {
-	return &bridge{h: h, ctx: ctx, s: s, c: c, link: link, bw: bufio.NewWriterSize(link, 64<<10),
+func newBridge(h *Hub, ctx context.Context, s *session, c *websocket.Conn, cb *wire.BatchConn, link net.Conn) *bridge {
+	return &bridge{h: h, ctx: ctx, s: s, c: c, cb: cb, link: link, bw: bufio.NewWriterSize(link, 64<<10),
 		workerEnd: make(chan string, 1), linkEnd: make(chan string, 1)}
 }
 
@@ -124,6 +125,18 @@ func (b *bridge) fromWorker() {
 	}
 }
 
+// toWorker writes p to the worker as one message, in one system call
+// where the connection batches (net/http's 4 KiB writer under
+// coder/websocket otherwise cuts a server's frame in two writes: the first
+// 4 KiB with the header, then the rest).
+func (b *bridge) toWorker(p []byte) error {
+	write := func() error { return b.c.Write(b.ctx, websocket.MessageBinary, p) }
+	if b.cb == nil {
+		return write()
+	}
+	return b.cb.Batch(write)
+}
+
 // fromBackbone reads the link: it delivers and meters DATA to the worker
 // (while the worker is there) and meters the backbone's verdicts and
 // forfeits, until the link fails or the backbone closes the session; it
@@ -149,7 +162,7 @@ func (b *bridge) fromBackbone() {
 			}
 			s.toWorker(p)
 			h.toW.Add(float64(len(p)))
-			if err := c.Write(b.ctx, websocket.MessageBinary, p); err != nil {
+			if err := b.toWorker(p); err != nil {
 				b.writeErr.CompareAndSwap(nil, "worker write: "+err.Error())
 				b.workerGone.Store(true)
 				c.CloseNow() // ends the worker reader, which half-closes the link

@@ -118,7 +118,13 @@ func New(cfg Config) (*Hub, error) {
 	for p, x := range cfg.Extra {
 		mux.Handle(p, x)
 	}
-	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if bc, ok := c.(*wire.BatchConn); ok {
+				return context.WithValue(ctx, batchConnKey{}, bc)
+			}
+			return ctx
+		}}
 	return h, nil
 }
 
@@ -130,11 +136,29 @@ func (h *Hub) Start() error {
 	}
 	h.ln = ln
 	h.wg.Add(2)
-	go func() { defer h.wg.Done(); _ = h.srv.Serve(ln) }()
+	go func() { defer h.wg.Done(); _ = h.srv.Serve(batchListener{ln}) }()
 	go func() { defer h.wg.Done(); h.flushLoop() }()
 	h.log.Info("hub listening", "addr", ln.Addr().String(), "backbone", h.cfg.Backbone)
 	return nil
 }
+
+// batchListener gives the hub's HTTP server its connections as
+// wire.BatchConns, which the server's ConnContext puts in each request's
+// context (batchConnKey) for the bridge.
+type batchListener struct{ net.Listener }
+
+// Accept returns the next connection with batching.
+func (l batchListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return wire.NewBatchConn(c, nil), nil
+}
+
+// batchConnKey is the request context key of its connection (a
+// *wire.BatchConn).
+type batchConnKey struct{}
 
 // Addr is the bound listen address (after Start).
 func (h *Hub) Addr() string { return h.ln.Addr().String() }
@@ -266,7 +290,8 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	h.log.Info("hub: session started", "session", s.id, "worker", worker, "remote", r.Header.Get("X-Forwarded-For"))
 	go func() {
 		defer h.sessWG.Done()
-		reason := newBridge(h, ctx, s, c, link).run()
+		cb, _ := r.Context().Value(batchConnKey{}).(*wire.BatchConn)
+		reason := newBridge(h, ctx, s, c, cb, link).run()
 		cancel()
 		h.sessionEnded(s, reason)
 	}()

@@ -204,6 +204,27 @@ func (c *BatchConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// CloseWrite writes what a batch gathered so far, then half-closes the
+// connection below when it can (TCP FIN), as net/http and the gateway's
+// splice ask of a connection; otherwise it does nothing more and reports
+// no error.
+func (c *BatchConn) CloseWrite() error {
+	c.mu.Lock()
+	if len(c.buf) > 0 {
+		_, err := c.writeInner(c.buf)
+		c.buf = c.buf[:0]
+		if err != nil {
+			c.mu.Unlock()
+			return err
+		}
+	}
+	c.mu.Unlock()
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 // Batch runs write inside a batch of c and returns write's error, else
 // End's.
 func (c *BatchConn) Batch(write func() error) error {

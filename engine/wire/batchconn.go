@@ -6,8 +6,9 @@ import (
 )
 
 // BatchConn is a net.Conn whose writes between Begin and End are gathered
-// and written with one system call at End; outside a batch every write goes
-// straight through. It exists for the writers that cut one message into
+// and written together (at End, or each time a limit of 256-512 KiB is
+// reached: NewBatchConn); outside a batch every write goes straight
+// through. With BufferReads it also reads the socket in large chunks. It exists for the writers that cut one message into
 // many small writes that each cost a system call (and, on the reading side,
 // a wake-up):
 //

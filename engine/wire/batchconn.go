@@ -91,10 +91,7 @@ func (c *BatchConn) End() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.on = false
-	var err error
-	if len(c.buf) > 0 {
-		_, err = c.writeInner(c.buf)
-	}
+	err := c.flushLocked()
 	if c.bp != nil {
 		batchBufs.Put(c.bp)
 		c.bp, c.buf = nil, nil
@@ -132,13 +129,21 @@ func (c *BatchConn) Write(p []byte) (int, error) {
 	}
 	c.buf = append(c.buf, p...)
 	if len(c.buf) >= c.limit {
-		_, err := c.writeInner(c.buf)
-		c.buf = c.buf[:0]
-		if err != nil {
+		if err := c.flushLocked(); err != nil {
 			return 0, err
 		}
 	}
 	return len(p), nil
+}
+
+// flushLocked writes what the batch gathered (c.mu held).
+func (c *BatchConn) flushLocked() error {
+	if len(c.buf) == 0 {
+		return nil
+	}
+	_, err := c.writeInner(c.buf)
+	c.buf = c.buf[:0]
+	return err
 }
 
 // readChunk is the size of a gathered socket read (BufferReads).
@@ -211,15 +216,11 @@ func (c *BatchConn) Read(p []byte) (int, error) {
 // no error.
 func (c *BatchConn) CloseWrite() error {
 	c.mu.Lock()
-	if len(c.buf) > 0 {
-		_, err := c.writeInner(c.buf)
-		c.buf = c.buf[:0]
-		if err != nil {
-			c.mu.Unlock()
-			return err
-		}
-	}
+	err := c.flushLocked()
 	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}

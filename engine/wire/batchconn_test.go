@@ -80,19 +80,7 @@ func TestBatchConnGathersWritesInOrder(t *testing.T) {
 	bc := NewBatchConn(cc, nil)
 	msg := pattern(64*4096 + 123)
 	got := readAll(b, len(msg)+3)
-	err := bc.Batch(func() error {
-		for p := msg; len(p) > 0; {
-			n := min(4096, len(p))
-			if _, err := bc.Write(p[:n]); err != nil {
-				return err
-			}
-			p = p[n:]
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	writeInPieces(t, bc, msg)
 	if n := cc.writes.Load(); n != 1 {
 		t.Fatalf("%d writes reached the socket for one batch, want 1", n)
 	}
@@ -194,17 +182,7 @@ func TestBatchConnAroundTLS(t *testing.T) {
 		got <- out
 	}()
 	w0, r0 := ca.writes.Load(), cb.reads.Load()
-	err := upper.Batch(func() error {
-		for p := msg; len(p) > 0; p = p[4096:] {
-			if _, err := upper.Write(p[:4096]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	writeInPieces(t, upper, msg)
 	if !bytes.Equal(<-got, msg) {
 		t.Fatal("bytes through TLS differ")
 	}
@@ -215,6 +193,25 @@ func TestBatchConnAroundTLS(t *testing.T) {
 	// (crypto/tls alone asks for about a record at a time: 16 or more).
 	if n := cb.reads.Load() - r0; n > 8 {
 		t.Errorf("%d socket reads for 16 records, want at most 8", n)
+	}
+}
+
+// writeInPieces writes msg to c in one batch of 4 KiB writes, as
+// coder/websocket writes a client's frame (the last piece may be shorter).
+func writeInPieces(t *testing.T, c *BatchConn, msg []byte) {
+	t.Helper()
+	err := c.Batch(func() error {
+		for p := msg; len(p) > 0; {
+			n := min(4096, len(p))
+			if _, err := c.Write(p[:n]); err != nil {
+				return err
+			}
+			p = p[n:]
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -300,17 +297,7 @@ func TestBatchConnLargeMessageInLimitedWrites(t *testing.T) {
 		got <- out
 	}()
 	upper := NewBatchConn(client, under)
-	err := upper.Batch(func() error {
-		for p := msg; len(p) > 0; p = p[4096:] {
-			if _, err := upper.Write(p[:4096]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	writeInPieces(t, upper, msg)
 	if !bytes.Equal(<-got, msg) {
 		t.Fatal("bytes through TLS differ")
 	}

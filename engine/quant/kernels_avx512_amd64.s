@@ -995,6 +995,91 @@ q4k58loop:
 	VPSHUFD       $0xb1, XA, XB \
 	VADDSS        XB, XA, XA
 
+// DQA(A0, A1, P0, P1, lbl, tlbl, elbl): pass 1 of dquad for the row at
+// SI (SI ends at the next row; DI = k): the row scaled by decay (Z20) and stored,
+// its products with k summed into A0, A1 (lanes 0-15, 16-31), the n%32
+// tail by the masks K1, K2; P0, P1 hold products. Clobbers DI, CX, Z8, Z9.
+#define DQA(A0, A1, P0, P1, lbl, tlbl, elbl) \
+	MOVQ    R12, CX \
+	TESTQ   CX, CX \
+	JZ      tlbl \
+lbl: \
+	VMULPS  0(SI), Z20, P0 \
+	VMULPS  64(SI), Z20, P1 \
+	VMOVUPS P0, 0(SI) \
+	VMOVUPS P1, 64(SI) \
+	VMULPS  0(DI), P0, P0 \
+	VMULPS  64(DI), P1, P1 \
+	VADDPS  P0, A0, A0 \
+	VADDPS  P1, A1, A1 \
+	ADDQ    $128, SI \
+	ADDQ    $128, DI \
+	DECQ    CX \
+	JNZ     lbl \
+tlbl: \
+	TESTQ     DX, DX \
+	JZ        elbl \
+	VMOVUPS.Z 0(SI), K1, P0 \
+	VMOVUPS.Z 64(SI), K2, P1 \
+	VMULPS    Z20, P0, P0 \
+	VMULPS    Z20, P1, P1 \
+	VMOVUPS   P0, K1, 0(SI) \
+	VMOVUPS   P1, K2, 64(SI) \
+	VMOVUPS.Z 0(DI), K1, Z8 \
+	VMOVUPS.Z 64(DI), K2, Z9 \
+	VMULPS    Z8, P0, P0 \
+	VMULPS    Z9, P1, P1 \
+	VADDPS    P0, A0, K1, A0 \
+	VADDPS    P1, A1, K2, A1 \
+	LEAQ      (SI)(DX*4), SI \
+elbl:
+
+// DQB(D, A0, A1, P0, P1, lbl, tlbl, elbl): pass 2 of dquad for the row
+// at SI with d in D (SI ends at the next row; DI = k, R11 = q): k*d added to the row
+// (multiply, then add) and stored, its products with q summed into A0,
+// A1 as DQA does. Clobbers DI, R11, CX, Z8, Z9, Z18, Z19.
+#define DQB(D, A0, A1, P0, P1, lbl, tlbl, elbl) \
+	MOVQ    R12, CX \
+	TESTQ   CX, CX \
+	JZ      tlbl \
+lbl: \
+	VMULPS  0(DI), D, P0 \
+	VMULPS  64(DI), D, P1 \
+	VADDPS  0(SI), P0, P0 \
+	VADDPS  64(SI), P1, P1 \
+	VMOVUPS P0, 0(SI) \
+	VMOVUPS P1, 64(SI) \
+	VMULPS  0(R11), P0, P0 \
+	VMULPS  64(R11), P1, P1 \
+	VADDPS  P0, A0, A0 \
+	VADDPS  P1, A1, A1 \
+	ADDQ    $128, SI \
+	ADDQ    $128, DI \
+	ADDQ    $128, R11 \
+	DECQ    CX \
+	JNZ     lbl \
+tlbl: \
+	TESTQ     DX, DX \
+	JZ        elbl \
+	VMOVUPS.Z 0(DI), K1, Z8 \
+	VMOVUPS.Z 64(DI), K2, Z9 \
+	VMULPS    Z8, D, P0 \
+	VMULPS    Z9, D, P1 \
+	VMOVUPS.Z 0(SI), K1, Z18 \
+	VMOVUPS.Z 64(SI), K2, Z19 \
+	VADDPS    Z18, P0, P0 \
+	VADDPS    Z19, P1, P1 \
+	VMOVUPS   P0, K1, 0(SI) \
+	VMOVUPS   P1, K2, 64(SI) \
+	VMOVUPS.Z 0(R11), K1, Z8 \
+	VMOVUPS.Z 64(R11), K2, Z9 \
+	VMULPS    Z8, P0, P0 \
+	VMULPS    Z9, P1, P1 \
+	VADDPS    P0, A0, K1, A0 \
+	VADDPS    P1, A1, K2, A1 \
+	LEAQ      (SI)(DX*4), SI \
+elbl:
+
 // func deltaRuleAVX512(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
 // genericDeltaRule for n, rows >= 1: per state row j (n floats at st +
 // j*n), pass 1 scales the row by decay, stores it and sums its products
@@ -1003,12 +1088,11 @@ q4k58loop:
 // the row and sums its products with q; o[j] = sum * scale. Registers:
 // BX row, R8 rows left, R9 row bytes, R10 &o[j], R13 &v[j], R12 steps of
 // 32, DX tail, Z20 decay, X21 scale, X22 beta, Z23 d. Groups of four
-// rows go through dquad, interleaved (one row's reductions' latency
-// overlaps the other rows' work: a 128 x 128 head in 1.28 us instead of
-// 1.67 with pairs, BenchmarkDeltaRule), then a pair left through dpair
+// rows go through dquad (one row's reductions' latency overlaps the
+// other rows' work), each pass reading its four rows in address order
+// (a cold 128 x 128 head in 4.0-4.2 us instead of 9.8-10.2 with the rows
+// interleaved step by step, BenchmarkDeltaRuleCold), then a pair left through dpair
 // and an odd last row through drow's single-row code.
-#define DPFD 4096
-
 TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
 	MOVQ         st+0(FP), BX
 	MOVQ         v+24(FP), R13
@@ -1024,16 +1108,6 @@ TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
 	VBROADCASTSS decay+60(FP), Z20
 	VMOVSS       scale+64(FP), X21
 	F32TAILMASKS
-	MOVQ         BX, SI
-	MOVQ         $(DPFD/64), CX
-
-dwarm:
-	// The first DPFD bytes of the state: the quad loop's prefetches start
-	// DPFD bytes ahead of the rows it reads.
-	PREFETCHT0 (SI)
-	ADDQ       $64, SI
-	DECQ       CX
-	JNZ        dwarm
 
 drow:
 	CMPQ   R8, $4
@@ -1142,14 +1216,14 @@ dbreduce:
 	VZEROUPPER
 	RET
 
-	// Four rows at once (rows j..j+3 at SI, SI+R9, AX, AX+R9;
-	// accumulators Z0..Z7, products Z10..Z17, d in Z24..Z27): the same
-	// operations per row, four independent chains, so that the
-	// reductions' latency of one row overlaps the others' work.
+	// Four rows at once (rows j..j+3 from BX; accumulators Z0..Z7, d in
+	// Z24..Z27): the same operations per row, four independent chains, so
+	// that the reductions' latency of one row overlaps the others' work.
+	// Each pass runs the four rows one after the other (DQA, DQB), so
+	// that the state is read in address order, as the hardware prefetchers
+	// follow it: interleaving the rows step by step read 4 runs 512 bytes
+	// apart, which took a cold head twice as long (BenchmarkDeltaRuleCold).
 dquad:
-	MOVQ          BX, SI
-	LEAQ          (BX)(R9*2), AX
-	MOVQ          k+16(FP), DI
 	VXORPS        Z0, Z0, Z0
 	VXORPS        Z1, Z1, Z1
 	VXORPS        Z2, Z2, Z2
@@ -1158,106 +1232,15 @@ dquad:
 	VXORPS        Z5, Z5, Z5
 	VXORPS        Z6, Z6, Z6
 	VXORPS        Z7, Z7, Z7
-	MOVQ          R12, CX
-	TESTQ         CX, CX
-	JZ            dqatail
-
-dqaloop:
-	PREFETCHT0    DPFD(SI)
-	PREFETCHT0    DPFD+64(SI)
-	PREFETCHT0    DPFD(SI)(R9*1)
-	PREFETCHT0    DPFD+64(SI)(R9*1)
-	PREFETCHT0    DPFD(AX)
-	PREFETCHT0    DPFD+64(AX)
-	PREFETCHT0    DPFD(AX)(R9*1)
-	PREFETCHT0    DPFD+64(AX)(R9*1)
-	VMULPS        0(SI), Z20, Z10
-	VMULPS        64(SI), Z20, Z11
-	VMULPS        0(SI)(R9*1), Z20, Z12
-	VMULPS        64(SI)(R9*1), Z20, Z13
-	VMULPS        0(AX), Z20, Z14
-	VMULPS        64(AX), Z20, Z15
-	VMULPS        0(AX)(R9*1), Z20, Z16
-	VMULPS        64(AX)(R9*1), Z20, Z17
-	VMOVUPS       Z10, 0(SI)
-	VMOVUPS       Z11, 64(SI)
-	VMOVUPS       Z12, 0(SI)(R9*1)
-	VMOVUPS       Z13, 64(SI)(R9*1)
-	VMOVUPS       Z14, 0(AX)
-	VMOVUPS       Z15, 64(AX)
-	VMOVUPS       Z16, 0(AX)(R9*1)
-	VMOVUPS       Z17, 64(AX)(R9*1)
-	VMOVUPS       0(DI), Z8
-	VMOVUPS       64(DI), Z9
-	VMULPS        Z8, Z10, Z10
-	VMULPS        Z9, Z11, Z11
-	VMULPS        Z8, Z12, Z12
-	VMULPS        Z9, Z13, Z13
-	VMULPS        Z8, Z14, Z14
-	VMULPS        Z9, Z15, Z15
-	VMULPS        Z8, Z16, Z16
-	VMULPS        Z9, Z17, Z17
-	VADDPS        Z10, Z0, Z0
-	VADDPS        Z11, Z1, Z1
-	VADDPS        Z12, Z2, Z2
-	VADDPS        Z13, Z3, Z3
-	VADDPS        Z14, Z4, Z4
-	VADDPS        Z15, Z5, Z5
-	VADDPS        Z16, Z6, Z6
-	VADDPS        Z17, Z7, Z7
-	ADDQ          $128, SI
-	ADDQ          $128, AX
-	ADDQ          $128, DI
-	DECQ          CX
-	JNZ           dqaloop
-
-dqatail:
-	TESTQ         DX, DX
-	JZ            dqareduce
-	VMOVUPS.Z     0(SI), K1, Z10
-	VMOVUPS.Z     64(SI), K2, Z11
-	VMOVUPS.Z     0(SI)(R9*1), K1, Z12
-	VMOVUPS.Z     64(SI)(R9*1), K2, Z13
-	VMOVUPS.Z     0(AX), K1, Z14
-	VMOVUPS.Z     64(AX), K2, Z15
-	VMOVUPS.Z     0(AX)(R9*1), K1, Z16
-	VMOVUPS.Z     64(AX)(R9*1), K2, Z17
-	VMULPS        Z20, Z10, Z10
-	VMULPS        Z20, Z11, Z11
-	VMULPS        Z20, Z12, Z12
-	VMULPS        Z20, Z13, Z13
-	VMULPS        Z20, Z14, Z14
-	VMULPS        Z20, Z15, Z15
-	VMULPS        Z20, Z16, Z16
-	VMULPS        Z20, Z17, Z17
-	VMOVUPS       Z10, K1, 0(SI)
-	VMOVUPS       Z11, K2, 64(SI)
-	VMOVUPS       Z12, K1, 0(SI)(R9*1)
-	VMOVUPS       Z13, K2, 64(SI)(R9*1)
-	VMOVUPS       Z14, K1, 0(AX)
-	VMOVUPS       Z15, K2, 64(AX)
-	VMOVUPS       Z16, K1, 0(AX)(R9*1)
-	VMOVUPS       Z17, K2, 64(AX)(R9*1)
-	VMOVUPS.Z     0(DI), K1, Z8
-	VMOVUPS.Z     64(DI), K2, Z9
-	VMULPS        Z8, Z10, Z10
-	VMULPS        Z9, Z11, Z11
-	VMULPS        Z8, Z12, Z12
-	VMULPS        Z9, Z13, Z13
-	VMULPS        Z8, Z14, Z14
-	VMULPS        Z9, Z15, Z15
-	VMULPS        Z8, Z16, Z16
-	VMULPS        Z9, Z17, Z17
-	VADDPS        Z10, Z0, K1, Z0
-	VADDPS        Z11, Z1, K2, Z1
-	VADDPS        Z12, Z2, K1, Z2
-	VADDPS        Z13, Z3, K2, Z3
-	VADDPS        Z14, Z4, K1, Z4
-	VADDPS        Z15, Z5, K2, Z5
-	VADDPS        Z16, Z6, K1, Z6
-	VADDPS        Z17, Z7, K2, Z7
-
-dqareduce:
+	MOVQ          BX, SI
+	MOVQ          k+16(FP), DI
+	DQA(Z0, Z1, Z10, Z11, dqa0, dqa0t, dqa0e)
+	MOVQ          k+16(FP), DI
+	DQA(Z2, Z3, Z12, Z13, dqa1, dqa1t, dqa1e)
+	MOVQ          k+16(FP), DI
+	DQA(Z4, Z5, Z14, Z15, dqa2, dqa2t, dqa2e)
+	MOVQ          k+16(FP), DI
+	DQA(Z6, Z7, Z16, Z17, dqa3, dqa3t, dqa3e)
 	REDUCE32R(Z0, Z1, Y0, Y1, X0, X1)
 	REDUCE32R(Z2, Z3, Y2, Y3, X2, X3)
 	REDUCE32R(Z4, Z5, Y4, Y5, X4, X5)
@@ -1278,10 +1261,6 @@ dqareduce:
 	VSUBSS        X6, X13, X13
 	VMULSS        X22, X13, X13
 	VBROADCASTSS  X13, Z27
-	MOVQ          BX, SI
-	LEAQ          (BX)(R9*2), AX
-	MOVQ          k+16(FP), DI
-	MOVQ          q+8(FP), R11
 	VXORPS        Z0, Z0, Z0
 	VXORPS        Z1, Z1, Z1
 	VXORPS        Z2, Z2, Z2
@@ -1290,119 +1269,19 @@ dqareduce:
 	VXORPS        Z5, Z5, Z5
 	VXORPS        Z6, Z6, Z6
 	VXORPS        Z7, Z7, Z7
-	MOVQ          R12, CX
-	TESTQ         CX, CX
-	JZ            dqbtail
-
-dqbloop:
-	VMOVUPS       0(DI), Z8
-	VMOVUPS       64(DI), Z9
-	VMULPS        Z8, Z24, Z10
-	VMULPS        Z9, Z24, Z11
-	VMULPS        Z8, Z25, Z12
-	VMULPS        Z9, Z25, Z13
-	VMULPS        Z8, Z26, Z14
-	VMULPS        Z9, Z26, Z15
-	VMULPS        Z8, Z27, Z16
-	VMULPS        Z9, Z27, Z17
-	VADDPS        0(SI), Z10, Z10
-	VADDPS        64(SI), Z11, Z11
-	VADDPS        0(SI)(R9*1), Z12, Z12
-	VADDPS        64(SI)(R9*1), Z13, Z13
-	VADDPS        0(AX), Z14, Z14
-	VADDPS        64(AX), Z15, Z15
-	VADDPS        0(AX)(R9*1), Z16, Z16
-	VADDPS        64(AX)(R9*1), Z17, Z17
-	VMOVUPS       Z10, 0(SI)
-	VMOVUPS       Z11, 64(SI)
-	VMOVUPS       Z12, 0(SI)(R9*1)
-	VMOVUPS       Z13, 64(SI)(R9*1)
-	VMOVUPS       Z14, 0(AX)
-	VMOVUPS       Z15, 64(AX)
-	VMOVUPS       Z16, 0(AX)(R9*1)
-	VMOVUPS       Z17, 64(AX)(R9*1)
-	VMOVUPS       0(R11), Z8
-	VMOVUPS       64(R11), Z9
-	VMULPS        Z8, Z10, Z10
-	VMULPS        Z9, Z11, Z11
-	VMULPS        Z8, Z12, Z12
-	VMULPS        Z9, Z13, Z13
-	VMULPS        Z8, Z14, Z14
-	VMULPS        Z9, Z15, Z15
-	VMULPS        Z8, Z16, Z16
-	VMULPS        Z9, Z17, Z17
-	VADDPS        Z10, Z0, Z0
-	VADDPS        Z11, Z1, Z1
-	VADDPS        Z12, Z2, Z2
-	VADDPS        Z13, Z3, Z3
-	VADDPS        Z14, Z4, Z4
-	VADDPS        Z15, Z5, Z5
-	VADDPS        Z16, Z6, Z6
-	VADDPS        Z17, Z7, Z7
-	ADDQ          $128, SI
-	ADDQ          $128, AX
-	ADDQ          $128, DI
-	ADDQ          $128, R11
-	DECQ          CX
-	JNZ           dqbloop
-
-dqbtail:
-	TESTQ         DX, DX
-	JZ            dqbreduce
-	VMOVUPS.Z     0(DI), K1, Z8
-	VMOVUPS.Z     64(DI), K2, Z9
-	VMOVUPS.Z     0(R11), K1, Z28
-	VMOVUPS.Z     64(R11), K2, Z29
-	VMULPS        Z8, Z24, Z10
-	VMULPS        Z9, Z24, Z11
-	VMOVUPS.Z     0(SI), K1, Z18
-	VMOVUPS.Z     64(SI), K2, Z19
-	VADDPS        Z18, Z10, Z10
-	VADDPS        Z19, Z11, Z11
-	VMOVUPS       Z10, K1, 0(SI)
-	VMOVUPS       Z11, K2, 64(SI)
-	VMULPS        Z28, Z10, Z10
-	VMULPS        Z29, Z11, Z11
-	VADDPS        Z10, Z0, K1, Z0
-	VADDPS        Z11, Z1, K2, Z1
-	VMULPS        Z8, Z25, Z12
-	VMULPS        Z9, Z25, Z13
-	VMOVUPS.Z     0(SI)(R9*1), K1, Z18
-	VMOVUPS.Z     64(SI)(R9*1), K2, Z19
-	VADDPS        Z18, Z12, Z12
-	VADDPS        Z19, Z13, Z13
-	VMOVUPS       Z12, K1, 0(SI)(R9*1)
-	VMOVUPS       Z13, K2, 64(SI)(R9*1)
-	VMULPS        Z28, Z12, Z12
-	VMULPS        Z29, Z13, Z13
-	VADDPS        Z12, Z2, K1, Z2
-	VADDPS        Z13, Z3, K2, Z3
-	VMULPS        Z8, Z26, Z14
-	VMULPS        Z9, Z26, Z15
-	VMOVUPS.Z     0(AX), K1, Z18
-	VMOVUPS.Z     64(AX), K2, Z19
-	VADDPS        Z18, Z14, Z14
-	VADDPS        Z19, Z15, Z15
-	VMOVUPS       Z14, K1, 0(AX)
-	VMOVUPS       Z15, K2, 64(AX)
-	VMULPS        Z28, Z14, Z14
-	VMULPS        Z29, Z15, Z15
-	VADDPS        Z14, Z4, K1, Z4
-	VADDPS        Z15, Z5, K2, Z5
-	VMULPS        Z8, Z27, Z16
-	VMULPS        Z9, Z27, Z17
-	VMOVUPS.Z     0(AX)(R9*1), K1, Z18
-	VMOVUPS.Z     64(AX)(R9*1), K2, Z19
-	VADDPS        Z18, Z16, Z16
-	VADDPS        Z19, Z17, Z17
-	VMOVUPS       Z16, K1, 0(AX)(R9*1)
-	VMOVUPS       Z17, K2, 64(AX)(R9*1)
-	VMULPS        Z28, Z16, Z16
-	VMULPS        Z29, Z17, Z17
-	VADDPS        Z16, Z6, K1, Z6
-	VADDPS        Z17, Z7, K2, Z7
-
-dqbreduce:
+	MOVQ          BX, SI
+	MOVQ          k+16(FP), DI
+	MOVQ          q+8(FP), R11
+	DQB(Z24, Z0, Z1, Z10, Z11, dqb0, dqb0t, dqb0e)
+	MOVQ          k+16(FP), DI
+	MOVQ          q+8(FP), R11
+	DQB(Z25, Z2, Z3, Z12, Z13, dqb1, dqb1t, dqb1e)
+	MOVQ          k+16(FP), DI
+	MOVQ          q+8(FP), R11
+	DQB(Z26, Z4, Z5, Z14, Z15, dqb2, dqb2t, dqb2e)
+	MOVQ          k+16(FP), DI
+	MOVQ          q+8(FP), R11
+	DQB(Z27, Z6, Z7, Z16, Z17, dqb3, dqb3t, dqb3e)
 	REDUCE32R(Z0, Z1, Y0, Y1, X0, X1)
 	REDUCE32R(Z2, Z3, Y2, Y3, X2, X3)
 	REDUCE32R(Z4, Z5, Y4, Y5, X4, X5)

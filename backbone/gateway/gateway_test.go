@@ -26,15 +26,17 @@ var secret = []byte("0123456789abcdef0123456789abcdef")
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // echoHub is a stand-in hub: it checks the gateway's HMAC, records the
-// worker id it was told, accepts the WebSocket and echoes every message.
+// worker id it was told, accepts the WebSocket and echoes every message;
+// got receives a copy of each message read (while it has room).
 type echoHub struct {
 	ln      net.Listener
 	worker  atomic.Value
 	upgrade atomic.Int64
+	got     chan []byte
 }
 
 func newEchoHub(tb testing.TB) *echoHub {
-	h := &echoHub{}
+	h := &echoHub{got: make(chan []byte, 64)}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -57,6 +59,10 @@ func newEchoHub(tb testing.TB) *echoHub {
 			typ, b, err := c.Read(context.Background())
 			if err != nil {
 				return
+			}
+			select {
+			case h.got <- b:
+			default:
 			}
 			if c.Write(context.Background(), typ, b) != nil {
 				return

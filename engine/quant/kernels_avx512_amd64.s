@@ -1080,6 +1080,88 @@ tlbl: \
 	LEAQ      (SI)(DX*4), SI \
 elbl:
 
+// DQA128(A0, A1) is DQA for a row of n = 128 floats (Qwen3.5's
+// SSMState), unrolled: the same operations in the same order, the
+// products in Z10..Z17.
+#define DQA128(A0, A1) \
+	VMULPS  0(SI), Z20, Z10 \
+	VMULPS  64(SI), Z20, Z11 \
+	VMULPS  128(SI), Z20, Z12 \
+	VMULPS  192(SI), Z20, Z13 \
+	VMULPS  256(SI), Z20, Z14 \
+	VMULPS  320(SI), Z20, Z15 \
+	VMULPS  384(SI), Z20, Z16 \
+	VMULPS  448(SI), Z20, Z17 \
+	VMOVUPS Z10, 0(SI) \
+	VMOVUPS Z11, 64(SI) \
+	VMOVUPS Z12, 128(SI) \
+	VMOVUPS Z13, 192(SI) \
+	VMOVUPS Z14, 256(SI) \
+	VMOVUPS Z15, 320(SI) \
+	VMOVUPS Z16, 384(SI) \
+	VMOVUPS Z17, 448(SI) \
+	VMULPS  0(DI), Z10, Z10 \
+	VMULPS  64(DI), Z11, Z11 \
+	VMULPS  128(DI), Z12, Z12 \
+	VMULPS  192(DI), Z13, Z13 \
+	VMULPS  256(DI), Z14, Z14 \
+	VMULPS  320(DI), Z15, Z15 \
+	VMULPS  384(DI), Z16, Z16 \
+	VMULPS  448(DI), Z17, Z17 \
+	VADDPS  Z10, A0, A0 \
+	VADDPS  Z11, A1, A1 \
+	VADDPS  Z12, A0, A0 \
+	VADDPS  Z13, A1, A1 \
+	VADDPS  Z14, A0, A0 \
+	VADDPS  Z15, A1, A1 \
+	VADDPS  Z16, A0, A0 \
+	VADDPS  Z17, A1, A1 \
+	ADDQ    $512, SI
+
+// DQB128(D, A0, A1) is DQB for a row of n = 128 floats, unrolled (Z10..Z17).
+#define DQB128(D, A0, A1) \
+	VMULPS  0(DI), D, Z10 \
+	VMULPS  64(DI), D, Z11 \
+	VMULPS  128(DI), D, Z12 \
+	VMULPS  192(DI), D, Z13 \
+	VMULPS  256(DI), D, Z14 \
+	VMULPS  320(DI), D, Z15 \
+	VMULPS  384(DI), D, Z16 \
+	VMULPS  448(DI), D, Z17 \
+	VADDPS  0(SI), Z10, Z10 \
+	VADDPS  64(SI), Z11, Z11 \
+	VADDPS  128(SI), Z12, Z12 \
+	VADDPS  192(SI), Z13, Z13 \
+	VADDPS  256(SI), Z14, Z14 \
+	VADDPS  320(SI), Z15, Z15 \
+	VADDPS  384(SI), Z16, Z16 \
+	VADDPS  448(SI), Z17, Z17 \
+	VMOVUPS Z10, 0(SI) \
+	VMOVUPS Z11, 64(SI) \
+	VMOVUPS Z12, 128(SI) \
+	VMOVUPS Z13, 192(SI) \
+	VMOVUPS Z14, 256(SI) \
+	VMOVUPS Z15, 320(SI) \
+	VMOVUPS Z16, 384(SI) \
+	VMOVUPS Z17, 448(SI) \
+	VMULPS  0(R11), Z10, Z10 \
+	VMULPS  64(R11), Z11, Z11 \
+	VMULPS  128(R11), Z12, Z12 \
+	VMULPS  192(R11), Z13, Z13 \
+	VMULPS  256(R11), Z14, Z14 \
+	VMULPS  320(R11), Z15, Z15 \
+	VMULPS  384(R11), Z16, Z16 \
+	VMULPS  448(R11), Z17, Z17 \
+	VADDPS  Z10, A0, A0 \
+	VADDPS  Z11, A1, A1 \
+	VADDPS  Z12, A0, A0 \
+	VADDPS  Z13, A1, A1 \
+	VADDPS  Z14, A0, A0 \
+	VADDPS  Z15, A1, A1 \
+	VADDPS  Z16, A0, A0 \
+	VADDPS  Z17, A1, A1 \
+	ADDQ    $512, SI
+
 // func deltaRuleAVX512(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)
 // genericDeltaRule for n, rows >= 1: per state row j (n floats at st +
 // j*n), pass 1 scales the row by decay, stores it and sums its products
@@ -1090,8 +1172,10 @@ elbl:
 // 32, DX tail, Z20 decay, X21 scale, X22 beta, Z23 d. Groups of four
 // rows go through dquad (one row's reductions' latency overlaps the
 // other rows' work), each pass reading its four rows in address order
-// (a cold 128 x 128 head in 4.0-4.2 us instead of 9.8-10.2 with the rows
-// interleaved step by step, BenchmarkDeltaRuleCold), then a pair left through dpair
+// (a cold 128 x 128 head in 3.7-4.5 us instead of 8.3-10.2 with the rows
+// interleaved step by step, BenchmarkDeltaRuleCold; rows of 128 floats,
+// Qwen3.5's, go through the unrolled DQA128 and DQB128, which keep a warm
+// head at the interleaved code's 1.9-2.3 us), then a pair left through dpair
 // and an odd last row through drow's single-row code.
 TEXT ·deltaRuleAVX512(SB), NOSPLIT, $0-68
 	MOVQ         st+0(FP), BX
@@ -1234,6 +1318,15 @@ dquad:
 	VXORPS        Z7, Z7, Z7
 	MOVQ          BX, SI
 	MOVQ          k+16(FP), DI
+	CMPQ          R9, $512
+	JNE           dqagen
+	DQA128(Z0, Z1)
+	DQA128(Z2, Z3)
+	DQA128(Z4, Z5)
+	DQA128(Z6, Z7)
+	JMP           dqared
+
+dqagen:
 	DQA(Z0, Z1, Z10, Z11, dqa0, dqa0t, dqa0e)
 	MOVQ          k+16(FP), DI
 	DQA(Z2, Z3, Z12, Z13, dqa1, dqa1t, dqa1e)
@@ -1241,6 +1334,8 @@ dquad:
 	DQA(Z4, Z5, Z14, Z15, dqa2, dqa2t, dqa2e)
 	MOVQ          k+16(FP), DI
 	DQA(Z6, Z7, Z16, Z17, dqa3, dqa3t, dqa3e)
+
+dqared:
 	REDUCE32R(Z0, Z1, Y0, Y1, X0, X1)
 	REDUCE32R(Z2, Z3, Y2, Y3, X2, X3)
 	REDUCE32R(Z4, Z5, Y4, Y5, X4, X5)
@@ -1272,6 +1367,15 @@ dquad:
 	MOVQ          BX, SI
 	MOVQ          k+16(FP), DI
 	MOVQ          q+8(FP), R11
+	CMPQ          R9, $512
+	JNE           dqbgen
+	DQB128(Z24, Z0, Z1)
+	DQB128(Z25, Z2, Z3)
+	DQB128(Z26, Z4, Z5)
+	DQB128(Z27, Z6, Z7)
+	JMP           dqbred
+
+dqbgen:
 	DQB(Z24, Z0, Z1, Z10, Z11, dqb0, dqb0t, dqb0e)
 	MOVQ          k+16(FP), DI
 	MOVQ          q+8(FP), R11
@@ -1282,6 +1386,8 @@ dquad:
 	MOVQ          k+16(FP), DI
 	MOVQ          q+8(FP), R11
 	DQB(Z27, Z6, Z7, Z16, Z17, dqb3, dqb3t, dqb3e)
+
+dqbred:
 	REDUCE32R(Z0, Z1, Y0, Y1, X0, X1)
 	REDUCE32R(Z2, Z3, Y2, Y3, X2, X3)
 	REDUCE32R(Z4, Z5, Y4, Y5, X4, X5)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -167,7 +168,7 @@ func TestSpliceHostileRecords(t *testing.T) {
 			if el := time.Since(start); el > 5*time.Second {
 				t.Fatalf("the splice ended %v after the bad record (grace is 2 s)", el)
 			}
-			want := `kvasir_gateway_splice_errors_total{reason="read"} ` + string(rune('1'+i))
+			want := `kvasir_gateway_splice_errors_total{reason="read"} ` + strconv.Itoa(i+1)
 			deadline := time.Now().Add(5 * time.Second)
 			for !strings.Contains(scrape(t, g), want) && time.Now().Before(deadline) {
 				time.Sleep(10 * time.Millisecond)

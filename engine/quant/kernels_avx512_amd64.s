@@ -995,6 +995,36 @@ q4k58loop:
 	VPSHUFD       $0xb1, XA, XB \
 	VADDSS        XB, XA, XA
 
+// DQASTEP(off, P0, P1, A0, A1): one 32-float step of dquad's pass 1 at
+// byte offset off of the row at SI and of k at DI: the state scaled by
+// decay (Z20) and stored, its products with k added to A0 (lanes 0-15)
+// and A1 (16-31).
+#define DQASTEP(off, P0, P1, A0, A1) \
+	VMULPS  off(SI), Z20, P0 \
+	VMULPS  (off+64)(SI), Z20, P1 \
+	VMOVUPS P0, off(SI) \
+	VMOVUPS P1, (off+64)(SI) \
+	VMULPS  off(DI), P0, P0 \
+	VMULPS  (off+64)(DI), P1, P1 \
+	VADDPS  P0, A0, A0 \
+	VADDPS  P1, A1, A1
+
+// DQBSTEP(off, D, P0, P1, A0, A1): one 32-float step of dquad's pass 2 at
+// byte offset off of the row at SI, of k at DI and of q at R11: k*d (d in
+// D) added to the state (multiply, then add) and stored, its products
+// with q added to A0 and A1.
+#define DQBSTEP(off, D, P0, P1, A0, A1) \
+	VMULPS  off(DI), D, P0 \
+	VMULPS  (off+64)(DI), D, P1 \
+	VADDPS  off(SI), P0, P0 \
+	VADDPS  (off+64)(SI), P1, P1 \
+	VMOVUPS P0, off(SI) \
+	VMOVUPS P1, (off+64)(SI) \
+	VMULPS  off(R11), P0, P0 \
+	VMULPS  (off+64)(R11), P1, P1 \
+	VADDPS  P0, A0, A0 \
+	VADDPS  P1, A1, A1
+
 // DQA(A0, A1, P0, P1, lbl, tlbl, elbl): pass 1 of dquad for the row at
 // SI (SI ends at the next row; DI = k): the row scaled by decay (Z20) and stored,
 // its products with k summed into A0, A1 (lanes 0-15, 16-31), the n%32
@@ -1004,14 +1034,7 @@ q4k58loop:
 	TESTQ   CX, CX \
 	JZ      tlbl \
 lbl: \
-	VMULPS  0(SI), Z20, P0 \
-	VMULPS  64(SI), Z20, P1 \
-	VMOVUPS P0, 0(SI) \
-	VMOVUPS P1, 64(SI) \
-	VMULPS  0(DI), P0, P0 \
-	VMULPS  64(DI), P1, P1 \
-	VADDPS  P0, A0, A0 \
-	VADDPS  P1, A1, A1 \
+	DQASTEP(0, P0, P1, A0, A1) \
 	ADDQ    $128, SI \
 	ADDQ    $128, DI \
 	DECQ    CX \
@@ -1043,16 +1066,7 @@ elbl:
 	TESTQ   CX, CX \
 	JZ      tlbl \
 lbl: \
-	VMULPS  0(DI), D, P0 \
-	VMULPS  64(DI), D, P1 \
-	VADDPS  0(SI), P0, P0 \
-	VADDPS  64(SI), P1, P1 \
-	VMOVUPS P0, 0(SI) \
-	VMOVUPS P1, 64(SI) \
-	VMULPS  0(R11), P0, P0 \
-	VMULPS  64(R11), P1, P1 \
-	VADDPS  P0, A0, A0 \
-	VADDPS  P1, A1, A1 \
+	DQBSTEP(0, D, P0, P1, A0, A1) \
 	ADDQ    $128, SI \
 	ADDQ    $128, DI \
 	ADDQ    $128, R11 \
@@ -1081,85 +1095,21 @@ tlbl: \
 elbl:
 
 // DQA128(A0, A1) is DQA for a row of n = 128 floats (Qwen3.5's
-// SSMState), unrolled: the same operations in the same order, the
-// products in Z10..Z17.
+// SSMState), unrolled: the same steps in the same order, four registers
+// of products (Z10..Z17) in flight.
 #define DQA128(A0, A1) \
-	VMULPS  0(SI), Z20, Z10 \
-	VMULPS  64(SI), Z20, Z11 \
-	VMULPS  128(SI), Z20, Z12 \
-	VMULPS  192(SI), Z20, Z13 \
-	VMULPS  256(SI), Z20, Z14 \
-	VMULPS  320(SI), Z20, Z15 \
-	VMULPS  384(SI), Z20, Z16 \
-	VMULPS  448(SI), Z20, Z17 \
-	VMOVUPS Z10, 0(SI) \
-	VMOVUPS Z11, 64(SI) \
-	VMOVUPS Z12, 128(SI) \
-	VMOVUPS Z13, 192(SI) \
-	VMOVUPS Z14, 256(SI) \
-	VMOVUPS Z15, 320(SI) \
-	VMOVUPS Z16, 384(SI) \
-	VMOVUPS Z17, 448(SI) \
-	VMULPS  0(DI), Z10, Z10 \
-	VMULPS  64(DI), Z11, Z11 \
-	VMULPS  128(DI), Z12, Z12 \
-	VMULPS  192(DI), Z13, Z13 \
-	VMULPS  256(DI), Z14, Z14 \
-	VMULPS  320(DI), Z15, Z15 \
-	VMULPS  384(DI), Z16, Z16 \
-	VMULPS  448(DI), Z17, Z17 \
-	VADDPS  Z10, A0, A0 \
-	VADDPS  Z11, A1, A1 \
-	VADDPS  Z12, A0, A0 \
-	VADDPS  Z13, A1, A1 \
-	VADDPS  Z14, A0, A0 \
-	VADDPS  Z15, A1, A1 \
-	VADDPS  Z16, A0, A0 \
-	VADDPS  Z17, A1, A1 \
+	DQASTEP(0, Z10, Z11, A0, A1) \
+	DQASTEP(128, Z12, Z13, A0, A1) \
+	DQASTEP(256, Z14, Z15, A0, A1) \
+	DQASTEP(384, Z16, Z17, A0, A1) \
 	ADDQ    $512, SI
 
 // DQB128(D, A0, A1) is DQB for a row of n = 128 floats, unrolled (Z10..Z17).
 #define DQB128(D, A0, A1) \
-	VMULPS  0(DI), D, Z10 \
-	VMULPS  64(DI), D, Z11 \
-	VMULPS  128(DI), D, Z12 \
-	VMULPS  192(DI), D, Z13 \
-	VMULPS  256(DI), D, Z14 \
-	VMULPS  320(DI), D, Z15 \
-	VMULPS  384(DI), D, Z16 \
-	VMULPS  448(DI), D, Z17 \
-	VADDPS  0(SI), Z10, Z10 \
-	VADDPS  64(SI), Z11, Z11 \
-	VADDPS  128(SI), Z12, Z12 \
-	VADDPS  192(SI), Z13, Z13 \
-	VADDPS  256(SI), Z14, Z14 \
-	VADDPS  320(SI), Z15, Z15 \
-	VADDPS  384(SI), Z16, Z16 \
-	VADDPS  448(SI), Z17, Z17 \
-	VMOVUPS Z10, 0(SI) \
-	VMOVUPS Z11, 64(SI) \
-	VMOVUPS Z12, 128(SI) \
-	VMOVUPS Z13, 192(SI) \
-	VMOVUPS Z14, 256(SI) \
-	VMOVUPS Z15, 320(SI) \
-	VMOVUPS Z16, 384(SI) \
-	VMOVUPS Z17, 448(SI) \
-	VMULPS  0(R11), Z10, Z10 \
-	VMULPS  64(R11), Z11, Z11 \
-	VMULPS  128(R11), Z12, Z12 \
-	VMULPS  192(R11), Z13, Z13 \
-	VMULPS  256(R11), Z14, Z14 \
-	VMULPS  320(R11), Z15, Z15 \
-	VMULPS  384(R11), Z16, Z16 \
-	VMULPS  448(R11), Z17, Z17 \
-	VADDPS  Z10, A0, A0 \
-	VADDPS  Z11, A1, A1 \
-	VADDPS  Z12, A0, A0 \
-	VADDPS  Z13, A1, A1 \
-	VADDPS  Z14, A0, A0 \
-	VADDPS  Z15, A1, A1 \
-	VADDPS  Z16, A0, A0 \
-	VADDPS  Z17, A1, A1 \
+	DQBSTEP(0, D, Z10, Z11, A0, A1) \
+	DQBSTEP(128, D, Z12, Z13, A0, A1) \
+	DQBSTEP(256, D, Z14, Z15, A0, A1) \
+	DQBSTEP(384, D, Z16, Z17, A0, A1) \
 	ADDQ    $512, SI
 
 // func deltaRuleAVX512(st, q, k, v, o *float32, n, rows int, beta, decay, scale float32)

@@ -333,8 +333,13 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 	}
 	if p.Draft != nil {
 		d, err := spec.ParseMode(*p.Draft)
-		if err != nil || d == spec.ModeMTP {
+		if err != nil {
 			return Job{}, badRequest("draft", "invalid_value", "draft must be none, ngram or mtp (got %q)", *p.Draft)
+		}
+		if d == spec.ModeMTP {
+			if err := s.cfg.Model.MTPErr(); err != nil {
+				return Job{}, badRequest("draft", "invalid_value", "draft mtp: %v (use ngram)", err)
+			}
 		}
 		j.Draft = d
 	}

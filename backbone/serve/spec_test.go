@@ -116,3 +116,37 @@ func TestDraftAPI(t *testing.T) {
 		}
 	}
 }
+
+// TestDraftAPIMTP: on a model with a multi-token-prediction head, the
+// completions API takes draft "mtp" (and "none", "ngram") and returns the
+// same greedy text for each; the non-streaming and streaming answers agree.
+func TestDraftAPIMTP(t *testing.T) {
+	m, tok := loadMTPModel(t)
+	m.SetThreads(1)
+	srv := newTestServer(t, func(c *Config) { c.Model, c.Tokenizer = m, tok })
+	prompt := strings.Repeat("the cat sat on the mat ", 4)
+	var texts []string
+	for _, extra := range []map[string]any{{}, {"draft": "mtp"}, {"draft": "mtp", "draft_max": 3}, {"draft": "ngram"}} {
+		req := map[string]any{"prompt": prompt, "max_tokens": 16, "temperature": 0}
+		for k, v := range extra {
+			req[k] = v
+		}
+		resp, body := srv.post(t, "/v1/completions", jsonBody(t, req))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%v: status %d: %s", extra, resp.StatusCode, body)
+		}
+		var r completionResponse
+		if err := json.Unmarshal(body, &r); err != nil {
+			t.Fatal(err)
+		}
+		texts = append(texts, *r.Choices[0].Text)
+	}
+	for i, x := range texts[1:] {
+		if x != texts[0] {
+			t.Errorf("request %d: text %q, without drafts %q", i+1, x, texts[0])
+		}
+	}
+	if drafted := gatherValue(t, srv.reg, "kvasir_serve_draft_tokens_total"); drafted == 0 {
+		t.Error("no draft tokens were verified")
+	}
+}

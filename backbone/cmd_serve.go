@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -79,6 +80,14 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 		return 1
 	}
 
+	// Bind the API's address first: a busy port fails now, not after the
+	// model has loaded and the workers have come.
+	ln, err := net.Listen("tcp", o.HTTPAddr)
+	if err != nil {
+		return fail(err)
+	}
+	defer ln.Close()
+	o.Listener = ln
 	lm, err := run.Load(o.ModelPath)
 	if err != nil {
 		return fail(err)

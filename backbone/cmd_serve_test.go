@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -200,16 +201,34 @@ func TestServeCommandLocal(t *testing.T) {
 }
 
 func TestServeCommandFlags(t *testing.T) {
-	for _, args := range [][]string{{"extra"}, {"--max-batch", "0"}, {"--wait-workers", "1"}, {"--queue", "-1"}, {"--lanes", "-1"}, {"--lanes", "17"},
-		{"--provision-rate", "fast"}, {"--provision-rate", "-1"}} {
+	for _, tc := range []struct {
+		args []string
+		flag string // the flag the error names
+	}{{[]string{"extra"}, "extra"}, {[]string{"--max-batch", "0"}, "--max-batch"}, {[]string{"--max-seqs", "0"}, "--max-seqs"},
+		{[]string{"--wait-workers", "1"}, "--wait-workers"}, {[]string{"--queue", "-1"}, "--queue"}, {[]string{"--lanes", "-1"}, "--lanes"},
+		{[]string{"--lanes", "17"}, "--lanes"}, {[]string{"--threads", "-2"}, "--threads"}, {[]string{"--ready-holders", "-1"}, "--ready-holders"},
+		{[]string{"--chat-template", "jinja"}, "--chat-template"},
+		{[]string{"--provision-rate", "fast"}, "provision-rate"}, {[]string{"--provision-rate", "-1"}, "provision-rate"}} {
 		var errb bytes.Buffer
-		if c := serveMain(context.Background(), args, &errb, nil); c != 2 {
-			t.Errorf("serve %v: exit %d, want 2 (%s)", args, c, errb.String())
+		if c := serveMain(context.Background(), tc.args, &errb, nil); c != 2 || !strings.Contains(errb.String(), tc.flag) {
+			t.Errorf("serve %v: exit %d, want 2 and an error naming %s (%s)", tc.args, c, tc.flag, errb.String())
 		}
 	}
 	var errb bytes.Buffer
 	if c := serveMain(context.Background(), []string{"--model", "/nonexistent.gguf"}, &errb, nil); c != 1 {
 		t.Errorf("missing model: exit %d, want 1", c)
+	}
+	// The API's address is bound before the model loads: a busy port is
+	// the error even when the model would fail too (or take minutes).
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	errb.Reset()
+	if c := serveMain(context.Background(), []string{"--model", "/nonexistent.gguf", "--http", busy.Addr().String()}, &errb, nil); c != 1 ||
+		!strings.Contains(errb.String(), "address already in use") {
+		t.Errorf("busy port: exit %d, want 1 and the bind error first (%s)", c, errb.String())
 	}
 }
 

@@ -54,6 +54,11 @@ type APIOptions struct {
 	// Requests, when > 0, ends serving after that many answered
 	// completion requests (backbone demo --serve-requests, for tests).
 	Requests int
+	// Listener, when set, is where ServeAPI serves instead of listening on
+	// HTTPAddr: backbone serve binds it before loading the model, so that a
+	// busy or refused address fails at once, not after minutes of loading
+	// and waiting for workers. ServeAPI closes it.
+	Listener net.Listener
 }
 
 // SwarmOptions say where ServeExperts computes the experts: locally with
@@ -98,8 +103,24 @@ func AutoLanes(lanes int, swarm bool) int {
 
 // Check reports whether the options AddAPIFlags registers are in range.
 func (o *APIOptions) Check() error {
-	if o.MaxBatch < 1 || o.MaxSeqs < 1 || o.Queue < 0 || o.Lanes < 0 || o.Lanes > 16 || o.ReadyHolders < 0 {
-		return errors.New("a non-positive --max-batch/--max-seqs, a negative --queue or --ready-holders, or --lanes outside 0..16")
+	switch {
+	case o.MaxBatch < 1:
+		return fmt.Errorf("--max-batch %d: want >= 1", o.MaxBatch)
+	case o.MaxSeqs < 1:
+		return fmt.Errorf("--max-seqs %d: want >= 1", o.MaxSeqs)
+	case o.Queue < 0:
+		return fmt.Errorf("--queue %d: want >= 0", o.Queue)
+	case o.Lanes < 0 || o.Lanes > 16:
+		return fmt.Errorf("--lanes %d: want 0 (automatic) to 16", o.Lanes)
+	case o.ReadyHolders < 0:
+		return fmt.Errorf("--ready-holders %d: want >= 0", o.ReadyHolders)
+	case o.Threads < 0:
+		return fmt.Errorf("--threads %d: want >= 0 (0: all CPUs)", o.Threads)
+	}
+	switch o.ChatTemplate {
+	case "", "auto", "chatml", "none":
+	default:
+		return fmt.Errorf("--chat-template %q: want auto, chatml or none", o.ChatTemplate)
 	}
 	if n, err := ParseBytes(o.StateMemory); err != nil || n <= 0 {
 		return fmt.Errorf("--max-state-memory %q: want a positive byte count with an optional KiB/MiB/GiB suffix", o.StateMemory)
@@ -186,6 +207,9 @@ func APIName(lm *Model, o APIOptions) string {
 // answer 400); listen, serve.New and metric registration errors are
 // returned.
 func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log *slog.Logger, ready func(httpAddr string)) error {
+	if o.Listener != nil {
+		defer o.Listener.Close() // also on the errors before serving
+	}
 	f, m, tok := lm.File(), lm.Engine(), lm.Tokenizer()
 	id := APIName(lm, o)
 	tmpl, _ := f.String("tokenizer.chat_template")
@@ -231,9 +255,12 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	s.Start()
 	defer s.Close()
 
-	ln, err := net.Listen("tcp", o.HTTPAddr)
-	if err != nil {
-		return err
+	ln := o.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", o.HTTPAddr); err != nil {
+			return err
+		}
 	}
 	handler := withHealth(ctx, s.Handler(), ex, o.ReadyHolders)
 	enough := make(chan struct{})
@@ -244,8 +271,9 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	p := m.Params()
+	maxBatch, maxSeqs := s.Limits() // effective: --max-seqs is capped at --max-batch and by --max-state-memory
 	log.Info("serving", "http", ln.Addr().String(), "model", id, "layers", p.Layers, "experts", p.Experts,
-		"context", p.Context, "chat", chat != nil, "max_batch", o.MaxBatch, "max_seqs", o.MaxSeqs, "queue", o.Queue,
+		"context", p.Context, "chat", chat != nil, "max_batch", maxBatch, "max_seqs", maxSeqs, "queue", o.Queue,
 		"lanes", nLanes, "where", ex.Describe)
 	if ready != nil {
 		ready(ln.Addr().String())

@@ -260,6 +260,10 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// Limits returns the effective MaxBatchRows and MaxSeqs: Config's after
+// defaults, MaxSeqs capped at MaxBatchRows and bounded by StateMemory.
+func (s *Server) Limits() (maxBatchRows, maxSeqs int) { return s.cfg.MaxBatchRows, s.cfg.MaxSeqs }
+
 // Start launches the scheduler goroutine. Calling it twice, or after
 // Close, does nothing.
 func (s *Server) Start() {

@@ -556,4 +556,14 @@ func TestOpenClose(t *testing.T) {
 	if _, err := Open(empty); !errors.Is(err, ErrTruncated) || !strings.Contains(err.Error(), empty) {
 		t.Errorf("empty file: %v", err)
 	}
+	sub := filepath.Join(dir, "dir.gguf")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(sub); err == nil || !strings.Contains(err.Error(), "is a directory, not a GGUF model file") {
+		t.Errorf("directory: %v", err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("WriteFile's mode: %v, %v; want 0644", st.Mode(), err)
+	}
 }

@@ -11,6 +11,9 @@ import (
 // parses it as Parse does; Tensor returns views into that copy. Errors: those
 // of os.ReadFile and Parse, prefixed with the path.
 func Open(path string) (*File, error) {
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w", path, notRegular(st.Mode()))
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err

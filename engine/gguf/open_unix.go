@@ -13,7 +13,8 @@ import (
 // Open memory-maps the GGUF file at path read-only (PROT_READ, MAP_SHARED)
 // and parses it as Parse does; tensor data stays in the page cache and
 // Tensor returns zero-copy views. Close unmaps. Errors: those of os.Open,
-// unix.Mmap and Parse, prefixed with the path.
+// unix.Mmap and Parse, prefixed with the path; a path that is not a
+// regular file (a directory, a device) is refused before mapping.
 func Open(path string) (*File, error) {
 	fd, err := os.Open(path)
 	if err != nil {
@@ -23,6 +24,9 @@ func Open(path string) (*File, error) {
 	st, err := fd.Stat()
 	if err != nil {
 		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w", path, notRegular(st.Mode()))
 	}
 	size := st.Size()
 	if size == 0 {

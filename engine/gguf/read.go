@@ -3,6 +3,7 @@ package gguf
 import (
 	"encoding/binary"
 	"fmt"
+	"io/fs"
 	"math"
 	"math/bits"
 
@@ -510,4 +511,13 @@ func checkAlignment(v Value) (uint64, error) {
 			ErrMalformed, KeyAlignment, v, v.TypeName(), MaxAlignment)
 	}
 	return a, nil
+}
+
+// notRegular is Open's error for a path that is not a regular file.
+func notRegular(m fs.FileMode) error {
+	what := "not a regular file"
+	if m.IsDir() {
+		what = "a directory"
+	}
+	return fmt.Errorf("is %s, not a GGUF model file", what)
 }

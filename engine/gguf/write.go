@@ -263,8 +263,8 @@ func (w *Writer) header(e *encoder, align uint64) {
 }
 
 // WriteFile writes the file to path atomically: to a temporary file in the
-// same directory, synced, then renamed over path. Errors: those of WriteTo
-// and the file system.
+// same directory, synced, made mode 0644, then renamed over path. Errors:
+// those of WriteTo and the file system.
 func (w *Writer) WriteFile(path string) (err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -283,6 +283,11 @@ func (w *Writer) WriteFile(path string) (err error) {
 		return err
 	}
 	if err = tmp.Close(); err != nil {
+		return err
+	}
+	// os.CreateTemp made it 0600; a model file is for others to read too
+	// (a service user serving what an operator generated).
+	if err = os.Chmod(tmp.Name(), 0o644); err != nil {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)

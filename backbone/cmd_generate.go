@@ -213,6 +213,9 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	fmt.Fprintf(stdout, "\n\nprefill: %d tokens, %.1f tok/s; decode: %d tokens, %.1f tok/s\n",
 		len(res.PromptTokens), res.PrefillTokS, len(res.Tokens), res.DecodeTokS)
+	if res.Finish == "context" {
+		fmt.Fprintf(stdout, "stopped at the model's context length (%d positions, the prompt included)\n", len(res.PromptTokens)+len(res.Tokens)-1)
+	}
 	if res.Draft != spec.ModeNone {
 		fmt.Fprintf(stdout, "drafts (%s): %d drafted, %d accepted (%.0f%%), %d forwards\n",
 			res.Draft, res.Drafted, res.Accepted, 100*res.AcceptRate(), res.Forwards)

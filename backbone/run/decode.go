@@ -62,6 +62,10 @@ type Result struct {
 	// MaxStepMs is the longest decode forward pass, ms (a stall shows
 	// here).
 	MaxStepMs float64 `json:"max_step_ms"`
+	// Finish is why decoding stopped: "stop" (an end-of-generation
+	// token), "length" (MaxTokens; also with MaxTokens 0) or "context"
+	// (the model's context length was reached first).
+	Finish string `json:"finish_reason"`
 	// Draft is the draft mode used (DecodeOptions.Draft; "none" without).
 	Draft spec.Mode `json:"draft"`
 	// Drafted and accepted draft tokens and the decode's forward passes.
@@ -114,10 +118,14 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 	}
 	h := sha256.New()
 	res.LogitsSHA256 = hex.EncodeToString(h.Sum(nil))
+	vocab, ctxLen := eng.Params().Vocab, eng.Params().Context
+	if n := len(res.PromptTokens); n > ctxLen {
+		return nil, fmt.Errorf("the prompt has %d tokens; the model's context is %d", n, ctxLen)
+	}
+	res.Finish = "length"
 	if o.MaxTokens == 0 {
 		return res, nil
 	}
-	vocab, ctxLen := eng.Params().Vocab, eng.Params().Context
 	logits := make([]float32, (draftMax+1)*vocab)
 	raw := make([]byte, 4*vocab)
 	hashLogits := func(lg []float32) {
@@ -265,6 +273,12 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 	}
 	if _, err := io.WriteString(out, dec.Flush()); err != nil {
 		return nil, err
+	}
+	switch last := res.Tokens[len(res.Tokens)-1]; {
+	case tok.IsEOG(last):
+		res.Finish = "stop"
+	case len(res.Tokens) < o.MaxTokens:
+		res.Finish = "context"
 	}
 	res.Text = tok.Decode(res.Tokens)
 	res.LogitsSHA256 = hex.EncodeToString(h.Sum(nil))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -125,6 +126,34 @@ func TestDecodeNoTokens(t *testing.T) {
 	cancel()
 	if _, err := Decode(ctx, m, DecodeOptions{Prompt: "x", MaxTokens: 2}, nil); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled decode: %v", err)
+	}
+}
+
+// TestDecodeFinish: why a decode stopped (Result.Finish): "length" at
+// MaxTokens, "context" when the model's context is full first (the last
+// position fed is Context-1), and a prompt longer than the context is an
+// error naming both counts, before any forward pass.
+func TestDecodeFinish(t *testing.T) {
+	m := loadTiny(t)
+	ctxLen := m.Engine().Params().Context
+	res, err := Decode(context.Background(), m, DecodeOptions{Prompt: "In the beginning", MaxTokens: 3}, nil)
+	if err != nil || res.Finish != "length" || len(res.Tokens) != 3 {
+		t.Fatalf("3 tokens: %v, %+v", err, res)
+	}
+	res, err = Decode(context.Background(), m, DecodeOptions{Prompt: "In the beginning", MaxTokens: 2 * ctxLen}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Finish == "stop" {
+		t.Fatalf("the embedded model ended its text after %d tokens: take a prompt it continues to its context", len(res.Tokens))
+	}
+	if res.Finish != "context" || len(res.PromptTokens)+len(res.Tokens)-1 != ctxLen {
+		t.Errorf("finish %q after %d + %d tokens, context %d", res.Finish, len(res.PromptTokens), len(res.Tokens), ctxLen)
+	}
+	long := strings.Repeat("and the king said ", ctxLen/4+1)
+	_, err = Decode(context.Background(), m, DecodeOptions{Prompt: long, MaxTokens: 1}, nil)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("the model's context is %d", ctxLen)) {
+		t.Errorf("a prompt over the context: %v", err)
 	}
 }
 

@@ -78,9 +78,21 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() != 0 || o.MaxTokens < 1 || o.Workers < 1 || o.Rate == 0 || o.API.Requests < 0 {
-		fmt.Fprintln(stderr, "demo: unexpected arguments, --max-tokens, --workers or --rate-nkvr-per-byte below 1, or a negative --serve-requests")
-		fs.Usage()
+	bad := ""
+	switch {
+	case fs.NArg() != 0:
+		bad = fmt.Sprintf("unexpected arguments %q", fs.Args())
+	case o.MaxTokens < 1:
+		bad = fmt.Sprintf("--max-tokens %d: want >= 1", o.MaxTokens)
+	case o.Workers < 1:
+		bad = fmt.Sprintf("--workers %d: want >= 1", o.Workers)
+	case o.Rate == 0:
+		bad = "--rate-nkvr-per-byte 0: want >= 1"
+	case o.API.Requests < 0:
+		bad = fmt.Sprintf("--serve-requests %d: want >= 0", o.API.Requests)
+	}
+	if bad != "" {
+		fmt.Fprintln(stderr, "demo:", bad)
 		return 2
 	}
 	if err := o.Swarm.Check(); err != nil {

@@ -38,7 +38,7 @@ func genmodelMain(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 1, "random seed")
 	nextn := fs.Int("nextn", 0, "qwen35moe: multi-token-prediction blocks after the main layers (nextn_predict_layers, 0 or 1), as Qwen3.5's MTP head")
 	fused := fs.Bool("fused-gate-up", false, "write each layer's routed experts' gate and up as one ffn_gate_up_exps tensor (same weights)")
-	backboneOnly := fs.Bool("backbone-only", false, "write the model's backbone-only GGUF (no routed experts: what `backbone slice --backbone-only` makes of the full file) without writing or holding the full file")
+	backboneOnly := fs.Bool("backbone-only", false, "write the model's backbone-only GGUF (no routed experts: what backbone slice --backbone-only makes of the full file) without writing or holding the full file")
 	out := fs.String("out", "", "output GGUF file (required)")
 	if err := fs.Parse(args); err != nil {
 		return 2

@@ -164,10 +164,10 @@ func (p *Proc) Await(ctx context.Context, re *regexp.Regexp) ([]string, error) {
 			more := next < p.first+len(p.lines)
 			p.mu.Unlock()
 			if !more {
-				return nil, fmt.Errorf("%w: %s (%v) before printing /%s/; its log ends:\n%s", ErrExited, p.Name, p.Err(), re, p.Tail(20))
+				return nil, fmt.Errorf("%w: %s (%v) before it was ready (its line /%s/); its log ends:\n%s", ErrExited, p.Name, p.Err(), re, p.Tail(20))
 			}
 		case <-ctx.Done():
-			return nil, fmt.Errorf("demo: %s: waiting for /%s/: %w; its log ends:\n%s", p.Name, re, ctx.Err(), p.Tail(20))
+			return nil, fmt.Errorf("%s: gave up waiting for it to start: %w; its log ends:\n%s", p.Name, ctx.Err(), p.Tail(20))
 		}
 	}
 }

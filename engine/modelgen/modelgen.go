@@ -242,7 +242,7 @@ func (s Spec) check() error {
 	case s.NextN < 0 || s.NextN > 1 || (s.NextN > 0 && s.arch() != ArchQwen35MoE):
 		return bad("nextn_predict_layers %d: want 0, or 1 on %s", s.NextN, ArchQwen35MoE)
 	case !s.Type.Supported():
-		return bad("type %v cannot be computed with", s.Type)
+		return bad("type %v: the engine does not compute it (Q2_K, Q3_K and IQ types are refused; use Q4_K or above)", s.Type)
 	}
 	if g.check != nil {
 		if err := g.check(s); err != nil {

@@ -85,12 +85,12 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/v1/models", s.count("models", s.handleModels))
 	mux.HandleFunc("/v1/models/{id...}", s.count("models", s.handleModel))
 	if s.gather != nil {
-		mux.Handle("/metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{}))
+		mux.Handle("/metrics", getOnly(promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{})))
 	}
-	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/health", getOnly(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
-	})
+	})))
 	mux.HandleFunc("/", s.count("other", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "", "not_found", "no route for %s %s", r.Method, r.URL.Path))
 	}))
@@ -175,6 +175,19 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeError(w http.ResponseWriter, e *apiError) {
 	writeJSON(w, e.status, map[string]*apiError{"error": e})
+}
+
+// getOnly passes GET and HEAD requests to h and answers others 405 with
+// Allow: GET, HEAD.
+func getOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use GET"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {

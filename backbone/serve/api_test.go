@@ -489,6 +489,12 @@ func TestMetricsEndpoint(t *testing.T) {
 	text := new(bytes.Buffer)
 	_, _ = text.ReadFrom(mresp.Body)
 	mresp.Body.Close()
+	for _, path := range []string{"/metrics", "/health"} {
+		resp, _ := srv.post(t, path, "{}")
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
+			t.Errorf("POST %s: status %d, Allow %q; want 405, GET, HEAD", path, resp.StatusCode, resp.Header.Get("Allow"))
+		}
+	}
 	for _, line := range []string{
 		"kvasir_serve_generated_tokens_total " + strconv.Itoa(r.Usage.CompletionTokens),
 		"kvasir_serve_prompt_tokens_total " + strconv.Itoa(r.Usage.PromptTokens),

@@ -76,7 +76,7 @@ func demoMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&o.API.APIKey, "api-key", os.Getenv("KVASIR_API_KEY"), "with --serve: require 'Authorization: Bearer KEY' on /v1/ (default $KVASIR_API_KEY; empty: open)")
 	fs.IntVar(&o.API.Requests, "serve-requests", 0, "with --serve: stop after this many completion requests (0: serve until interrupted)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	bad := ""
 	switch {

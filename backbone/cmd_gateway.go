@@ -63,7 +63,7 @@ func runGateway(args []string) int {
 	idle := fs.Duration("idle-timeout", 90*time.Second, "close a worker session after this long without bytes in a direction (> the worker's 20 s ping)")
 	logs := addLogFlags(fs)
 	if err := config.Parse(fs, "gateway", args, os.Stdout); err != nil {
-		if errors.Is(err, config.ErrPrinted) {
+		if errors.Is(err, config.ErrPrinted) || errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2

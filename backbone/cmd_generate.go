@@ -113,7 +113,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	draftMax := fs.Int("draft-max", spec.DefaultMax, "with --draft: most draft tokens per forward")
 	sf := run.AddSwarmFlags(fs)
 	if err := config.Parse(fs, "generate", args, stdout); err != nil {
-		if errors.Is(err, config.ErrPrinted) {
+		if errors.Is(err, config.ErrPrinted) || errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2

@@ -41,7 +41,7 @@ func genmodelMain(args []string, stdout, stderr io.Writer) int {
 	backboneOnly := fs.Bool("backbone-only", false, "write the model's backbone-only GGUF (no routed experts: what backbone slice --backbone-only makes of the full file) without writing or holding the full file")
 	out := fs.String("out", "", "output GGUF file (required)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	if *out == "" || fs.NArg() != 0 {
 		fmt.Fprintln(stderr, "genmodel: --out FILE is required and no positional arguments are accepted")

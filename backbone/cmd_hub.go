@@ -39,7 +39,7 @@ func runHub(args []string) int {
 	logs := addLogFlags(fs)
 	settleResults := fs.Int("settle-results", hub.DefaultSettleResults, "and until this many RESULTs of the session followed them, or --settle passed without a RESULT (paused or idle); 0: none")
 	if err := config.Parse(fs, "hub", args, os.Stdout); err != nil {
-		if errors.Is(err, config.ErrPrinted) {
+		if errors.Is(err, config.ErrPrinted) || errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2

@@ -54,7 +54,7 @@ func ledgerMain(args []string, stdout, stderr io.Writer) int {
 	db := fs.String("db", "", "the hub's --ledger: an SQLite file or a postgres:// URL (read only)")
 	asJSON := fs.Bool("json", false, `print {"workers":[{"id","bytes","rejected_bytes",...}]}`)
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	if *db == "" || fs.NArg() != 0 {
 		fmt.Fprintln(stderr, "ledger: --db FILE|postgres://... is required")
@@ -111,7 +111,7 @@ func walletsMain(args []string, stdout, stderr io.Writer) int {
 	db := fs.String("db", "", "the gateway's --wallets: an SQLite file or a postgres:// URL (read only)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	if *db == "" || fs.NArg() != 0 {
 		fmt.Fprintln(stderr, "wallets: --db FILE|postgres://... is required")

@@ -53,7 +53,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 	run.AddAPIFlags(fs, &o)
 	so.Flags = run.AddSwarmFlags(fs)
 	if err := config.Parse(fs, "serve", args, os.Stdout); err != nil {
-		if errors.Is(err, config.ErrPrinted) {
+		if errors.Is(err, config.ErrPrinted) || errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2

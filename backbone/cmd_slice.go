@@ -49,7 +49,7 @@ func sliceMain(args []string, stdout, stderr io.Writer) int {
 	sourceURL := fs.String("source-url", "", "with --backbone-only: http(s) URL where the full model will be served, stored as the default --model-source")
 	chunk := fs.String("chunk-size", "1MiB", "with --backbone-only: chunk size of the stored chunk hashes (workers verify downloads per chunk), 4KiB..16MiB")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	if fs.NArg() != 0 || (*check == "") == (*modelPath == "") {
 		fmt.Fprintln(stderr, "slice: give either --model FILE --layers L --out DIR, or --check DIR")

@@ -34,7 +34,7 @@ func runUp(args []string) int {
 	if errors.Is(err, config.ErrPrinted) {
 		printCfg = true
 	} else if err != nil {
-		return 2
+		return parseExit(err)
 	}
 	file = fs.Lookup("config").Value.String()
 	if file == "" || fs.NArg() != 0 {

@@ -40,7 +40,7 @@ func runWorker(args []string) int {
 	cpuLimit := fs.Int("cpu-limit", 0, "limit the worker to this percent of the machine's CPU time, 1-100 (0 or 100: no limit); it pauses between requests, answering every request it took")
 	spinWait := fs.Duration("spin-wait", 0, "keep every CPU spinning at idle priority (SCHED_IDLE: it yields to any other thread) for up to this long after each answer, so that the next request is computed on CPUs that never halted (issue 19: a dedicated worker machine's choice, for WAN round trips of a few ms or more; a LAN's sub-ms ones ran slower with spinning); 0: off, the CPUs sleep between requests. Linux builds with cgo only")
 	if err := config.Parse(fs, "worker", args, os.Stdout); err != nil {
-		if errors.Is(err, config.ErrPrinted) {
+		if errors.Is(err, config.ErrPrinted) || errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2

@@ -6,6 +6,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"sort"
@@ -56,4 +58,13 @@ func main() {
 		os.Exit(2)
 	}
 	os.Exit(c.run(os.Args[2:]))
+}
+
+// parseExit is a command's exit code for its flag set's Parse error: 0
+// after -h or --help (the usage was printed, as asked), 2 for a bad flag.
+func parseExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
 }

@@ -450,6 +450,7 @@ func (cl *call) waitAll() error {
 				}
 				if j.c.take(j.req, true) != nil {
 					j.c.timeouts.Add(1)
+					j.c.stall()
 					rep = reply{err: fmt.Errorf("request %d: deadline exceeded", j.req)}
 				} else {
 					rep = <-j.done // the reader took it first; its reply is on the way

@@ -27,6 +27,13 @@ type conn struct {
 	nholds          atomic.Int64        // len(holds)
 	since           time.Time
 	paused          atomic.Bool
+	// stalled: a request to it passed its deadline unanswered and nothing
+	// has come from it since (a frozen process, a laptop asleep, a black
+	// hole). It is out of the holder index, so calls route its experts to
+	// other holders or compute them here at once instead of each waiting
+	// out a deadline, until any message from it arrives (its late RESULT,
+	// a PING): stall, unstall.
+	stalled atomic.Bool
 	tol             float64 // verification tolerance: 0 (exact bits) for CPU backends
 
 	// Verification: checks passed (probation ends at Config.Probation),
@@ -70,6 +77,7 @@ type conn struct {
 	readAt time.Time
 
 	reqsSent, rows, pairs, results, timeouts, late atomic.Uint64
+	stalls                                         atomic.Uint64 // runs of missed deadlines (stall)
 	nonFinite                                      atomic.Uint64 // RESULTs refused for a NaN or Inf value
 	digests                                        atomic.Uint64 // DIGESTs received (quorum)
 	bytesIn, bytesOut                              atomic.Uint64
@@ -233,6 +241,7 @@ func (d *Dispatcher) hello(c *conn, msg []byte) string {
 // handle processes one worker message; it returns a reason to close the
 // session, or "".
 func (c *conn) handle(msg []byte) string {
+	c.unstall()
 	f, err := wire.Decode(msg, &c.d.lim)
 	if err != nil {
 		return err.Error()
@@ -272,6 +281,36 @@ func (c *conn) handle(msg []byte) string {
 		return "unexpected " + f.Type().String() + " from worker"
 	}
 	return ""
+}
+
+// stall takes c out of the holder index after one of its requests passed
+// its deadline unanswered (conn.stalled); the first stall of a run of
+// them is counted and logged.
+func (c *conn) stall() {
+	if c.stalled.Swap(true) {
+		return
+	}
+	c.stalls.Add(1)
+	c.d.mu.Lock()
+	if c.d.workers[c.session] == c {
+		c.d.rebuildLocked()
+	}
+	c.d.mu.Unlock()
+	c.d.log.Warn("dispatch: worker missed a deadline: routing around it until it answers", "worker", c.worker, "session", c.session)
+}
+
+// unstall puts a stalled c back in the holder index: a message from it
+// arrived.
+func (c *conn) unstall() {
+	if !c.stalled.Load() || !c.stalled.CompareAndSwap(true, false) {
+		return
+	}
+	c.d.mu.Lock()
+	if c.d.workers[c.session] == c {
+		c.d.rebuildLocked()
+	}
+	c.d.mu.Unlock()
+	c.d.log.Info("dispatch: worker answers again", "worker", c.worker, "session", c.session)
 }
 
 // answer takes a RESULT (out, with the worker's timing tm) or a DIGEST

@@ -488,7 +488,7 @@ func (d *Dispatcher) rebuildLocked() {
 	sort.Strings(ids) // deterministic replica order
 	for _, s := range ids {
 		c := d.workers[s]
-		if c.paused.Load() {
+		if c.paused.Load() || c.stalled.Load() {
 			continue
 		}
 		for k := range c.holds {

@@ -130,6 +130,43 @@ func TestWorkerHangs(t *testing.T) {
 	}
 }
 
+// TestWorkerStallRoutedAround, on the default deadlines: a worker that
+// stops answering (a frozen process) costs the call that finds out one
+// deadline (5 s before the worker has round-trip samples); the calls after
+// it compute its experts here at once instead of each waiting out a
+// deadline, until the worker speaks again (its late RESULT), when it gets
+// work again.
+func TestWorkerStallRoutedAround(t *testing.T) {
+	m := testModel()
+	s := newStack(t, m, 0, nil)
+	comp := &fakeExperts{d: m.D, nExpert: m.NExpert, block: make(chan struct{})}
+	s.startWorker(t, comp, 0, 1, 2, 3)
+	s.waitWorkers(t, 1)
+	rng := rand.New(rand.NewPCG(15, 16))
+	if el := s.run(t, randomCall(t, m, rng, 0, 2)); el < 4*time.Second {
+		t.Fatalf("first call took %v, want the 5 s default deadline", el)
+	}
+	if st := s.disp.Stats(); !st.Workers[0].Stalled || st.Workers[0].Stalls != 1 || st.Workers[0].Timeouts != 1 {
+		t.Fatalf("after the missed deadline: %+v", st.Workers[0])
+	}
+	t0 := time.Now()
+	for l := range 4 {
+		s.run(t, randomCall(t, m, rng, l, 3))
+	}
+	if el := time.Since(t0); el > 2*time.Second { // 4 calls: 20 s if each waited out a deadline
+		t.Fatalf("4 calls while the worker was stalled took %v", el)
+	}
+	if st := s.disp.Stats(); comp.calls.Load() != 1 || st.ExpertsLocal != 4+4*6 || st.Workers[0].Timeouts != 1 {
+		t.Fatalf("while stalled: worker calls %d, local %d, timeouts %d", comp.calls.Load(), st.ExpertsLocal, st.Workers[0].Timeouts)
+	}
+	close(comp.block) // the worker resumes: its late RESULT arrives
+	waitUntil(t, 5*time.Second, "the worker back in the index", func() bool { return !s.disp.Stats().Workers[0].Stalled })
+	s.run(t, randomCall(t, m, rng, 1, 3))
+	if st := s.disp.Stats(); st.ExpertsRemote != 6 || comp.calls.Load() != 2 {
+		t.Fatalf("after it answered: remote %d, worker calls %d", st.ExpertsRemote, comp.calls.Load())
+	}
+}
+
 // TestPause: a paused worker gets no work (computed locally), and resumes.
 func TestPause(t *testing.T) {
 	m := testModel()

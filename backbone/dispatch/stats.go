@@ -12,6 +12,8 @@ type WorkerStats struct {
 	Session        string    // hub session id
 	Connected      bool      // false for sessions that ended
 	Paused         bool      // the worker said it takes no new work
+	Stalled        bool      // it missed a deadline and has sent nothing since: routed around (conn.stalled)
+	Stalls         uint64    // times it was taken out of the holder index for that
 	Reason         string    // why the session ended ("" while connected)
 	Backend        string    // from HELLO
 	Threads        int       // from HELLO
@@ -124,6 +126,7 @@ func (c *conn) stats() WorkerStats {
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	tp, wp, nt := c.timingP50()
 	return WorkerStats{ID: c.worker, Session: c.session, Connected: !closed, Paused: c.paused.Load(), Reason: reason,
+		Stalled: c.stalled.Load(), Stalls: c.stalls.Load(),
 		Backend: c.hello.Backend, Threads: int(c.hello.Threads), Holdings: int(c.nholds.Load()), ConnectedSince: c.since,
 		Requests: c.reqsSent.Load(), Results: c.results.Load(), Rows: c.rows.Load(), Pairs: c.pairs.Load(),
 		Timeouts: c.timeouts.Load(), Late: c.late.Load(), NonFinite: c.nonFinite.Load(), BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(),

@@ -94,6 +94,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 //	kvasir_swarm_worker_bytes_total{worker,session,dir}       message bytes, dir = in | out
 //	kvasir_swarm_worker_rtt_seconds{worker,session,quantile}  recent round trip, quantile 0.5 | 0.99
 //	kvasir_swarm_worker_connected{worker,session}             1 while the session is up
+//	kvasir_swarm_worker_stalled{worker,session}               1 while routed around after a missed deadline
 //	kvasir_swarm_worker_holdings{worker,session}              (layer, expert) pairs accepted (grows as a provisioned worker downloads)
 //	kvasir_swarm_checks_total                     worker results verified by local recomputation (issue 11)
 //	kvasir_swarm_check_mismatches_total           checked results that differed (workers caught)
@@ -122,7 +123,7 @@ type SwarmCollector struct {
 	stats                                          func() dispatch.Stats
 	calls, outputs, fallbacks                      *prometheus.Desc
 	wRequests, wRoundTrips, wMisses, wLate, wBytes *prometheus.Desc
-	wRTT, wConnected, wHoldings                    *prometheus.Desc
+	wRTT, wConnected, wHoldings, wStalled          *prometheus.Desc
 	wPart, wake                                    *prometheus.Desc
 	checks, mismatches, checkSecs, refusedBanned   *prometheus.Desc
 	banned, failovers                              *prometheus.Desc
@@ -157,6 +158,7 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 			append(wl, "part")...),
 		wake:           d("answer_wake_seconds", "Median time from an answer read on a worker's link to its call using it, seconds."),
 		wConnected:     d("worker_connected", "1 while the worker session is connected, 0 after it ended.", wl...),
+		wStalled:       d("worker_stalled", "1 while the worker is routed around: it missed a deadline and has sent nothing since.", wl...),
 		wHoldings:      d("worker_holdings", "(layer, expert) pairs of the worker accepted by the dispatcher (hash checked).", wl...),
 		checks:         d("checks_total", "Worker results verified against a local recomputation."),
 		mismatches:     d("check_mismatches_total", "Checked worker results that differed: replaced, forfeited, key banned."),
@@ -185,7 +187,7 @@ func NewSwarmCollector(stats func() dispatch.Stats) *SwarmCollector {
 // Describe implements prometheus.Collector.
 func (c *SwarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.calls, c.outputs, c.fallbacks, c.wRequests, c.wRoundTrips, c.wMisses,
-		c.wLate, c.wBytes, c.wRTT, c.wPart, c.wake, c.wConnected, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
+		c.wLate, c.wBytes, c.wRTT, c.wPart, c.wake, c.wConnected, c.wStalled, c.wHoldings, c.checks, c.mismatches, c.checkSecs, c.refusedBanned,
 		c.banned, c.failovers, c.crossChecks, c.disputes, c.unverified, c.holderWaits, c.holderWaitSecs, c.noHolder, c.planUnc,
 		c.verify, c.quorum, c.quorumAsks, c.digests, c.sumRequests, c.sumRows, c.spinThreads, c.spinSecs} {
 		ch <- d
@@ -267,6 +269,11 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 			conn = 1
 		}
 		emit(c.wConnected, prometheus.GaugeValue, conn, id, w.Session)
+		stalled := 0.0
+		if w.Stalled {
+			stalled = 1
+		}
+		emit(c.wStalled, prometheus.GaugeValue, stalled, id, w.Session)
 		emit(c.wHoldings, prometheus.GaugeValue, float64(w.Holdings), id, w.Session)
 	}
 }

@@ -34,7 +34,7 @@ type conn struct {
 	// out a deadline, until any message from it arrives (its late RESULT,
 	// a PING): stall, unstall.
 	stalled atomic.Bool
-	tol             float64 // verification tolerance: 0 (exact bits) for CPU backends
+	tol     float64 // verification tolerance: 0 (exact bits) for CPU backends
 
 	// Verification: checks passed (probation ends at Config.Probation),
 	// checks and mismatches, and the checked RESULTs received whose

@@ -174,6 +174,32 @@ func TestHubDownIs502(t *testing.T) {
 	}
 }
 
+// TestHubSecretMismatchIs502: a hub whose shared secret differs from the
+// gateway's refuses the gateway's signature (403); the worker, admitted by
+// the gateway, gets 502 saying the gateway is misconfigured, not that its
+// identity was refused (the 403 it got before made contributors chase a
+// key problem they did not have).
+func TestHubSecretMismatchIs502(t *testing.T) {
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1",
+		Secret: []byte("another secret, not the gateway's"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	g, pool := newGateway(t, h.Addr(), nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	_, resp, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now()))
+	if err == nil || resp == nil || resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("want 502, got %v %v", resp, err)
+	}
+	if st := g.Stats(); st.Refused != 1 || st.Upgrades != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestSelfSigned(t *testing.T) {
 	c, k, err := SelfSigned("127.0.0.1", "gw.example")
 	if err != nil {

@@ -94,6 +94,20 @@ func (g *Gateway) upgrade(w http.ResponseWriter, r *http.Request, hc net.Conn, w
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
 		g.refused.Add(1)
+		if resp.StatusCode == http.StatusForbidden {
+			// The hub refuses only this gateway's signature (shared
+			// secret, clock skew, a replayed nonce): the worker was
+			// admitted here, so it is not its identity that failed.
+			// Tell it so (502: the swarm behind the gateway), and the
+			// operator what to check.
+			g.met.refused.WithLabelValues("hub_forbidden").Inc()
+			g.log.Error("gateway: the hub refused this gateway's signature: check that hub and gateway use the same secret file and that their clocks agree",
+				"status", resp.StatusCode, "hub", g.cfg.HubURL)
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(http.StatusBadGateway)
+			_, _ = io.WriteString(w, "the hub did not accept this gateway (a gateway misconfiguration, not this worker's identity)\n")
+			return nil
+		}
 		g.met.refused.WithLabelValues("hub_refused").Inc()
 		g.log.Warn("gateway: hub refused upgrade", "status", resp.StatusCode)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -13,6 +13,7 @@
 package credit
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -66,6 +67,8 @@ type Service struct {
 	key   ed25519.PrivateKey
 	now   func() time.Time
 	stats stats
+	// created: this Open made the store's signing seed (a new store).
+	created bool
 
 	// beforeCommit, when set (tests), runs inside the credit transaction
 	// just before COMMIT; an error aborts the transaction like a crash.
@@ -124,8 +127,15 @@ func New(st Store, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("%w: signing seed is %d bytes", ErrSchema, len(seed))
 	}
 	return &Service{st: st, src: cfg.Source, rate: cfg.RateNKVRPerByte, batch: cfg.Batch, now: time.Now,
-		key: ed25519.NewKeyFromSeed(seed)}, nil
+		key: ed25519.NewKeyFromSeed(seed), created: bytes.Equal(seed, fresh)}, nil
 }
+
+// Created reports whether this Service's Open or New made the store's
+// signing seed: the store is new and will credit the ledger from its
+// first row. Two stores crediting one ledger pay its rows twice (the
+// exactly-once rule is per store), so a gateway says so when it starts on
+// a new store (StartFromHub).
+func (s *Service) Created() bool { return s.created }
 
 // OpenReadOnly opens an existing wallets store to read it (PublicKey,
 // Cursor, Wallets, Statements); crediting through the result fails. An

@@ -216,6 +216,9 @@ func propertyExactlyOnce(t *testing.T, b backend, seeds, steps int) {
 			}
 			s := open()
 			pub := s.PublicKey()
+			if !s.Created() {
+				t.Fatal("a new wallets file: Created false")
+			}
 			var abandoned []*Service
 			defer func() {
 				s.Close()
@@ -260,8 +263,8 @@ func propertyExactlyOnce(t *testing.T, b backend, seeds, steps int) {
 						s.Close()
 					}
 					s = open()
-					if !s.PublicKey().Equal(pub) {
-						t.Fatal("gateway key changed across restart")
+					if !s.PublicKey().Equal(pub) || s.Created() {
+						t.Fatalf("gateway restart: key changed %v, created %v", !s.PublicKey().Equal(pub), s.Created())
 					}
 				case op < 94: // hub restart
 					l.Close()

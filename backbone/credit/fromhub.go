@@ -64,7 +64,11 @@ func (c *Crediting) Stop() {
 // with no handlers and no checks. Errors: Open's and the metric
 // registration's.
 func StartFromHub(ctx context.Context, c HubConfig) (*Crediting, error) {
+	if c.Logf == nil {
+		c.Logf = func(string, ...any) {}
+	}
 	if c.Wallets == "" {
+		c.Logf("no wallets store (--wallets): this gateway credits no one; the hub's ledger keeps the work for a gateway that does")
 		return &Crediting{}, nil
 	}
 	base := c.Hub
@@ -83,6 +87,11 @@ func StartFromHub(ctx context.Context, c HubConfig) (*Crediting, error) {
 		}
 	}
 	c.Logf("wallets on %s (%s)", svc.Store().Kind(), pgstore.RedactPath(c.Wallets))
+	if svc.Created() {
+		c.Logf("warning: the wallets store %s is new (a new signing key): it will credit the hub's ledger from its first row. "+
+			"If another wallets store already credited this ledger, stop this gateway now and start it on that store: "+
+			"its rows would be paid twice, and workers' wallets refuse a gateway key they did not pin", pgstore.RedactPath(c.Wallets))
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

@@ -37,7 +37,7 @@ func runWorker(args []string) int {
 	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with optional KiB/MiB/GiB suffix; the backbone assigns experts and the worker downloads them (issue 6)")
 	source := fs.String("model-source", "", "with --quota: http(s) URL of the full model GGUF to download assigned experts from instead of the one the backbone names (a mirror); bytes are verified against the backbone's hashes either way")
 	backend := fs.String("backend", "auto", workerrole.BackendFlagHelp)
-	cpuLimit := fs.Int("cpu-limit", 0, "limit the worker to this percent of the machine's CPU time, 1-100 (0 or 100: no limit); it pauses between requests, answering every request it took")
+	cpuLimit := fs.Int("cpu-limit", 0, "limit the worker to this percent of the machine's CPU time, 0-100 (0, the default, or 100: no limit); it pauses between requests, answering every request it took")
 	spinWait := fs.Duration("spin-wait", 0, "keep every CPU spinning at idle priority (SCHED_IDLE: it yields to any other thread) for up to this long after each answer, so that the next request is computed on CPUs that never halted (issue 19: a dedicated worker machine's choice, for WAN round trips of a few ms or more; a LAN's sub-ms ones ran slower with spinning); 0: off, the CPUs sleep between requests. Linux builds with cgo only")
 	if err := config.Parse(fs, "worker", args, os.Stdout); err != nil {
 		if errors.Is(err, config.ErrPrinted) || errors.Is(err, flag.ErrHelp) {
@@ -50,7 +50,7 @@ func runWorker(args []string) int {
 		return 2
 	}
 	if *cpuLimit < 0 || *cpuLimit > 100 {
-		fmt.Fprintf(os.Stderr, "worker: --cpu-limit %d: want 1-100 (0 or 100: no limit)\n", *cpuLimit)
+		fmt.Fprintf(os.Stderr, "worker: --cpu-limit %d: want a percent from 0 to 100 (0 or 100: no limit)\n", *cpuLimit)
 		return 2
 	}
 	c := workerrole.Config{Gateway: *gw, Slice: *slice, Tiny: *modelTiny, CAFile: *caFile, KeyFile: *keyFile,

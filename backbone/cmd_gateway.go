@@ -46,7 +46,7 @@ func runGateway(args []string) int {
 	hubAddr := fs.String("hub", "127.0.0.1:7001", "the hub (host:port)")
 	certFile := fs.String("tls-cert", "", "PEM certificate chain")
 	keyFile := fs.String("tls-key", "", "PEM private key")
-	selfOut := fs.String("self-signed-out", "", "write a self-signed pair (gateway.crt, gateway.key) to DIR and use it (tests, demo)")
+	selfOut := fs.String("self-signed-out", "", "use the self-signed pair DIR/gateway.crt, DIR/gateway.key, kept across restarts while valid for the hosts; a new one is written when they are missing, damaged, expire within 7 days or miss a host (tests, demo)")
 	hosts := fs.String("self-signed-hosts", "127.0.0.1,::1,localhost", "comma-separated names/IPs for --self-signed-out")
 	acmeDomain := fs.String("acme-domain", "", "obtain and renew the certificate by ACME (TLS-ALPN-01 on --listen) for these comma-separated names; workers then need no --ca")
 	acmeCache := fs.String("acme-cache", defaultACMECache(), "with --acme-domain: directory keeping the ACME account key and certificates across restarts")
@@ -78,6 +78,7 @@ func runGateway(args []string) int {
 	var tlsConf *tls.Config
 	var acmeMgr *autocert.Manager
 	var domains []string
+	var selfPair *gateway.SelfSignedPair // --self-signed-out
 	switch {
 	case *acmeDomain != "":
 		if *certFile != "" || *keyFile != "" || *selfOut != "" {
@@ -108,13 +109,23 @@ func runGateway(args []string) int {
 		}
 	default:
 		if *selfOut != "" {
-			c, k, err := gateway.WriteSelfSigned(*selfOut, strings.Split(*hosts, ",")...)
+			// Keep the pair in DIR when it is still good, so that workers
+			// pinned to it (--ca DIR/gateway.crt) reconnect after a
+			// restart; a new pair is written only once the listener is
+			// bound (below), so a gateway that cannot listen (a second
+			// one on the same port) leaves the live one's files alone.
+			selfPair, err = gateway.LoadOrNewSelfSigned(*selfOut, strings.Split(*hosts, ","), time.Now())
 			if err != nil {
-				fmt.Fprintln(os.Stderr, "gateway:", err)
+				fmt.Fprintln(os.Stderr, err)
 				return 1
 			}
-			*certFile, *keyFile = c, k
-			fmt.Fprintf(os.Stderr, "gateway: self-signed certificate %s (workers: --ca %s)\n", c, c)
+			cert, err := selfPair.Certificate()
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}}
+			break
 		}
 		if *certFile == "" || *keyFile == "" {
 			fmt.Fprintln(os.Stderr, "gateway: --tls-cert and --tls-key, --self-signed-out DIR or --acme-domain NAME is required")
@@ -150,6 +161,20 @@ func runGateway(args []string) int {
 		return 1
 	}
 	defer g.Close()
+	if selfPair != nil {
+		exp := selfPair.NotAfter.UTC().Format(time.RFC3339)
+		if selfPair.Reused {
+			fmt.Fprintf(os.Stderr, "gateway: reusing the self-signed certificate %s (expires %s; delete it and %s for a new one; workers: --ca %s)\n",
+				selfPair.CertFile, exp, selfPair.KeyFile, selfPair.CertFile)
+		} else {
+			if err := selfPair.Write(); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			fmt.Fprintf(os.Stderr, "gateway: new self-signed certificate %s (%s; expires %s; workers: --ca %s)\n",
+				selfPair.CertFile, selfPair.Reason, exp, selfPair.CertFile)
+		}
+	}
 	var certsReady atomic.Int64 // domains whose certificate is obtained
 	if acmeMgr != nil {
 		for _, d := range domains {

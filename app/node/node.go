@@ -240,7 +240,9 @@ func Open(cfg Config) (*Node, error) {
 		n.log = slog.Default()
 	}
 	pool := cfg.RootCAs
+	workerCAFile := "" // the worker re-reads CAFile at each dial (a rotated gateway certificate needs no restart)
 	if pool == nil && cfg.CAFile != "" {
+		workerCAFile = cfg.CAFile
 		pem, err := os.ReadFile(cfg.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: CA file: %v", ErrConfig, err)
@@ -310,7 +312,7 @@ func Open(cfg Config) (*Node, error) {
 		} else {
 			name = "cpu"
 		}
-		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool, SliceDir: cfg.SliceDir,
+		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool, CAFile: workerCAFile, SliceDir: cfg.SliceDir,
 			Quota: int64(cfg.QuotaBytes), Backend: name, Accelerator: acc, Threads: cfg.Threads, CPULimit: cfg.CPULimit, OnServed: n.wal.Served, Logger: n.log})
 		if err != nil {
 			n.problem = "no slice: " + err.Error()
@@ -338,7 +340,7 @@ func Open(cfg Config) (*Node, error) {
 		n.dev, _ = sl.Computer.(*vulkan.Computer) // closed by sl.Close
 		n.info = sl.Info
 		n.info.Dir, n.info.QuotaBytes = cfg.SliceDir, cfg.QuotaBytes
-		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool,
+		n.w, err = worker.New(worker.Config{GatewayURL: cfg.GatewayURL, Key: id.Key, RootCAs: pool, CAFile: workerCAFile,
 			Computer: sl.Computer, Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: sl.Backend, Threads: cfg.Threads,
 			CPULimit: cfg.CPULimit, OnServed: n.wal.Served, Logger: n.log})
 		if err != nil {

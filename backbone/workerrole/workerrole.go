@@ -159,7 +159,7 @@ func Run(ctx context.Context, c Config) error {
 		if dev != nil {
 			defer dev.Close() // after w.Close (deferred below), which empties the device
 		}
-		w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, SliceDir: c.Slice, Quota: c.Quota, CPULimit: c.CPULimit, SpinWait: c.SpinWait,
+		w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, CAFile: c.CAFile, SliceDir: c.Slice, Quota: c.Quota, CPULimit: c.CPULimit, SpinWait: c.SpinWait,
 			Source: c.Source, Backend: backend, Threads: c.Threads, Accelerator: acc})
 		if err != nil {
 			if rest, ok := strings.CutPrefix(err.Error(), "worker: slice: "); ok {
@@ -201,7 +201,7 @@ func Run(ctx context.Context, c Config) error {
 		return &Error{"", err}
 	}
 	defer closeDev()
-	w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, Computer: comp, CPULimit: c.CPULimit, SpinWait: c.SpinWait,
+	w, err := worker.New(worker.Config{GatewayURL: c.Gateway, Key: key, RootCAs: pool, CAFile: c.CAFile, Computer: comp, CPULimit: c.CPULimit, SpinWait: c.SpinWait,
 		Holdings: sl.Holdings, ModelID: sl.ModelID, Backend: backend, Threads: c.Threads})
 	if err != nil {
 		return &Error{"", err}

@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/coder/websocket"
@@ -148,7 +150,8 @@ func (w *Worker) dialBatched(ctx context.Context, network, addr string) (net.Con
 }
 
 // dialBatchedTLS is the worker transport's DialTLSContext (wss://): TLS
-// (w.cfg.RootCAs, TLS 1.2 at least, the handshake bounded by 10 s) between
+// (w.cfg.CAFile read now, else w.cfg.RootCAs; TLS 1.2 at least, the
+// handshake bounded by 10 s) between
 // two batching layers, one above it, so that a WebSocket message reaches
 // crypto/tls as one write (full records), and one below it, so that the
 // records leave in one system call. The upper one goes in ctx's batchSlot.
@@ -157,13 +160,19 @@ func (w *Worker) dialBatchedTLS(ctx context.Context, network, addr string) (net.
 	if err != nil {
 		return nil, err
 	}
+	roots := w.cfg.RootCAs
+	if w.cfg.CAFile != "" {
+		if roots, err = LoadCAFile(w.cfg.CAFile); err != nil {
+			return nil, err
+		}
+	}
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
 	under := wire.NewBatchConn(raw, nil).BufferReads()
-	tc := tls.Client(under, &tls.Config{RootCAs: w.cfg.RootCAs, MinVersion: tls.VersionTLS12, ServerName: host,
+	tc := tls.Client(under, &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12, ServerName: host,
 		NextProtos: []string{"http/1.1"}})
 	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	err = tc.HandshakeContext(hctx)
@@ -449,4 +458,19 @@ func (s *workerSession) handle(msg []byte, at time.Time) error {
 		return fmt.Errorf("unexpected %s from backbone", f.Type())
 	}
 	return nil
+}
+
+// LoadCAFile reads the PEM certificates of path into a new pool (the
+// gateway's self-signed certificate or its CA). Errors name the file: it
+// cannot be read, or it holds no PEM certificate.
+func LoadCAFile(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("worker: CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("worker: CA file %s: no PEM certificate", path)
+	}
+	return pool, nil
 }

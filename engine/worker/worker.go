@@ -126,6 +126,13 @@ type Config struct {
 	ModelID    string             // model identity announced in HELLO
 	Backend    string             // e.g. "cpu"
 	Threads    int                // compute threads, for the backbone's information
+	// CAFile, when set, is a PEM file of the gateway's root CAs (its
+	// self-signed certificate or its CA), read again at every TLS dial
+	// instead of RootCAs: a worker whose gateway changed its certificate
+	// reconnects once the new file is copied in place, without a restart.
+	// A dial while the file cannot be read or holds no certificate fails
+	// naming the file, and is retried like any failed dial.
+	CAFile string
 	// CPULimit limits the process to this percent of the machine's CPU
 	// time, 1-100 (0 or 100: no limit), by resting between requests (a
 	// duty cycle, cpulimit.go); SetCPULimit changes it while it runs.

@@ -366,7 +366,7 @@ func withWallet(dataDir, keySeedHex string, f func(*node.Node) (any, error)) (st
 // WalletJSON returns the wallet in dataDir for the seed as `kvasir wallet
 // --json` prints it (wallet.Summary: address, metered_nkvr (estimate),
 // credited_nkvr, paid_nkvr, pending_nkvr, bytes_served, credited_bytes,
-// reconcile with mismatch, awaiting_bytes and explanation, and the newest
+// reconcile with mismatch, mismatch_bytes, awaiting_bytes and explanation, and the newest
 // 100 history events). It works while the worker runs (the same file) and
 // while it is stopped. Errors: ErrConfig for a bad seed or empty dataDir,
 // wallet errors (wallet.ErrCorrupt, ErrNewerSchema, ErrWrongIdentity,

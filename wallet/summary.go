@@ -1,10 +1,13 @@
 package wallet
 
 import (
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -46,18 +49,44 @@ type Event struct {
 // Reconcile compares the worker's own count with what the gateway
 // accounted for: credited bytes plus the bytes its statements report as
 // rejected (results the backbone refused: never paid, but not missing).
-// A shortfall is a mismatch only when bytes counted more than the credit
-// lag (Options.CreditLag) before the last statement fetch are still
-// unaccounted for; younger ones are awaiting credit, and bytes counted
-// after a fetch that is itself old are unconfirmed (the gateway was not
-// asked), never a mismatch.
+//
+// Statements carry no session ids, so the wallet checks each of its
+// sessions at the first statement fetch made a credit lag
+// (Options.CreditLag) or more after the session's last count: the bytes of
+// that session and of every session counted before it, less everything
+// accounted for by that fetch, is the shortfall of those sessions. A
+// shortfall found so stays a mismatch (MismatchBytes) whatever newer
+// sessions do: credits for newer work never fill an older gap. The counted
+// bytes beyond the mismatch and the credits are awaiting credit
+// (AwaitingBytes): younger than the lag, or counted after a fetch that is
+// itself old (the gateway was not asked, so not a mismatch).
 type Reconcile struct {
-	Mismatch         bool   `json:"mismatch"`
-	DiffBytes        int64  `json:"diff_bytes"`               // bytes_served - credited_bytes
-	ThresholdBytes   uint64 `json:"threshold_bytes"`          // allowed |diff|
-	AwaitingBytes    uint64 `json:"awaiting_bytes,omitempty"` // counted, neither credited nor rejected yet, not a mismatch
-	CreditLagSeconds int64  `json:"credit_lag_s"`             // how long credits may take
-	Explanation      string `json:"explanation"`
+	// Mismatch is true when MismatchBytes > 0.
+	Mismatch bool `json:"mismatch"`
+	// DiffBytes is bytes_served - credited_bytes.
+	DiffBytes int64 `json:"diff_bytes"`
+	// ThresholdBytes is the difference allowed in the comparison that
+	// decided: 1 % of the larger count plus 64 KiB.
+	ThresholdBytes uint64 `json:"threshold_bytes"`
+	// MismatchBytes are the bytes the mismatch is about: counted by
+	// sessions older than the credit lag and neither credited nor rejected
+	// by the gateway, or, when DiffBytes is negative, credited beyond the
+	// own count. 0 when there is no mismatch.
+	MismatchBytes uint64 `json:"mismatch_bytes,omitempty"`
+	// MismatchSession names the newest session whose check found the
+	// shortfall (the missing bytes belong to it or to older sessions), and
+	// MismatchCounted is when it was last counted; empty when the shortfall
+	// was found in a session still being counted, or there is none.
+	MismatchSession string    `json:"mismatch_session,omitempty"`
+	MismatchCounted time.Time `json:"mismatch_counted,omitzero"`
+	// AwaitingBytes are counted bytes neither credited nor rejected yet
+	// and not part of MismatchBytes: recent work (or work since an old
+	// fetch). Never a mismatch.
+	AwaitingBytes uint64 `json:"awaiting_bytes,omitempty"`
+	// CreditLagSeconds is how long credits may take.
+	CreditLagSeconds int64 `json:"credit_lag_s"`
+	// Explanation says the state in words.
+	Explanation string `json:"explanation"`
 }
 
 // Summary is the wallet as `kvasir wallet --json` prints it. All amounts
@@ -126,12 +155,30 @@ func (w *Wallet) Summary() (Summary, error) {
 		return Summary{}, err
 	}
 	// What the gateway should have credited by its last answer: the bytes
-	// counted a credit lag before it (or before now, if later).
+	// counted a credit lag before it (or before now, if later), over all
+	// sessions (samples: also the part of a session still being counted)...
 	var settled uint64
+	var short shortfall
 	if !s.LastFetched.IsZero() {
-		settled = min(w.servedBy(minTime(now, s.LastFetched).Add(-w.lag)), s.BytesServed)
+		decided := minTime(now, s.LastFetched)
+		settled = min(w.servedBy(decided.Add(-w.lag)), s.BytesServed)
+		// ... and per session, at the fetch that decided it, so that
+		// credits for newer work do not hide an older shortfall.
+		// The checks made at each fetch (exact) and, for sessions decided
+		// before this wallet kept them, the same checks redone from the
+		// statements' fetch times (a lower bound).
+		if short, err = w.checkedShortfall(); err != nil {
+			return Summary{}, err
+		}
+		redone, err := w.sessionShortfall(decided, s.LastFetched, s.CreditedBytes+s.RejectedBytes)
+		if err != nil {
+			return Summary{}, err
+		}
+		if redone.bytes > short.bytes {
+			short = redone
+		}
 	}
-	s.Reconcile = reconcile(s.BytesServed, settled, s.CreditedBytes, s.RejectedBytes, w.lag, s.LastFetched, now)
+	s.Reconcile = reconcile(s.BytesServed, settled, s.CreditedBytes, s.RejectedBytes, short, w.lag, s.LastFetched, now)
 	return s, nil
 }
 
@@ -146,32 +193,261 @@ func minTime(a, b time.Time) time.Time {
 // 64 KiB.
 func threshold(b uint64) uint64 { return uint64(float64(b)*ReconcileFraction) + ReconcileSlackBytes }
 
+// shortfall is the largest shortfall a session check found
+// (Wallet.sessionShortfall): bytes counted by session and the sessions
+// counted before it, less what the gateway accounted for by the first
+// fetch a credit lag after it; threshold is the difference allowed there.
+type shortfall struct {
+	bytes     uint64
+	threshold uint64
+	session   string
+	counted   time.Time
+}
+
+// sessionShortfall checks each session last counted a credit lag or more
+// before decided (the last fetch, or now if earlier): the bytes of the
+// sessions counted up to it are compared with what the gateway accounted
+// for (credited plus rejected) in the statements fetched by the first
+// fetch at or after the session's last count plus the lag (the last fetch,
+// lastFetched, with accountedAll, when no statement arrived since). A
+// session still counted in that window does not count towards an older
+// check: the comparison is a lower bound of what is missing. It returns
+// the largest shortfall beyond the threshold (zero if none).
+func (w *Wallet) sessionShortfall(decided, lastFetched time.Time, accountedAll uint64) (shortfall, error) {
+	type fetch struct {
+		t         int64 // unix ms
+		accounted uint64
+	}
+	var fetches []fetch
+	rows, err := w.db.Query(`SELECT fetched, MAX(cum_bytes), SUM(rejected) FROM statements GROUP BY fetched ORDER BY fetched`)
+	if err != nil {
+		return shortfall{}, fmt.Errorf("wallet: %w", err)
+	}
+	var rej uint64
+	for rows.Next() {
+		var t, cb, r int64
+		if err := rows.Scan(&t, &cb, &r); err != nil {
+			rows.Close()
+			return shortfall{}, fmt.Errorf("wallet: %w", err)
+		}
+		rej += uint64(r)
+		fetches = append(fetches, fetch{t: t, accounted: uint64(cb) + rej})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return shortfall{}, fmt.Errorf("wallet: %w", err)
+	}
+	fetches = append(fetches, fetch{t: lastFetched.UnixMilli(), accounted: accountedAll})
+
+	rows, err = w.db.Query(`SELECT session, bytes_in + bytes_out, updated FROM sessions WHERE updated <= ? ORDER BY updated, session`,
+		decided.Add(-w.lag).UnixMilli())
+	if err != nil {
+		return shortfall{}, fmt.Errorf("wallet: %w", err)
+	}
+	defer rows.Close()
+	var best shortfall
+	var settled uint64
+	f := 0
+	type sess struct {
+		name    string
+		bytes   uint64
+		updated int64
+	}
+	var group []sess // sessions last counted at the same millisecond
+	check := func() {
+		if len(group) == 0 {
+			return
+		}
+		for _, g := range group {
+			settled += g.bytes
+		}
+		last := group[len(group)-1]
+		group = group[:0]
+		due := last.updated + w.lag.Milliseconds()
+		for f < len(fetches)-1 && fetches[f].t < due {
+			f++
+		}
+		acc := fetches[f].accounted
+		th := threshold(max(settled, acc))
+		if settled > acc+th && settled-acc > best.bytes {
+			best = shortfall{bytes: settled - acc, threshold: th, session: last.name, counted: time.UnixMilli(last.updated)}
+		}
+	}
+	for rows.Next() {
+		var g sess
+		var b int64
+		if err := rows.Scan(&g.name, &b, &g.updated); err != nil {
+			return shortfall{}, fmt.Errorf("wallet: %w", err)
+		}
+		g.bytes = uint64(b)
+		if len(group) > 0 && group[0].updated != g.updated {
+			check()
+		}
+		group = append(group, g)
+	}
+	if err := rows.Err(); err != nil {
+		return shortfall{}, fmt.Errorf("wallet: %w", err)
+	}
+	check()
+	return best, nil
+}
+
+// Meta keys of the session checks made at each fetch (checkSessions).
+const (
+	metaChecked = "checked_upto" // unix ms: sessions last counted up to here are checked
+	metaShort   = "shortfall"    // JSON shortfallRecord: the largest shortfall found
+)
+
+// shortfallRecord is shortfall as kept in the meta table.
+type shortfallRecord struct {
+	Bytes     uint64 `json:"bytes"`
+	Threshold uint64 `json:"threshold"`
+	Session   string `json:"session"`
+	CountedMS int64  `json:"counted_ms"`
+}
+
+// checkSessions runs, in the fetch transaction tx at now (unix ms) with
+// cumBytes credited in all, the session checks this fetch decides: each
+// session last counted a credit lag or more before now and after the
+// previous fetch's cut is compared, with the sessions counted before it,
+// with what the gateway has accounted for (credited plus rejected) now.
+// The largest shortfall beyond the threshold is kept (metaShort), so that
+// credits for later work, which later fetches bring, cannot hide it. A
+// fetch that found no new statement decides as well as one that did.
+func (w *Wallet) checkSessions(tx *sql.Tx, now int64, cumBytes uint64) error {
+	cut := now - w.lag.Milliseconds()
+	var prev int64 = -1 << 62
+	var v string
+	switch err := tx.QueryRow(`SELECT v FROM meta WHERE k = ?`, metaChecked).Scan(&v); {
+	case err == nil:
+		if prev, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return fmt.Errorf("%w: %s %q", ErrCorrupt, metaChecked, v)
+		}
+	case !errors.Is(err, sql.ErrNoRows):
+		return err
+	}
+	if cut <= prev {
+		return nil
+	}
+	var best shortfallRecord
+	switch err := tx.QueryRow(`SELECT v FROM meta WHERE k = ?`, metaShort).Scan(&v); {
+	case err == nil:
+		if json.Unmarshal([]byte(v), &best) != nil {
+			return fmt.Errorf("%w: %s %q", ErrCorrupt, metaShort, v)
+		}
+	case !errors.Is(err, sql.ErrNoRows):
+		return err
+	}
+	var rej, before int64
+	if err := tx.QueryRow(`SELECT COALESCE(SUM(rejected), 0) FROM statements`).Scan(&rej); err != nil {
+		return err
+	}
+	if err := tx.QueryRow(`SELECT COALESCE(SUM(bytes_in + bytes_out), 0) FROM sessions WHERE updated <= ?`, prev).Scan(&before); err != nil {
+		return err
+	}
+	accounted := cumBytes + uint64(rej)
+	settled := uint64(before)
+	found := false
+	err := func() error {
+		rows, err := tx.Query(`SELECT session, bytes_in + bytes_out, updated FROM sessions WHERE updated > ? AND updated <= ?
+			ORDER BY updated, session`, prev, cut)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var sess string
+			var b, upd int64
+			if err := rows.Scan(&sess, &b, &upd); err != nil {
+				return err
+			}
+			settled += uint64(b)
+			// Sessions counted at the same millisecond are checked once,
+			// at the last of them (ordered by name): the check of an
+			// earlier one would leave the others out, which only lowers it.
+			th := threshold(max(settled, accounted))
+			if settled > accounted+th && settled-accounted > best.Bytes {
+				best, found = shortfallRecord{Bytes: settled - accounted, Threshold: th, Session: sess, CountedMS: upd}, true
+			}
+		}
+		return rows.Err()
+	}()
+	if err != nil {
+		return err
+	}
+	if found {
+		b, _ := json.Marshal(best)
+		if _, err := tx.Exec(`INSERT INTO meta (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v`, metaShort, string(b)); err != nil {
+			return err
+		}
+	}
+	_, err = tx.Exec(`INSERT INTO meta (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v`, metaChecked, strconv.FormatInt(cut, 10))
+	return err
+}
+
+// checkedShortfall returns the shortfall kept by checkSessions (zero if
+// none).
+func (w *Wallet) checkedShortfall() (shortfall, error) {
+	var v string
+	err := w.db.QueryRow(`SELECT v FROM meta WHERE k = ?`, metaShort).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return shortfall{}, nil
+	}
+	if err != nil {
+		return shortfall{}, fmt.Errorf("wallet: %w", err)
+	}
+	var r shortfallRecord
+	if json.Unmarshal([]byte(v), &r) != nil {
+		return shortfall{}, fmt.Errorf("%w: %s %q", ErrCorrupt, metaShort, v)
+	}
+	return shortfall{bytes: r.Bytes, threshold: r.Threshold, session: r.Session, counted: time.UnixMilli(r.CountedMS)}, nil
+}
+
 // reconcile compares what the gateway accounted for (credited plus
-// rejected bytes) with the own count: served in all, and settled, served
-// at least lag before the last fetch (what the gateway should have
-// credited by then). Fewer accounted for than settled beyond the threshold
-// is a mismatch; fewer than served but not than settled is credit lag (or,
-// after an old or no fetch, unconfirmed); more credited than served is a
-// mismatch at once.
-func reconcile(served, settled, credited, rejected uint64, lag time.Duration, fetched, now time.Time) Reconcile {
+// rejected bytes) with the own count: served in all; settled, served at
+// least lag before the last fetch (what the gateway should have credited
+// by then); and short, the largest shortfall of the per-session checks.
+// The larger of short and settled less accounted, beyond the threshold
+// and at most served less accounted, is a mismatch (MismatchBytes); the
+// rest of served less accounted, beyond the threshold, is awaiting credit
+// (or, after an old or no fetch, unconfirmed). More credited than served
+// is a mismatch at once.
+func reconcile(served, settled, credited, rejected uint64, short shortfall, lag time.Duration, fetched, now time.Time) Reconcile {
 	accounted := credited + rejected
 	r := Reconcile{DiffBytes: int64(served) - int64(credited), ThresholdBytes: threshold(max(served, credited)),
 		CreditLagSeconds: int64(lag / time.Second)}
 	fb := walletapi.FormatBytes
+	if th := threshold(max(settled, accounted)); settled > accounted+th && settled-accounted > short.bytes {
+		// The whole count a lag before the last fetch (the part of a
+		// session still being counted included) shows more.
+		short = shortfall{bytes: settled - accounted, threshold: th}
+	}
+	gap := served - min(accounted, served)
+	short.bytes = min(short.bytes, gap) // never more than is uncredited now
 	switch {
 	case credited > served+r.ThresholdBytes:
 		r.Mismatch = true
+		r.MismatchBytes = credited - served
 		r.Explanation = fmt.Sprintf("the gateway has credited %s more than this computer counted: "+
 			"this wallet file lost part of its own count (a new or restored file), or the same identity key also works on another computer", fb(credited-served))
-	case settled > accounted+threshold(max(settled, accounted)):
+	case short.bytes > short.threshold:
 		r.Mismatch = true
-		r.ThresholdBytes = threshold(max(settled, accounted))
-		r.AwaitingBytes = served - min(accounted, served)
-		r.Explanation = fmt.Sprintf("%s that this computer counted more than %v before the last statement are neither credited nor "+
+		r.MismatchBytes = short.bytes
+		r.MismatchSession, r.MismatchCounted = short.session, short.counted
+		r.ThresholdBytes = short.threshold
+		where := ""
+		if short.session != "" {
+			where = fmt.Sprintf(" (in session %s, last counted %s, or before it)", short.session, short.counted.UTC().Format("2006-01-02 15:04:05Z"))
+		}
+		r.Explanation = fmt.Sprintf("%s that this computer counted more than %v before a statement fetch%s are neither credited nor "+
 			"reported rejected by the gateway, although credits arrive within %v: the hub did not record them "+
-			"(it restarted, or a session ended before it wrote its last bytes)", fb(settled-accounted), lag, lag)
+			"(it restarted, or a session ended before it wrote its last bytes)", fb(short.bytes), lag, where, lag)
+		if rest := gap - short.bytes; rest > ReconcileSlackBytes {
+			r.AwaitingBytes = rest
+			r.Explanation += fmt.Sprintf("; besides, %s counted since are awaiting credit", fb(rest))
+		}
 	case served > accounted+r.ThresholdBytes:
-		r.AwaitingBytes = served - accounted
+		r.AwaitingBytes = gap
 		switch {
 		case fetched.IsZero():
 			r.Explanation = fmt.Sprintf("%s counted, not credited yet: no statement has been fetched from the gateway yet", fb(r.AwaitingBytes))

@@ -426,13 +426,17 @@ func (w *Wallet) LastStatement() (uint64, error) {
 
 // AddStatements verifies and stores statements signed by gateway, in one
 // transaction (all or nothing), and records the time as the last fetch
-// (LastFetched). The first gateway key seen is pinned;
+// (LastFetched) and the shortfall of the sessions this fetch decides
+// (checkSessions). The first gateway key seen is pinned;
 // another key gives ErrGatewayKey. Each statement must verify, name this
 // worker, and continue the stored ones: N = previous N + 1 and cumulative
 // totals = previous + this credit (ErrStatement otherwise). A statement
 // already stored with identical bytes is skipped. It returns how many were
 // added.
 func (w *Wallet) AddStatements(gateway ed25519.PublicKey, signed []walletapi.Signed) (int, error) {
+	if err := w.Flush(); err != nil { // the sessions checked below are on disk
+		return 0, err
+	}
 	tx, err := w.db.Begin()
 	if err != nil {
 		return 0, fmt.Errorf("wallet: %w", err)
@@ -492,7 +496,11 @@ func (w *Wallet) AddStatements(gateway ed25519.PublicKey, signed []walletapi.Sig
 		added++
 	}
 	// The statements are as the gateway had them now: a later shortfall of
-	// credits is measured from here (Summary, Reconcile).
+	// credits is measured from here (Summary, Reconcile), and the sessions
+	// last counted a credit lag before now are checked against them.
+	if err := w.checkSessions(tx, now, uint64(cumB)); err != nil {
+		return 0, fmt.Errorf("wallet: %w", err)
+	}
 	if _, err := tx.Exec(`INSERT INTO meta (k, v) VALUES ('fetched', ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v`,
 		strconv.FormatInt(now, 10)); err != nil {
 		return 0, fmt.Errorf("wallet: %w", err)

@@ -189,7 +189,7 @@ func TestReconcileFlags(t *testing.T) {
 	}
 	s, _ := w.Summary()
 	if !s.Reconcile.Mismatch || s.Reconcile.DiffBytes != 200_000 || s.Reconcile.ThresholdBytes != 165_536 ||
-		!strings.HasPrefix(s.Reconcile.Explanation, "200 kB that this computer counted more than 1m30s before the last statement are neither credited nor reported rejected") {
+		!strings.HasPrefix(s.Reconcile.Explanation, "200 kB that this computer counted more than 1m30s before a statement fetch (in session s, last counted 2026-05-01 12:00:00Z, or before it) are neither credited nor reported rejected") {
 		t.Fatalf("reconcile %+v", s.Reconcile)
 	}
 	// 100,000 more credited: diff 100,000 <= 165,536 -> agrees.

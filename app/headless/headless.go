@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -258,9 +259,10 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 		Error   string `json:"error,omitempty"`
 	}{Gateway: *gw}
 	caFile := *ca
+	saved := false // the gateway and CA come from the data folder, not flags
 	if fetch.Gateway == "" && !*noFetch {
 		if g, err := node.LoadGateway(dataDir); err == nil {
-			fetch.Gateway = g.URL
+			fetch.Gateway, saved = g.URL, true
 			if caFile == "" {
 				caFile = g.CAFile
 			}
@@ -272,12 +274,22 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 		fetch.Gateway = ""
 	}
 	n, err := node.Open(node.Config{DataDir: dataDir, GatewayURL: fetch.Gateway, CAFile: caFile, Warn: stderr})
+	if err != nil && saved && errors.Is(err, node.ErrConfig) {
+		// The saved gateway cannot be used (its CA file moved, or was
+		// saved relative to another directory): no fetch, but the wallet's
+		// own figures, as of the last fetch.
+		fetch.Error = err.Error()
+		fmt.Fprintf(stderr, "kvasir: warning: cannot fetch statements from the saved gateway %s (%s): %v; "+
+			"reporting the figures of the last fetch (give --gateway and --ca, or start the worker once, to fetch)\n",
+			fetch.Gateway, filepath.Join(dataDir, node.GatewayFile), err)
+		n, err = node.Open(node.Config{DataDir: dataDir, Warn: stderr})
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1
 	}
 	defer n.Close()
-	if fetch.Gateway != "" {
+	if fetch.Gateway != "" && fetch.Error == "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		fetch.New, err = n.SyncNow(ctx)
 		cancel()

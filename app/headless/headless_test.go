@@ -288,6 +288,54 @@ func TestHeadlessInSwarm(t *testing.T) {
 	}
 }
 
+// TestWalletSavedCAUnreadable: a gateway.json whose CA file cannot be
+// read (saved relative by an older kvasir, run from another directory)
+// does not stop `kvasir wallet`: it warns, says it could not fetch and
+// reports the wallet's figures of the last fetch, exit 0. A bad --ca given
+// on the command line is still an error.
+func TestWalletSavedCAUnreadable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens a real wallet")
+	}
+	t.Setenv("DBUS_SESSION_BUS_ADDRESS", "unix:path=/nonexistent") // keyring unavailable: file store
+	data := t.TempDir()
+	t.Chdir(t.TempDir())
+	saved := `{"gateway_url":"wss://127.0.0.1:1","ca_file":"tls/gateway.crt"}` + "\n"
+	if err := os.WriteFile(filepath.Join(data, node.GatewayFile), []byte(saved), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var o, e bytes.Buffer
+	if code := Main([]string{"wallet", "--data", data}, &o, &e); code != 0 ||
+		!strings.HasPrefix(o.String(), "Statements: could not fetch from wss://127.0.0.1:1; figures as of the last fetch\n") ||
+		!strings.Contains(o.String(), "\nAddress ") || !strings.Contains(o.String(), "Reconcile: ") ||
+		!strings.Contains(e.String(), "kvasir: warning: cannot fetch statements from the saved gateway wss://127.0.0.1:1") ||
+		!strings.Contains(e.String(), "CA file: open tls/gateway.crt") {
+		t.Fatalf("wallet text %d:\n%s\nstderr:\n%s", code, o.String(), e.String())
+	}
+	o.Reset()
+	e.Reset()
+	if code := Main([]string{"wallet", "--json", "--data", data}, &o, &e); code != 0 {
+		t.Fatalf("wallet --json %d: %s", code, e.String())
+	}
+	var out struct {
+		wallet.Summary
+		Fetch struct {
+			Gateway, Error string
+		}
+	}
+	if err := json.Unmarshal(o.Bytes(), &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.Address, "kvr1") || out.Fetch.Gateway != "wss://127.0.0.1:1" || !strings.Contains(out.Fetch.Error, "CA file") {
+		t.Fatalf("wallet JSON %+v", out)
+	}
+	e.Reset()
+	if code := Main([]string{"wallet", "--data", data, "--gateway", "wss://127.0.0.1:1", "--ca", "missing.crt"}, &o, &e); code != 1 ||
+		!strings.Contains(e.String(), "CA file") {
+		t.Fatalf("bad --ca: exit %d, %s", code, e.String())
+	}
+}
+
 func TestParseBytes(t *testing.T) {
 	good := map[string]uint64{"0": 0, "64MiB": 64 << 20, "1 GiB": 1 << 30, "1500KB": 1_500_000, "7B": 7, " 3TiB ": 3 << 40, "2GB": 2e9}
 	for in, want := range good {

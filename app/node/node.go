@@ -586,8 +586,17 @@ type SavedGateway struct {
 const GatewayFile = "gateway.json"
 
 // SaveGateway writes g to dataDir/GatewayFile (mode 0600, replaced
-// atomically).
+// atomically). A relative g.CAFile is stored as an absolute path (against
+// the current directory), so that `kvasir wallet` run from elsewhere finds
+// it.
 func SaveGateway(dataDir string, g SavedGateway) error {
+	if g.CAFile != "" {
+		abs, err := filepath.Abs(g.CAFile)
+		if err != nil {
+			return err
+		}
+		g.CAFile = abs
+	}
 	b, err := json.Marshal(g)
 	if err != nil {
 		return err
@@ -612,7 +621,12 @@ func SaveGateway(dataDir string, g SavedGateway) error {
 }
 
 // LoadGateway reads dataDir/GatewayFile; an error wrapping os.ErrNotExist
-// when no node has run in dataDir yet.
+// when no node has run in dataDir yet. A relative CA file (saved by a
+// kvasir before SaveGateway stored absolute paths; it was relative to the
+// directory the worker was started in, which is not known) is resolved
+// against the current directory, else the data folder, whichever holds
+// the file; if neither does it is returned as saved, and opening a node
+// with it fails with ErrConfig.
 func LoadGateway(dataDir string) (SavedGateway, error) {
 	var g SavedGateway
 	b, err := os.ReadFile(filepath.Join(dataDir, GatewayFile))
@@ -621,6 +635,18 @@ func LoadGateway(dataDir string) (SavedGateway, error) {
 	}
 	if err := json.Unmarshal(b, &g); err != nil || g.URL == "" {
 		return g, fmt.Errorf("%w: %s: not a saved gateway", ErrConfig, filepath.Join(dataDir, GatewayFile))
+	}
+	if g.CAFile != "" && !filepath.IsAbs(g.CAFile) {
+		for _, dir := range []string{".", dataDir} {
+			p, err := filepath.Abs(filepath.Join(dir, g.CAFile))
+			if err != nil {
+				continue
+			}
+			if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+				g.CAFile = p
+				break
+			}
+		}
 	}
 	return g, nil
 }

@@ -433,14 +433,36 @@ func (s *Service) Statements(ctx context.Context, worker string, after uint64, l
 }
 
 // Run credits every interval until ctx is done, reporting errors (which
-// are retried on the next tick) to logf when it is not nil. It returns
-// ctx.Err().
+// are retried on the next tick) to logf when it is not nil: an error the
+// first time it occurs, the same error again at most once a minute with
+// how many times it recurred, and the recovery once a pass succeeds (a
+// hub that is down for an hour logs some sixty lines, not one per
+// tick). It returns ctx.Err().
 func (s *Service) Run(ctx context.Context, interval time.Duration, logf func(format string, args ...any)) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var last string
+	var lastAt time.Time
+	repeats := 0
 	for {
-		if _, err := s.Credit(ctx); err != nil && logf != nil && ctx.Err() == nil {
-			logf("%v", err) // the package's errors begin with "credit: "
+		_, err := s.Credit(ctx)
+		switch {
+		case logf == nil || ctx.Err() != nil:
+		case err != nil:
+			msg, now := err.Error(), s.now()
+			if msg != last || now.Sub(lastAt) >= time.Minute {
+				if msg == last && repeats > 0 {
+					logf("%v (%d more times since %s)", err, repeats, lastAt.UTC().Format(time.TimeOnly)) // the package's errors begin with "credit: "
+				} else {
+					logf("%v", err)
+				}
+				last, lastAt, repeats = msg, now, 0
+			} else {
+				repeats++
+			}
+		case last != "":
+			logf("credit: crediting again after %q", last)
+			last, repeats = "", 0
 		}
 		select {
 		case <-ctx.Done():

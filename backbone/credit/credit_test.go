@@ -9,7 +9,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
@@ -388,4 +392,67 @@ func BenchmarkCredit(b *testing.B) {
 		s.Close()
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "ns/row")
+}
+
+// downSource is a ledger that cannot be read while down is set, and is
+// empty otherwise.
+type downSource struct{ down atomic.Bool }
+
+func (d *downSource) Read(context.Context, int64, int) ([]ledger.Entry, error) {
+	if d.down.Load() {
+		return nil, errors.New("hub unreachable")
+	}
+	return nil, nil
+}
+
+// TestRunLogsErrorOnce: a ledger that fails every tick is logged once,
+// the same error again once a minute (with how often it recurred), and
+// the recovery once; a gateway polling every second while its hub is down
+// logged every tick before.
+func TestRunLogsErrorOnce(t *testing.T) {
+	src := &downSource{}
+	src.down.Store(true)
+	s, err := Open(Config{Path: filepath.Join(t.TempDir(), "w.db"), Source: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var mu sync.Mutex
+	clock := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
+	s.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	var lines []string
+	logf := func(f string, a ...any) { mu.Lock(); lines = append(lines, fmt.Sprintf(f, a...)); mu.Unlock() }
+	nlines := func() int { mu.Lock(); defer mu.Unlock(); return len(lines) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, time.Millisecond, logf) }()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				mu.Lock()
+				t.Fatalf("%s: lines %q", what, lines)
+			}
+		}
+	}
+	waitFor("the first error", func() bool { return nlines() == 1 })
+	time.Sleep(30 * time.Millisecond) // ~30 more failing ticks, within the minute
+	if n := nlines(); n != 1 {
+		t.Fatalf("%d lines within the minute", n)
+	}
+	mu.Lock()
+	clock = clock.Add(61 * time.Second)
+	mu.Unlock()
+	waitFor("the reminder after a minute", func() bool { return nlines() == 2 })
+	src.down.Store(false)
+	waitFor("the recovery", func() bool { return nlines() == 3 })
+	time.Sleep(10 * time.Millisecond)
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 3 || !strings.Contains(lines[0], "hub unreachable") || !strings.Contains(lines[1], "more times since 08:00:00") ||
+		!strings.Contains(lines[2], "crediting again") {
+		t.Errorf("lines %q", lines)
+	}
 }

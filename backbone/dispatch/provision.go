@@ -158,12 +158,16 @@ func (d *Dispatcher) plan() {
 		quota += int64(c.quota)
 	}
 	cands := make([]uint64, 0, m.NLayer*m.NExpert)
-	var need int64
+	var need, smallest int64
 	for l := 0; l < m.NLayer; l++ {
 		for e := 0; e < m.NExpert; e++ {
 			if k := key(l, e); !hot[k] {
 				cands = append(cands, k)
-				need += cat.Size(l, e)
+				sz := cat.Size(l, e)
+				need += sz
+				if smallest == 0 || sz < smallest {
+					smallest = sz
+				}
 			}
 		}
 	}
@@ -199,7 +203,11 @@ func (d *Dispatcher) plan() {
 			}
 			return 1
 		})
-		if !sameKeys(c.order, order) {
+		// A new worker whose quota holds no expert gets its (empty)
+		// assignment too, so that it can tell its user why it holds
+		// nothing (engine/worker: the quota is smaller than one expert).
+		tooSmall := c.assignGen == 0 && len(order) == 0 && c.quota > 0 && int64(c.quota) < smallest
+		if !sameKeys(c.order, order) || tooSmall {
 			c.order = order
 			c.target = pl.keys[i]
 			c.assignedBytes.Store(uint64(pl.used[i]))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -252,6 +253,20 @@ func TestProvisionCorruptRefetched(t *testing.T) {
 		ws, ok := workerStats(s.stack, keyID(key))
 		return ok && ws.Holdings == 3
 	})
+}
+
+// TestProvisionQuotaTooSmall: a worker whose quota holds no expert is
+// assigned none and says why (its LastError names the quota and one
+// expert's size) instead of showing "connected" at 0 rows/s with no reason.
+func TestProvisionQuotaTooSmall(t *testing.T) {
+	s := newProvStack(t, nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	w := s.startSliceWorker(t, key, filepath.Join(t.TempDir(), "w"), 1024)
+	want := fmt.Sprintf("the quota (1024 bytes) is smaller than one expert of this model (%d bytes)", s.size)
+	waitUntil(t, 30*time.Second, "the worker's explanation", func() bool { return strings.Contains(w.Stats().LastError, want) })
+	if st := w.Stats(); st.Experts != 0 {
+		t.Fatalf("holds %d experts in a 1 KiB quota", st.Experts)
+	}
 }
 
 // TestProvisionQuota: the backbone never assigns more bytes than a worker's

@@ -115,6 +115,14 @@ func (w *Worker) applyAssign(ctx context.Context, wel *wire.Welcome, a *wire.Ass
 		}
 	}
 	w.progress(a)
+	if len(a.Experts) == 0 && st.Quota() > 0 {
+		if small := smallestExpert(wel, a); small > st.Quota() {
+			// Nothing fits: say so, or the worker shows "connected" and
+			// 0 rows/s with no reason.
+			w.setErr(fmt.Sprintf("the backbone assigned no experts: the quota (%d bytes) is smaller than one expert of this model (%d bytes); raise --quota",
+				st.Quota(), small))
+		}
+	}
 	for _, e := range a.Experts {
 		l, x := int(e.Layer), int(e.Expert)
 		if st.Holds(l, x) {
@@ -325,4 +333,18 @@ func (w *Worker) announce(h *wire.Holdings) {
 	if send != nil {
 		_ = send(h.Append(nil))
 	}
+}
+
+// smallestExpert is the size in bytes of the smallest expert of a's layers
+// (slice.ExpertBytes of each layer's types at wel.D x a.DFF); 0 when a
+// names no layer or no size can be computed.
+func smallestExpert(wel *wire.Welcome, a *wire.Assign) int64 {
+	var small int64
+	for _, lt := range a.Layers {
+		n, err := slice.ExpertBytes(quant.Type(lt.Gate), quant.Type(lt.Up), quant.Type(lt.Down), int(wel.D), int(a.DFF))
+		if err == nil && (small == 0 || n < small) {
+			small = n
+		}
+	}
+	return small
 }

@@ -62,7 +62,7 @@ func TestWorkerErrorMessages(t *testing.T) {
 		}, `worker: gateway URL "http://127.0.0.1:1" must be wss://host[:port]`, false},
 		{"cpu limit", func() int {
 			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--key", key, "--cpu-limit", "150"})
-		}, "worker: --cpu-limit 150: want 1-100", true},
+		}, "worker: --cpu-limit 150: want a percent from 0 to 100", true},
 		{"spin wait negative", func() int {
 			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--key", key, "--spin-wait", "-5ms"})
 		}, "worker: --spin-wait -5ms: want >= 0 (0: off)", true},

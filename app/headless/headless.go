@@ -253,6 +253,16 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1
 	}
+	// A --data folder that does not exist is a typo, not a new wallet: it
+	// would get a new identity and an empty wallet, and say nothing. (An
+	// existing folder, or the default one, may start a wallet: a new
+	// contributor reads its address this way.)
+	if *data != "" {
+		if _, err := os.Stat(dataDir); errors.Is(err, os.ErrNotExist) {
+			fmt.Fprintf(stderr, "kvasir: no data folder %s (check --data; kvasir creates it when it first works there)\n", dataDir)
+			return 1
+		}
+	}
 	fetch := struct {
 		Gateway string `json:"gateway,omitempty"`
 		New     int    `json:"new"`

@@ -334,6 +334,16 @@ func TestWalletSavedCAUnreadable(t *testing.T) {
 		!strings.Contains(e.String(), "CA file") {
 		t.Fatalf("bad --ca: exit %d, %s", code, e.String())
 	}
+	// A --data folder that does not exist (a typo) is an error, not a new
+	// identity and an empty wallet.
+	e.Reset()
+	typo := data + "-typo"
+	if code := Main([]string{"wallet", "--data", typo}, &o, &e); code != 1 || !strings.Contains(e.String(), "no data folder "+typo) {
+		t.Fatalf("missing --data folder: exit %d, %s", code, e.String())
+	}
+	if _, err := os.Stat(typo); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the mistyped folder was created: %v", err)
+	}
 }
 
 func TestParseBytes(t *testing.T) {

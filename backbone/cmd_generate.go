@@ -127,8 +127,8 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 	switch {
 	case derr != nil:
 		bad = "--draft: " + derr.Error()
-	case *draftMax < 1:
-		bad = fmt.Sprintf("--draft-max %d: want >= 1", *draftMax)
+	case *draftMax < 1 || *draftMax > spec.MaxMax:
+		bad = fmt.Sprintf("--draft-max %d: want 1 to %d", *draftMax, spec.MaxMax)
 	case fs.NArg() != 0:
 		bad = fmt.Sprintf("unexpected arguments %q (quote the prompt: --prompt \"...\")", fs.Args())
 	case *maxTokens < 0:
@@ -152,6 +152,15 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		fmt.Fprintln(stderr, "generate: --wait-workers needs --dispatch-listen")
 		return 2
 	}
+	// Flags that would do nothing: say so rather than ignore them.
+	fs.Visit(func(f *flag.Flag) {
+		switch {
+		case f.Name == "draft-max" && (draft == "" || draft == spec.ModeNone):
+			fmt.Fprintln(stderr, "generate: warning: --draft-max has no effect without --draft ngram or mtp")
+		case f.Name == "verify" && *dispatchListen == "":
+			fmt.Fprintln(stderr, "generate: warning: --verify has no effect without a swarm (--dispatch-listen): every expert is computed here")
+		}
+	})
 	out := stdout
 	if *asJSON {
 		out = io.Discard

@@ -141,10 +141,16 @@ func TestGenerateDraft(t *testing.T) {
 	if plain.Draft != "none" || got.Draft != "ngram" || got.Drafted == 0 || got.Forwards+got.Accepted < len(got.Tokens)-1 {
 		t.Errorf("draft %q/%q, drafted %d, accepted %d, forwards %d", plain.Draft, got.Draft, got.Drafted, got.Accepted, got.Forwards)
 	}
-	for _, args := range [][]string{{"--draft", "eagle"}, {"--draft", "ngram", "--draft-max", "0"}} {
+	for _, args := range [][]string{{"--draft", "eagle"}, {"--draft", "ngram", "--draft-max", "0"}, {"--draft", "ngram", "--draft-max", "65"}} {
 		var out, errb bytes.Buffer
 		if code := generateMain(args, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--draft") {
 			t.Errorf("%v: exit %d, %q", args, code, errb.String())
 		}
+	}
+	// Flags that do nothing are named, not ignored.
+	var out, errb bytes.Buffer
+	if code := generateMain([]string{"--prompt", prompt, "--max-tokens", "1", "--draft-max", "4", "--verify", "quorum"}, &out, &errb); code != 0 ||
+		!strings.Contains(errb.String(), "--draft-max has no effect") || !strings.Contains(errb.String(), "--verify has no effect") {
+		t.Errorf("ineffective flags: exit %d, %q", code, errb.String())
 	}
 }

@@ -253,7 +253,7 @@ func (l *stopList) UnmarshalJSON(b []byte) error {
 }
 
 // maxDraft bounds a request's draft_max.
-const maxDraft = 64
+const maxDraft = spec.MaxMax
 
 // genParams are the sampling fields shared by both endpoints.
 type genParams struct {

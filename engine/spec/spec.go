@@ -46,6 +46,11 @@ const (
 // DefaultMax is the default number of draft tokens per step (--draft-max).
 const DefaultMax = 8
 
+// MaxMax bounds --draft-max and serve's draft_max: a verification forward
+// runs draft-max + 1 rows, and beyond a few dozen drafts nearly every one
+// is rejected anyway.
+const MaxMax = 64
+
 // ParseMode reads "none", "ngram" or "mtp" ("" is none); other values fail
 // with an error naming them.
 func ParseMode(s string) (Mode, error) {

@@ -10,7 +10,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"sort"
+	"syscall"
 )
 
 // command is one backbone subcommand. run receives the arguments after the
@@ -57,8 +59,21 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
+	if daemons[os.Args[1]] {
+		// A service whose log pipe is gone (its parent, `backbone up`,
+		// killed with SIGKILL; a log collector restarted) must still shut
+		// down in order: by default Go dies of SIGPIPE at the first write
+		// to a closed stdout or stderr, before the hub's last flush, and
+		// the open sessions' metered bytes never reach the ledger.
+		// Ignored, such writes fail with EPIPE and the work goes on.
+		signal.Ignore(syscall.SIGPIPE)
+	}
 	os.Exit(c.run(os.Args[2:]))
 }
+
+// daemons are the commands that run as services (under `backbone up`,
+// systemd, a supervisor): they ignore SIGPIPE.
+var daemons = map[string]bool{"hub": true, "gateway": true, "serve": true, "worker": true, "up": true}
 
 // parseExit is a command's exit code for its flag set's Parse error: 0
 // after -h or --help (the usage was printed, as asked), 2 for a bad flag.

@@ -29,6 +29,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -67,14 +68,26 @@ func Parse(fs *flag.FlagSet, section string, args []string, stdout io.Writer) er
 	return nil
 }
 
+// Sections are the tables a configuration file may have: one per command
+// that reads it (Parse). Another table name, or a key outside the tables
+// in a file that has tables, is a typo, and an error: "[gateways]" would
+// otherwise leave the gateway on its defaults (no crediting) without a
+// word.
+var Sections = []string{"serve", "hub", "gateway", "up", "worker", "generate"}
+
 // Table reads the TOML file at path and returns the keys of its table
 // section: the table of that name, or the top-level keys when the file
 // has no tables at all. A file without that table (but with others) gives
-// an empty map.
+// an empty map. Errors: the file's, a syntax error, and in a file with
+// tables a table not in Sections or a key outside every table (each named
+// with the file).
 func Table(path, section string) (map[string]any, error) {
 	var doc map[string]any
 	if _, err := toml.DecodeFile(path, &doc); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := checkSections(path, doc); err != nil {
+		return nil, err
 	}
 	if t, ok := doc[section]; ok {
 		m, ok := t.(map[string]any)
@@ -203,4 +216,31 @@ func literal(v flag.Value) string {
 		}
 	}
 	return strconv.Quote(v.String())
+}
+
+// checkSections refuses, in a file that has tables, a table that is not in
+// Sections and a key outside every table.
+func checkSections(path string, doc map[string]any) error {
+	var tables, loose []string
+	for k, v := range doc {
+		if _, ok := v.(map[string]any); ok {
+			tables = append(tables, k)
+		} else {
+			loose = append(loose, k)
+		}
+	}
+	if len(tables) == 0 {
+		return nil // a flat file: one command's keys
+	}
+	sort.Strings(tables)
+	sort.Strings(loose)
+	for _, t := range tables {
+		if !slices.Contains(Sections, t) {
+			return fmt.Errorf("config %s: unknown table [%s] (tables: [%s])", path, t, strings.Join(Sections, "], ["))
+		}
+	}
+	if len(loose) > 0 {
+		return fmt.Errorf("config %s: key %q is outside every table: put it in the table of the role it is for", path, loose[0])
+	}
+	return nil
 }

@@ -103,6 +103,18 @@ func TestErrors(t *testing.T) {
 	if err == nil {
 		t.Fatal("a table as a flag value was accepted")
 	}
+	// A mistyped table, or a key outside the tables of a file that has
+	// tables, is an error for every role reading the file (the gateway
+	// fell back to its defaults, no crediting, without a word).
+	p = write(t, "[hub]\nlisten = \"1.2.3.4:1\"\n[gateways]\nwallets = \"w.db\"\n")
+	err = Parse(newFS(&v), "hub", []string{"--config", p}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "unknown table [gateways]") {
+		t.Fatalf("unknown table: %v", err)
+	}
+	err = Parse(newFS(&v), "hub", []string{"--config", write(t, "verify = \"quorum\"\n[hub]\nlisten = \"1.2.3.4:1\"\n")}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `key "verify" is outside every table`) {
+		t.Fatalf("loose key beside tables: %v", err)
+	}
 }
 
 // --print-config prints TOML that, applied again, gives the same settings.

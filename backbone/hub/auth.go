@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -170,12 +171,22 @@ func LoadSecret(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Whoever reads the secret can sign as a gateway: credit any worker
+	// id, forge upgrades. Like ssh with a private key, refuse one every
+	// local user may read (or write).
+	if st, err := os.Stat(path); err == nil && runtime.GOOS != "windows" && st.Mode().Perm()&0o007 != 0 {
+		return nil, fmt.Errorf("%w: %s is open to every user of this machine (mode %04o): chmod 600 %s", ErrSecretOpen, path, st.Mode().Perm(), path)
+	}
 	s, err := hex.DecodeString(strings.TrimSpace(string(b)))
 	if err != nil || len(s) < 16 {
 		return nil, fmt.Errorf("%w: %s must hold >= 16 bytes in hex", ErrNoSecret, path)
 	}
 	return s, nil
 }
+
+// ErrSecretOpen is wrapped by LoadSecret's error for a secret file that
+// other users of the machine may read or write (mode o+r or o+w).
+var ErrSecretOpen = errors.New("hub: the shared secret file is readable by other users")
 
 // LoadOrCreateSecret reads the shared gateway<->hub secret from path like
 // LoadSecret, creating a random 32-byte one (0600, parent 0700) if the file

@@ -98,6 +98,21 @@ func TestLoadOrCreateSecret(t *testing.T) {
 	if _, err := LoadOrCreateSecret(p); !errors.Is(err, ErrNoSecret) {
 		t.Fatalf("short secret file: %v", err)
 	}
+	// A secret every local user may read is refused, naming the fix; a
+	// group-readable one (a shared service group) is accepted.
+	_ = os.WriteFile(p, []byte(strings.Repeat("ab", 32)+"\n"), 0o600)
+	if err := os.Chmod(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadSecret(p); !errors.Is(err, ErrSecretOpen) || !strings.Contains(err.Error(), "chmod 600 "+p) {
+		t.Fatalf("world-readable secret: %v", err)
+	}
+	if err := os.Chmod(p, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := LoadSecret(p); err != nil || len(s) != 32 {
+		t.Fatalf("group-readable secret: %v", err)
+	}
 }
 
 // A missing secret file is an error naming the path: nothing is created.

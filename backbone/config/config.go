@@ -137,7 +137,7 @@ func Apply(fs *flag.FlagSet, path, section string) error {
 			return fmt.Errorf("config %s: [%s] %s: %w", path, section, k, err)
 		}
 		if err := fs.Set(k, s); err != nil {
-			return fmt.Errorf("config %s: [%s] %s = %q: %w", path, section, k, s, err)
+			return fmt.Errorf("config %s: [%s] %s = %q: %w%s", path, section, k, s, err, valueHint(f))
 		}
 	}
 	return nil
@@ -243,4 +243,24 @@ func checkSections(path string, doc map[string]any) error {
 		return fmt.Errorf("config %s: key %q is outside every table: put it in the table of the role it is for", path, loose[0])
 	}
 	return nil
+}
+
+// valueHint says what a flag's value should look like, for an error on a
+// value it refused (flag's own error is often just "parse error").
+func valueHint(f *flag.Flag) string {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return ""
+	}
+	switch g.Get().(type) {
+	case time.Duration:
+		return ` (want a duration with its unit, as a string: "30s", "5m")`
+	case bool:
+		return " (want true or false)"
+	case int, int64, uint, uint64:
+		return " (want a whole number)"
+	case float64:
+		return " (want a number)"
+	}
+	return ""
 }

@@ -96,7 +96,7 @@ func TestErrors(t *testing.T) {
 		t.Fatalf("unknown key: %v", err)
 	}
 	err = Parse(newFS(&v), "hub", []string{"--config", write(t, "[hub]\nsettle = \"soon\"\n")}, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "settle") {
+	if err == nil || !strings.Contains(err.Error(), "settle") || !strings.Contains(err.Error(), `want a duration with its unit, as a string: "30s"`) {
 		t.Fatalf("bad duration: %v", err)
 	}
 	err = Parse(newFS(&v), "hub", []string{"--config", write(t, "[hub]\nlisten = {a = 1}\n")}, io.Discard)

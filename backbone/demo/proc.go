@@ -33,7 +33,7 @@ import (
 
 // ErrExited is returned (wrapped) by Proc.Await when the process ended
 // before printing the awaited line.
-var ErrExited = errors.New("demo: process exited")
+var ErrExited = errors.New("process exited")
 
 // maxLines bounds the log lines a Proc keeps (the oldest are dropped).
 const maxLines = 2000
@@ -71,7 +71,7 @@ func Start(name string, log io.Writer, env []string, bin string, args ...string)
 	if err := cmd.Start(); err != nil {
 		pr.Close()
 		pw.Close()
-		return nil, fmt.Errorf("demo: start %s: %w", name, err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	pw.Close()
 	p := &Proc{Name: name, cmd: cmd, changed: make(chan struct{}), done: make(chan struct{})}

@@ -64,6 +64,19 @@ func TestDeployNetworkConfig(t *testing.T) {
 			t.Errorf("up --print-config lacks %q:\n%s", want, out)
 		}
 	}
+	// The wiring up fills in is printed as up would run it: a gateway
+	// without a hub key dials the hub's listen address, not its default.
+	dir := t.TempDir()
+	custom := filepath.Join(dir, "net.toml")
+	toml := "[serve]\ndispatch-listen = \"127.0.0.1:27002\"\n[hub]\nlisten = \"127.0.0.1:27001\"\nsecret-file = \"" +
+		filepath.Join(dir, "secret") + "\"\ncreate-secret = true\nledger = \"" + filepath.Join(dir, "l.sqlite") + "\"\n[gateway]\nlisten = \"127.0.0.1:28443\"\n"
+	if err := os.WriteFile(custom, []byte(toml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out = string(runBackbone(t, 60*time.Second, "up", "--config", custom, "--print-config"))
+	if !strings.Contains(out, `hub = "127.0.0.1:27001"`) || !strings.Contains(out, `backbone = "127.0.0.1:27002"`) {
+		t.Errorf("up --print-config does not show up's wiring:\n%s", out)
+	}
 }
 
 // The Grafana dashboard is valid JSON and every metric its queries name is

@@ -192,15 +192,22 @@ func PrintConfig(ctx context.Context, cfg Config, w io.Writer) error {
 	if cfg.Backbone {
 		roles = append([]string{RoleServe}, roles...)
 	}
+	// The addresses Run would fill in, as the file gives them (Run takes
+	// the bound ones; they differ only for a port 0).
+	var n Network
+	if cfg.Backbone {
+		n.Dispatch, _ = t[RoleServe]["dispatch-listen"].(string)
+	}
+	n.Hub, _ = t[RoleHub]["listen"].(string)
+	var all []byte // printed only when every role's configuration is good
 	for _, r := range roles {
-		args := append(Args(cfg.File, r, t, Network{}), "--print-config")
+		args := append(Args(cfg.File, r, t, n), "--print-config")
 		out, err := exec.CommandContext(ctx, cfg.Bin, args...).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("up: %s --print-config: %v\n%s", r, err, out)
 		}
-		if _, err := w.Write(append(out, '\n')); err != nil {
-			return err
-		}
+		all = append(append(all, out...), '\n')
 	}
-	return nil
+	_, err = w.Write(all)
+	return err
 }

@@ -60,6 +60,9 @@ func TestWorkerErrorMessages(t *testing.T) {
 		{"gateway url", func() int {
 			return runWorker([]string{"--gateway", "http://127.0.0.1:1", "--model-tiny", "--key", key})
 		}, `worker: gateway URL "http://127.0.0.1:1" must be wss://host[:port]`, false},
+		{"gateway ws", func() int {
+			return runWorker([]string{"--gateway", "ws://127.0.0.1:1", "--model-tiny", "--key", key})
+		}, "worker: --gateway ws://127.0.0.1:1: want wss://host[:port]: the gateway speaks TLS only", false},
 		{"cpu limit", func() int {
 			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--key", key, "--cpu-limit", "150"})
 		}, "worker: --cpu-limit 150: want a percent from 0 to 100", true},

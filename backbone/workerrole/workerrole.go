@@ -143,6 +143,11 @@ func Run(ctx context.Context, c Config) error {
 	if c.StatusEvery <= 0 {
 		c.StatusEvery = 10 * time.Second
 	}
+	if strings.HasPrefix(strings.ToLower(c.Gateway), "ws://") {
+		// engine/worker takes ws:// for tests; against a real gateway
+		// (TLS only) it fails with a bare EOF.
+		return &Error{"--gateway " + c.Gateway, errors.New("want wss://host[:port]: the gateway speaks TLS only")}
+	}
 	pool, err := LoadCA(c.CAFile)
 	if err != nil {
 		return &Error{"--ca " + c.CAFile, err}

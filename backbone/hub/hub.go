@@ -65,6 +65,14 @@ type Hub struct {
 	toW      prometheus.Counter // met.bridged{dir="to_worker"}
 	fromW    prometheus.Counter // met.bridged{dir="from_worker"}
 
+	// unreachable: the backbone could not be dialled at the last upgrade
+	// (since unreachableAt, with unreachableN refusals not logged since);
+	// guarded by mu. A down backbone is logged once a minute, not at
+	// every worker's retry.
+	unreachable   bool
+	unreachableAt time.Time
+	unreachableN  int
+
 	stopOnce sync.Once
 	stop     chan struct{}
 	wg       sync.WaitGroup // server and flush loop
@@ -238,6 +246,26 @@ func (h *Hub) Sessions() []SessionStats {
 	return out
 }
 
+// noteBackbone logs a failed dial of the backbone (err) when the backbone
+// was reachable before, or the last such line is a minute old (with how
+// many refusals it stood for), and a successful one after failures.
+func (h *Hub) noteBackbone(err error, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case err == nil && h.unreachable:
+		h.unreachable = false
+		h.log.Info("hub: backbone reachable again", "backbone", h.cfg.Backbone, "refused_since_last_line", h.unreachableN)
+	case err == nil:
+	case !h.unreachable || now.Sub(h.unreachableAt) >= time.Minute:
+		h.log.Warn("hub: backbone unreachable: workers are refused (503) until it listens", "backbone", h.cfg.Backbone, "err", err,
+			"refused_since_last_line", h.unreachableN)
+		h.unreachable, h.unreachableAt, h.unreachableN = true, now, 0
+	default:
+		h.unreachableN++
+	}
+}
+
 func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	worker, nonce, err := verifyGateway(r.Header, h.cfg.Secret, now, h.cfg.MaxSkew)
@@ -257,9 +285,9 @@ func (h *Hub) serveWorker(w http.ResponseWriter, r *http.Request) {
 	h.conns++
 	h.mu.Unlock()
 	link, err := net.DialTimeout("tcp", h.cfg.Backbone, h.cfg.DialTimeout)
+	h.noteBackbone(err, now)
 	if err != nil {
 		h.met.bridgeErrors.WithLabelValues("backbone_unreachable").Inc()
-		h.log.Warn("hub: backbone unreachable", "err", err)
 		// The body is the reason workers show (engine/worker: LastError).
 		http.Error(w, "backbone unreachable", http.StatusServiceUnavailable)
 		return

@@ -1,7 +1,9 @@
 package hub
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -124,5 +126,27 @@ func TestLoadSecretMissing(t *testing.T) {
 	}
 	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("LoadSecret created %s", p)
+	}
+}
+
+// TestBackboneUnreachableLogged: a backbone that cannot be dialled is
+// logged when it first fails, then once a minute with the refusals since,
+// and once when it is back: not at every worker's retry.
+func TestBackboneUnreachableLogged(t *testing.T) {
+	var buf bytes.Buffer
+	h := &Hub{cfg: Config{Backbone: "127.0.0.1:1"}, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	t0 := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
+	down := errors.New("connection refused")
+	h.noteBackbone(nil, t0)
+	for i := range 6 {
+		h.noteBackbone(down, t0.Add(time.Duration(i)*time.Second))
+	}
+	h.noteBackbone(down, t0.Add(61*time.Second))
+	h.noteBackbone(nil, t0.Add(62*time.Second))
+	h.noteBackbone(nil, t0.Add(63*time.Second))
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "backbone unreachable") || !strings.Contains(lines[0], "refused_since_last_line=0") ||
+		!strings.Contains(lines[1], "refused_since_last_line=5") || !strings.Contains(lines[2], "backbone reachable again") {
+		t.Fatalf("log:\n%s", buf.String())
 	}
 }

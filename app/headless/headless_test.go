@@ -456,7 +456,8 @@ func TestHeadlessOneInstance(t *testing.T) {
 		"--interval", "100ms", "--duration", "150ms"}
 	var o, e bytes.Buffer
 	if code := Main(args, &o, &e); code != instance.ExitRunning || o.Len() != 0 ||
-		!strings.Contains(e.String(), "already running") || !strings.Contains(e.String(), data) {
+		!strings.Contains(e.String(), "already running") || !strings.Contains(e.String(), data) ||
+		!strings.Contains(e.String(), "a headless worker without a window") || strings.Contains(e.String(), "brought to the front") {
 		t.Fatalf("second instance: exit %d, stdout %q, stderr %q", code, o.String(), e.String())
 	}
 	first.Release()

@@ -131,9 +131,11 @@ func (l *Lock) serve(onShow func()) error {
 				}
 				// Shown before the answer: a second launch that reads "ok"
 				// knows the window was asked to come forward.
-				if onShow != nil {
-					onShow()
+				if onShow == nil {
+					fmt.Fprintln(c, "headless") // no window to show
+					return
 				}
+				onShow()
 				fmt.Fprintln(c, "ok")
 			}()
 		}
@@ -158,8 +160,13 @@ func showOther(dir string) error {
 	if in.PID > 0 {
 		who = fmt.Sprintf("process %d", in.PID)
 	}
+	headless := false
 	if err == nil {
-		err = ask(in)
+		headless, err = ask(in)
+	}
+	if headless {
+		return fmt.Errorf("%w for the data folder %s (%s, a headless worker without a window): stop it (Ctrl-C, or kill -TERM %d) "+
+			"or start with another --data folder", ErrRunning, dir, who, in.PID)
 	}
 	if err != nil {
 		return fmt.Errorf("%w for the data folder %s (%s holds it) but it did not answer (%v); "+
@@ -168,24 +175,29 @@ func showOther(dir string) error {
 	return fmt.Errorf("%w for the data folder %s (%s): its window was brought to the front", ErrRunning, dir, who)
 }
 
-func ask(in info) error {
+// ask asks the holder in to show its window; headless reports that it has
+// none (a --headless worker).
+func ask(in info) (headless bool, err error) {
 	c, err := net.DialTimeout("tcp", in.Addr, 2*time.Second)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := fmt.Fprintf(c, "show %s\n", in.Token); err != nil {
-		return err
+		return false, err
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
-		return err
+		return false, err
 	}
-	if strings.TrimSpace(line) != "ok" {
-		return fmt.Errorf("answered %q", strings.TrimSpace(line))
+	switch strings.TrimSpace(line) {
+	case "ok":
+		return false, nil
+	case "headless":
+		return true, nil
 	}
-	return nil
+	return false, fmt.Errorf("answered %q", strings.TrimSpace(line))
 }
 
 // Release stops answering, removes instance.json and unlocks the folder.

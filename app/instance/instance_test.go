@@ -83,7 +83,7 @@ func TestSecondLaunchShowsFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.Token = "guess"
-	if err := ask(in); err == nil || shown.Load() != 2 {
+	if _, err := ask(in); err == nil || shown.Load() != 2 {
 		t.Errorf("a wrong token: %v, shown %d", err, shown.Load())
 	}
 	if err := l.Release(); err != nil {

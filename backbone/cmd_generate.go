@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"runtime"
 	"os/signal"
 	"syscall"
 	"time"
@@ -159,6 +160,9 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 			fmt.Fprintln(stderr, "generate: warning: --draft-max has no effect without --draft ngram or mtp")
 		case f.Name == "verify" && *dispatchListen == "":
 			fmt.Fprintln(stderr, "generate: warning: --verify has no effect without a swarm (--dispatch-listen): every expert is computed here")
+		case f.Name == "threads" && *threads > runtime.GOMAXPROCS(0):
+			fmt.Fprintf(stderr, "generate: warning: --threads %d is more than the %d CPUs this process may use: the goroutines take turns and the decode slows down (0 = all CPUs)\n",
+				*threads, runtime.GOMAXPROCS(0))
 		}
 	})
 	out := stdout

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -75,6 +76,10 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if n := runtime.GOMAXPROCS(0); o.Threads > n {
+		log.Warn("serve: --threads is more than the CPUs this process may use: the goroutines take turns and decoding slows down (0 = all CPUs)",
+			"threads", o.Threads, "cpus", n)
+	}
 	fail := func(err error) int {
 		fmt.Fprintln(stderr, "serve:", err)
 		return 1

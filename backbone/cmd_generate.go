@@ -10,8 +10,8 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"runtime"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 

@@ -136,11 +136,24 @@ func (d *Dispatcher) serveLink(link net.Conn) {
 		return
 	default:
 	}
+	var twin string // another live session under this worker's key
+	for s, o := range d.workers {
+		if o.worker == worker { // d.workers holds live sessions (retire deletes)
+			twin = s
+		}
+	}
 	d.workers[session] = c
 	d.rebuildLocked()
 	d.mu.Unlock()
 	d.log.Info("dispatch: worker joined", "session", session, "worker", short(worker),
 		"holdings", len(c.holds), "backend", c.hello.Backend, "threads", c.hello.Threads, "quota", c.hello.Quota)
+	if twin != "" {
+		// Two processes sharing a key file (backbone worker's default
+		// --key): quorum, coverage and readiness count keys, so they are
+		// one holder, and one wallet.
+		d.log.Warn("dispatch: a second session under one worker key: they count as one holder (quorum, coverage, /readyz) "+
+			"and are paid to one wallet; give each worker process its own --key", "worker", short(worker), "session", session, "other_session", twin)
+	}
 	if d.cfg.Catalog != nil {
 		d.wg.Add(1)
 		go func() { defer d.wg.Done(); c.chunkSender() }()

@@ -124,3 +124,34 @@ func TestPlaceSticky(t *testing.T) {
 		t.Fatalf("replicas kept %d experts uncovered: %v", len(p.uncovered), p.keys)
 	}
 }
+
+// TestPlaceOneCopyPerKey: two sessions under one worker key (two processes
+// sharing a key file) never get copies of the same expert: quorum,
+// coverage and readiness count keys, so a second copy there is wasted
+// quota. With a third key, every expert still gets its two holders.
+func TestPlaceOneCopyPerKey(t *testing.T) {
+	size := func(uint64) int64 { return 10 }
+	all := func(uint64) bool { return true }
+	ks := placeKeys(8)
+	ws := []placeWorker{{quota: 80, id: "a"}, {quota: 80, id: "a"}, {quota: 80, id: "b"}}
+	p := place(ws, ks, size, 2, all)
+	for _, k := range ks {
+		if p.keys[0][k] && p.keys[1][k] {
+			t.Errorf("expert %d on both sessions of key a", k)
+		}
+		n := 0
+		for i := range ws {
+			if p.keys[i][k] {
+				n++
+			}
+		}
+		if n != 2 || !p.keys[2][k] {
+			t.Errorf("expert %d: %d holders, on b %v; want 2, one of them b", k, n, p.keys[2][k])
+		}
+	}
+	// Without a second key there is nothing to replicate onto.
+	p = place(ws[:2], ks, size, 2, all)
+	if c := counts(p, ks); len(p.uncovered) != 0 || c[ks[0]] != 1 {
+		t.Errorf("one key: uncovered %d, holders of the first expert %d; want 0 and 1", len(p.uncovered), c[ks[0]])
+	}
+}

@@ -50,6 +50,11 @@ type placeWorker struct {
 	quota      int64
 	speed      uint32
 	held, prev map[uint64]bool
+	// id is the worker's key: two sessions under one key (two processes
+	// sharing a key file) are one holder for quorum, coverage and
+	// readiness, so place never gives them copies of the same expert. ""
+	// is a key of its own.
+	id string
 }
 
 // placement is place's result.
@@ -68,9 +73,21 @@ func place(ws []placeWorker, cands []uint64, size func(uint64) int64, replicas i
 		p.keys[i] = map[uint64]bool{}
 	}
 	cover := map[uint64]int{}
+	// sameKeyHas: another session under i's key already has k.
+	sameKeyHas := func(i int, k uint64) bool {
+		if ws[i].id == "" {
+			return false
+		}
+		for j := range ws {
+			if j != i && ws[j].id == ws[i].id && p.keys[j][k] {
+				return true
+			}
+		}
+		return false
+	}
 	add := func(i int, k uint64) bool {
 		sz := size(k)
-		if sz <= 0 || p.keys[i][k] || p.used[i]+sz > ws[i].quota {
+		if sz <= 0 || p.keys[i][k] || p.used[i]+sz > ws[i].quota || sameKeyHas(i, k) {
 			return false
 		}
 		p.keys[i][k] = true
@@ -83,7 +100,7 @@ func place(ws []placeWorker, cands []uint64, size func(uint64) int64, replicas i
 		sz := size(k)
 		for i, w := range ws {
 			free := w.quota - p.used[i]
-			if !p.keys[i][k] && free >= sz && (free > bestFree || (free == bestFree && w.speed > bestSpeed)) {
+			if !p.keys[i][k] && free >= sz && !sameKeyHas(i, k) && (free > bestFree || (free == bestFree && w.speed > bestSpeed)) {
 				best, bestFree, bestSpeed = i, free, w.speed
 			}
 		}
@@ -148,7 +165,7 @@ func (d *Dispatcher) plan() {
 	in := make([]placeWorker, len(ws))
 	var quota int64
 	for i, c := range ws {
-		in[i] = placeWorker{quota: int64(c.quota), speed: c.hello.Speed, held: map[uint64]bool{}, prev: map[uint64]bool{}}
+		in[i] = placeWorker{quota: int64(c.quota), speed: c.hello.Speed, held: map[uint64]bool{}, prev: map[uint64]bool{}, id: c.worker}
 		for k := range c.holds {
 			in[i].held[k] = true
 		}

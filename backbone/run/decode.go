@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/model"
@@ -47,7 +48,9 @@ type Result struct {
 	// Tokens are the sampled token ids, the end-of-generation token
 	// included.
 	Tokens []int32 `json:"tokens"`
-	// Text is Tokens decoded; invalid UTF-8 bytes become U+FFFD in JSON.
+	// Text is Tokens decoded as the text output streams them (a
+	// tokenizer.Decoder): valid UTF-8, an invalid or cut-off sequence
+	// shown as one U+FFFD, as serve's completions show it.
 	Text string `json:"text"`
 	// PrefillTokS is prompt tokens / prefill seconds.
 	PrefillTokS float64 `json:"prefill_tok_s"`
@@ -173,6 +176,7 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 
 	sampler := model.NewSampler(o.Sampler)
 	dec := tok.NewDecoder(false)
+	var text strings.Builder // what dec streams: Result.Text
 	var decodeTime, maxStep time.Duration
 	hist := append([]int32{}, res.PromptTokens...)
 	var drafts []int32
@@ -182,7 +186,9 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 	emit := func(t int32) (bool, error) {
 		res.Tokens = append(res.Tokens, t)
 		hist = append(hist, t)
-		if _, err := io.WriteString(out, dec.Add(t)); err != nil {
+		piece := dec.Add(t)
+		text.WriteString(piece)
+		if _, err := io.WriteString(out, piece); err != nil {
 			return true, err
 		}
 		if o.OnToken != nil {
@@ -271,7 +277,9 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 			break
 		}
 	}
-	if _, err := io.WriteString(out, dec.Flush()); err != nil {
+	tail := dec.Flush()
+	text.WriteString(tail)
+	if _, err := io.WriteString(out, tail); err != nil {
 		return nil, err
 	}
 	switch last := res.Tokens[len(res.Tokens)-1]; {
@@ -280,7 +288,7 @@ func Decode(ctx context.Context, m *Model, o DecodeOptions, out io.Writer) (*Res
 	case len(res.Tokens) < o.MaxTokens:
 		res.Finish = "context"
 	}
-	res.Text = tok.Decode(res.Tokens)
+	res.Text = text.String()
 	res.LogitsSHA256 = hex.EncodeToString(h.Sum(nil))
 	res.MaxStepMs = float64(maxStep) / 1e6
 	if res.Forwards > 0 {

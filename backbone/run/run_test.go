@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
@@ -136,9 +137,15 @@ func TestDecodeNoTokens(t *testing.T) {
 func TestDecodeFinish(t *testing.T) {
 	m := loadTiny(t)
 	ctxLen := m.Engine().Params().Context
-	res, err := Decode(context.Background(), m, DecodeOptions{Prompt: "In the beginning", MaxTokens: 3}, nil)
+	var streamed strings.Builder
+	res, err := Decode(context.Background(), m, DecodeOptions{Prompt: "In the beginning", MaxTokens: 3}, &streamed)
 	if err != nil || res.Finish != "length" || len(res.Tokens) != 3 {
 		t.Fatalf("3 tokens: %v, %+v", err, res)
+	}
+	// --json's text is the text output, valid UTF-8 (a cut-off character
+	// one U+FFFD, as serve shows it; JSON encoding would make one per byte).
+	if res.Text != streamed.String() || !utf8.ValidString(res.Text) {
+		t.Errorf("text %q, streamed %q", res.Text, streamed.String())
 	}
 	res, err = Decode(context.Background(), m, DecodeOptions{Prompt: "In the beginning", MaxTokens: 2 * ctxLen}, nil)
 	if err != nil {

@@ -95,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 //	kvasir_swarm_worker_rtt_seconds{worker,session,quantile}  recent round trip, quantile 0.5 | 0.99
 //	kvasir_swarm_worker_connected{worker,session}             1 while the session is up
 //	kvasir_swarm_worker_stalled{worker,session}               1 while routed around after a missed deadline
-//	kvasir_swarm_worker_holdings{worker,session}              (layer, expert) pairs accepted (grows as a provisioned worker downloads)
+//	kvasir_swarm_worker_holdings{worker,session}              (layer, expert) pairs accepted (grows as a provisioned worker downloads; 0 once the session ended)
 //	kvasir_swarm_checks_total                     worker results verified by local recomputation (issue 11)
 //	kvasir_swarm_check_mismatches_total           checked results that differed (workers caught)
 //	kvasir_swarm_check_seconds_total              local compute time spent on the references
@@ -274,7 +274,11 @@ func (c *SwarmCollector) Collect(ch chan<- prometheus.Metric) {
 			stalled = 1
 		}
 		emit(c.wStalled, prometheus.GaugeValue, stalled, id, w.Session)
-		emit(c.wHoldings, prometheus.GaugeValue, float64(w.Holdings), id, w.Session)
+		held := float64(w.Holdings)
+		if !w.Connected {
+			held = 0 // an ended session holds nothing for the swarm (its last count would inflate a sum over workers)
+		}
+		emit(c.wHoldings, prometheus.GaugeValue, held, id, w.Session)
 	}
 }
 

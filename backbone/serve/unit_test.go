@@ -240,7 +240,8 @@ func TestSwarmCollector(t *testing.T) {
 		{"kvasir_swarm_worker_rtt_seconds", []string{"session", "s1", "quantile", "0.5"}, 0.013},
 		{"kvasir_swarm_worker_connected", nil, 1},
 		{"kvasir_swarm_worker_holdings", []string{"session", "s1"}, 24},
-		{"kvasir_swarm_worker_holdings", nil, 32},
+		{"kvasir_swarm_worker_holdings", []string{"session", "s0"}, 0}, // ended: holds nothing
+		{"kvasir_swarm_worker_holdings", nil, 24},
 		{"kvasir_swarm_checks_total", nil, 9},
 		{"kvasir_swarm_check_mismatches_total", nil, 1},
 		{"kvasir_swarm_check_seconds_total", nil, 1.5},

@@ -309,7 +309,7 @@ func (c *conn) stall() {
 		c.d.rebuildLocked()
 	}
 	c.d.mu.Unlock()
-	c.d.log.Warn("dispatch: worker missed a deadline: routing around it until it answers", "worker", c.worker, "session", c.session)
+	c.d.log.Warn("dispatch: worker missed a deadline: routing around it until it answers", "worker", short(c.worker), "session", c.session)
 }
 
 // unstall puts a stalled c back in the holder index: a message from it
@@ -323,7 +323,7 @@ func (c *conn) unstall() {
 		c.d.rebuildLocked()
 	}
 	c.d.mu.Unlock()
-	c.d.log.Info("dispatch: worker answers again", "worker", c.worker, "session", c.session)
+	c.d.log.Info("dispatch: worker answers again", "worker", short(c.worker), "session", c.session)
 }
 
 // answer takes a RESULT (out, with the worker's timing tm) or a DIGEST

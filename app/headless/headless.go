@@ -72,6 +72,12 @@ func Run(ctx context.Context, o Options) error {
 			o.Limit(o.Governor.Check())
 		}
 		snap := o.Source.Stats()
+		if err := ctx.Err(); err != nil {
+			// The stop may have come between the check above and the
+			// snapshot: a worker that shows "stopped" saw ctx end first,
+			// so checking again after the snapshot never prints that line.
+			return err
+		}
 		m.Add(o.Now(), snap)
 		rows, bytes := m.Rate(0)
 		var est, pending uint64

@@ -243,13 +243,12 @@ func Open(cfg Config) (*Node, error) {
 	workerCAFile := "" // the worker re-reads CAFile at each dial (a rotated gateway certificate needs no restart)
 	if pool == nil && cfg.CAFile != "" {
 		workerCAFile = cfg.CAFile
-		pem, err := os.ReadFile(cfg.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: CA file: %v", ErrConfig, err)
-		}
-		pool = x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
+		var err error
+		switch pool, err = worker.LoadCAFile(cfg.CAFile); {
+		case errors.Is(err, worker.ErrNoPEM):
 			return nil, fmt.Errorf("%w: CA file %s holds no PEM certificate", ErrConfig, cfg.CAFile)
+		case err != nil:
+			return nil, fmt.Errorf("%w: CA file: %v", ErrConfig, err)
 		}
 	}
 	if cfg.GatewayURL != "" {

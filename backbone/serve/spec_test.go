@@ -86,22 +86,7 @@ func TestDraftRequests(t *testing.T) {
 func TestDraftAPI(t *testing.T) {
 	srv := newTestServer(t, nil)
 	prompt := strings.Repeat("x = a + b\ny = a + b\n", 5)
-	var texts []string
-	for _, extra := range []map[string]any{{}, {"draft": "ngram", "draft_max": 4}, {"draft": "none"}} {
-		req := map[string]any{"prompt": prompt, "max_tokens": 24, "temperature": 0}
-		for k, v := range extra {
-			req[k] = v
-		}
-		resp, body := srv.post(t, "/v1/completions", jsonBody(t, req))
-		if resp.StatusCode != 200 {
-			t.Fatalf("%v: status %d: %s", extra, resp.StatusCode, body)
-		}
-		var r completionResponse
-		if err := json.Unmarshal(body, &r); err != nil {
-			t.Fatal(err)
-		}
-		texts = append(texts, *r.Choices[0].Text)
-	}
+	texts := greedyTexts(t, srv, prompt, 24, []map[string]any{{}, {"draft": "ngram", "draft_max": 4}, {"draft": "none"}})
 	if texts[1] != texts[0] || texts[2] != texts[0] {
 		t.Errorf("texts %q", texts)
 	}
@@ -117,17 +102,14 @@ func TestDraftAPI(t *testing.T) {
 	}
 }
 
-// TestDraftAPIMTP: on a model with a multi-token-prediction head, the
-// completions API takes draft "mtp" (and "none", "ngram") and returns the
-// same greedy text for each; the non-streaming and streaming answers agree.
-func TestDraftAPIMTP(t *testing.T) {
-	m, tok := loadMTPModel(t)
-	m.SetThreads(1)
-	srv := newTestServer(t, func(c *Config) { c.Model, c.Tokenizer = m, tok })
-	prompt := strings.Repeat("the cat sat on the mat ", 4)
+// greedyTexts posts one greedy completion of prompt (maxTokens) per entry
+// of extras, each adding its fields to the request, and returns their
+// texts; a status other than 200 fails the test.
+func greedyTexts(t *testing.T, srv *testServer, prompt string, maxTokens int, extras []map[string]any) []string {
+	t.Helper()
 	var texts []string
-	for _, extra := range []map[string]any{{}, {"draft": "mtp"}, {"draft": "mtp", "draft_max": 3}, {"draft": "ngram"}} {
-		req := map[string]any{"prompt": prompt, "max_tokens": 16, "temperature": 0}
+	for _, extra := range extras {
+		req := map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0}
 		for k, v := range extra {
 			req[k] = v
 		}
@@ -141,6 +123,18 @@ func TestDraftAPIMTP(t *testing.T) {
 		}
 		texts = append(texts, *r.Choices[0].Text)
 	}
+	return texts
+}
+
+// TestDraftAPIMTP: on a model with a multi-token-prediction head, the
+// completions API takes draft "mtp" (and "none", "ngram") and returns the
+// same greedy text for each.
+func TestDraftAPIMTP(t *testing.T) {
+	m, tok := loadMTPModel(t)
+	m.SetThreads(1)
+	srv := newTestServer(t, func(c *Config) { c.Model, c.Tokenizer = m, tok })
+	prompt := strings.Repeat("the cat sat on the mat ", 4)
+	texts := greedyTexts(t, srv, prompt, 16, []map[string]any{{}, {"draft": "mtp"}, {"draft": "mtp", "draft_max": 3}, {"draft": "ngram"}})
 	for i, x := range texts[1:] {
 		if x != texts[0] {
 			t.Errorf("request %d: text %q, without drafts %q", i+1, x, texts[0])

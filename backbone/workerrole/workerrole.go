@@ -110,15 +110,7 @@ func LoadCA(path string) (*x509.CertPool, error) {
 	if path == "" {
 		return nil, nil
 	}
-	pem, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, errors.New("no PEM certificate in the file")
-	}
-	return pool, nil
+	return worker.LoadCAFile(path)
 }
 
 // LoadTiny serves the experts of the given layers (nil: all) of the

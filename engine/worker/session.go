@@ -163,7 +163,7 @@ func (w *Worker) dialBatchedTLS(ctx context.Context, network, addr string) (net.
 	roots := w.cfg.RootCAs
 	if w.cfg.CAFile != "" {
 		if roots, err = LoadCAFile(w.cfg.CAFile); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("worker: CA file %s: %w", w.cfg.CAFile, err)
 		}
 	}
 	var d net.Dialer
@@ -460,17 +460,22 @@ func (s *workerSession) handle(msg []byte, at time.Time) error {
 	return nil
 }
 
+// ErrNoPEM is LoadCAFile's error for a file that holds no PEM
+// certificate.
+var ErrNoPEM = errors.New("no PEM certificate in the file")
+
 // LoadCAFile reads the PEM certificates of path into a new pool (the
-// gateway's self-signed certificate or its CA). Errors name the file: it
-// cannot be read, or it holds no PEM certificate.
+// gateway's self-signed certificate or its CA): the one reader of a --ca
+// file (the worker at each dial, backbone worker, the app). Errors:
+// os.ReadFile's (naming the path), or ErrNoPEM.
 func LoadCAFile(path string) (*x509.CertPool, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("worker: CA file: %w", err)
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("worker: CA file %s: no PEM certificate", path)
+		return nil, ErrNoPEM
 	}
 	return pool, nil
 }

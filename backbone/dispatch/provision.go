@@ -73,13 +73,26 @@ func place(ws []placeWorker, cands []uint64, size func(uint64) int64, replicas i
 		p.keys[i] = map[uint64]bool{}
 	}
 	cover := map[uint64]int{}
+	// twins[i]: the other sessions under i's key (usually none: the
+	// checks below stay O(1) per worker in a large swarm).
+	byID := map[string][]int{}
+	for i, w := range ws {
+		if w.id != "" {
+			byID[w.id] = append(byID[w.id], i)
+		}
+	}
+	twins := make([][]int, len(ws))
+	for _, is := range byID {
+		if len(is) > 1 {
+			for _, i := range is {
+				twins[i] = is
+			}
+		}
+	}
 	// sameKeyHas: another session under i's key already has k.
 	sameKeyHas := func(i int, k uint64) bool {
-		if ws[i].id == "" {
-			return false
-		}
-		for j := range ws {
-			if j != i && ws[j].id == ws[i].id && p.keys[j][k] {
+		for _, j := range twins[i] {
+			if j != i && p.keys[j][k] {
 				return true
 			}
 		}

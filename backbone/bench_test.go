@@ -260,7 +260,7 @@ func benchSteps(b *testing.B, lm *loadedModel) time.Duration {
 
 // benchSwarm starts dispatcher and hub in this process and an in-process
 // worker holding layer 0 of lm, linked as via says, and waits for it.
-func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher, *swarmtest.Link) {
+func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher, *swarmtest.ProcLink) {
 	tune := benchSpin
 	if v, ok := strings.CutSuffix(via, "-nospin"); ok {
 		// The same path with this dispatcher's spinning off, in the same
@@ -284,7 +284,7 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher
 	b.Cleanup(func() { h.Close() })
 	_, key, _ := ed25519.GenerateKey(nil)
 	var url string
-	var link *swarmtest.Link
+	var link *swarmtest.ProcLink
 	var pool *x509.CertPool
 	var caPEM []byte
 	switch via {
@@ -427,10 +427,11 @@ func serveLoopback(tb testing.TB, handle func(net.Conn)) string {
 	return ln.Addr().String()
 }
 
-// newBenchLink is a swarmtest.Link to target with benchOneWay of delay
-// each way, closed when the benchmark ends.
-func newBenchLink(tb testing.TB, target string) *swarmtest.Link {
-	l, err := swarmtest.NewLink(target, benchOneWay)
+// newBenchLink is a link to target with benchOneWay of delay each way, in
+// a child process (swarmtest.ProcLink: a link in the benchmark's process
+// would take its Ps while it sleeps), closed when the benchmark ends.
+func newBenchLink(tb testing.TB, target string) *swarmtest.ProcLink {
+	l, err := swarmtest.NewProcLink(target, benchOneWay)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -177,10 +177,12 @@ func BenchmarkDetection(b *testing.B) {
 // with the row's sum, the other its DISPATCH_SUM_DIGEST with the DIGEST of
 // that sum RESULT (wire 7); quorum-pairs: the same with Config.NoRowSums,
 // every pair to both, one answering with a DIGEST (quorum before wire 7).
-// The workers compute the cheap fake function, so the time is the
+// The workers compute the cheap fake function (fusedFake: vector passes,
+// row sums without the rows x k x d outputs), so the time is the
 // protocol's (what the swarm adds to a decode whose workers compute on
 // other machines); under quorum the workers compute twice the pairs by
-// design. Reported: tok/s (rows per second), down-B/tok and up-B/tok
+// design. The 13 ms are slept in a child process (swarmtest.ProcLink):
+// slept in this one, they held the Ps of the processes under test. Reported: tok/s (rows per second), down-B/tok and up-B/tok
 // (backbone -> workers and workers -> backbone message bytes per row, for
 // this one layer: a model multiplies them by its MoE layers), local%
 // (outputs the backbone computed: late answers, checks do not count) and
@@ -203,8 +205,8 @@ func BenchmarkQuorumRTT13ms(b *testing.B) {
 			c.Verify, c.Probation, c.CheckRate = mc.mode, 0, 0 // the defaults
 			c.NoRowSums = mc.noSums
 		})
-		s.startHolder(b, newFake(m), 0)
-		s.startHolder(b, newFake(m), 0)
+		s.startHolder(b, fusedFake{newFake(m)}, 0)
+		s.startHolder(b, fusedFake{newFake(m)}, 0)
 		s.waitWorkers(b, 2)
 		rng := rand.New(rand.NewPCG(43, 44))
 		bytes := func() (down, up uint64) {

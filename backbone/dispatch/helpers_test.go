@@ -24,6 +24,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/quant"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/engine/worker"
 )
@@ -42,12 +43,50 @@ type fakeExperts struct {
 }
 
 func (f *fakeExperts) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	if len(hidden) != n*f.d || len(ids) != n*k || len(out) != n*k*f.d {
+		return fmt.Errorf("fake: bad lengths")
+	}
+	if err := f.enter(ctx); err != nil {
+		return err
+	}
+	return f.compute(layer, hidden, ids, n, k, out)
+}
+
+// fusedFake is fakeExperts with row sums of its own (expert.SumComputer):
+// each row's k outputs made in a k x d buffer and summed by
+// expert.WeightedSum, the bits of ComputeExperts then WeightedSum without
+// the n x k x d outputs, as a worker whose backend fuses the sum answers a
+// DISPATCH_SUM. The benchmarks' workers compute this. (A separate type: a
+// test computer that embeds fakeExperts to change its outputs must not
+// inherit a sum that bypasses the change.)
+type fusedFake struct{ *fakeExperts }
+
+var _ expert.SumComputer = fusedFake{}
+
+// ComputeExpertsSum implements expert.SumComputer.
+func (f fusedFake) ComputeExpertsSum(ctx context.Context, layer int, hidden []float32, ids []int32, weights []float32, n, k int, out []float32) error {
+	d := f.d
+	if len(hidden) != n*d || len(ids) != n*k || len(weights) != n*k || len(out) != n*d {
+		return fmt.Errorf("fake: bad lengths")
+	}
+	if err := f.enter(ctx); err != nil {
+		return err
+	}
+	tmp := make([]float32, k*d)
+	for r := 0; r < n; r++ {
+		if err := f.compute(layer, hidden[r*d:(r+1)*d], ids[r*k:(r+1)*k], 1, k, tmp); err != nil {
+			return err
+		}
+		expert.WeightedSum(out[r*d:(r+1)*d], tmp, weights[r*k:(r+1)*k], k, d)
+	}
+	return nil
+}
+
+// enter is a call's start: counted, onCall, the delays, the block.
+func (f *fakeExperts) enter(ctx context.Context) error {
 	f.calls.Add(1)
 	if f.onCall != nil {
 		f.onCall()
-	}
-	if len(hidden) != n*f.d || len(ids) != n*k || len(out) != n*k*f.d {
-		return fmt.Errorf("fake: bad lengths")
 	}
 	if f.delay > 0 {
 		time.Sleep(f.delay)
@@ -62,7 +101,20 @@ func (f *fakeExperts) ComputeExperts(ctx context.Context, layer int, hidden []fl
 			return ctx.Err()
 		}
 	}
+	return nil
+}
+
+// compute is the function itself (lengths checked by the caller).
+func (f *fakeExperts) compute(layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
 	d := f.d
+	// o[j] = x[j]*(e+1) - 0.5*x[(j+1)%d] + 0.25*layer, in three vector
+	// passes with the scalar loop's roundings (quant's ScaleF32 and
+	// ScaleAddF32 round each product, fuse nothing): the benchmarks'
+	// workers compute this, and their time should be the protocol's.
+	fl := make([]float32, d)
+	for j := range fl {
+		fl[j] = 0.25 * float32(layer)
+	}
 	for r := 0; r < n; r++ {
 		x := hidden[r*d : (r+1)*d]
 		for s := 0; s < k; s++ {
@@ -70,15 +122,11 @@ func (f *fakeExperts) ComputeExperts(ctx context.Context, layer int, hidden []fl
 			if e < 0 || e >= f.nExpert || (f.holds != nil && !f.holds(layer, e)) {
 				return fmt.Errorf("fake: expert (%d, %d) not held", layer, e)
 			}
-			// o[j] = x[j]*(e+1) - 0.5*x[(j+1)%d] + 0.25*layer, without
-			// the division per element (the benchmarks' workers compute
-			// this, and their time should be the protocol's).
 			o := out[(r*k+s)*d : (r*k+s+1)*d]
-			fe, fl := float32(e+1), 0.25*float32(layer)
-			for j, xj := range x[:d-1] {
-				o[j] = xj*fe - 0.5*x[j+1] + fl
-			}
-			o[d-1] = x[d-1]*fe - 0.5*x[0] + fl
+			quant.ScaleF32(o, x, float32(e+1))
+			quant.ScaleAddF32(o[:d-1], x[1:], -0.5)
+			o[d-1] += float32(-0.5 * x[0])
+			quant.ScaleAddF32(o, fl, 1)
 		}
 	}
 	return nil
@@ -110,7 +158,7 @@ type stack struct {
 	disp   *dispatch.Dispatcher
 	hub    *hub.Hub
 	gw     *gateway.Gateway
-	px     *swarmtest.Link
+	px     relay
 	url    string
 	pool   *x509.CertPool
 	caFile string
@@ -125,6 +173,16 @@ func testModel() dispatch.Model {
 	return dispatch.Model{ID: "fake-moe", D: 16, K: 2, NLayer: 4, NExpert: 8}
 }
 
+// relay is the stack's link between gateway and hub: a swarmtest.Link,
+// or a swarmtest.ProcLink when it has a delay.
+type relay interface {
+	Addr() string
+	Conns() int64
+	Close() error
+}
+
+// newStack starts a dispatcher, a hub and a TLS gateway on loopback, the
+// gateway reaching the hub through a link with oneWay of delay each way.
 func newStack(tb testing.TB, m dispatch.Model, oneWay time.Duration, mod func(*dispatch.Config)) *stack {
 	tb.Helper()
 	return newStackHub(tb, m, oneWay, mod, nil)
@@ -166,7 +224,13 @@ func newStackHub(tb testing.TB, m dispatch.Model, oneWay time.Duration, mod func
 	}
 	tb.Cleanup(func() { h.Close() })
 	s.hub = h
-	s.px, err = swarmtest.NewLink(h.Addr(), oneWay)
+	if oneWay > 0 {
+		// A delay is slept in a child process, as a wide-area link is
+		// outside the backbone's (swarmtest.ProcLink says why).
+		s.px, err = swarmtest.NewProcLink(h.Addr(), oneWay)
+	} else {
+		s.px, err = swarmtest.NewLink(h.Addr(), 0)
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}

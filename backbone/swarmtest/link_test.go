@@ -7,10 +7,30 @@ import (
 	"time"
 )
 
+// testLink is what the tests need of a Link and a ProcLink.
+type testLink interface {
+	Addr() string
+	Conns() int64
+	RTTp50() time.Duration
+	Close() error
+}
+
 // TestLinkDelaysAndRelays: bytes arrive intact and in order, each
 // direction oneWay late (a round trip of at least 2 x oneWay), the holds
-// the link records say so, and Close ends a relayed connection.
+// the link records say so, and Close ends a relayed connection; for a
+// Link in this process and one in a child process (ProcLink).
 func TestLinkDelaysAndRelays(t *testing.T) {
+	t.Run("in-process", func(t *testing.T) {
+		testLinkDelaysAndRelays(t, func(target string, oneWay time.Duration) (testLink, error) { return NewLink(target, oneWay) })
+	})
+	t.Run("process", func(t *testing.T) {
+		testLinkDelaysAndRelays(t, func(target string, oneWay time.Duration) (testLink, error) {
+			return NewProcLink(target, oneWay)
+		})
+	})
+}
+
+func testLinkDelaysAndRelays(t *testing.T, newLink func(string, time.Duration) (testLink, error)) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -25,7 +45,7 @@ func TestLinkDelaysAndRelays(t *testing.T) {
 		_, _ = io.Copy(c, c) // echo
 	}()
 	const oneWay = 5 * time.Millisecond
-	l, err := NewLink(ln.Addr().String(), oneWay)
+	l, err := newLink(ln.Addr().String(), oneWay)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -567,7 +567,8 @@ func (w *Worker) syncPause(send func([]byte) error) error {
 // its N rows with K slots, no gather), answered as RESULT in
 // row-major (row, slot) order with the request's timing (wire.Timing). A
 // DISPATCH_SUM (every slot requested) is answered with N rows instead, row
-// r the weighted sum of its K outputs (expert.WeightedSum), and a
+// r the weighted sum of its K outputs (expert.WeightedSum, or the
+// Computer's own ComputeExpertsSum when it is an expert.SumComputer), and a
 // DISPATCH_SUM_DIGEST with the DIGEST of that sum RESULT.
 func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBytes int, session string, send func([]byte) error) error {
 	w.mu.Lock()
@@ -608,11 +609,25 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 			}
 		}
 	}
-	outp := scratch.Get(m * d.D) // fully written by ComputeExperts (expert.Computer)
+	// A DISPATCH_SUM to a Computer that sums its own outputs
+	// (expert.SumComputer: the same bits as WeightedSum of its
+	// ComputeExperts) skips the N x K x D outputs.
+	sc, fused := w.cfg.Computer.(expert.SumComputer)
+	fused = fused && d.Sum
+	outLen := m * d.D
+	if fused {
+		outLen = d.N * d.D
+	}
+	outp := scratch.Get(outLen) // fully written by ComputeExperts (expert.Computer) or ComputeExpertsSum
 	defer scratch.Put(outp)
 	out := *outp
 	t0 := time.Now()
-	err := w.cfg.Computer.ComputeExperts(ctx, int(d.Layer), xs, es, rows, k, out)
+	var err error
+	if fused {
+		err = sc.ComputeExpertsSum(ctx, int(d.Layer), d.Hidden, d.IDs, d.Weights, d.N, d.K, out)
+	} else {
+		err = w.cfg.Computer.ComputeExperts(ctx, int(d.Layer), xs, es, rows, k, out)
+	}
 	t1 := time.Now()
 	th := w.cfg.Threads
 	if th <= 0 || th > cores {
@@ -631,9 +646,11 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 	served, what := uint64(wire.ResultSize(m, d.D)), "RESULT"
 	rows = m
 	if d.Sum {
+		rows = d.N
+	}
+	if d.Sum && !fused {
 		// The decoder checked that every slot is requested: out is
 		// N x K x D in (row, slot) order.
-		rows = d.N
 		sump := scratch.Get(d.N * d.D)
 		defer scratch.Put(sump)
 		expert.WeightedSum(*sump, out, d.Weights, d.K, d.D)

@@ -62,7 +62,17 @@ func newSwarmOf(tb testing.TB, m *model.Model, oneWay time.Duration, workers int
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { h.Close() })
-	px, err := swarmtest.NewLink(h.Addr(), oneWay)
+	// A delay is slept in a child process (swarmtest.ProcLink: in this
+	// one, its sleeps would hold the Ps that serve and the workers need).
+	var px interface {
+		Addr() string
+		Close() error
+	}
+	if oneWay > 0 {
+		px, err = swarmtest.NewProcLink(h.Addr(), oneWay)
+	} else {
+		px, err = swarmtest.NewLink(h.Addr(), 0)
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -157,9 +157,12 @@ func (s *Server) count(endpoint string, h http.HandlerFunc) http.HandlerFunc {
 }
 
 // authorized compares the bearer token with Config.APIKey in constant time.
+// The scheme's name is case-insensitive (RFC 9110 section 11.1: "bearer"
+// is Bearer); the token is not.
 func (s *Server) authorized(r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.APIKey)) == 1
+	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	return ok && strings.EqualFold(scheme, "Bearer") &&
+		subtle.ConstantTimeCompare([]byte(strings.TrimLeft(got, " ")), []byte(s.cfg.APIKey)) == 1
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -192,6 +195,7 @@ func getOnly(h http.Handler) http.Handler {
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
 		writeError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use GET"))
 		return
 	}
@@ -200,6 +204,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
 		writeError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use GET"))
 		return
 	}
@@ -603,35 +608,12 @@ func (s *Server) chatMessages(raw json.RawMessage) ([]chatMessage, *apiError) {
 // checkMessageFields refuses a field of a message (an object of the
 // "messages" array raw) that chatMessage does not have, as decodeJSON
 // refuses unknown fields elsewhere: unsupported_parameter naming it. Names
-// match case-insensitively, as encoding/json matches them.
+// must match exactly (checkFieldNames): encoding/json would let "CONTENT"
+// fill, or overwrite, content.
 func checkMessageFields(raw []byte) *apiError {
 	var e *apiError
 	jsonElements(raw, func(el []byte) bool {
-		if el[0] != '{' {
-			return true // not an object: json.Unmarshal's type error
-		}
-		jsonObjectKeys(el, func(key []byte) bool {
-			for _, known := range [...]string{"role", "content", "name"} {
-				if len(key) == len(known) && strings.EqualFold(string(key), known) {
-					return true
-				}
-			}
-			name := string(key)
-			if bytes.IndexByte(key, '\\') >= 0 { // an escaped name: decode it
-				_ = json.Unmarshal([]byte(`"`+name+`"`), &name)
-				for _, known := range [...]string{"role", "content", "name"} {
-					if strings.EqualFold(name, known) {
-						return true
-					}
-				}
-			}
-			if why, ok := unsupportedFields[name]; ok {
-				e = badRequest(name, "unsupported_parameter", "%s: %s by this server", name, why)
-			} else {
-				e = badRequest(name, "unsupported_parameter", "unknown parameter %q in a message", name)
-			}
-			return false
-		})
+		e = checkFieldNames(el, []string{"role", "content", "name"}, "in a message")
 		return e == nil
 	})
 	return e
@@ -674,7 +656,7 @@ func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
 		nbytes += len(text)
 	}
 	if s.tooLong(nbytes, s.p.Context) {
-		return Job{}, nil, s.contextError(nbytes, false)
+		return Job{}, nil, inMessages(s.contextError(nbytes, false))
 	}
 	prompt, err := s.cfg.Chat.Apply(msgs)
 	if err != nil {
@@ -682,12 +664,22 @@ func (s *Server) parseChat(body []byte) (Job, *genParams, *apiError) {
 	}
 	j, e := s.job(&req.genParams, prompt, 0)
 	if e != nil {
-		return Job{}, nil, e
+		return Job{}, nil, inMessages(e)
 	}
 	if e := chatLogprobs(&j, req.Logprobs, req.TopLogprobs); e != nil {
 		return Job{}, nil, e
 	}
 	return j, &req.genParams, nil
+}
+
+// inMessages renames the param of an error about the prompt to
+// "messages", the chat request's field it came from (as OpenAI names it).
+func inMessages(e *apiError) *apiError {
+	if e != nil && e.Param != nil && *e.Param == "prompt" {
+		m := "messages"
+		e.Param = &m
+	}
+	return e
 }
 
 // usage is the OpenAI usage object.

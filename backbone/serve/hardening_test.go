@@ -81,19 +81,36 @@ func TestTypedErrors(t *testing.T) {
 	}
 }
 
-// TestMessageFieldNames: message fields match case-insensitively and with
-// escapes in their names, as encoding/json matches the body's other
-// fields; 4,095 messages (one short of the 4,096-token context) pass the
-// count and fail only on their tokens.
+// TestMessageFieldNames: field names match exactly, escapes in them
+// decoded. A name that matches a field only case-insensitively is refused
+// (encoding/json would accept it, and a later "CONTENT" overwrote
+// "content": a different answer), in a message, at the top level and in
+// stream_options. 4,095 messages (one short of the 4,096-token context)
+// pass the count and fail only on their tokens, naming messages.
 func TestMessageFieldNames(t *testing.T) {
 	srv := newTestServer(t, nil)
-	resp, body := srv.post(t, "/v1/chat/completions", `{"messages":[{"ROLE":"user","Content":"hi","n\u0061me":"x"}],"max_tokens":2}`)
+	resp, body := srv.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi","n\u0061me":"x"}],"m\u0061x_tokens":2}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
+	for _, c := range []struct{ path, body, param string }{
+		{"/v1/chat/completions", `{"messages":[{"ROLE":"user","content":"hi"}],"max_tokens":2}`, "ROLE"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"Who is the king?","CONTENT":"Hi"}],"max_tokens":2}`, "CONTENT"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"Max_Tokens":2}`, "Max_Tokens"},
+		{"/v1/completions", `{"prompt":"Hi","Prompt":"x","max_tokens":1}`, "Prompt"},
+		{"/v1/completions", `{"PROMPT":"Hi","max_tokens":1}`, "PROMPT"},
+		{"/v1/completions", `{"prompt":"Hi","max_tokens":1,"stream":true,"stream_options":{"Include_Usage":true}}`, "Include_Usage"},
+	} {
+		resp, body := srv.post(t, c.path, c.body)
+		var e apiErrorBody
+		if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != 400 || e.Error.Code == nil ||
+			*e.Error.Code != "unsupported_parameter" || e.Error.Param == nil || *e.Error.Param != c.param {
+			t.Errorf("%s: %d %s, want 400 unsupported_parameter naming %s", c.body, resp.StatusCode, body, c.param)
+		}
+	}
 	resp, body = srv.post(t, "/v1/chat/completions", `{"messages":[`+strings.Repeat(`{"role":"user","content":""},`, 4094)+`{"role":"user","content":""}]}`)
 	var e apiErrorBody
-	if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != 400 || *e.Error.Code != "context_length_exceeded" || *e.Error.Param != "prompt" {
+	if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != 400 || *e.Error.Code != "context_length_exceeded" || *e.Error.Param != "messages" {
 		t.Fatalf("4,095 messages: %d %.300s", resp.StatusCode, body)
 	}
 }
@@ -554,5 +571,32 @@ func TestShutdownDrains(t *testing.T) {
 	}
 	if err := <-shut; err != nil {
 		t.Errorf("Shutdown: %v", err)
+	}
+}
+
+// TestAPIKeyScheme: with an API key, the Authorization scheme's name is
+// matched case-insensitively (RFC 9110 section 11.1), the token exactly;
+// another scheme, a wrong token or none is 401.
+func TestAPIKeyScheme(t *testing.T) {
+	srv := newTestServer(t, func(c *Config) { c.APIKey = "sekret" })
+	for _, c := range []struct {
+		auth string
+		want int
+	}{
+		{"Bearer sekret", 200}, {"bearer sekret", 200}, {"BEARER sekret", 200},
+		{"Bearer Sekret", 401}, {"Basic sekret", 401}, {"Bearer", 401}, {"sekret", 401}, {"", 401},
+	} {
+		req, _ := http.NewRequest("GET", srv.ts.URL+"/v1/models", nil)
+		if c.auth != "" {
+			req.Header.Set("Authorization", c.auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("Authorization %q: %d, want %d", c.auth, resp.StatusCode, c.want)
+		}
 	}
 }

@@ -134,10 +134,17 @@ var unsupportedFields = map[string]string{
 	"web_search_options":  "web search is not supported",
 }
 
-// decodeJSON parses exactly one JSON value into v, refusing unknown fields.
-// Errors are 400s: invalid_json (not JSON, or data after it), invalid_type
-// naming the field, unsupported_parameter naming the field.
+// decodeJSON parses exactly one JSON value into v, refusing unknown fields
+// and, in v's own object, names that match a field only case-insensitively
+// (checkFieldNames). Errors are 400s: invalid_json (not JSON, or data after
+// it), invalid_type naming the field, unsupported_parameter naming the
+// field.
 func decodeJSON(b []byte, v any) *apiError {
+	if t := reflect.TypeOf(v).Elem(); t.Kind() == reflect.Struct && json.Valid(b) {
+		if e := checkStructNames(b, t); e != nil {
+			return e
+		}
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -321,6 +328,12 @@ func jsonElements(b []byte, fn func(elem []byte) bool) {
 // returns false. b must be valid JSON starting with '{'; it does not
 // allocate.
 func jsonObjectKeys(b []byte, fn func(key []byte) bool) {
+	jsonObjectFields(b, func(key, _ []byte) bool { return fn(key) })
+}
+
+// jsonObjectFields is jsonObjectKeys with each key's value (its raw
+// bytes, first to last).
+func jsonObjectFields(b []byte, fn func(key, value []byte) bool) {
 	i := bytes.IndexByte(b, '{') + 1
 	for i > 0 {
 		i = skipJSONSpace(b, i)
@@ -328,16 +341,118 @@ func jsonObjectKeys(b []byte, fn func(key []byte) bool) {
 			return
 		}
 		end := skipJSONValue(b, i)
-		if !fn(b[i+1 : end-1]) {
+		key := b[i+1 : end-1]
+		i = skipJSONSpace(b, end) + 1 // past ':'
+		vi := skipJSONSpace(b, i)
+		i = skipJSONValue(b, vi)
+		if !fn(key, b[vi:i]) {
 			return
 		}
-		i = skipJSONSpace(b, end) + 1 // past ':'
-		i = skipJSONValue(b, skipJSONSpace(b, i))
 		i = skipJSONSpace(b, i)
 		if i < len(b) && b[i] == ',' {
 			i++
 		}
 	}
+}
+
+// jsonField is a struct field as encoding/json reads it: its JSON name
+// and its Go type.
+type jsonField struct {
+	name string
+	typ  reflect.Type
+}
+
+// jsonFields lists struct type t's fields as encoding/json reads them: the
+// json tag's name, else the Go name; the fields of an embedded struct
+// without a tag as t's own.
+func jsonFields(t reflect.Type) []jsonField {
+	var fs []jsonField
+	for f := range t.Fields() {
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case tag == "-" || !f.IsExported() && !f.Anonymous:
+		case f.Anonymous && tag == "" && f.Type.Kind() == reflect.Struct:
+			fs = append(fs, jsonFields(f.Type)...)
+		case tag != "":
+			fs = append(fs, jsonField{tag, f.Type})
+		default:
+			fs = append(fs, jsonField{f.Name, f.Type})
+		}
+	}
+	return fs
+}
+
+// checkStructNames is checkFieldNames for the object b decoded into struct
+// type t, and for the objects of its fields of struct type (or pointer to
+// one; "stream_options"), recursively.
+func checkStructNames(b []byte, t reflect.Type) *apiError {
+	fs := jsonFields(t)
+	names := make([]string, len(fs))
+	for i, f := range fs {
+		names[i] = f.name
+	}
+	if e := checkFieldNames(b, names, ""); e != nil {
+		return e
+	}
+	var e *apiError
+	jsonObjectFields(bytes.TrimSpace(b), func(key, value []byte) bool {
+		for _, f := range fs {
+			ft := f.typ
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if f.name == string(key) && ft.Kind() == reflect.Struct {
+				e = checkStructNames(value, ft)
+				return e == nil
+			}
+		}
+		return true
+	})
+	return e
+}
+
+// checkFieldNames refuses a key of the JSON object b that is not exactly
+// one of known: encoding/json matches names case-insensitively, so
+// "Prompt" would fill prompt (and, after "prompt", overwrite it) where
+// OpenAI's API, and this server's documentation, refuse an unknown
+// field. The 400 is unsupported_parameter naming the key (where, when
+// not "", says where it was: "in a message"); a known OpenAI field this
+// server does not implement gets its reason (unsupportedFields). b that
+// is not an object is left to the decoder's type error.
+func checkFieldNames(b []byte, known []string, where string) *apiError {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 || b[0] != '{' {
+		return nil
+	}
+	var e *apiError
+	jsonObjectKeys(b, func(key []byte) bool {
+		name := string(key)
+		if bytes.IndexByte(key, '\\') >= 0 { // an escaped name: decode it
+			_ = json.Unmarshal([]byte(`"`+name+`"`), &name)
+		}
+		for _, k := range known {
+			if name == k {
+				return true
+			}
+		}
+		in := ""
+		if where != "" {
+			in = " " + where
+		}
+		if why, ok := unsupportedFields[name]; ok {
+			e = badRequest(name, "unsupported_parameter", "%s: %s by this server", name, why)
+			return false
+		}
+		for _, k := range known {
+			if strings.EqualFold(name, k) {
+				e = badRequest(name, "unsupported_parameter", "unknown parameter %q%s (names are case-sensitive: %q)", name, in, k)
+				return false
+			}
+		}
+		e = badRequest(name, "unsupported_parameter", "unknown parameter %q%s", name, in)
+		return false
+	})
+	return e
 }
 
 func skipJSONSpace(b []byte, i int) int {

@@ -245,6 +245,7 @@ func (sc *scheduler) end(a *seqState, text, reason string, err error) {
 func (sc *scheduler) admit() {
 	s, l := sc.s, sc.l
 	s.mu.Lock()
+	gone := s.pruneQueueLocked()
 	share := (len(s.queue) + s.active + len(s.lanes) - 1) / len(s.lanes)
 	n := max(0, min(len(s.queue), l.maxSeqs-len(sc.active), share-len(sc.active)))
 	admitted := s.queue[:n]
@@ -253,7 +254,9 @@ func (sc *scheduler) admit() {
 	l.active = len(sc.active) + n
 	s.met.queueDepth.Set(float64(len(s.queue)))
 	s.mu.Unlock()
+	finishGone(s, gone)
 	for _, st := range admitted {
+		st.stopUnqueue()
 		var seq *model.Sequence
 		if k := len(sc.free); k > 0 {
 			// The slot is cleared: a sequence taken from the pool that then

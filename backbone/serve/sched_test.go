@@ -442,3 +442,62 @@ func TestLanesLogits(t *testing.T) {
 		}
 	}
 }
+
+// TestQueuedClientLeaves: a queued request whose context ends (its client
+// left) gives its place in the queue back at once, and one cancelled with
+// Stream.Cancel at the next Submit; both end as cancelled. Before, they
+// held their places until a slot took them, and while long requests ran
+// every new one was refused with ErrQueueFull (429).
+func TestQueuedClientLeaves(t *testing.T) {
+	s, reg := newSched(t, func(c *Config) { c.QueueSize = 1; c.MaxSeqs = 1 }) // not started: nothing is admitted
+	job := Job{Prompt: []int32{1, 2}, MaxTokens: 2}
+	a, err := s.Submit(context.Background(), job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, leave := context.WithCancel(context.Background())
+	b, err := s.Submit(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Submit(context.Background(), job); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third submit: %v, want ErrQueueFull", err)
+	}
+	leave()
+	for i := 0; s.Stats().Queued != 1; i++ {
+		if i > 5000 {
+			t.Fatalf("queued %d after the client left, want 1", s.Stats().Queued)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if v := gatherValue(t, reg, "kvasir_serve_queue_depth"); v != 1 {
+		t.Errorf("queue depth %v, want 1", v)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if d, err := b.Next(dctx); err != nil || !d.Done || d.Finish != FinishCancelled {
+		t.Fatalf("the request that left: %+v %v, want done, cancelled", d, err)
+	}
+	c, err := s.Submit(context.Background(), job)
+	if err != nil {
+		t.Fatalf("submit after the client left: %v", err)
+	}
+	a.Cancel()
+	d, err := s.Submit(context.Background(), job)
+	if err != nil {
+		t.Fatalf("submit after a queued request was cancelled: %v", err)
+	}
+	if got, err := a.Next(dctx); err != nil || !got.Done || got.Finish != FinishCancelled {
+		t.Fatalf("the cancelled request: %+v %v", got, err)
+	}
+	if v := gatherValue(t, reg, "kvasir_serve_requests_finished_total", "reason", FinishCancelled); v != 2 {
+		t.Errorf("finished{reason=cancelled} = %v, want 2", v)
+	}
+	s.Start()
+	want := directGreedy(t, job.Prompt, job.MaxTokens)
+	for _, st := range []*Stream{c, d} {
+		if got, _, dl := collect(t, st); dl.Finish == FinishError || !slices.Equal(got, want) {
+			t.Fatalf("a request queued after them: %v %v, want %v", dl.Finish, got, want)
+		}
+	}
+}

@@ -427,6 +427,8 @@ func (s *Server) Submit(ctx context.Context, j Job) (*Stream, error) {
 	}
 	st := newStream(ctx, j)
 	s.mu.Lock()
+	gone := s.pruneQueueLocked()
+	defer finishGone(s, gone)
 	switch {
 	case s.closed || s.draining:
 		s.mu.Unlock()
@@ -440,9 +442,48 @@ func (s *Server) Submit(ctx context.Context, j Job) (*Stream, error) {
 	}
 	s.queue = append(s.queue, st)
 	s.met.queueDepth.Set(float64(len(s.queue)))
+	// A client that leaves while its request waits gives its place back
+	// at once, not when a slot would have taken it: requests nobody waits
+	// for must not fill the queue and turn new ones away with 429.
+	st.unqueue = context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		gone := s.pruneQueueLocked()
+		s.mu.Unlock()
+		finishGone(s, gone)
+	})
 	s.mu.Unlock()
 	s.poke()
 	return st, nil
+}
+
+// pruneQueueLocked takes the queued requests whose context ended or that
+// were cancelled out of the queue and returns them (s.mu held).
+func (s *Server) pruneQueueLocked() []*Stream {
+	var gone []*Stream
+	kept := s.queue[:0]
+	for _, st := range s.queue {
+		if st.isCancelled() != nil {
+			gone = append(gone, st)
+		} else {
+			kept = append(kept, st)
+		}
+	}
+	clear(s.queue[len(kept):])
+	s.queue = kept
+	if len(gone) > 0 {
+		s.met.queueDepth.Set(float64(len(s.queue)))
+	}
+	return gone
+}
+
+// finishGone ends requests pruneQueueLocked took out of the queue (s.mu
+// not held), as the scheduler ends a cancelled active one.
+func finishGone(s *Server, gone []*Stream) {
+	for _, st := range gone {
+		st.stopUnqueue()
+		st.finishText("", FinishCancelled, st.isCancelled())
+		s.met.finished.WithLabelValues(FinishCancelled).Inc()
+	}
 }
 
 func (s *Server) check(j Job) error {
@@ -521,6 +562,18 @@ type Stream struct {
 	reason    string
 	err       error
 	cancelled bool
+
+	// unqueue stops the context.AfterFunc that takes the request out of
+	// the queue when its context ends (Submit); called once it leaves the
+	// queue. nil before Submit queues it.
+	unqueue func() bool
+}
+
+// stopUnqueue stops st's queue watch (once it has left the queue).
+func (st *Stream) stopUnqueue() {
+	if st.unqueue != nil {
+		st.unqueue()
+	}
 }
 
 func newStream(ctx context.Context, j Job) *Stream {

@@ -34,7 +34,7 @@ func runWorker(args []string) int {
 	threads := fs.Int("threads", runtime.NumCPU(), "compute threads")
 	modelID := fs.String("model-id", "", "model id announced to the backbone (default: the slice's model id, engine/slice.ModelID)")
 	modelTiny := fs.Bool("model-tiny", false, "serve the experts of the embedded tiny model (the default model of backbone generate and demo) instead of --slice")
-	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with optional KiB/MiB/GiB suffix; the backbone assigns experts and the worker downloads them (issue 6)")
+	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with an optional KiB/MiB/GiB/TiB or KB/MB/GB/TB suffix (e.g. 4GB); the backbone assigns experts and the worker downloads them (issue 6)")
 	source := fs.String("model-source", "", "with --quota: http(s) URL of the full model GGUF to download assigned experts from instead of the one the backbone names (a mirror); bytes are verified against the backbone's hashes either way")
 	backend := fs.String("backend", "auto", workerrole.BackendFlagHelp)
 	cpuLimit := fs.Int("cpu-limit", 0, "limit the worker to this percent of the machine's CPU time, 0-100 (0, the default, or 100: no limit); it pauses between requests, answering every request it took")
@@ -57,8 +57,15 @@ func runWorker(args []string) int {
 		Threads: *threads, ModelID: *modelID, Source: *source, Backend: *backend, CPULimit: *cpuLimit, SpinWait: *spinWait}
 	if *quotaFlag != "" {
 		quota, err := run.ParseBytes(*quotaFlag)
-		if err != nil || *gw == "" || *slice == "" {
-			fmt.Fprintln(os.Stderr, "worker: --quota needs --gateway, a --slice directory and a byte count:", err)
+		switch {
+		case err != nil:
+			fmt.Fprintln(os.Stderr, "worker: --quota:", err)
+			return 2
+		case *gw == "" || *slice == "":
+			fmt.Fprintln(os.Stderr, "worker: --quota needs --gateway and a --slice directory (may be empty or missing)")
+			return 2
+		case strings.TrimSpace(*layersFlag) != "":
+			fmt.Fprintln(os.Stderr, "worker: --layers does not apply with --quota: the backbone assigns the experts a quota worker holds")
 			return 2
 		}
 		c.Quota, c.Tiny, c.ModelID = quota, false, ""

@@ -1,85 +1,68 @@
 package main
 
 import (
-	"io"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
+	"github.com/kvasir-ai/kvasir/engine/slice"
 )
 
-// stderrOf runs fn with os.Stderr redirected to a pipe and returns fn's
-// exit code and what it wrote there.
-func stderrOf(t *testing.T, fn func() int) (int, string) {
-	t.Helper()
-	r, w, err := os.Pipe()
+// TestWorkerCommandFlags runs `backbone worker` on flags that cannot work:
+// each exits at once, non-zero, naming the flag. --layers that select no
+// expert of the slice used to connect a worker serving nothing
+// (accepted=0); --layers with --quota was silently ignored; "4GB" was
+// refused although the contributor app took it (now both read
+// engine/bytesize); a second quota worker on a folder another one holds
+// deleted that one's experts (now slice.ErrInUse).
+func TestWorkerCommandFlags(t *testing.T) {
+	dir := t.TempDir()
+	f, err := demomodel.File()
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := os.Stderr
-	os.Stderr = w
-	got := make(chan string)
-	go func() { b, _ := io.ReadAll(r); got <- string(b) }()
-	code := fn()
-	os.Stderr = old
-	w.Close()
-	s := <-got
-	r.Close()
-	return code, s
-}
-
-// TestWorkerErrorMessages: the worker command's errors name the flag that
-// led to them and carry one "worker: " prefix; the hub's public-address
-// refusal names --allow-public.
-func TestWorkerErrorMessages(t *testing.T) {
-	dir := t.TempDir()
-	key := filepath.Join(dir, "worker.key")
-	missing := filepath.Join(dir, "nonexist")
-	notPEM := filepath.Join(dir, "not.pem")
-	if err := os.WriteFile(notPEM, []byte("hello\n"), 0o644); err != nil {
+	sl := filepath.Join(dir, "s0")
+	if _, err := slice.Cut(f, []int{0}, nil, sl); err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name  string
-		run   func() int
-		want  string
-		usage bool // a flag's value refused before anything runs: exit 2
+	held := filepath.Join(dir, "held")
+	st, _, err := slice.OpenStore(held, 1<<20, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	gw := []string{"worker", "--gateway", "wss://127.0.0.1:1", "--key", filepath.Join(dir, "w.key")}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
 	}{
-		{"slice", func() int {
-			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--slice", missing, "--key", key})
-		}, "worker: --slice " + missing + ": ", false},
-		{"ca", func() int {
-			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--ca", missing, "--key", key})
-		}, "worker: --ca " + missing + ": open " + missing, false},
-		{"ca not pem", func() int {
-			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--ca", notPEM, "--key", key})
-		}, "worker: --ca " + notPEM + ": no PEM certificate in the file", false},
-		{"quota ca", func() int {
-			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--slice", filepath.Join(dir, "s"), "--quota", "1MiB", "--ca", missing, "--key", key})
-		}, "worker: --ca " + missing + ": open " + missing, false},
-		{"gateway url", func() int {
-			return runWorker([]string{"--gateway", "http://127.0.0.1:1", "--model-tiny", "--key", key})
-		}, `worker: gateway URL "http://127.0.0.1:1" must be wss://host[:port]`, false},
-		{"gateway ws", func() int {
-			return runWorker([]string{"--gateway", "ws://127.0.0.1:1", "--model-tiny", "--key", key})
-		}, "worker: --gateway ws://127.0.0.1:1: want wss://host[:port]: the gateway speaks TLS only", false},
-		{"cpu limit", func() int {
-			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--key", key, "--cpu-limit", "150"})
-		}, "worker: --cpu-limit 150: want a percent from 0 to 100", true},
-		{"spin wait negative", func() int {
-			return runWorker([]string{"--gateway", "wss://127.0.0.1:1", "--model-tiny", "--key", key, "--spin-wait", "-5ms"})
-		}, "worker: --spin-wait -5ms: want >= 0 (0: off)", true},
-		{"hub public", func() int {
-			return runHub([]string{"--listen", "0.0.0.0:0", "--ledger", "", "--secret-file", filepath.Join(dir, "secret")})
-		}, "pass --allow-public", false},
+		{[]string{"--slice", sl, "--layers", "9"}, 1, "--layers [9]: the slice holds no expert of these layers"},
+		{[]string{"--slice", filepath.Join(dir, "q"), "--quota", "4MiB", "--layers", "0"}, 2, "--layers does not apply with --quota"},
+		{[]string{"--slice", filepath.Join(dir, "q"), "--quota", "4GX"}, 2, `--quota: bad byte count "4GX"`},
+		{[]string{"--quota", "4GB"}, 2, "--quota needs --gateway and a --slice directory"},
+		{[]string{"--slice", held, "--quota", "4GB"}, 1, "in use by another worker"},
 	} {
-		code, out := stderrOf(t, tc.run)
-		want := 1
-		if tc.usage {
-			want = 2
+		cmd := exec.Command(backboneBin(t), append(gw, c.args...)...)
+		cmd.Env = append(os.Environ(), asBackbone)
+		cmd.WaitDelay = 5 * time.Second
+		done := make(chan struct{})
+		timer := time.AfterFunc(20*time.Second, func() { _ = cmd.Process.Kill(); close(done) })
+		out, err := cmd.CombinedOutput()
+		timer.Stop()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != c.code || !strings.Contains(string(out), c.want) {
+			t.Errorf("worker %v: %v, output %q; want exit %d and %q", c.args, err, out, c.code, c.want)
 		}
-		if code != want || !strings.Contains(out, tc.want) || strings.Contains(out, "worker: worker:") || strings.Contains(out, "AllowPublic") {
-			t.Errorf("%s: exit %d, stderr %q; want exit %d and %q", tc.name, code, out, want, tc.want)
+		select {
+		case <-done:
+			t.Errorf("worker %v did not exit", c.args)
+		default:
 		}
 	}
 }

@@ -15,8 +15,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 	"github.com/kvasir-ai/kvasir/app/limits"
 	"github.com/kvasir-ai/kvasir/app/node"
 	"github.com/kvasir-ai/kvasir/app/status"
+	"github.com/kvasir-ai/kvasir/engine/bytesize"
 	"github.com/kvasir-ai/kvasir/wallet"
 )
 
@@ -205,30 +204,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 // ErrBytes wraps ParseBytes errors.
 var ErrBytes = errors.New("headless: bad byte count")
 
-// ParseBytes parses a byte count: a non-negative integer with an optional
-// suffix B, KiB, MiB, GiB or TiB (powers of 1024) or KB, MB, GB, TB
-// (powers of 1000). Errors wrap ErrBytes (also on overflow of 2^62).
+// ParseBytes parses a byte count (engine/bytesize.Parse, the parser of
+// the backbone's flags too): a non-negative number, decimals allowed, with
+// an optional suffix B, KiB, MiB, GiB or TiB (powers of 1024) or KB, MB,
+// GB, TB (powers of 1000). Errors wrap ErrBytes (also above 2^62).
 func ParseBytes(s string) (uint64, error) {
-	units := []struct {
-		suf  string
-		mult uint64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
-	num, mult := strings.TrimSpace(s), uint64(1)
-	for _, u := range units {
-		if n, ok := strings.CutSuffix(num, u.suf); ok {
-			num, mult = strings.TrimSpace(n), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseUint(num, 10, 64)
+	v, err := bytesize.Parse(s)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %q", ErrBytes, s)
 	}
-	if v > (1<<62)/mult {
-		return 0, fmt.Errorf("%w: %q is too large", ErrBytes, s)
-	}
-	return v * mult, nil
+	return uint64(v), nil
 }
 
 // walletMain is `kvasir wallet [--json] [--by hour|day|session] [--data

@@ -346,29 +346,20 @@ func TestWalletSavedCAUnreadable(t *testing.T) {
 	}
 }
 
+// TestParseBytes: the app's --quota reads counts as the backbone's flags
+// do (engine/bytesize, tested there), its errors wrapping ErrBytes.
 func TestParseBytes(t *testing.T) {
-	good := map[string]uint64{"0": 0, "64MiB": 64 << 20, "1 GiB": 1 << 30, "1500KB": 1_500_000, "7B": 7, " 3TiB ": 3 << 40, "2GB": 2e9}
+	good := map[string]uint64{"64MiB": 64 << 20, "4GB": 4e9, "1.5GiB": 1610612736}
 	for in, want := range good {
 		if got, err := ParseBytes(in); err != nil || got != want {
 			t.Errorf("ParseBytes(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "MiB", "-1", "1.5GiB", "12 apples", "4611686018427387905", "4194305TiB"} {
+	for _, in := range []string{"", "-1", "12 apples", "4194305TiB"} {
 		if _, err := ParseBytes(in); !errors.Is(err, ErrBytes) {
 			t.Errorf("ParseBytes(%q) = %v, want ErrBytes", in, err)
 		}
 	}
-}
-
-func FuzzParseBytes(f *testing.F) {
-	for _, s := range []string{"64MiB", "0", "1 GiB", "", "18446744073709551615", "9TiB", "KiBMiB"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		if v, err := ParseBytes(s); err == nil && v > 1<<62 {
-			t.Fatalf("%q -> %d above 2^62", s, v)
-		}
-	})
 }
 
 // firstRunChild is set in the environment of TestFirstRun's child: the

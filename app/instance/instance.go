@@ -21,6 +21,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/fslock"
 )
 
 // ExitRunning is the exit code of a second launch on a data folder another
@@ -70,7 +72,7 @@ func Acquire(dir string, onShow func()) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %v", ErrLock, dir, err)
 	}
-	held, err := tryLock(f)
+	held, err := fslock.TryLock(f)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%w %s: %v", ErrLock, dir, err)
@@ -212,7 +214,7 @@ func (l *Lock) Release() error {
 	if l.f == nil {
 		return nil
 	}
-	err := unlock(l.f)
+	err := fslock.Unlock(l.f)
 	if cerr := l.f.Close(); err == nil {
 		err = cerr
 	}

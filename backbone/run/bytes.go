@@ -2,27 +2,18 @@ package run
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
+
+	"github.com/kvasir-ai/kvasir/engine/bytesize"
 )
 
-// ParseBytes parses a byte count with an optional KiB, MiB or GiB suffix
-// (powers of 1024), e.g. "64MiB": the form of the commands' --quota,
-// --chunk-size, --provision-rate and --max-state-memory flags.
+// ParseBytes parses a byte count (engine/bytesize.Parse: KiB, MiB, GiB,
+// TiB or KB, MB, GB, TB, decimals allowed, e.g. "64MiB", "4GB"): the form
+// of the commands' --quota, --chunk-size, --provision-rate and
+// --max-state-memory flags, as the contributor app's --quota.
 func ParseBytes(s string) (int64, error) {
-	mult := int64(1)
-	for _, u := range []struct {
-		suf string
-		m   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
-		if strings.HasSuffix(s, u.suf) {
-			s, mult = strings.TrimSuffix(s, u.suf), u.m
-			break
-		}
+	v, err := bytesize.Parse(s)
+	if err != nil {
+		return 0, fmt.Errorf("bad byte count %q (want e.g. 512MiB or 4GB)", s)
 	}
-	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || v < 0 || v > (1<<62)/mult {
-		return 0, fmt.Errorf("bad byte count %q", s)
-	}
-	return v * mult, nil
+	return v, nil
 }

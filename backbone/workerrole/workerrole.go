@@ -190,6 +190,11 @@ func Run(ctx context.Context, c Config) error {
 	for _, b := range sl.Bad {
 		fmt.Fprintf(c.Log, "worker: not serving layer %d expert %d: %v\n", b.Layer, b.Expert, b.Err)
 	}
+	if len(sl.Holdings) == 0 && len(c.Layers) > 0 && len(sl.Bad) == 0 {
+		// A typo in --layers would otherwise connect a worker that serves
+		// nothing (accepted=0) and say nothing about why.
+		return &Error{"", fmt.Errorf("--layers %v: the slice holds no expert of these layers", c.Layers)}
+	}
 	if c.ModelID != "" {
 		sl.ModelID = c.ModelID
 	}

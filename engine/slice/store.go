@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/fslock"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
@@ -30,7 +31,44 @@ var (
 	// ErrNoModel: the store has no model header yet (SetModel first), or
 	// the expert's layer is not in it.
 	ErrNoModel = errors.New("slice: no model header for the expert")
+	// ErrInUse: another process (or another Store of this one) has the
+	// directory open with OpenStore. Two stores on one folder would each
+	// delete the other's experts as strays, or to fit their quotas.
+	ErrInUse = errors.New("slice: directory in use by another worker")
 )
+
+// LockName is the file in a store's directory that OpenStore locks
+// (engine/fslock) for as long as the Store is open; it holds the process
+// id, for the message of a second OpenStore.
+const LockName = ".lock"
+
+// lockDir creates and locks dir/LockName, writing this process's id in it.
+// Errors wrap ErrInUse (naming the process that holds it) or are the file
+// system's.
+func lockDir(dir string) (*os.File, error) {
+	p := filepath.Join(dir, LockName)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	held, err := fslock.TryLock(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("slice: lock %s: %w", p, err)
+	}
+	if !held {
+		b, _ := os.ReadFile(p)
+		f.Close()
+		who := "another process"
+		if pid := strings.TrimSpace(string(b)); pid != "" && len(pid) < 12 {
+			who = "process " + pid
+		}
+		return nil, fmt.Errorf("%w: %s is open by %s; give each worker its own --slice folder (two workers on one quota folder delete each other's experts)", ErrInUse, dir, who)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
+	return f, nil
+}
 
 // PartFile returns the slash-separated path, relative to the slice
 // directory, of the partial download of expert e of layer l:
@@ -75,6 +113,8 @@ type Store struct {
 	quota  int64
 	held   map[uint64]*heldExpert
 	parts  map[uint64]int64 // partial file sizes on disk
+
+	lock *os.File // LockName, locked while the Store is open (Close releases it)
 }
 
 var _ expert.Computer = (*Store)(nil)
@@ -140,33 +180,36 @@ func skey(l, e int) uint64 { return uint64(l)<<32 | uint64(uint32(e)) }
 // manifest does not list, other than partial downloads, are deleted
 // (stray temporary files of an interrupted write, experts of an older
 // slice). A directory without a manifest must be empty or hold only layer
-// folders (a first download interrupted). If the held experts exceed the
-// quota, the least used are dropped (see SetQuota). Errors wrap ErrManifest,
-// ErrDir, or are the file system's.
+// folders with at most one expert file (a first download interrupted;
+// checkNoManifest). If the held experts exceed the quota, the least used
+// are dropped (see SetQuota). The directory is locked (LockName) until
+// Close: a second OpenStore of it, from any process, fails with ErrInUse.
+// Errors wrap ErrManifest, ErrDir, ErrInUse, or are the file system's.
 func OpenStore(dir string, quota int64, threads int) (*Store, []BadExpert, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, nil, err
 	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, nil, err
+	}
 	s := &Store{dir: dir, threads: threads, quota: quota, held: map[uint64]*heldExpert{},
-		parts: map[uint64]int64{}, uses: map[uint64]uint64{}}
+		parts: map[uint64]int64{}, uses: map[uint64]uint64{}, lock: lock}
 	var bad []BadExpert
 	if _, err := os.Stat(filepath.Join(dir, ManifestName)); err == nil {
 		m, err := ReadManifest(dir)
 		if err != nil {
+			s.Close()
 			return nil, nil, err
 		}
 		bad = s.load(m)
 	} else if errors.Is(err, fs.ErrNotExist) {
-		ents, rerr := os.ReadDir(dir)
-		if rerr != nil {
-			return nil, nil, rerr
-		}
-		for _, e := range ents {
-			if !(e.IsDir() && layerDirRe.MatchString(e.Name())) && !isTempName(e.Name()) {
-				return nil, nil, fmt.Errorf("%w: %s holds %s and no manifest", ErrDir, dir, e.Name())
-			}
+		if err := checkNoManifest(dir); err != nil {
+			s.Close()
+			return nil, nil, err
 		}
 	} else {
+		s.Close()
 		return nil, nil, err
 	}
 	if err := s.sweep(); err != nil {
@@ -185,6 +228,45 @@ func OpenStore(dir string, quota int64, threads int) (*Store, []BadExpert, error
 		return nil, nil, err
 	}
 	return s, bad, nil
+}
+
+// checkNoManifest checks a store directory without a manifest: it may hold
+// layer folders (a first download interrupted), temporary files and the
+// lock, and at most one expert file. The manifest is rewritten after each
+// expert is renamed into place and removed only when nothing is held, so a
+// crash leaves at most one expert it does not list; two or more mean the
+// manifest was lost (deleted, or the folder copied without it), and
+// sweeping them as strays would delete a whole slice without a word.
+// Errors wrap ErrDir.
+func checkNoManifest(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	experts := 0
+	for _, e := range ents {
+		switch {
+		case e.IsDir() && layerDirRe.MatchString(e.Name()):
+			files, err := os.ReadDir(filepath.Join(dir, e.Name()))
+			if err != nil {
+				return err
+			}
+			for _, f := range files {
+				var x int
+				if n, err := fmt.Sscanf(f.Name(), "E%d.bin", &x); err == nil && n == 1 && strings.HasSuffix(f.Name(), ".bin") {
+					experts++
+				}
+			}
+		case isTempName(e.Name()) || e.Name() == LockName:
+		default:
+			return fmt.Errorf("%w: %s holds %s and no manifest", ErrDir, dir, e.Name())
+		}
+	}
+	if experts > 1 {
+		return fmt.Errorf("%w: %s holds %d expert files and no %s (lost, or the folder was copied without it): "+
+			"restore it, or move the folder away to start afresh; the files are left as they are", ErrDir, dir, experts, ManifestName)
+	}
+	return nil
 }
 
 // isTempName reports whether n is a temporary file name of writeAtomic
@@ -830,5 +912,9 @@ func (s *Store) Close() error {
 	}
 	s.held = map[uint64]*heldExpert{}
 	s.local = nil
+	if s.lock != nil {
+		errs = append(errs, s.lock.Close()) // releases the lock
+		s.lock = nil
+	}
 	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package slice
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -205,8 +206,8 @@ func TestStoreDownloadResumeQuota(t *testing.T) {
 		t.Fatalf("DeleteAll %v %v", dropped, err)
 	}
 	ents, _ := os.ReadDir(dir)
-	if len(ents) != 0 || st.Used() != 0 {
-		t.Fatalf("after DeleteAll: %d entries, used %d", len(ents), st.Used())
+	if len(ents) != 1 || ents[0].Name() != LockName || st.Used() != 0 {
+		t.Fatalf("after DeleteAll: %d entries (want only %s), used %d", len(ents), LockName, st.Used())
 	}
 	st.Close()
 }
@@ -333,5 +334,66 @@ func TestStoreAccelerator(t *testing.T) {
 	st.Close()
 	if len(acc.rebases) != 4 || acc.rebases[3] != nil || acc.local != nil {
 		t.Fatalf("Close: rebases %d, last %v: want an empty set", len(acc.rebases), acc.rebases[len(acc.rebases)-1])
+	}
+}
+
+// TestStoreLockAndLostManifest: a store's directory is locked while it is
+// open (a second OpenStore fails with ErrInUse naming this process, and
+// works after Close): two workers on one quota folder deleted each other's
+// experts. A folder whose manifest is gone but which holds two experts is
+// refused (ErrDir) with its files left in place; with one expert (what a
+// crash between an expert's rename and the manifest's rewrite leaves) it
+// opens and the stray is swept.
+func TestStoreLockAndLostManifest(t *testing.T) {
+	f := genGGUF(t, tinySpec(t))
+	cat, err := NewCatalog(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	st, _, err := OpenStore(dir, 1<<30, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.SetModel(cat.Header()); err != nil {
+		t.Fatal(err)
+	}
+	chunk := int(cat.Size(0, 0))
+	download(t, st, cat, 0, 1, chunk, -1)
+	download(t, st, cat, 0, 2, chunk, -1)
+	_, _, err = OpenStore(dir, 1<<30, 1)
+	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), fmt.Sprintf("process %d", os.Getpid())) {
+		t.Fatalf("second OpenStore while open: %v, want ErrInUse naming process %d", err, os.Getpid())
+	}
+	if !st.Holds(0, 1) || !st.Holds(0, 2) {
+		t.Fatal("the open store lost its experts")
+	}
+	st.Close()
+	st, _, err = OpenStore(dir, 1<<30, 1)
+	if err != nil || !st.Holds(0, 1) || !st.Holds(0, 2) {
+		t.Fatalf("reopened after Close: %v", err)
+	}
+	st.Close()
+
+	if err := os.Remove(filepath.Join(dir, ManifestName)); err != nil {
+		t.Fatal(err)
+	}
+	e1, e2 := ExpertPath(dir, 0, 1), ExpertPath(dir, 0, 2)
+	if _, _, err := OpenStore(dir, 1<<30, 1); !errors.Is(err, ErrDir) || !strings.Contains(err.Error(), "2 expert files") {
+		t.Fatalf("two experts, no manifest: %v, want ErrDir", err)
+	}
+	if !fileExists(e1) || !fileExists(e2) {
+		t.Fatal("the refused open deleted expert files")
+	}
+	if err := os.Remove(e2); err != nil {
+		t.Fatal(err)
+	}
+	st, _, err = OpenStore(dir, 1<<30, 1)
+	if err != nil {
+		t.Fatalf("one expert, no manifest: %v", err)
+	}
+	defer st.Close()
+	if fileExists(e1) || st.Used() != 0 {
+		t.Fatalf("the unlisted expert was not swept (used %d)", st.Used())
 	}
 }

@@ -1,6 +1,6 @@
 //go:build windows
 
-package instance
+package fslock
 
 import (
 	"errors"
@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/windows"
 )
 
-// tryLock takes an exclusive lock on f's first byte without waiting;
+// TryLock takes an exclusive lock on f's first byte without waiting;
 // false when another handle holds it.
-func tryLock(f *os.File) (bool, error) {
+func TryLock(f *os.File) (bool, error) {
 	ol := new(windows.Overlapped)
 	err := windows.LockFileEx(windows.Handle(f.Fd()), windows.LOCKFILE_EXCLUSIVE_LOCK|windows.LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, ol)
 	if errors.Is(err, windows.ERROR_LOCK_VIOLATION) {
@@ -20,6 +20,7 @@ func tryLock(f *os.File) (bool, error) {
 	return err == nil, err
 }
 
-func unlock(f *os.File) error {
+// Unlock releases the lock TryLock took on f.
+func Unlock(f *os.File) error {
 	return windows.UnlockFileEx(windows.Handle(f.Fd()), 0, 1, 0, new(windows.Overlapped))
 }

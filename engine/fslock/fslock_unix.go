@@ -1,6 +1,6 @@
 //go:build unix
 
-package instance
+package fslock
 
 import (
 	"errors"
@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// tryLock takes an exclusive advisory lock on f without waiting; false
+// TryLock takes an exclusive advisory lock on f without waiting; false
 // when another open file holds it.
-func tryLock(f *os.File) (bool, error) {
+func TryLock(f *os.File) (bool, error) {
 	err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 	if errors.Is(err, unix.EWOULDBLOCK) {
 		return false, nil
@@ -19,4 +19,5 @@ func tryLock(f *os.File) (bool, error) {
 	return err == nil, err
 }
 
-func unlock(f *os.File) error { return unix.Flock(int(f.Fd()), unix.LOCK_UN) }
+// Unlock releases the lock TryLock took on f.
+func Unlock(f *os.File) error { return unix.Flock(int(f.Fd()), unix.LOCK_UN) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -255,6 +256,48 @@ func TestProvisionCorruptRefetched(t *testing.T) {
 	})
 }
 
+// TestProvisionOtherWeightsRefetched: a quota folder holding an expert of
+// other weights under the same model id (its manifest consistent with its
+// bytes: the store serves it, the backbone refuses the holding at HELLO)
+// has it replaced: the ASSIGN names the expert with another SHA-256, so
+// the worker drops it and downloads the assigned bytes. Before, it kept
+// the expert forever, counted in its quota and never fetched again.
+func TestProvisionOtherWeightsRefetched(t *testing.T) {
+	s := newProvStack(t, nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	dir := filepath.Join(t.TempDir(), "slice")
+	quota := 3 * s.size
+	sw := s.startSliceWorker(t, key, dir, quota)
+	waitUntil(t, 30*time.Second, "3 experts", func() bool { return sw.Stats().Experts == 3 })
+	sw.stop()
+	m, err := slice.ReadManifest(dir)
+	if err != nil || m.Count() != 3 {
+		t.Fatalf("manifest %v %v", m, err)
+	}
+	l, e := m.Layers[0].Layer, m.Layers[0].Experts[0].Expert
+	path := slice.ExpertPath(dir, l, e)
+	b, _ := os.ReadFile(path)
+	b[len(b)/3] ^= 0x10
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	m.Layers[0].Experts[0].SHA256 = hex.EncodeToString(sum[:])
+	if err := slice.WriteManifest(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	sw2 := s.startSliceWorker(t, key, dir, quota)
+	want, _ := s.cat.Hash(l, e)
+	waitUntil(t, 30*time.Second, "the assigned bytes", func() bool {
+		b, err := os.ReadFile(path)
+		return err == nil && sha256.Sum256(b) == want && sw2.Stats().Experts == 3
+	})
+	waitUntil(t, 5*time.Second, "the backbone to accept 3 holdings", func() bool {
+		ws, ok := workerStats(s.stack, keyID(key))
+		return ok && ws.Holdings == 3
+	})
+}
+
 // TestProvisionQuotaTooSmall: a worker whose quota holds no expert is
 // assigned none and says why (its LastError names the quota and one
 // expert's size) instead of showing "connected" at 0 rows/s with no reason.
@@ -346,12 +389,13 @@ func TestProvisionQuota(t *testing.T) {
 		ws, ok := workerStats(s.stack, keyID(ka))
 		return ok && ws.Quota == uint64(s.size) && ws.Holdings == 1 && ws.AssignedBytes <= uint64(s.size)
 	})
-	// Delete the slice: nothing left on disk, quota 0, nothing assigned.
+	// Delete the slice: nothing left on disk but the running store's lock,
+	// quota 0, nothing assigned.
 	if err := a.DeleteSlice(); err != nil {
 		t.Fatal(err)
 	}
-	if ents, _ := os.ReadDir(da); len(ents) != 0 {
-		t.Fatalf("after DeleteSlice %d entries remain", len(ents))
+	if ents, _ := os.ReadDir(da); len(ents) != 1 || ents[0].Name() != slice.LockName {
+		t.Fatalf("after DeleteSlice %d entries remain (want only %s)", len(ents), slice.LockName)
 	}
 	waitUntil(t, 10*time.Second, "the backbone to unassign A", func() bool {
 		ws, ok := workerStats(s.stack, keyID(ka))

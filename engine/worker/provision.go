@@ -100,11 +100,23 @@ func (w *Worker) applyAssign(ctx context.Context, wel *wire.Welcome, a *wire.Ass
 		w.setErr("ASSIGN refused: " + err.Error())
 		return nil, nil
 	}
-	keep := make(map[uint64]bool, len(a.Experts))
+	// Keep an assigned expert only with the assigned bytes: a folder cut
+	// from other weights under the same model id (the id does not cover
+	// the weights) held experts the backbone refused at HELLO, and kept
+	// them forever, counted in the quota and never fetched again.
+	want := make(map[uint64][32]byte, len(a.Experts))
 	for _, e := range a.Experts {
-		keep[hkey(int(e.Layer), int(e.Expert))] = true
+		want[hkey(int(e.Layer), int(e.Expert))] = e.SHA256
 	}
-	more, err := st.Retain(func(l, e int) bool { return keep[hkey(l, e)] })
+	have := map[uint64][32]byte{}
+	for _, hd := range st.Holdings() {
+		have[hkey(int(hd.Layer), int(hd.Expert))] = hd.SHA256
+	}
+	more, err := st.Retain(func(l, e int) bool {
+		sum, assigned := want[hkey(l, e)]
+		held, isHeld := have[hkey(l, e)]
+		return assigned && (!isHeld || held == sum) // a partial download's chunks are checked as they resume
+	})
 	dropped = append(dropped, more...)
 	if err != nil {
 		w.setErr("drop: " + err.Error())

@@ -221,7 +221,16 @@ func (d *Dispatcher) hello(c *conn, msg []byte) string {
 	// A worker with nothing yet (an empty slice directory) may not know the
 	// model id; ASSIGN tells it.
 	if d.cfg.Model.ID != "" && h.ModelID != d.cfg.Model.ID && (h.ModelID != "" || len(h.Holdings) > 0) {
-		return fmt.Sprintf("model id %q does not match the backbone's %q", h.ModelID, d.cfg.Model.ID)
+		if d.cfg.Catalog == nil || h.Quota == 0 {
+			return fmt.Sprintf("model id %q does not match the backbone's %q", h.ModelID, d.cfg.Model.ID)
+		}
+		// A provisioned worker whose folder holds another model's slice
+		// (its network changed models): it is welcomed as empty, and the
+		// ASSIGN of this model makes it delete that slice and download
+		// ours (slice.Store.SetModel). Refused, it retried forever.
+		d.log.Info("dispatch: worker's slice holds another model; provisioning it afresh", "worker", short(c.worker),
+			"its_model", clipStr(h.ModelID, 64), "holdings", len(h.Holdings))
+		h.Holdings = nil
 	}
 	if _, err := wire.Decode(msg, &d.lim); err != nil {
 		return "bad HELLO: " + err.Error()

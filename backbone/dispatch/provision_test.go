@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/engine/demomodel"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/slice"
@@ -291,6 +292,37 @@ func TestProvisionOtherWeightsRefetched(t *testing.T) {
 	waitUntil(t, 30*time.Second, "the assigned bytes", func() bool {
 		b, err := os.ReadFile(path)
 		return err == nil && sha256.Sum256(b) == want && sw2.Stats().Experts == 3
+	})
+	waitUntil(t, 5*time.Second, "the backbone to accept 3 holdings", func() bool {
+		ws, ok := workerStats(s.stack, keyID(key))
+		return ok && ws.Holdings == 3
+	})
+}
+
+// TestProvisionOtherModelReplaced: a quota worker whose folder holds a
+// slice of another model (here the embedded demo model's, cut by
+// slice.Cut) is welcomed as empty and provisioned afresh: the ASSIGN's
+// model replaces the slice, and the backbone accepts what it downloads.
+// Before, the HELLO was refused for its model id, and the worker retried
+// forever.
+func TestProvisionOtherModelReplaced(t *testing.T) {
+	s := newProvStack(t, nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	dir := filepath.Join(t.TempDir(), "slice")
+	other, err := demomodel.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	om, err := slice.Cut(other, []int{0}, []int{0, 1}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if om.ModelID == s.model.ID {
+		t.Fatal("the demo model has the fixture's model id")
+	}
+	sw := s.startSliceWorker(t, key, dir, 3*s.size)
+	waitUntil(t, 30*time.Second, "3 experts of the backbone's model", func() bool {
+		return sw.Stats().Experts == 3 && sw.Store().ModelID() == s.model.ID
 	})
 	waitUntil(t, 5*time.Second, "the backbone to accept 3 holdings", func() bool {
 		ws, ok := workerStats(s.stack, keyID(key))

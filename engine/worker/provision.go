@@ -95,10 +95,15 @@ func (w *Worker) applyAssign(ctx context.Context, wel *wire.Welcome, a *wire.Ass
 		w.setErr("ASSIGN refused: " + err.Error())
 		return nil, nil
 	}
+	was := st.ModelID()
 	dropped, err := st.SetModel(h)
 	if err != nil {
 		w.setErr("ASSIGN refused: " + err.Error())
 		return nil, nil
+	}
+	if was != "" && was != h.ModelID {
+		w.log.Warn("worker: the slice held another model; its experts are deleted and the backbone's downloaded",
+			"slice_model", was, "model", h.ModelID, "deleted", len(dropped))
 	}
 	// Keep an assigned expert only with the assigned bytes: a folder cut
 	// from other weights under the same model id (the id does not cover

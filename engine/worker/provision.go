@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvasir-ai/kvasir/engine/quant"
 	"github.com/kvasir-ai/kvasir/engine/slice"
@@ -36,15 +37,29 @@ type dlEvent struct {
 var errSuperseded = errors.New("worker: assignment superseded")
 
 // downloader runs one session's downloads until sctx ends.
+//
+// An assignment applied with experts left undownloaded that would fit the
+// quota (a model source that failed Config.SourceAttempts times, a chunk
+// refused) is applied again after Config.SkipRetry, doubling per such pass
+// up to 10 minutes, until a new ASSIGN arrives or nothing is left: a
+// backbone sends ASSIGN only when its plan changes, so a source outage of
+// a few minutes used to leave the experts missing until a restart.
 func (w *Worker) downloader(ctx context.Context, wel *wire.Welcome, ev <-chan dlEvent, send func([]byte) error) error {
-	var pending *wire.Assign
+	var pending, last *wire.Assign
+	var retry <-chan time.Time
+	delay := w.cfg.SkipRetry
 	for {
 		if pending == nil {
 			select {
 			case <-ctx.Done():
 				return nil
 			case e := <-ev:
-				pending = e.assign
+				if e.assign != nil {
+					pending, retry, delay = e.assign, nil, w.cfg.SkipRetry
+				}
+				continue
+			case <-retry:
+				pending, retry = last, nil
 				continue
 			}
 		}
@@ -55,7 +70,26 @@ func (w *Worker) downloader(ctx context.Context, wel *wire.Welcome, ev <-chan dl
 			return err
 		}
 		pending = next
+		if next == nil && err == nil {
+			if n := w.unfetched(a); n > 0 {
+				w.log.Info("worker: assigned experts not downloaded; trying again", "experts", n, "in", delay)
+				last, retry = a, time.After(delay)
+				delay = min(2*delay, 10*time.Minute)
+			}
+		}
 	}
+}
+
+// unfetched counts a's experts that are not held and would fit the quota.
+func (w *Worker) unfetched(a *wire.Assign) int {
+	st, n := w.store, 0
+	for _, e := range a.Experts {
+		l, x := int(e.Layer), int(e.Expert)
+		if !st.Holds(l, x) && st.Used()-st.Partial(l, x)+int64(e.Size) <= st.Quota() {
+			n++
+		}
+	}
+	return n
 }
 
 // header returns the slice manifest header described by a and wel.

@@ -403,3 +403,56 @@ func TestSourceResumeAndQuota(t *testing.T) {
 		t.Errorf("used %d, want %d", w3.Store().Used(), 2*size)
 	}
 }
+
+// TestSourceOutageRetried: an expert skipped while the model source was
+// down (503, SourceAttempts 1) is downloaded once the source is back,
+// SkipRetry (its default, 15 s) after the pass that skipped it, with no
+// new ASSIGN. Before, it stayed missing until the worker restarted.
+func TestSourceOutageRetried(t *testing.T) {
+	fx := newSourceFixture(t)
+	var down atomic.Bool
+	down.Store(true)
+	fx.src.lie = func(n int64, w http.ResponseWriter, r *http.Request) bool {
+		if down.Load() {
+			http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
+			return true
+		}
+		return false
+	}
+	w := fx.worker(t, 1<<30, func(c *Config) { c.SourceAttempts = 1 })
+	key := [2]int{1, 1}
+	wel, a := fx.assign(fx.src.url, key)
+	ev := make(chan dlEvent, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.downloader(ctx, wel, ev, func([]byte) error { return nil }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("downloader: %v", err)
+		}
+	}()
+	t0 := time.Now()
+	ev <- dlEvent{assign: a}
+	for len(fx.src.requests()) == 0 {
+		if time.Since(t0) > 10*time.Second {
+			t.Fatal("no source request")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if w.Store().Holds(key[0], key[1]) {
+		t.Fatal("held while the source was down")
+	}
+	down.Store(false)
+	for !w.Store().Holds(key[0], key[1]) {
+		if time.Since(t0) > 45*time.Second {
+			t.Fatalf("not downloaded %v after the source came back", time.Since(t0))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if el := time.Since(t0); el < 15*time.Second {
+		t.Errorf("retried after %v, before SkipRetry's 15 s", el)
+	}
+	fx.checkHeld(t, w, key)
+}

@@ -183,6 +183,10 @@ type Config struct {
 	// SourceAttempts is how many source downloads of one expert may fail
 	// in a row without progress before it is skipped; default 5.
 	SourceAttempts int
+	// SkipRetry is how long after an assignment left experts it could hold
+	// undownloaded (skipped) it is applied again, doubling per pass up to
+	// 10 minutes; default 15 s.
+	SkipRetry time.Duration
 	// SourceStall ends a source request that sends no byte (headers or
 	// body) for this long; default 30 s.
 	SourceStall time.Duration
@@ -315,6 +319,7 @@ func New(cfg Config) (*Worker, error) {
 	def(&cfg.StableAfter, 10*time.Second)
 	def(&cfg.SourceRetry, 500*time.Millisecond)
 	def(&cfg.SourceStall, 30*time.Second)
+	def(&cfg.SkipRetry, 15*time.Second)
 	if cfg.SourceAttempts <= 0 {
 		cfg.SourceAttempts = 5
 	}

@@ -280,8 +280,31 @@ type genParams struct {
 	DraftMax            *intParam          `json:"draft_max"`         // extension: drafts per step (Job.DraftMax)
 	Stream              bool               `json:"stream"`
 	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
+		IncludeUsage         bool  `json:"include_usage"`
+		ContinuousUsageStats *bool `json:"continuous_usage_stats"` // vLLM's; only false (checkDefaults)
 	} `json:"stream_options"`
+	// Fields clients send with their default values: accepted at those
+	// values, refused at others (checkDefaults).
+	Store       *bool   `json:"store"`        // only false: nothing is stored
+	ServiceTier *string `json:"service_tier"` // only "auto" or "default"
+}
+
+// checkDefaults refuses the fields this server accepts only at the values
+// that ask for nothing (what some clients send on every request): store
+// true, a service_tier other than auto or default, and
+// stream_options.continuous_usage_stats true.
+func checkDefaults(p *genParams) *apiError {
+	if p.Store != nil && *p.Store {
+		return badRequest("store", "unsupported_parameter", "store: stored completions are not supported by this server (only false)")
+	}
+	if t := p.ServiceTier; t != nil && *t != "auto" && *t != "default" {
+		return badRequest("service_tier", "unsupported_parameter", "service_tier %q is not supported by this server (only auto or default)", *t)
+	}
+	if o := p.StreamOptions; o != nil && o.ContinuousUsageStats != nil && *o.ContinuousUsageStats {
+		return badRequest("stream_options.continuous_usage_stats", "unsupported_parameter",
+			"stream_options.continuous_usage_stats is not supported by this server (usage comes in the last chunk: include_usage)")
+	}
+	return nil
 }
 
 // job validates p into a Job for prompt (defaultMax when max_tokens is not
@@ -294,6 +317,9 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 		return Job{}, badRequest("n", "unsupported_value", "n must be 1 (got %d)", *p.N)
 	}
 	if e := checkPenalties(p); e != nil {
+		return Job{}, e
+	}
+	if e := checkDefaults(p); e != nil {
 		return Job{}, e
 	}
 	if len(prompt) == 0 {
@@ -381,6 +407,8 @@ type completionRequest struct {
 	Prompt   json.RawMessage `json:"prompt"`
 	Echo     bool            `json:"echo"`
 	Logprobs *intParam       `json:"logprobs"` // 0..MaxLogprobsCompletions alternatives per token
+	BestOf   *intParam       `json:"best_of"`  // only 1
+	Suffix   *string         `json:"suffix"`   // only "": no insertion
 }
 
 // completionPrompt parses the "prompt" field: a string, or an array
@@ -473,6 +501,12 @@ func (s *Server) parseCompletion(body []byte) (Job, *genParams, *apiError) {
 	}
 	if req.Echo {
 		return Job{}, nil, badRequest("echo", "unsupported_value", "echo is not supported")
+	}
+	if req.BestOf != nil && *req.BestOf != 1 {
+		return Job{}, nil, badRequest("best_of", "unsupported_parameter", "best_of: %s by this server (only 1; got %d)", unsupportedFields["best_of"], *req.BestOf)
+	}
+	if req.Suffix != nil && *req.Suffix != "" {
+		return Job{}, nil, badRequest("suffix", "unsupported_parameter", "suffix: %s by this server", unsupportedFields["suffix"])
 	}
 	prompt, e := s.completionPrompt(req.Prompt)
 	if e != nil {

@@ -600,3 +600,35 @@ func TestAPIKeyScheme(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultValuedFields: fields some clients send on every request are
+// accepted at the values that ask for nothing (best_of 1, suffix null or
+// "", store false, service_tier auto or default,
+// stream_options.continuous_usage_stats false) and refused, naming them,
+// at any other value.
+func TestDefaultValuedFields(t *testing.T) {
+	srv := newTestServer(t, nil)
+	for _, c := range []struct{ path, body string }{
+		{"/v1/completions", `{"prompt":"Hi","max_tokens":1,"best_of":1,"suffix":null,"store":false,"service_tier":"auto"}`},
+		{"/v1/completions", `{"prompt":"Hi","max_tokens":1,"suffix":"","service_tier":"default","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false}}`},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"store":false,"service_tier":null}`},
+	} {
+		if resp, body := srv.post(t, c.path, c.body); resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s, want 200", c.body, resp.StatusCode, body)
+		}
+	}
+	for _, c := range []struct{ path, body, param string }{
+		{"/v1/completions", `{"prompt":"Hi","max_tokens":1,"best_of":2}`, "best_of"},
+		{"/v1/completions", `{"prompt":"Hi","max_tokens":1,"suffix":"x"}`, "suffix"},
+		{"/v1/completions", `{"prompt":"Hi","max_tokens":1,"store":true}`, "store"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"service_tier":"flex"}`, "service_tier"},
+		{"/v1/completions", `{"prompt":"Hi","stream":true,"stream_options":{"continuous_usage_stats":true}}`, "stream_options.continuous_usage_stats"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"best_of":1}`, "best_of"},
+	} {
+		resp, body := srv.post(t, c.path, c.body)
+		var e apiErrorBody
+		if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != 400 || e.Error.Param == nil || *e.Error.Param != c.param {
+			t.Errorf("%s: %d %s, want 400 naming %s", c.body, resp.StatusCode, body, c.param)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -210,7 +211,7 @@ func (d *Dispatcher) hello(c *conn, msg []byte) string {
 	}
 	if b, banned := d.bans.Banned(c.worker, time.Now()); banned {
 		d.refusedBanned.Add(1)
-		return fmt.Sprintf("worker key banned until %s (%s)", b.Until.UTC().Format(time.RFC3339), clipStr(b.Reason, 40))
+		return fmt.Sprintf("worker key banned until %s (%s)", b.Until.UTC().Format(time.RFC3339), clipWords(b.Reason, 100))
 	}
 	if !isCPUBackend(h.Backend) {
 		if d.cfg.Tolerance < 0 {
@@ -706,6 +707,19 @@ func clipStr(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// clipWords is s cut to at most n bytes at a space, with "..." when cut
+// (a ban's reason in a refusal read "...: outpu").
+func clipWords(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	c := clipStr(s, n-3)
+	if i := strings.LastIndexByte(c, ' '); i > n/2 {
+		c = c[:i]
+	}
+	return c + "..."
 }
 
 func short(id string) string {

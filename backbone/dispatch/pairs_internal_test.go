@@ -96,3 +96,21 @@ func TestComputePairs(t *testing.T) {
 		})
 	}
 }
+
+// TestClipWords: a long reason is cut at a space within the limit, with
+// "...", never inside a word or a UTF-8 character; a short one is kept.
+func TestClipWords(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"verification failed (request 521): output row 3 differs", 100, "verification failed (request 521): output row 3 differs"},
+		{"verification failed (request 521): output row 3 differs", 40, "verification failed (request 521):..."},
+		{"ééééééééééééééééééééé", 10, "ééé..."},
+	} {
+		if got := clipWords(c.in, c.n); got != c.want || len(got) > c.n {
+			t.Errorf("clipWords(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
+		}
+	}
+}

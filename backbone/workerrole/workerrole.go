@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,7 +127,8 @@ func LoadTiny(layers []int, threads int) (*slice.Served, error) {
 }
 
 // Run runs the worker of c until ctx ends. Errors, all *Error: the CA
-// file, the key file, the slice and worker.New's; once the worker runs,
+// file (one that does not exist yet is only logged: every dial reads it
+// again), the key file, the slice and worker.New's; once the worker runs,
 // Run returns nil when ctx ends.
 func Run(ctx context.Context, c Config) error {
 	if c.Log == nil {
@@ -141,7 +143,12 @@ func Run(ctx context.Context, c Config) error {
 		return &Error{"--gateway " + c.Gateway, errors.New("want wss://host[:port]: the gateway speaks TLS only")}
 	}
 	pool, err := LoadCA(c.CAFile)
-	if err != nil {
+	if errors.Is(err, fs.ErrNotExist) {
+		// Every dial reads the file again (worker.Config.CAFile): a worker
+		// started before its gateway first wrote its self-signed
+		// certificate connects once the file is there.
+		fmt.Fprintf(c.Log, "worker: --ca %s does not exist yet; every dial reads it again\n", c.CAFile)
+	} else if err != nil {
 		return &Error{"--ca " + c.CAFile, err}
 	}
 	key, err := worker.LoadOrCreateKeyFile(c.KeyFile)

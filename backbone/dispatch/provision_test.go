@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -328,6 +329,73 @@ func TestProvisionOtherModelReplaced(t *testing.T) {
 		ws, ok := workerStats(s.stack, keyID(key))
 		return ok && ws.Holdings == 3
 	})
+}
+
+// TestProvisionFileChangedInPlace: an expert file of a running quota
+// worker overwritten in place with infinite Q8_0 scales (a disk error)
+// makes its outputs non-finite. The worker answers ERROR instead of
+// sending them, hashes the request's experts again and drops the changed
+// one (HOLDINGS): the call's outputs are the backbone's own, bit for bit,
+// the session stays up and the key is not banned. Before, the non-finite
+// RESULT closed the session, and the worker reconnected announcing the
+// same file, again and again.
+func TestProvisionFileChangedInPlace(t *testing.T) {
+	s := newProvStack(t, nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	dir := filepath.Join(t.TempDir(), "slice")
+	sw := s.startSliceWorker(t, key, dir, 3*s.size)
+	waitUntil(t, 30*time.Second, "3 experts accepted", func() bool {
+		ws, ok := workerStats(s.stack, keyID(key))
+		return ok && ws.Holdings == 3
+	})
+	hs := sw.Store().Holdings()
+	l, e := int(hs[0].Layer), int(hs[0].Expert)
+	f, err := os.OpenFile(slice.ExpertPath(dir, l, e), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inf := []byte{0x00, 0x7c} // f16 +Inf, little-endian: every Q8_0 block's scale (34-byte blocks)
+	for off := int64(0); off+34 <= s.size; off += 34 {
+		if _, err := f.WriteAt(inf, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	rng := rand.New(rand.NewPCG(91, 92))
+	hidden := make([]float32, s.model.D)
+	for i := range hidden {
+		hidden[i] = float32(rng.NormFloat64())
+	}
+	ids := make([]int32, s.model.K)
+	for i := range ids {
+		ids[i] = int32((e + i) % s.model.NExpert)
+	}
+	want := make([]float32, s.model.K*s.model.D)
+	if err := s.bb.LocalExperts().ComputeExperts(context.Background(), l, hidden, ids, 1, s.model.K, want); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, len(want))
+	if err := s.disp.ComputeExperts(context.Background(), l, hidden, ids, 1, s.model.K, got); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if fbits(got[i]) != fbits(want[i]) {
+			t.Fatalf("output %d: %v, want the backbone's %v", i, got[i], want[i])
+		}
+	}
+	if sw.Store().Holds(l, e) {
+		t.Fatal("the changed expert is still served")
+	}
+	waitUntil(t, 5*time.Second, "the backbone to see the drop", func() bool {
+		ws, ok := workerStats(s.stack, keyID(key))
+		return ok && ws.Connected && ws.Holdings == 2
+	})
+	if st := s.disp.Stats(); st.Banned != 0 || st.Caught != 0 {
+		t.Fatalf("banned %d, caught %d", st.Banned, st.Caught)
+	}
+	if le := sw.Stats().LastError; !strings.Contains(le, "dropped") {
+		t.Errorf("worker's last error %q, want the drop named", le)
+	}
 }
 
 // TestProvisionQuotaTooSmall: a worker whose quota holds no expert is

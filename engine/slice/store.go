@@ -567,6 +567,32 @@ func (s *Store) Retain(keep func(l, e int) bool) (dropped []wire.Holding, err er
 	return s.drop(drop)
 }
 
+// Reverify hashes the held experts among experts again against the
+// SHA-256 they were verified with, and drops (as SetQuota drops: manifest
+// first, then unmapped and deleted) those whose bytes changed since: a
+// file modified in place, by a disk error or by hand, changes what the
+// mapping reads, and its outputs with it. It returns the dropped experts;
+// experts not held are skipped.
+func (s *Store) Reverify(experts []wire.Holding) ([]wire.Holding, error) {
+	var bad []uint64
+	s.rw.RLock() // held experts stay mapped while they are hashed
+	for _, x := range experts {
+		k := skey(int(x.Layer), int(x.Expert))
+		s.mu.Lock()
+		h := s.held[k]
+		s.mu.Unlock()
+		if h != nil && sha256.Sum256(h.data) != h.sum && !slices.Contains(bad, k) {
+			bad = append(bad, k)
+		}
+	}
+	s.rw.RUnlock()
+	if len(bad) == 0 {
+		return nil, nil
+	}
+	slices.Sort(bad)
+	return s.drop(bad)
+}
+
 // drop unlists keys from the manifest (written first), stops serving them
 // (waiting for computations in progress), unmaps and deletes their files.
 func (s *Store) drop(keys []uint64) ([]wire.Holding, error) {

@@ -567,6 +567,43 @@ func (w *Worker) syncPause(send func([]byte) error) error {
 	return send((&wire.Pause{Paused: want}).Append(nil))
 }
 
+// firstNonFinite returns the index of the first NaN or infinity in v, or
+// -1.
+func firstNonFinite(v []float32) int {
+	for i, x := range v {
+		if x-x != 0 { // NaN - NaN and Inf - Inf are NaN
+			return i
+		}
+	}
+	return -1
+}
+
+// nonFinite handles a request whose outputs hold a non-finite value v: the
+// experts it used are hashed again (slice.Store.Reverify, with a store)
+// and those whose files changed are dropped and announced (HOLDINGS); the
+// answer is an ERROR saying so.
+func (w *Worker) nonFinite(d *wire.Dispatch, v float32) *wire.Error {
+	msg := fmt.Sprintf("the outputs hold %v", v)
+	if w.store != nil {
+		var used []wire.Holding
+		for _, id := range d.IDs {
+			if id >= 0 {
+				used = append(used, wire.Holding{Layer: d.Layer, Expert: uint32(id)})
+			}
+		}
+		dropped, err := w.store.Reverify(used)
+		if len(dropped) > 0 {
+			w.announce(&wire.Holdings{Quota: uint64(w.store.Quota()), Drop: dropped})
+		}
+		msg += fmt.Sprintf("; %d expert files changed since they were verified and are dropped", len(dropped))
+		if err != nil {
+			msg += " (" + err.Error() + ")"
+		}
+	}
+	w.setErr("compute: " + msg)
+	return &wire.Error{Request: d.Request, Code: wire.CodeInternal, Message: msg}
+}
+
 // serve computes one DISPATCH, read whole at at: its m requested (row,
 // slot) pairs as a batch of m rows with k=1 (all N x K slots requested:
 // its N rows with K slots, no gather), answered as RESULT in
@@ -660,6 +697,14 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 		defer scratch.Put(sump)
 		expert.WeightedSum(*sump, out, d.Weights, d.K, d.D)
 		out = *sump
+	}
+	if i := firstNonFinite(out); i >= 0 {
+		// An expert's weights give no NaN or Inf: its file changed under
+		// the mapping (a disk error, an edit). Sent, the answer would end
+		// the session (and, as a digest, count as a lie); re-checked, the
+		// changed experts are dropped and fetched again (a quota slice) or
+		// no longer served.
+		return send(w.nonFinite(d, out[i]).Append(nil))
 	}
 	switch {
 	case d.Digest:

@@ -220,7 +220,7 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
 // (dispatch.Coverage), and "kvasir_verify": the verification policy
 // (--verify: spot or quorum).
 func (s *Server) modelObject() map[string]any {
-	o := map[string]any{"id": s.cfg.ModelID, "object": "model", "created": 0, "owned_by": "kvasir",
+	o := map[string]any{"id": s.cfg.ModelID, "object": "model", "created": s.created, "owned_by": "kvasir",
 		"context_length": s.p.Context}
 	if s.cfg.Coverage != nil {
 		cv := s.cfg.Coverage()

@@ -268,6 +268,7 @@ func TestStopStrings(t *testing.T) {
 }
 
 func TestModels(t *testing.T) {
+	before := time.Now().Unix()
 	srv := newTestServer(t, nil)
 	resp, err := http.Get(srv.ts.URL + "/v1/models")
 	if err != nil {
@@ -276,14 +277,18 @@ func TestModels(t *testing.T) {
 	var list struct {
 		Object string `json:"object"`
 		Data   []struct {
-			ID     string `json:"id"`
-			Object string `json:"object"`
+			ID      string `json:"id"`
+			Object  string `json:"object"`
+			Created int64  `json:"created"` // when the server loaded it, unix seconds
 		} `json:"data"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&list)
 	resp.Body.Close()
 	if err != nil || list.Object != "list" || len(list.Data) != 1 || list.Data[0].ID != "tiny" || list.Data[0].Object != "model" {
 		t.Fatalf("models: %+v (%v)", list, err)
+	}
+	if c := list.Data[0].Created; c < before || c > time.Now().Unix() {
+		t.Errorf("created %d, want the server's start (%d..now)", c, before)
 	}
 	for path, code := range map[string]int{"/v1/models/tiny": 200, "/v1/models/gpt-4": 404} {
 		resp, err := http.Get(srv.ts.URL + path)

@@ -131,13 +131,14 @@ type Config struct {
 // Server is the scheduler plus the HTTP API. Create with New, then Start;
 // Close stops it.
 type Server struct {
-	cfg    Config
-	lanes  []*lane
-	p      model.Params
-	tok    *tokenizer.Tokenizer
-	met    *metrics
-	gather prometheus.Gatherer
-	log    *slog.Logger
+	cfg     Config
+	created int64 // unix seconds of New: the model object's "created"
+	lanes   []*lane
+	p       model.Params
+	tok     *tokenizer.Tokenizer
+	met     *metrics
+	gather  prometheus.Gatherer
+	log     *slog.Logger
 
 	parse chan struct{} // ParseSlots tokens
 
@@ -226,7 +227,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ParseSlots <= 0 {
 		cfg.ParseSlots = defaultParseSlots(runtime.GOMAXPROCS(0))
 	}
-	s := &Server{cfg: cfg, p: p, tok: cfg.Tokenizer, log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{}),
+	s := &Server{cfg: cfg, created: time.Now().Unix(), p: p, tok: cfg.Tokenizer, log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{}),
 		parse: make(chan struct{}, cfg.ParseSlots)}
 	models := append([]*model.Model{cfg.Model}, cfg.Lanes...)
 	per := (cfg.MaxSeqs + len(models) - 1) / len(models)

@@ -113,6 +113,22 @@ func (d *decoder) u64(field string) (uint64, error) {
 }
 
 // str reads a GGUF string: uint64 length, then that many bytes (copied).
+// MaxKeyBytes is the longest metadata key accepted: 2^16-1 bytes, the
+// GGUF specification's limit (ggml's docs/gguf.md, "gguf_kv_t": the key
+// "must be no longer than 2^16-1 bytes").
+const MaxKeyBytes = 1<<16 - 1
+
+// quoteClip quotes s for an error message, cut to its first 64 bytes
+// with its length when longer: a damaged length field made a key or a
+// tensor name of tens of MB, and messages that long.
+func quoteClip(s string) string {
+	const n = 64
+	if len(s) <= n {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:n], len(s))
+}
+
 func (d *decoder) str(field string) (string, error) {
 	n, err := d.u64(field + " length")
 	if err != nil {
@@ -194,7 +210,10 @@ func (d *decoder) parse(f *File) error {
 		if err != nil {
 			return err
 		}
-		d.where = fmt.Sprintf("metadata %d (%q)", i, key)
+		d.where = fmt.Sprintf("metadata %d (%s)", i, quoteClip(key))
+		if len(key) > MaxKeyBytes {
+			return d.malformed("key is %d bytes, at most %d allowed", len(key), MaxKeyBytes)
+		}
 		if _, dup := f.kvIndex[key]; dup {
 			return d.malformed("duplicate key")
 		}
@@ -262,7 +281,7 @@ func (d *decoder) tensorInfo(alignment uint64) (TensorInfo, error) {
 		return ti, err
 	}
 	ti.Name = name
-	d.where = fmt.Sprintf("%s (%q)", d.where, name)
+	d.where = fmt.Sprintf("%s (%s)", d.where, quoteClip(name))
 	if len(name) > MaxNameBytes {
 		return ti, d.malformed("tensor name is %d bytes, at most %d allowed", len(name), MaxNameBytes)
 	}

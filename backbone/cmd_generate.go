@@ -203,7 +203,7 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		lm.Engine().SetExperts(d)
 	}
 	dr, err := run.Decode(ctx, lm, run.DecodeOptions{Prompt: *prompt, MaxTokens: *maxTokens, Special: *special,
-		Sampler: model.SamplerOptions{Temperature: float32(*temp), TopK: *topK, TopP: float32(*topP), Seed: *seed},
+		Sampler: model.SamplerOptions{Temperature: float32(*temp), TopK: *topK, TopP: model.TopP32(*topP), Seed: *seed},
 		Draft:   draft, DraftMax: *draftMax}, out)
 	if err != nil {
 		return fail(err)

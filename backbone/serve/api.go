@@ -358,7 +358,7 @@ func (s *Server) job(p *genParams, prompt []int32, defaultMax int) (Job, *apiErr
 		if !(*t > 0 && *t <= 1) {
 			return Job{}, badRequest("top_p", "invalid_value", "top_p must be in (0, 1] (got %v)", *t)
 		}
-		j.Sampler.TopP = float32(*t)
+		j.Sampler.TopP = model.TopP32(*t)
 	}
 	if k := p.TopK; k != nil {
 		if *k < 0 {

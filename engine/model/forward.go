@@ -254,7 +254,8 @@ func (ws *workspace) ensure(p Params, ff int, gated bool, n int) {
 // length its open checkpoint covers).
 //
 // Errors wrap ErrBatch, ErrContext, ErrRewind or ErrNonFinite (a NaN or
-// ±Inf router logit), or come from the expert Computer or ctx.
+// ±Inf router logit or final hidden state), or come from the expert
+// Computer or ctx.
 func (m *Model) Forward(ctx context.Context, rows []Row, logits []float32) (err error) {
 	p := m.p
 	n := len(rows)
@@ -395,6 +396,11 @@ func (m *Model) head(rows []Row, nl int, logits []float32) error {
 		if rows[i].Logits {
 			rmsNorm(ws.sel[j*d:(j+1)*d], ws.x[i*d:(i+1)*d], m.OutputNorm, p.NormEps)
 			j++
+		}
+	}
+	for k, v := range ws.sel[:nl*d] {
+		if v-v != 0 { // NaN or ±Inf: every logit of the row would be NaN
+			return fmt.Errorf("%w: the output norm of logits row %d holds %v (final hidden state; output_norm.weight?)", ErrNonFinite, k/d, v)
 		}
 	}
 	return m.project(ws.sel[:nl*d], nl, &m.Output, logits)

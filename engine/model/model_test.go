@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/kvasir-ai/kvasir/engine/expert"
@@ -335,5 +336,25 @@ func TestLoadErrors(t *testing.T) {
 	w.SetString("qwen3moe.attention.layer_norm_rms_epsilon", "tiny")
 	if err := load(w); !errors.Is(err, ErrMetadata) {
 		t.Errorf("string eps: %v", err)
+	}
+	// A tokenizer with one token fewer than token_embd's rows: ids no
+	// text has (llama.cpp refuses the shape).
+	toks, err := f.Strings("tokenizer.ggml.tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = copyWriter(t, f, nil)
+	w.Set("tokenizer.ggml.tokens", gguf.Array(toks[:len(toks)-1]))
+	if err := load(w); !errors.Is(err, ErrMetadata) || !strings.Contains(err.Error(), "tokenizer.ggml.tokens") {
+		t.Errorf("%d tokens for %d rows: %v", len(toks)-1, len(toks), err)
+	}
+	// block_count 0 layers short of the file's: blk.0 is beyond it.
+	s2, _ := modelgen.Preset("tiny")
+	s2.Layers = 2
+	f2, _ := genModel(t, s2)
+	w = copyWriter(t, f2, nil)
+	w.SetUint32("qwen3moe.block_count", 1)
+	if err := load(w); !errors.Is(err, ErrMetadata) || !strings.Contains(err.Error(), "blk.1.") {
+		t.Errorf("block_count 1 of 2 blocks: %v", err)
 	}
 }

@@ -277,10 +277,11 @@ func (m *Model) gateShared(s *SharedExpert, n int) {
 const minWeightSum = 6.103515625e-5
 
 // ErrNonFinite is returned (wrapped) by Model.Forward when a layer's router
-// logits hold a NaN or ±Inf (NaN weights in the GGUF, or a non-finite hidden
-// state): no expert can be chosen, so the batch fails instead of routing to
-// an arbitrary expert.
-var ErrNonFinite = errors.New("model: non-finite router logits")
+// logits, or the final hidden state that the output head reads, hold a NaN
+// or ±Inf (NaN weights in the GGUF, or a non-finite hidden state): no
+// expert can be chosen, and no token sampled, so the batch fails instead
+// of routing to an arbitrary expert or answering token 0.
+var ErrNonFinite = errors.New("model: non-finite values")
 
 // Router turns one row's router logits (len = Experts) into the row's
 // experts ids and their weights w (len(ids) = len(w) = ExpertsUsed, slot
@@ -307,7 +308,7 @@ var (
 func SoftmaxTopK(logits, probs []float32, ids []int32, w []float32) error {
 	for e, v := range logits {
 		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
-			return fmt.Errorf("%w: expert %d logit %v", ErrNonFinite, e, v)
+			return fmt.Errorf("%w: router logits: expert %d logit %v", ErrNonFinite, e, v)
 		}
 	}
 	if len(ids) > len(logits) || len(w) != len(ids) {
@@ -337,7 +338,7 @@ func SoftmaxTopK(logits, probs []float32, ids []int32, w []float32) error {
 		ids[j], w[j] = int32(e), v
 	}
 	if cnt < k { // unreachable for finite logits
-		return fmt.Errorf("%w: no expert left for slot %d", ErrNonFinite, cnt)
+		return fmt.Errorf("%w: router logits: no expert left for slot %d", ErrNonFinite, cnt)
 	}
 	return nil
 }

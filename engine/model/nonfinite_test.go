@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/kvasir-ai/kvasir/engine/gguf"
@@ -62,6 +63,34 @@ func TestForwardNaNRouter(t *testing.T) {
 		t.Fatalf("Forward: %v, want ErrNonFinite", err)
 	}
 	t.Logf("Forward: %v", err)
+	if seq.Len() != 0 {
+		t.Fatalf("a failed Forward advanced the sequence to %d", seq.Len())
+	}
+}
+
+// TestForwardNaNOutputNorm: a NaN in output_norm.weight (after the last
+// router, so no router check sees it) makes Forward return ErrNonFinite
+// naming the output norm. Before, every logit was NaN and greedy decoding
+// answered token 0 ("!!!!") with no error.
+func TestForwardNaNOutputNorm(t *testing.T) {
+	s, _ := modelgen.Preset("tiny")
+	s.Layers = 1
+	f, _ := genModel(t, s)
+	w := copyWriter(t, f, func(ti *gguf.TensorInfo, data *[]byte) bool {
+		if ti.Name == "output_norm.weight" {
+			b := append([]byte(nil), *data...)
+			binary.LittleEndian.PutUint32(b, 0x7fc00000) // its first weight a quiet NaN (F32)
+			*data = b
+		}
+		return true
+	})
+	_, m := parseModel(t, w)
+	seq := m.NewSequence()
+	lg := make([]float32, m.Params().Vocab)
+	err := m.Forward(context.Background(), []Row{{Seq: seq, Token: 5, Logits: true}}, lg)
+	if !errors.Is(err, ErrNonFinite) || !strings.Contains(err.Error(), "output norm") {
+		t.Fatalf("Forward: %v, want ErrNonFinite naming the output norm", err)
+	}
 	if seq.Len() != 0 {
 		t.Fatalf("a failed Forward advanced the sequence to %d", seq.Len())
 	}

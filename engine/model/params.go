@@ -130,6 +130,24 @@ func readParams(f *gguf.File) (Params, *arch, *loader, error) {
 	}
 	if ti, e := f.TensorInfo("token_embd.weight"); e == nil && len(ti.Dims) == 2 && ti.Dims[1] < 1<<31 {
 		p.Vocab = int(ti.Dims[1])
+		// The tokenizer's vocabulary is token_embd's rows (llama.cpp's
+		// llama_model::load_tensors creates token_embd as {n_embd,
+		// n_vocab} with n_vocab from the tokenizer, and refuses another
+		// shape): rows past it are ids no text has, rows short of it
+		// fail at the first such token.
+		if v, ok := f.Value("tokenizer.ggml.tokens"); ok && v.Len() != p.Vocab {
+			return p, a, l, fmt.Errorf("%w: token_embd.weight has %d rows but tokenizer.ggml.tokens holds %d tokens", ErrMetadata, p.Vocab, v.Len())
+		}
+	}
+	// Every blk.N tensor must belong to a layer: a block_count smaller
+	// than the file's blocks would drop its last layers without a word
+	// (llama.cpp: "wrong number of tensors"). Multi-token-prediction
+	// blocks are counted in block_count.
+	for _, ti := range f.Tensors {
+		var n int
+		if _, e := fmt.Sscanf(ti.Name, "blk.%d.", &n); e == nil && n >= p.Layers {
+			return p, a, l, fmt.Errorf("%w: tensor %s is beyond block_count %d", ErrMetadata, ti.Name, p.Layers)
+		}
 	}
 	p.ExpertLayers = p.Layers
 	a.params(l, &p)

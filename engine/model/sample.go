@@ -31,6 +31,18 @@ type SamplerOptions struct {
 	Seed        uint64
 }
 
+// TopP32 converts a nucleus threshold p in (0, 1], as the commands and
+// the API take it (float64), to SamplerOptions.TopP: a p so small that it
+// rounds to 0 in float32 (1e-300) becomes the smallest positive float32,
+// keeping only the most probable token as the user asked, where 0 would
+// turn the filter off.
+func TopP32(p float64) float32 {
+	if f := float32(p); f > 0 || p <= 0 {
+		return f
+	}
+	return math.SmallestNonzeroFloat32
+}
+
 // Sampler draws tokens from logits: keep the TopK largest logits (ties: lower
 // id first), turn logits/Temperature into probabilities over them, keep the
 // smallest prefix (by probability, descending) whose probabilities sum to at

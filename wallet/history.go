@@ -328,12 +328,20 @@ func WriteGroups(w io.Writer, gs []Group) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "History by %s (newest first):\n", gs[0].By)
 	for _, g := range gs {
-		fmt.Fprintf(tw, "  %s\tcredited %s in %d statements\tmetered ≈%s in %d sessions", GroupLabel(g),
-			walletapi.FormatKVR(g.CreditedNKVR), g.Statements, walletapi.FormatKVR(g.MeteredNKVR), g.Sessions)
+		fmt.Fprintf(tw, "  %s\tcredited %s in %s\tmetered ≈%s in %s", GroupLabel(g),
+			walletapi.FormatKVR(g.CreditedNKVR), count(g.Statements, "statement"), walletapi.FormatKVR(g.MeteredNKVR), count(g.Sessions, "session"))
 		if g.Payouts > 0 {
 			fmt.Fprintf(tw, "\tpaid %s", walletapi.FormatKVR(g.PaidNKVR))
 		}
 		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
+}
+
+// count is "1 statement", "2 statements".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

@@ -279,13 +279,18 @@ type identityRecord struct {
 	Store   string `json:"store"` // "keyring", "file", or a custom store's name
 }
 
+// IdentityRecordName is the file in an app data folder that records its
+// identity (address, worker key, key store): absent, the folder has none
+// yet, and OpenIdentity makes one.
+const IdentityRecordName = "identity.json"
+
 // OpenIdentity loads the worker identity kept for the app data folder dir,
 // creating it on first run in ks (storeName labels ks in dir/identity.json;
 // pass DefaultKeyStore's results). If identity.json records an identity
 // whose key ks cannot return (e.g. it lives in a keyring that is not
 // reachable now), it returns ErrIdentityUnavailable rather than a new key.
 func OpenIdentity(dir string, ks KeyStore, storeName string) (Identity, error) {
-	recPath := filepath.Join(dir, "identity.json")
+	recPath := filepath.Join(dir, IdentityRecordName)
 	var rec identityRecord
 	b, err := os.ReadFile(recPath)
 	haveRec := err == nil

@@ -500,7 +500,7 @@ func WriteText(w io.Writer, s Summary) error {
 	fmt.Fprintf(tw, "Address\t%s\n", s.Address)
 	fmt.Fprintf(tw, "Estimate\t≈%s\t%s counted by this computer, at %d nKVR per byte (%s per MB)\n",
 		walletapi.FormatKVR(s.MeteredNKVR), fb(s.BytesServed), s.RateNKVRPerByte, walletapi.FormatKVR(s.RateNKVRPerByte*1_000_000))
-	fmt.Fprintf(tw, "Credited\t%s\t%s in %d statements signed by the gateway\n", walletapi.FormatKVR(s.CreditedNKVR), fb(s.CreditedBytes), s.Statements)
+	fmt.Fprintf(tw, "Credited\t%s\t%s in %s signed by the gateway\n", walletapi.FormatKVR(s.CreditedNKVR), fb(s.CreditedBytes), count(int(s.Statements), "statement"))
 	fmt.Fprintf(tw, "Pending\t%s\tcredited, not paid out\n", walletapi.FormatKVR(s.PendingNKVR))
 	if s.PaidNKVR > 0 {
 		fmt.Fprintf(tw, "Paid out\t%s\t\n", walletapi.FormatKVR(s.PaidNKVR))

@@ -385,7 +385,7 @@ func TestHistoryGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"History by hour", "2026-05-01 13:00–14:00 UTC", "credited 0.00422 KVR in 603 statements",
-		"metered ≈0.00840 KVR in 1 sessions", "paid 0.00100 KVR", "2026-05-01 12:00–13:00 UTC"} {
+		"metered ≈0.00840 KVR in 1 session", "paid 0.00100 KVR", "2026-05-01 12:00–13:00 UTC"} {
 		if !strings.Contains(txt.String(), want) {
 			t.Errorf("grouped text lacks %q:\n%s", want, txt.String())
 		}

@@ -274,7 +274,15 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 	if *noFetch {
 		fetch.Gateway = ""
 	}
+	_, idErr := os.Stat(filepath.Join(dataDir, wallet.IdentityRecordName))
+	fresh := errors.Is(idErr, os.ErrNotExist)
 	n, err := node.Open(node.Config{DataDir: dataDir, GatewayURL: fetch.Gateway, CAFile: caFile, Warn: stderr})
+	if err == nil && fresh {
+		// The default folder of another user or HOME, or a forgotten
+		// --data: say that this is a new wallet, not an empty old one.
+		fmt.Fprintf(stderr, "kvasir: %s held no identity: a new one was made there, with an empty wallet "+
+			"(if your wallet is elsewhere, give its folder with --data)\n", dataDir)
+	}
 	if err != nil && saved && errors.Is(err, node.ErrConfig) {
 		// The saved gateway cannot be used (its CA file moved, or was
 		// saved relative to another directory): no fetch, but the wallet's
@@ -321,6 +329,8 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 		err = wallet.WriteJSON(stdout, out)
 	} else {
 		switch {
+		case *noFetch:
+			fmt.Fprintln(stdout, "Statements: not fetched (--no-fetch); figures as of the last fetch")
 		case fetch.Gateway == "":
 			fmt.Fprintln(stdout, "Statements: not fetched (no gateway saved or given); figures as of the last fetch")
 		case fetch.Error != "":

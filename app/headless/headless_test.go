@@ -185,6 +185,20 @@ func TestHeadlessWithoutSlice(t *testing.T) {
 		!strings.HasPrefix(o.String(), "Statements: not fetched") {
 		t.Errorf("wallet text %d:\n%s", code, o.String())
 	}
+	if strings.Contains(e.String(), "held no identity") {
+		t.Errorf("a folder with a wallet called new: %s", e.String())
+	}
+	o.Reset()
+	if code := Main([]string{"wallet", "--data", data, "--no-fetch"}, &o, &e); code != 0 || !strings.HasPrefix(o.String(), "Statements: not fetched (--no-fetch)") {
+		t.Errorf("wallet --no-fetch %d:\n%s", code, o.String())
+	}
+	// An existing folder without an identity (another user's default
+	// folder, a forgotten --data): a new wallet, and it says so.
+	o.Reset()
+	e.Reset()
+	if code := Main([]string{"wallet", "--data", t.TempDir()}, &o, &e); code != 0 || !strings.Contains(e.String(), "held no identity: a new one was made there") {
+		t.Errorf("wallet on an empty folder %d: stderr %q", code, e.String())
+	}
 }
 
 // TestHeadlessInSwarm runs `kvasir --headless` (Main, as the binary does)

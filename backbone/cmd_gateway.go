@@ -222,6 +222,7 @@ func runGateway(args []string) int {
 	}
 	fmt.Fprintf(os.Stderr, "gateway: listening on %s (TLS), hub %s\n", g.Addr(), *hubAddr)
 	<-ctx.Done()
+	log.Info("gateway: stopping (signal): closing worker connections")
 	return 0
 }
 

@@ -101,6 +101,7 @@ func runHub(args []string) int {
 	for {
 		select {
 		case <-ctx.Done():
+			fmt.Fprintln(os.Stderr, "hub: stopping (signal): settling and flushing open sessions")
 			_ = h.Close()
 			return 0
 		case <-t.C:

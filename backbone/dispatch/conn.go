@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
@@ -374,7 +375,7 @@ func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byt
 		j.deliver(reply{err: fmt.Errorf("a %s answers a %s", what, wire.Type(msg[3]))})
 		return fmt.Sprintf("%s for request %d, which asked for the other answer", what, req)
 	}
-	if i := firstNonFinite(out); i >= 0 {
+	if i := expert.FirstNonFinite(out); i >= 0 {
 		// A hostile or broken worker: never credit it, never let a NaN
 		// or Inf reach the decode (the router would panic on it).
 		c.nonFinite.Add(1)
@@ -684,18 +685,6 @@ func (c *conn) reasonNow() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.reason
-}
-
-// firstNonFinite returns the index of the first NaN or ±Inf in v, or -1.
-// A float32 is non-finite exactly when its 8 exponent bits are all ones
-// (IEEE 754-2008 §3.4); testing the bits avoids a float comparison per value.
-func firstNonFinite(v []float32) int {
-	for i, x := range v {
-		if math.Float32bits(x)&0x7f800000 == 0x7f800000 {
-			return i
-		}
-	}
-	return -1
 }
 
 // clipStr cuts s to at most n bytes on a UTF-8 boundary.

@@ -140,11 +140,6 @@ var unsupportedFields = map[string]string{
 // it), invalid_type naming the field, unsupported_parameter naming the
 // field.
 func decodeJSON(b []byte, v any) *apiError {
-	if t := reflect.TypeOf(v).Elem(); t.Kind() == reflect.Struct && json.Valid(b) {
-		if e := checkStructNames(b, t); e != nil {
-			return e
-		}
-	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -152,6 +147,10 @@ func decodeJSON(b []byte, v any) *apiError {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return badRequest("", "invalid_json", "could not parse the JSON body: data after the JSON value")
+	}
+	// b is one valid JSON value now: its names are walked in place.
+	if t := reflect.TypeOf(v).Elem(); t.Kind() == reflect.Struct {
+		return checkStructNames(b, t)
 	}
 	return nil
 }

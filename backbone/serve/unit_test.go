@@ -269,6 +269,8 @@ func FuzzParseRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":2}`,
 		`{"prompt":"x","tools":[]}`, `{"max_tokens":"5"}`, `{"messages":[{"role":5}]}`,
 		`{"prompt":"x","draft":"ngram","draft_max":4}`, `{"prompt":"x","presence_penalty":0.5,"user":"u"}`,
+		`{"prompt":"Hi","Prompt":"x"}`, `{"Messages":[{"Role":"user","CONTENT":"hi"}]}`, `{"prompt":"x","best_of":1,"suffix":null,"store":false}`,
+		`{"prompt":"x","stream":true,"stream_options":{"Include_Usage":true,"continuous_usage_stats":false}}`, `{"pr\u006fmpt":"x"}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -380,6 +382,20 @@ func FuzzJSONScan(f *testing.F) {
 			if !slices.Equal(got, want) {
 				t.Fatalf("keys %q, encoding/json %q", got, want)
 			}
+			// jsonObjectFields' values are the raw values encoding/json
+			// gives each key (the last of a repeated key).
+			var vals map[string]json.RawMessage
+			if err := json.Unmarshal(b, &vals); err != nil {
+				t.Fatal(err)
+			}
+			i := 0
+			jsonObjectFields(b, func(k, v []byte) bool {
+				if w := vals[got[i]]; !slices.Contains(got[i+1:], got[i]) && !bytes.Equal(v, w) {
+					t.Fatalf("value of %q: %q, encoding/json %q", got[i], v, w)
+				}
+				i++
+				return true
+			})
 		}
 	})
 }

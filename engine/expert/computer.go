@@ -10,6 +10,7 @@ package expert
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/kvasir-ai/kvasir/engine/quant"
 )
@@ -112,4 +113,18 @@ func ComputeSum(ctx context.Context, c Computer, layer int, hidden []float32, id
 	}
 	WeightedSum(out, tmp, weights, k, d)
 	return nil
+}
+
+// FirstNonFinite returns the index of the first NaN or ±Inf in v, or -1:
+// an expert output, a row sum or a hidden state that no finite weights
+// give. The dispatcher refuses such a RESULT, a worker does not send one
+// (it re-checks its expert files), and the model fails a Forward whose
+// final hidden state holds one.
+func FirstNonFinite(v []float32) int {
+	for i, x := range v {
+		if math.Float32bits(x)&0x7f800000 == 0x7f800000 {
+			return i
+		}
+	}
+	return -1
 }

@@ -398,10 +398,8 @@ func (m *Model) head(rows []Row, nl int, logits []float32) error {
 			j++
 		}
 	}
-	for k, v := range ws.sel[:nl*d] {
-		if v-v != 0 { // NaN or ±Inf: every logit of the row would be NaN
-			return fmt.Errorf("%w: the output norm of logits row %d holds %v (final hidden state; output_norm.weight?)", ErrNonFinite, k/d, v)
-		}
+	if k := expert.FirstNonFinite(ws.sel[:nl*d]); k >= 0 { // every logit of the row would be NaN
+		return fmt.Errorf("%w: the output norm of logits row %d holds %v (final hidden state; output_norm.weight?)", ErrNonFinite, k/d, ws.sel[k])
 	}
 	return m.project(ws.sel[:nl*d], nl, &m.Output, logits)
 }

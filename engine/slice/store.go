@@ -572,16 +572,22 @@ func (s *Store) Retain(keep func(l, e int) bool) (dropped []wire.Holding, err er
 // first, then unmapped and deleted) those whose bytes changed since: a
 // file modified in place, by a disk error or by hand, changes what the
 // mapping reads, and its outputs with it. It returns the dropped experts;
-// experts not held are skipped.
+// experts not held are skipped, and each expert is hashed once however
+// often experts names it.
 func (s *Store) Reverify(experts []wire.Holding) ([]wire.Holding, error) {
 	var bad []uint64
-	s.rw.RLock() // held experts stay mapped while they are hashed
+	seen := make(map[uint64]bool, len(experts)) // a request names an expert once per row: hash it once
+	s.rw.RLock()                                // held experts stay mapped while they are hashed
 	for _, x := range experts {
 		k := skey(int(x.Layer), int(x.Expert))
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
 		s.mu.Lock()
 		h := s.held[k]
 		s.mu.Unlock()
-		if h != nil && sha256.Sum256(h.data) != h.sum && !slices.Contains(bad, k) {
+		if h != nil && sha256.Sum256(h.data) != h.sum {
 			bad = append(bad, k)
 		}
 	}

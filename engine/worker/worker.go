@@ -567,17 +567,6 @@ func (w *Worker) syncPause(send func([]byte) error) error {
 	return send((&wire.Pause{Paused: want}).Append(nil))
 }
 
-// firstNonFinite returns the index of the first NaN or infinity in v, or
-// -1.
-func firstNonFinite(v []float32) int {
-	for i, x := range v {
-		if x-x != 0 { // NaN - NaN and Inf - Inf are NaN
-			return i
-		}
-	}
-	return -1
-}
-
 // nonFinite handles a request whose outputs hold a non-finite value v: the
 // experts it used are hashed again (slice.Store.Reverify, with a store)
 // and those whose files changed are dropped and announced (HOLDINGS); the
@@ -698,7 +687,7 @@ func (w *Worker) serve(ctx context.Context, d *wire.Dispatch, at time.Time, inBy
 		expert.WeightedSum(*sump, out, d.Weights, d.K, d.D)
 		out = *sump
 	}
-	if i := firstNonFinite(out); i >= 0 {
+	if i := expert.FirstNonFinite(out); i >= 0 {
 		// An expert's weights give no NaN or Inf: its file changed under
 		// the mapping (a disk error, an edit). Sent, the answer would end
 		// the session (and, as a digest, count as a lie); re-checked, the

@@ -1,4 +1,4 @@
-package dispatch
+package expert
 
 import (
 	"math"
@@ -15,17 +15,17 @@ func TestFirstNonFinite(t *testing.T) {
 	for _, b := range finite {
 		v = append(v, math.Float32frombits(b))
 	}
-	if i := firstNonFinite(v); i != -1 {
+	if i := FirstNonFinite(v); i != -1 {
 		t.Fatalf("finite values: index %d (%#08x)", i, finite[i])
 	}
-	if firstNonFinite(nil) != -1 {
+	if FirstNonFinite(nil) != -1 {
 		t.Fatal("empty slice")
 	}
 	for _, b := range bad {
 		for _, at := range []int{0, 3, len(v) - 1} {
 			w := append([]float32(nil), v...)
 			w[at] = math.Float32frombits(b)
-			if i := firstNonFinite(w); i != at {
+			if i := FirstNonFinite(w); i != at {
 				t.Errorf("%#08x at %d: found at %d", b, at, i)
 			}
 		}
@@ -41,7 +41,7 @@ func BenchmarkFirstNonFinite(b *testing.B) {
 	}
 	b.SetBytes(int64(4 * len(v)))
 	for b.Loop() {
-		if firstNonFinite(v) != -1 {
+		if FirstNonFinite(v) != -1 {
 			b.Fatal("non-finite")
 		}
 	}

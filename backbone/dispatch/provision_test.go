@@ -208,25 +208,48 @@ func TestProvisionResume(t *testing.T) {
 // is found when the worker starts; that expert is deleted, not announced and
 // not computed, fetched again (exactly its chunks), and then served with
 // the right hash.
-func TestProvisionCorruptRefetched(t *testing.T) {
-	s := newProvStack(t, nil)
-	_, key, _ := ed25519.GenerateKey(nil)
-	dir := filepath.Join(t.TempDir(), "slice")
-	quota := 3 * s.size
-	sw := s.startSliceWorker(t, key, dir, quota)
+// flipped is a quota worker's folder with one bit of an expert flipped
+// (flipOne): the stack, the worker's key, folder and quota, its manifest
+// before the flip, and the expert (layer, expert, file, new bytes).
+type flipped struct {
+	s     *provStack
+	key   ed25519.PrivateKey
+	dir   string
+	quota int64
+	m     *slice.Manifest
+	l, e  int
+	path  string
+	b     []byte
+}
+
+// flipOne starts a provisioning stack and a quota worker of 3 experts,
+// lets it download them and stops it, then flips one bit of its first
+// expert's file in place.
+func flipOne(t *testing.T) *flipped {
+	t.Helper()
+	f := &flipped{s: newProvStack(t, nil), dir: filepath.Join(t.TempDir(), "slice")}
+	_, f.key, _ = ed25519.GenerateKey(nil)
+	f.quota = 3 * f.s.size
+	sw := f.s.startSliceWorker(t, f.key, f.dir, f.quota)
 	waitUntil(t, 30*time.Second, "3 experts", func() bool { return sw.Stats().Experts == 3 })
 	sw.stop()
-	m, err := slice.ReadManifest(dir)
-	if err != nil || m.Count() != 3 {
-		t.Fatalf("manifest %v %v", m, err)
+	var err error
+	if f.m, err = slice.ReadManifest(f.dir); err != nil || f.m.Count() != 3 {
+		t.Fatalf("manifest %v %v", f.m, err)
 	}
-	l, e := m.Layers[0].Layer, m.Layers[0].Experts[0].Expert
-	path := slice.ExpertPath(dir, l, e)
-	b, _ := os.ReadFile(path)
-	b[len(b)/3] ^= 0x10
-	if err := os.WriteFile(path, b, 0o644); err != nil {
+	f.l, f.e = f.m.Layers[0].Layer, f.m.Layers[0].Experts[0].Expert
+	f.path = slice.ExpertPath(f.dir, f.l, f.e)
+	f.b, _ = os.ReadFile(f.path)
+	f.b[len(f.b)/3] ^= 0x10
+	if err := os.WriteFile(f.path, f.b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return f
+}
+
+func TestProvisionCorruptRefetched(t *testing.T) {
+	f := flipOne(t)
+	s, key, dir, quota, l, e, path := f.s, f.key, f.dir, f.quota, f.l, f.e, f.path
 	// Let the next start see the corruption before anything runs.
 	w, err := worker.New(worker.Config{GatewayURL: s.url, Key: key, RootCAs: s.pool, SliceDir: dir, Quota: quota,
 		Backend: "cpu", Threads: 1, Logger: quiet, BackoffBase: 20 * time.Millisecond})
@@ -247,7 +270,7 @@ func TestProvisionCorruptRefetched(t *testing.T) {
 	if got := sw2.Stats().ChunkRequests; got != perExpert {
 		t.Fatalf("refetch requested %d chunks, want %d (one expert)", got, perExpert)
 	}
-	b, _ = os.ReadFile(path)
+	b, _ := os.ReadFile(path)
 	want, _ := s.cat.Hash(l, e)
 	if sha256.Sum256(b) != want {
 		t.Fatal("refetched expert has the wrong hash")
@@ -265,24 +288,8 @@ func TestProvisionCorruptRefetched(t *testing.T) {
 // the worker drops it and downloads the assigned bytes. Before, it kept
 // the expert forever, counted in its quota and never fetched again.
 func TestProvisionOtherWeightsRefetched(t *testing.T) {
-	s := newProvStack(t, nil)
-	_, key, _ := ed25519.GenerateKey(nil)
-	dir := filepath.Join(t.TempDir(), "slice")
-	quota := 3 * s.size
-	sw := s.startSliceWorker(t, key, dir, quota)
-	waitUntil(t, 30*time.Second, "3 experts", func() bool { return sw.Stats().Experts == 3 })
-	sw.stop()
-	m, err := slice.ReadManifest(dir)
-	if err != nil || m.Count() != 3 {
-		t.Fatalf("manifest %v %v", m, err)
-	}
-	l, e := m.Layers[0].Layer, m.Layers[0].Experts[0].Expert
-	path := slice.ExpertPath(dir, l, e)
-	b, _ := os.ReadFile(path)
-	b[len(b)/3] ^= 0x10
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f := flipOne(t)
+	s, key, dir, quota, m, l, e, path, b := f.s, f.key, f.dir, f.quota, f.m, f.l, f.e, f.path, f.b
 	sum := sha256.Sum256(b)
 	m.Layers[0].Experts[0].SHA256 = hex.EncodeToString(sum[:])
 	if err := slice.WriteManifest(dir, m); err != nil {

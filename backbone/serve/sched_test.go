@@ -501,3 +501,36 @@ func TestQueuedClientLeaves(t *testing.T) {
 		}
 	}
 }
+
+// TestQueuedClientLeavesDefaults is TestQueuedClientLeaves on the queue
+// and slots users run (Config's defaults): with the queue full, one
+// waiting client leaving lets the next request in.
+func TestQueuedClientLeavesDefaults(t *testing.T) {
+	s, _ := newSched(t, nil) // not started: nothing is admitted
+	job := Job{Prompt: []int32{1, 2}, MaxTokens: 2}
+	ctx, leave := context.WithCancel(context.Background())
+	if _, err := s.Submit(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	n := 1
+	for ; ; n++ {
+		if n > 1<<20 {
+			t.Fatal("the queue never filled")
+		}
+		if _, err := s.Submit(context.Background(), job); errors.Is(err, ErrQueueFull) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	leave()
+	for i := 0; s.Stats().Queued != n-1; i++ {
+		if i > 5000 {
+			t.Fatalf("queued %d after one of %d left", s.Stats().Queued, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := s.Submit(context.Background(), job); err != nil {
+		t.Fatalf("submit after a client left a full queue of %d: %v", n, err)
+	}
+}

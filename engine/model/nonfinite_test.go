@@ -36,13 +36,24 @@ func TestRouteNonFinite(t *testing.T) {
 	}
 }
 
+// forwardEdited runs one Forward (token 5, logits) on the tiny preset of
+// the given layers, its GGUF copied through edit; it returns
+// the sequence's length after it and the error.
+func forwardEdited(t *testing.T, layers int, edit func(ti *gguf.TensorInfo, data *[]byte) bool) (int, error) {
+	t.Helper()
+	s, _ := modelgen.Preset("tiny")
+	s.Layers = layers
+	f, _ := genModel(t, s)
+	_, m := parseModel(t, copyWriter(t, f, edit))
+	seq := m.NewSequence()
+	err := m.Forward(context.Background(), []Row{{Seq: seq, Token: 5, Logits: true}}, make([]float32, m.Params().Vocab))
+	return seq.Len(), err
+}
+
 // TestForwardNaNRouter: a GGUF whose layer-1 router weights are NaN makes
 // Forward return ErrNonFinite (no panic) and leaves the sequence unchanged.
 func TestForwardNaNRouter(t *testing.T) {
-	s, _ := modelgen.Preset("tiny")
-	s.Layers = 2
-	f, _ := genModel(t, s)
-	w := copyWriter(t, f, func(ti *gguf.TensorInfo, data *[]byte) bool {
+	n, err := forwardEdited(t, 2, func(ti *gguf.TensorInfo, data *[]byte) bool {
 		if ti.Name == "blk.1.ffn_gate_inp.weight" {
 			if ti.Type != quant.F32 {
 				t.Fatalf("router weights are %v, want F32", ti.Type)
@@ -55,16 +66,12 @@ func TestForwardNaNRouter(t *testing.T) {
 		}
 		return true
 	})
-	_, m := parseModel(t, w)
-	seq := m.NewSequence()
-	lg := make([]float32, m.Params().Vocab)
-	err := m.Forward(context.Background(), []Row{{Seq: seq, Token: 5, Logits: true}}, lg)
 	if !errors.Is(err, ErrNonFinite) {
 		t.Fatalf("Forward: %v, want ErrNonFinite", err)
 	}
 	t.Logf("Forward: %v", err)
-	if seq.Len() != 0 {
-		t.Fatalf("a failed Forward advanced the sequence to %d", seq.Len())
+	if n != 0 {
+		t.Fatalf("a failed Forward advanced the sequence to %d", n)
 	}
 }
 
@@ -73,10 +80,7 @@ func TestForwardNaNRouter(t *testing.T) {
 // naming the output norm. Before, every logit was NaN and greedy decoding
 // answered token 0 ("!!!!") with no error.
 func TestForwardNaNOutputNorm(t *testing.T) {
-	s, _ := modelgen.Preset("tiny")
-	s.Layers = 1
-	f, _ := genModel(t, s)
-	w := copyWriter(t, f, func(ti *gguf.TensorInfo, data *[]byte) bool {
+	n, err := forwardEdited(t, 1, func(ti *gguf.TensorInfo, data *[]byte) bool {
 		if ti.Name == "output_norm.weight" {
 			b := append([]byte(nil), *data...)
 			binary.LittleEndian.PutUint32(b, 0x7fc00000) // its first weight a quiet NaN (F32)
@@ -84,14 +88,10 @@ func TestForwardNaNOutputNorm(t *testing.T) {
 		}
 		return true
 	})
-	_, m := parseModel(t, w)
-	seq := m.NewSequence()
-	lg := make([]float32, m.Params().Vocab)
-	err := m.Forward(context.Background(), []Row{{Seq: seq, Token: 5, Logits: true}}, lg)
 	if !errors.Is(err, ErrNonFinite) || !strings.Contains(err.Error(), "output norm") {
 		t.Fatalf("Forward: %v, want ErrNonFinite naming the output norm", err)
 	}
-	if seq.Len() != 0 {
-		t.Fatalf("a failed Forward advanced the sequence to %d", seq.Len())
+	if n != 0 {
+		t.Fatalf("a failed Forward advanced the sequence to %d", n)
 	}
 }

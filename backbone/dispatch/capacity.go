@@ -689,6 +689,19 @@ func distinctWorkers(cs []*conn) int {
 	return len(seen)
 }
 
+// DelegatesLayer implements expert.LayerDelegator: it reports whether
+// Delegate would now return true for any call on layer with own, i.e. own
+// is Fallback, no connected, unpaused worker holds any expert of the layer
+// and Fallback holds them all. It counts nothing.
+func (d *Dispatcher) DelegatesLayer(layer int, own expert.Computer) bool {
+	if own == nil || own != d.cfg.Fallback {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return layer >= 0 && layer < len(d.layerFree) && d.layerFree[layer]
+}
+
 // Delegate implements expert.Delegator: it reports whether a call on layer
 // with ids would compute every pair with Fallback, own being Fallback itself
 // — no connected, unpaused worker holds any of the experts and Fallback

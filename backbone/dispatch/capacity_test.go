@@ -258,6 +258,19 @@ func TestDelegate(t *testing.T) {
 	s.waitWorkers(t, 1)
 	ids := []int32{1, 2, 3, 4} // two rows of K = 2
 	before := s.disp.Stats()
+	// DelegatesLayer: layer 1 (no holder, Fallback holds all) only, and
+	// only for Fallback; it counts nothing.
+	for l := -1; l <= m.NLayer; l++ {
+		if got, want := s.disp.DelegatesLayer(l, s.local), l == 1 || (l >= 3 && l < m.NLayer); got != want {
+			t.Errorf("DelegatesLayer(%d) = %v, want %v", l, got, want)
+		}
+	}
+	if s.disp.DelegatesLayer(1, newFake(m)) || s.disp.DelegatesLayer(1, nil) {
+		t.Error("DelegatesLayer for another Computer")
+	}
+	if st := s.disp.Stats(); st.Calls != before.Calls {
+		t.Fatalf("DelegatesLayer counted calls: %+v", st)
+	}
 	if !s.disp.Delegate(1, ids, s.local) {
 		t.Fatal("layer 1 (no holder): not delegated")
 	}

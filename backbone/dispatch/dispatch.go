@@ -237,7 +237,10 @@ type Dispatcher struct {
 	workers map[string]*conn // by session id, HELLO done
 	gone    []WorkerStats    // closed sessions, most recent last (bounded)
 	index   map[uint64][]*conn
-	changed chan struct{} // closed and replaced when the worker set changes
+	// layerFree[l]: no indexed worker holds any expert of layer l and
+	// Fallback holds them all (DelegatesLayer); rebuilt with index.
+	layerFree []bool
+	changed   chan struct{} // closed and replaced when the worker set changes
 
 	bans *Bans
 	spin bool // calls keep the CPUs spinning while they wait (Config.SpinWait, Start)
@@ -370,6 +373,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		usage: make([]atomic.Uint64, m.NLayer*m.NExpert), rows: make([]atomic.Uint64, m.NLayer)}
 	d.lim = wire.Limits{D: m.D, K: m.K, NLayer: m.NLayer, NExpert: m.NExpert,
 		MaxRows: wire.MaxMessage / (4 * (m.D + m.K)), Floats: d.outs.Get}
+	d.layerFree = d.freeLayers(d.index)
 	return d, nil
 }
 
@@ -476,6 +480,20 @@ func (d *Dispatcher) WaitWorkers(ctx context.Context, n int) error {
 	}
 }
 
+// freeLayers returns, per layer, whether no worker of idx holds any of its
+// experts and Fallback holds them all (localOK).
+func (d *Dispatcher) freeLayers(idx map[uint64][]*conn) []bool {
+	m := d.cfg.Model
+	free := make([]bool, m.NLayer)
+	for l := range free {
+		free[l] = d.cfg.Fallback != nil
+		for e := 0; e < m.NExpert && free[l]; e++ {
+			free[l] = len(idx[key(l, e)]) == 0 && d.localOK(l, e)
+		}
+	}
+	return free
+}
+
 func key(layer, e int) uint64 { return uint64(layer)<<32 | uint64(uint32(e)) }
 
 // rebuild recomputes the holder index; d.mu must be held.
@@ -496,6 +514,7 @@ func (d *Dispatcher) rebuildLocked() {
 		}
 	}
 	d.index = idx
+	d.layerFree = d.freeLayers(idx)
 	close(d.changed)
 	d.changed = make(chan struct{})
 }

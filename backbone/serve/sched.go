@@ -123,6 +123,13 @@ func (e *batonExperts) Delegate(layer int, ids []int32, own expert.Computer) boo
 	return ok && dg.Delegate(layer, ids, own)
 }
 
+// DelegatesLayer implements expert.LayerDelegator for the inner Computer
+// when it does.
+func (e *batonExperts) DelegatesLayer(layer int, own expert.Computer) bool {
+	ld, ok := e.inner.(expert.LayerDelegator)
+	return ok && ld.DelegatesLayer(layer, own)
+}
+
 // scheduler is one lane's continuous batching and its state; its
 // goroutine (loop) is the only one that touches the lane's model. A step
 // is a phase per method: admit, dropCancelled, build, forward, then

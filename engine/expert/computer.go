@@ -46,6 +46,20 @@ type Delegator interface {
 	Delegate(layer int, ids []int32, own Computer) bool
 }
 
+// LayerDelegator is implemented by a Delegator that can tell before a
+// call's expert ids are known that its calls on a layer will be delegated,
+// such as a swarm dispatcher none of whose workers holds any expert of the
+// layer (backbone/dispatch). A caller uses it to plan work that can share
+// its threads' regions with its own experts only (the model's shared
+// expert); Delegate stays the decision, and a plan it overrules still
+// gives the same bits, only in more regions.
+type LayerDelegator interface {
+	Delegator
+	// DelegatesLayer reports whether a call on layer made now would be
+	// delegated to own whatever its ids (false for an invalid layer).
+	DelegatesLayer(layer int, own Computer) bool
+}
+
 // SumComputer is implemented by a Computer that can return each row's
 // router-weighted sum over its k slots instead of the k outputs, such as a
 // swarm dispatcher whose workers then send d floats per row instead of

@@ -85,7 +85,18 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 	// the router's region, its down projection in the routed experts'
 	// region (sharedLocal). Each output element is the same dot product
 	// wherever it is computed.
-	fused := b.Shared != nil && m.local != nil && m.experts == expert.Computer(m.local)
+	own := m.experts == expert.Computer(m.local)
+	var dg expert.Delegator
+	if !own && m.local != nil {
+		dg, _ = m.experts.(expert.Delegator)
+	}
+	// A layer the Computer will hand back to the model's own experts (a
+	// dispatcher with no worker holding any of them) is planned as own.
+	planOwn := own
+	if ld, ok := dg.(expert.LayerDelegator); ok {
+		planOwn = ld.DelegatesLayer(il, m.local)
+	}
+	fused := b.Shared != nil && m.local != nil && planOwn
 	if fused {
 		sh, ff := b.Shared, b.Shared.Gate.Rows
 		if err := m.projectAll(ws.xn[:n*d], n, proj{w: &b.GateInp, y: ws.router[:n*ne]},
@@ -103,8 +114,7 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 	eo, es := ws.eo[:n*k*d], ws.esum[:n*d]
 	hidden, ids, wts := ws.xn[:n*d], ws.ids[:n*k], ws.wts[:n*k]
 	var err error
-	own := m.experts == expert.Computer(m.local)
-	if dg, ok := m.experts.(expert.Delegator); ok && !own && m.local != nil {
+	if dg != nil {
 		// A layer no worker holds: the dispatcher would hand every pair
 		// to these very experts, one goroutine per call; the helpers
 		// are faster and give the same bits.
@@ -134,12 +144,20 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 		}
 	case b.Shared != nil:
 		// Remote experts: compute the shared expert while they are away.
+
 		if ws.remote == nil {
 			ws.remote = make(chan error, 1)
 		}
 		done := ws.remote // received from below before the next layer sends: reused
 		go func() { done <- m.routed(ctx, il, n, sums) }()
-		serr := m.shared(b.Shared, n)
+		var serr error
+		if fused {
+			// Planned as own, then sent (a worker came): the gate and
+			// up projections are done.
+			serr = m.sharedFrom(b.Shared, n)
+		} else {
+			serr = m.shared(b.Shared, n)
+		}
 		err = errors.Join(<-done, serr)
 	default:
 		err = m.routed(ctx, il, n, sums)
@@ -187,6 +205,20 @@ func (m *Model) routed(ctx context.Context, il, n int, sums bool) error {
 // (n x Embd), gating included.
 func (m *Model) shared(s *SharedExpert, n int) error {
 	if err := m.feedForward(&s.FeedForward, n); err != nil {
+		return err
+	}
+	m.gateShared(s, n)
+	return nil
+}
+
+// sharedFrom is shared with the gate and up projections already in
+// ws.ffGate and ws.ffUp: silu(gate) * up, the down projection into
+// ws.ffOut, the gating. Same bits as shared.
+func (m *Model) sharedFrom(s *SharedExpert, n int) error {
+	ws, d, ff := &m.ws, m.p.Embd, s.Gate.Rows
+	h := ws.ffGate[:n*ff]
+	expert.SwiGLU(h, h, ws.ffUp[:n*ff])
+	if err := m.project(h, n, &s.Down, ws.ffOut[:n*d]); err != nil {
 		return err
 	}
 	m.gateShared(s, n)

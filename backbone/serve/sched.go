@@ -328,7 +328,6 @@ func (sc *scheduler) build() {
 				sc.owners = append(sc.owners, a)
 			}
 			budget -= len(a.drafts)
-			sc.s.met.draftTokens.Add(float64(len(a.drafts)))
 		}
 	}
 	sc.prefill = 0
@@ -498,6 +497,11 @@ func (sc *scheduler) deliver(start time.Time) {
 		if a.fed == len(a.st.job.Prompt) {
 			a.decoding = true
 		}
+		if a.inStep {
+			// Verified by this step's forward (a failed one verifies
+			// nothing).
+			s.met.draftTokens.Add(float64(len(a.drafts)))
+		}
 	}
 	// Counted before the tokens are delivered, so a client that has
 	// read its last token sees it in the metrics.
@@ -521,12 +525,21 @@ func (sc *scheduler) deliver(start time.Time) {
 			continue
 		}
 		k := a.row
+		drafted := k < len(a.drafts)
+		var want int32
+		if drafted {
+			want = a.drafts[k]
+		}
 		t := sc.sample(a, sc.logits[i*vocab:(i+1)*vocab], a.base+1+k)
+		accepted := drafted && t == want
+		if accepted {
+			// Counted also when this token ends the request.
+			s.met.draftAccepted.Inc()
+		}
 		if a.seq == nil {
 			continue // ended: its sequence is released
 		}
-		if k < len(a.drafts) && t == a.drafts[k] {
-			s.met.draftAccepted.Inc()
+		if accepted {
 			a.kept++
 			a.row++
 		} else {

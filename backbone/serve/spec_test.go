@@ -81,6 +81,60 @@ func TestDraftRequests(t *testing.T) {
 	}
 }
 
+// TestDraftMetrics: the draft counters of a greedy request equal a replay
+// of its tokens through spec.NGram, with drafts of at most DraftMax and the
+// tokens left: the first token comes from the prompt, then each step drafts
+// from the history, and each sampled token that equals its row's draft is
+// accepted, the one that ends the request (MaxTokens) included. MaxTokens
+// sweeps over a text the tiny model mostly refuses the drafts of, and over
+// one whose every token a logit bias fixes (every draft accepted), so that
+// requests end inside accepted runs.
+func TestDraftMetrics(t *testing.T) {
+	s, reg := newSched(t, nil)
+	s.Start()
+	_, tok := loadTiny(t)
+	prompt := tok.Encode(strings.Repeat("the cat sat on the mat. ", 4)+"the cat", false)
+	const draftMax = 5
+	var prevDrafted, prevAccepted float64
+	endedInRun := 0
+	for _, bias := range []map[int32]float32{nil, {prompt[1]: 100}} {
+		for maxTok := 24; maxTok <= 35; maxTok++ {
+			st, err := s.Submit(context.Background(), Job{Prompt: prompt, MaxTokens: maxTok, LogitBias: bias, Draft: spec.ModeNGram, DraftMax: draftMax})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _, _ := collect(t, st)
+			hist := append(slices.Clone(prompt), got[0])
+			var drafted, accepted int
+			for gen := 1; gen < len(got); {
+				drafts := spec.NGram(nil, hist, min(draftMax, maxTok-gen))
+				drafted += len(drafts)
+				for j := 0; gen < len(got); j++ {
+					tk := got[gen]
+					gen++
+					hist = append(hist, tk)
+					if j >= len(drafts) || tk != drafts[j] {
+						break
+					}
+					accepted++
+					if gen == len(got) {
+						endedInRun++
+					}
+				}
+			}
+			d := gatherValue(t, reg, "kvasir_serve_draft_tokens_total")
+			a := gatherValue(t, reg, "kvasir_serve_draft_accepted_tokens_total")
+			if d-prevDrafted != float64(drafted) || a-prevAccepted != float64(accepted) {
+				t.Errorf("bias %v, max_tokens %d: counters drafted %v accepted %v, replay %d and %d", bias, maxTok, d-prevDrafted, a-prevAccepted, drafted, accepted)
+			}
+			prevDrafted, prevAccepted = d, a
+		}
+	}
+	if endedInRun == 0 {
+		t.Error("no request ended on an accepted draft: the sweep does not test that case")
+	}
+}
+
 // TestDraftAPI: the draft and draft_max extension fields give the same
 // completion as without them; bad values are 400s naming the field.
 func TestDraftAPI(t *testing.T) {

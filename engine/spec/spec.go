@@ -24,10 +24,7 @@
 // exactly.
 package spec
 
-import (
-	"fmt"
-	"strings"
-)
+import "fmt"
 
 // Mode is where drafts come from: ModeNone, ModeNGram or ModeMTP.
 type Mode string
@@ -51,10 +48,11 @@ const DefaultMax = 8
 // is rejected anyway.
 const MaxMax = 64
 
-// ParseMode reads "none", "ngram" or "mtp" ("" is none); other values fail
-// with an error naming them.
+// ParseMode reads "none", "ngram" or "mtp", spelled exactly so ("" is
+// none); other values, "MTP" or " ngram" among them, fail with an error
+// naming them (serve's field values are as exact as its field names).
 func ParseMode(s string) (Mode, error) {
-	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
+	switch m := Mode(s); m {
 	case "", ModeNone:
 		return ModeNone, nil
 	case ModeNGram, ModeMTP:

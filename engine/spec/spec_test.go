@@ -1,7 +1,9 @@
 package spec
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -28,12 +30,14 @@ func TestNGram(t *testing.T) {
 }
 
 func TestParseMode(t *testing.T) {
-	for in, want := range map[string]Mode{"": ModeNone, "none": ModeNone, "NGram": ModeNGram, "mtp": ModeMTP} {
+	for in, want := range map[string]Mode{"": ModeNone, "none": ModeNone, "ngram": ModeNGram, "mtp": ModeMTP} {
 		if got, err := ParseMode(in); err != nil || got != want {
 			t.Errorf("ParseMode(%q) = %v, %v", in, got, err)
 		}
 	}
-	if _, err := ParseMode("eagle"); err == nil {
-		t.Error("ParseMode(eagle) succeeded")
+	for _, bad := range []string{"eagle", "NGram", "MTP", " ngram", "mtp ", "None"} {
+		if _, err := ParseMode(bad); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", bad)) {
+			t.Errorf("ParseMode(%q): %v, want an error naming it", bad, err)
+		}
 	}
 }

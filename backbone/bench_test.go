@@ -49,7 +49,8 @@ const benchOneWay = 6500 * time.Microsecond
 // dispatcher's idle spinning off, dispatch.Config.SpinWait): there it is a
 // `backbone worker` process serving layer 0 of the model's file (the
 // fixtures and the 4-layer shapes, which are written to the temp folder
-// for it), as in a real swarm. Models: the embedded tiny
+// for it), as in a real swarm; "processes" runs the hub (with its SQLite
+// ledger) and the crediting gateway as processes too (demo.StartSwarm). Models: the embedded tiny
 // model (qwen35moe), the qwen3moe and qwen35moe Q4_K_M fixtures (if present)
 // and, with KVASIR_BENCH_Q30=1, 4-layer Q4_K models of Qwen3-30B-A3B's and
 // Qwen3.5-35B-A3B's layer shapes (1.4 and 1.9 GB, generated in memory).
@@ -109,7 +110,7 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 				b.ReportMetric(added-ms(2*benchOneWay), "added-beyond-sleep-ms")
 			}
 		})
-		for _, via := range []string{"hub-direct", "gateway", "gateway-process", "gateway-process-nospin"} {
+		for _, via := range []string{"hub-direct", "gateway", "gateway-process", "gateway-process-nospin", "processes"} {
 			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
 				lm := mc.load(b)
 				d, link := benchSwarm(b, lm, via)
@@ -355,6 +356,9 @@ func benchSwarm(b *testing.B, lm *loadedModel, via string) (*dispatch.Dispatcher
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { d.Close() })
+	if via == "processes" {
+		return d, benchSwarmProcesses(b, lm, d)
+	}
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Backbone: d.Addr(), Secret: secret, Logger: quietLogger()})
 	if err == nil {
@@ -452,6 +456,37 @@ func startWorkerProcess(b *testing.B, lm *loadedModel, url string, ca []byte) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = w.Stop(10 * time.Second) })
+}
+
+// benchSwarmProcesses starts the hub (its SQLite ledger on the settle
+// defaults), the TLS gateway (crediting into its wallets) and a worker
+// holding layer 0 of lm as `backbone` processes, as a deployment runs them
+// (demo.StartSwarm), the worker reaching the gateway through the 13 ms
+// link process, and waits for the worker; d stays in this process, as the
+// backbone.
+func benchSwarmProcesses(b *testing.B, lm *loadedModel, d *dispatch.Dispatcher) *swarmtest.ProcLink {
+	path, ok := benchFiles.Load(lm)
+	if !ok {
+		b.Skip("the embedded model has no file for a worker process")
+	}
+	dir := b.TempDir()
+	sw, err := demo.StartSwarm(context.Background(), demo.Config{Bin: backboneBin(b), Env: []string{asBackbone},
+		Dir: dir, Backbone: d.Addr()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(sw.Close)
+	link := newBenchLink(b, sw.GatewayAddr)
+	sw.GatewayURL = "wss://" + link.Addr()
+	if _, err := sw.AddWorker("w0", path.(string), "--layers", "0", "--threads", "1", "--backend", "cpu"); err != nil {
+		b.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := d.WaitWorkers(wctx, 1); err != nil {
+		b.Fatal(err)
+	}
+	return link
 }
 
 // newHubShim listens on loopback and forwards each connection's HTTP

@@ -48,6 +48,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"runtime"
 	"sort"
@@ -200,6 +201,9 @@ const (
 	// DefaultTolerance is Config.Tolerance's default: relative L2 error per
 	// output row allowed to a non-CPU backend.
 	DefaultTolerance = 1.0 / 128
+	// MaxTolerance bounds Config.Tolerance: an answer off by half of its
+	// norm is not an approximation of it.
+	MaxTolerance = 0.5
 	// DefaultBanFor is Config.BanFor's default.
 	DefaultBanFor = 24 * time.Hour
 	// DefaultHolderWait is Config.HolderWait's default.
@@ -313,6 +317,14 @@ func New(cfg Config) (*Dispatcher, error) {
 		cfg.Probation = DefaultProbation
 	case cfg.Probation < 0:
 		cfg.Probation = 0
+	}
+	// NaN would turn checks off (rate) or fail every honest answer
+	// (tolerance); +Inf would pass every answer.
+	if math.IsNaN(cfg.CheckRate) || math.IsInf(cfg.CheckRate, 0) {
+		return nil, fmt.Errorf("dispatch: check rate %v: want a number in [0, 1]", cfg.CheckRate)
+	}
+	if math.IsNaN(cfg.Tolerance) || math.IsInf(cfg.Tolerance, 0) || cfg.Tolerance > MaxTolerance {
+		return nil, fmt.Errorf("dispatch: tolerance %v: want a relative error in (0, %g], or negative (CPU workers only)", cfg.Tolerance, MaxTolerance)
 	}
 	switch {
 	case cfg.CheckRate == 0:

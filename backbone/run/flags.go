@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -84,9 +85,15 @@ func (sf *SwarmFlags) Check() error {
 	if sf.HolderWait <= 0 {
 		return fmt.Errorf("--holder-wait %v: want > 0", sf.HolderWait)
 	}
-	if sf.probation < 0 || sf.checkRate < 0 || sf.checkRate > 1 || sf.tolerance == 0 || sf.banFor <= 0 {
-		return fmt.Errorf("--check-probation >= 0, --check-rate in [0, 1], --check-tolerance != 0 and --ban-for > 0 (got %d, %g, %g, %v)",
-			sf.probation, sf.checkRate, sf.tolerance, sf.banFor)
+	switch {
+	case sf.probation < 0:
+		return fmt.Errorf("--check-probation %d: want >= 0", sf.probation)
+	case !(sf.checkRate >= 0 && sf.checkRate <= 1): // NaN too
+		return fmt.Errorf("--check-rate %g: want a fraction in [0, 1] (0: no checks after probation)", sf.checkRate)
+	case math.IsNaN(sf.tolerance) || math.IsInf(sf.tolerance, 0) || sf.tolerance == 0 || sf.tolerance > dispatch.MaxTolerance:
+		return fmt.Errorf("--check-tolerance %g: want a relative error in (0, %g], or negative to accept CPU workers only", sf.tolerance, dispatch.MaxTolerance)
+	case sf.banFor <= 0:
+		return fmt.Errorf("--ban-for %v: want > 0", sf.banFor)
 	}
 	return nil
 }

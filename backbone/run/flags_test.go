@@ -1,8 +1,10 @@
 package run
 
 import (
+	"context"
 	"flag"
 	"io"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -73,4 +75,53 @@ func TestSpinWaitFlag(t *testing.T) {
 			t.Errorf("--spin-wait %q accepted", bad)
 		}
 	}
+}
+
+// TestCheckFlags: the verification flags take finite values in range and
+// name the flag otherwise; NaN and Inf, which the float parser accepts,
+// are refused (a NaN tolerance failed every honest GPU answer and banned
+// the worker, an infinite one passed every answer, a NaN rate turned
+// checks off). The dispatcher refuses the same values from a Config.
+func TestCheckFlags(t *testing.T) {
+	for _, ok := range [][]string{nil, {"--check-tolerance", "0.01"}, {"--check-tolerance", "-1"}, {"--check-tolerance", "0.5"},
+		{"--check-rate", "0"}, {"--check-rate", "1"}, {"--check-probation", "0"}} {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		sf := AddSwarmFlags(fs)
+		if err := fs.Parse(ok); err != nil || sf.Check() != nil {
+			t.Errorf("%q: %v %v", ok, err, sf.Check())
+		}
+	}
+	for _, bad := range [][]string{{"--check-tolerance", "NaN"}, {"--check-tolerance", "Inf"}, {"--check-tolerance", "-Inf"},
+		{"--check-tolerance", "0"}, {"--check-tolerance", "0.6"}, {"--check-rate", "NaN"}, {"--check-rate", "1.5"},
+		{"--check-rate", "-0.1"}, {"--check-probation", "-1"}, {"--ban-for", "0s"}} {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		sf := AddSwarmFlags(fs)
+		if err := fs.Parse(bad); err != nil {
+			t.Fatalf("%q: %v", bad, err)
+		}
+		if err := sf.Check(); err == nil || !strings.Contains(err.Error(), bad[0]+" ") {
+			t.Errorf("%q: Check = %v, want an error naming the flag", bad, err)
+		}
+	}
+	m := dispatch.Model{ID: "m", D: 16, K: 2, NLayer: 1, NExpert: 4}
+	d, err := dispatch.New(dispatch.Config{Model: m, Listen: "127.0.0.1:0", Fallback: nopExperts{}, Tolerance: 0.01, CheckRate: 0.5})
+	if err != nil {
+		t.Fatalf("dispatch.New with tolerance 0.01, check rate 0.5: %v", err)
+	}
+	d.Close()
+	for _, c := range []dispatch.Config{{Tolerance: math.NaN()}, {Tolerance: math.Inf(1)}, {Tolerance: 0.9}, {CheckRate: math.NaN()}, {CheckRate: math.Inf(1)}} {
+		c.Model, c.Listen, c.Fallback = m, "127.0.0.1:0", nopExperts{}
+		if d, err := dispatch.New(c); err == nil {
+			d.Close()
+			t.Errorf("dispatch.New with tolerance %v, check rate %v: accepted", c.Tolerance, c.CheckRate)
+		}
+	}
+}
+
+// nopExperts is an expert.Computer that computes nothing (a Fallback for
+// configurations that are never started).
+type nopExperts struct{}
+
+func (nopExperts) ComputeExperts(context.Context, int, []float32, []int32, int, int, []float32) error {
+	return nil
 }

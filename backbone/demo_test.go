@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -62,6 +63,15 @@ func TestDemoProcess(t *testing.T) {
 	}
 	if len(r.Workers) != 2 {
 		t.Fatalf("workers: %+v", r.Workers)
+	}
+	for _, w := range r.Workers {
+		for _, s := range w.Sessions {
+			// The demo's workers run --backend auto: the CPU here (no GPU),
+			// checked to the bit.
+			if !strings.HasPrefix(s.Backend, "cpu") || s.Tolerance != 0 || s.Mismatches != 0 {
+				t.Errorf("worker %s session %s: backend %q tolerance %v mismatches %d, want cpu, 0, 0", w.Name, s.Session, s.Backend, s.Tolerance, s.Mismatches)
+			}
+		}
 	}
 
 	var ledger ledgerJSON

@@ -632,6 +632,21 @@ func Print(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "text:    %q\n", r.Text)
 	fmt.Fprintf(w, "tokens equal to a local decode: %s (%d tokens; logits bit-identical: %s)\n",
 		yes(r.TokensEqual), len(r.Tokens), yes(r.LogitsEqual))
+	if !r.LogitsEqual {
+		// A GPU worker's answers are checked within a tolerance, not to
+		// the bit: name them, so that the "NO" has its reason.
+		var gpus []string
+		for _, x := range r.Workers {
+			for _, s := range x.Sessions {
+				if s.Tolerance > 0 {
+					gpus = append(gpus, x.Name+" ("+s.Backend+")")
+				}
+			}
+		}
+		if len(gpus) > 0 {
+			fmt.Fprintf(w, "         (non-CPU workers, checked within a tolerance rather than to the bit: %s)\n", strings.Join(gpus, ", "))
+		}
+	}
 	fmt.Fprintf(w, "experts: %d computed by workers, %d locally\n", r.ExpertsRemote, r.ExpertsLocal)
 	if c := r.Capacity; c != nil {
 		fmt.Fprintf(w, "capacity: the backbone loaded a %d-byte backbone-only file (full model %d bytes, experts %d bytes, %d held here)\n",
@@ -659,7 +674,7 @@ func Print(w io.Writer, r *Result) {
 		fmt.Fprintf(w, "%s (pid %d, %s, %s): rows %d, bytes in %d out %d", x.Name, x.Pid,
 			held, x.Address, x.Rows, x.BytesIn, x.BytesOut)
 		for _, s := range x.Sessions {
-			fmt.Fprintf(w, ", rtt p50 %.2f ms p99 %.2f ms", s.RTTp50ms, s.RTTp99ms)
+			fmt.Fprintf(w, ", %s, rtt p50 %.2f ms p99 %.2f ms", s.Backend, s.RTTp50ms, s.RTTp99ms)
 		}
 		fmt.Fprintf(w, "\n    ledger %d creditable bytes (%s MB, %d rejected) -> credited %s (%d nKVR at %d nKVR/byte)\n",
 			x.LedgerBytes, walletapi.FormatUnits(x.LedgerBytes), x.RejectedBytes, x.CreditedKVR, x.CreditedNKVR, r.RateNKVRPerByte)

@@ -49,13 +49,17 @@ func (sp *splice) run() {
 // the first direction to end, half-closes dst and posts on done.
 func (sp *splice) copyLoop(dst, src net.Conn, n *atomic.Uint64, bytes prometheus.Counter) {
 	reason := ""
-	defer func() {
-		// The first direction to end says why the splice ended; it counts
-		// before passing the end on, so the other direction's reaction to
-		// it (EOF, or the grace deadline) is never taken for the cause.
+	// end counts why the splice ended if this direction is the first to
+	// end: before the end is passed on, so that the other direction's
+	// reaction to it (EOF, a write on a connection the error closed, or
+	// the grace deadline) is never taken for the cause.
+	end := func() {
 		if sp.ended.CompareAndSwap(false, true) && reason != "" {
 			sp.g.met.spliceErrors.WithLabelValues(reason).Inc()
 		}
+	}
+	defer func() {
+		end()
 		// Pass the end on (TCP FIN / TLS close_notify) so the
 		// peer sees it without waiting for the grace period.
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
@@ -87,6 +91,14 @@ func (sp *splice) copyLoop(dst, src net.Conn, n *atomic.Uint64, bytes prometheus
 		if srcUnder != nil && err == nil && k > 0 && srcUnder.Buffered() > 0 {
 			k, err = drain(tsrc, buf, k)
 		}
+		if err != nil {
+			// The read's error ends the splice: counted now, before
+			// the bytes read ahead of it go on (a bad TLS record makes
+			// crypto/tls fail the connection's writes too, and the
+			// other direction's write could otherwise be first to end).
+			reason = spliceErrorReason(err)
+			end()
+		}
 		if k > 0 {
 			_ = dst.SetWriteDeadline(time.Now().Add(idle))
 			var werr error
@@ -96,14 +108,15 @@ func (sp *splice) copyLoop(dst, src net.Conn, n *atomic.Uint64, bytes prometheus
 				_, werr = dst.Write(buf[:k])
 			}
 			if werr != nil {
-				reason = "write"
+				if reason == "" {
+					reason = "write"
+				}
 				return
 			}
 			n.Add(uint64(k))
 			bytes.Add(float64(k))
 		}
 		if err != nil {
-			reason = spliceErrorReason(err)
 			return
 		}
 	}

@@ -13,19 +13,27 @@ import (
 // dispatcher's dispatch.WorkerStats. Bytes are whole messages of the session
 // (control frames included), as the backbone counted them.
 type WorkerJSON struct {
-	ID        string  `json:"id"`      // hex ed25519 public key
-	Session   string  `json:"session"` // hub session id
-	Connected bool    `json:"connected"`
-	Reason    string  `json:"reason,omitempty"` // why an ended session ended
-	Holdings  int     `json:"holdings"`         // (layer, expert) pairs accepted
-	Requests  uint64  `json:"requests"`         // DISPATCH frames sent
-	Rows      uint64  `json:"rows"`             // hidden rows in accepted RESULTs
-	Pairs     uint64  `json:"pairs"`            // (row, slot) outputs accepted
-	Timeouts  uint64  `json:"timeouts"`         // requests past their deadline
-	BytesIn   uint64  `json:"bytes_in"`         // worker -> backbone
-	BytesOut  uint64  `json:"bytes_out"`        // backbone -> worker
-	RTTp50ms  float64 `json:"rtt_p50_ms"`
-	RTTp99ms  float64 `json:"rtt_p99_ms"`
+	ID        string `json:"id"`      // hex ed25519 public key
+	Session   string `json:"session"` // hub session id
+	Connected bool   `json:"connected"`
+	Reason    string `json:"reason,omitempty"` // why an ended session ended
+	// Backend is where the worker computes, as its HELLO declares it
+	// ("cpu", "vulkan:<device>"); Tolerance is the relative error per
+	// output row its checks allow (0: exact bits, a CPU backend: a
+	// non-CPU worker's answers may change the logits' last bits).
+	Backend    string  `json:"backend"`
+	Tolerance  float64 `json:"tolerance"`
+	Checks     uint64  `json:"checks"`     // results verified against a local recomputation
+	Mismatches uint64  `json:"mismatches"` // checked results that differed (key banned)
+	Holdings   int     `json:"holdings"`   // (layer, expert) pairs accepted
+	Requests   uint64  `json:"requests"`   // DISPATCH frames sent
+	Rows       uint64  `json:"rows"`       // hidden rows in accepted RESULTs
+	Pairs      uint64  `json:"pairs"`      // (row, slot) outputs accepted
+	Timeouts   uint64  `json:"timeouts"`   // requests past their deadline
+	BytesIn    uint64  `json:"bytes_in"`   // worker -> backbone
+	BytesOut   uint64  `json:"bytes_out"`  // backbone -> worker
+	RTTp50ms   float64 `json:"rtt_p50_ms"`
+	RTTp99ms   float64 `json:"rtt_p99_ms"`
 	// Where the recent requests' time went (issue 19; dispatch.WorkerStats),
 	// medians in ms: the backbone's encode and link write, the worker's
 	// queue and compute (from its RESULTs), the wire (round trip less
@@ -43,6 +51,7 @@ func WorkersJSON(st dispatch.Stats) []WorkerJSON {
 	out := make([]WorkerJSON, 0, len(st.Workers))
 	for _, w := range st.Workers {
 		out = append(out, WorkerJSON{ID: w.ID, Session: w.Session, Connected: w.Connected, Reason: w.Reason,
+			Backend: w.Backend, Tolerance: w.Tolerance, Checks: w.Checks, Mismatches: w.Mismatches,
 			Holdings: w.Holdings, Requests: w.Requests, Rows: w.Rows, Pairs: w.Pairs, Timeouts: w.Timeouts,
 			BytesIn: w.BytesIn, BytesOut: w.BytesOut, RTTp50ms: w.RTTp50ms, RTTp99ms: w.RTTp99ms,
 			EncodeP50ms: w.EncodeP50ms, WriteP50ms: w.WriteP50ms, QueueP50ms: w.QueueP50ms,

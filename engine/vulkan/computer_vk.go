@@ -52,7 +52,7 @@ func cerr(buf *C.char) string { return C.GoString(buf) }
 func Devices() ([]Device, error) {
 	var errb [C.KV_ERRLEN]C.char
 	if C.kv_load(&errb[0]) != 0 {
-		return nil, fmt.Errorf("%w: %s", ErrNoLoader, cerr(&errb[0]))
+		return nil, fmt.Errorf("%w: %s", ErrNoLoader, strings.TrimPrefix(cerr(&errb[0]), "no Vulkan loader: "))
 	}
 	var infos [64]C.kv_devinfo
 	n := C.kv_devices(&infos[0], 64, &errb[0])
@@ -94,6 +94,9 @@ type Computer struct {
 	sumsB  []float32
 	// fault injection for tests: called before each submission.
 	inject func() error
+	// injectUpload (tests), if set, is called before each expert's
+	// upload; an error it returns stands for kv_upload's.
+	injectUpload func() error
 	// rowKernels: the row-per-lane matvec kernels (64 rows per
 	// workgroup) instead of the subgroup ones (8 rows per workgroup).
 	rowKernels bool
@@ -438,6 +441,25 @@ func (c *Computer) plan(local *expert.Local, sum func(layer, e int) ([32]byte, b
 			left += k.bytes
 		}
 	}
+	// noRoom leaves kept[i:]'s experts not yet uploaded to the CPU: the
+	// device (or the host memory an upload stages through) ran out, which
+	// is not a fault.
+	noRoom := func(i int, msg string) {
+		rest := 0
+		for _, k := range kept[i:] {
+			if !k.resident {
+				rest++
+			}
+		}
+		c.logf("vulkan: memory ran out (%s); %d experts run on the CPU", msg, rest)
+		c.stats.CPUExperts += rest
+		for _, k := range kept[i:] {
+			if k.resident {
+				c.stats.ResidentExperts++
+				c.stats.ResidentBytes += k.bytes
+			}
+		}
+	}
 	for i, k := range kept {
 		g := c.layers[k.layer]
 		if k.resident {
@@ -449,35 +471,39 @@ func (c *Computer) plan(local *expert.Local, sum func(layer, e int) ([32]byte, b
 		b := C.kv_weights(c.ctx, C.uint64_t(k.bytes), C.uint64_t(hint), &errb[0])
 		if b == nil {
 			msg := cerr(&errb[0])
-			if strings.Contains(msg, "OUT_OF_DEVICE_MEMORY") || strings.Contains(msg, "OUT_OF_HOST_MEMORY") {
-				rest := 0
-				for _, k := range kept[i:] {
-					if !k.resident {
-						rest++
-					}
-				}
-				c.logf("vulkan: device memory ran out (%s); %d experts run on the CPU", msg, rest)
-				c.stats.CPUExperts += rest
-				for _, k := range kept[i:] {
-					if k.resident {
-						c.stats.ResidentExperts++
-						c.stats.ResidentBytes += k.bytes
-					}
-				}
+			if outOfMemory(msg) {
+				noRoom(i, msg)
 				break
 			}
 			return fmt.Errorf("%w: %s", ErrDevice, msg)
+		}
+		g.buf[k.e] = b
+		var uerr string
+		if c.injectUpload != nil {
+			if err := c.injectUpload(); err != nil {
+				uerr = err.Error()
+			}
 		}
 		l := g.l
 		for _, part := range []struct {
 			off  uint32
 			data []byte
 		}{{g.gOff, l.Gate.Expert[k.e]}, {g.uOff, l.Up.Expert[k.e]}, {g.dOff, l.Down.Expert[k.e]}} {
+			if uerr != "" {
+				break
+			}
 			if C.kv_upload(c.ctx, b, C.uint64_t(part.off), unsafe.Pointer(unsafe.SliceData(part.data)), C.uint64_t(len(part.data)), &errb[0]) != 0 {
-				return fmt.Errorf("%w: upload: %s", ErrDevice, cerr(&errb[0]))
+				uerr = cerr(&errb[0])
 			}
 		}
-		g.buf[k.e] = b
+		if uerr != "" {
+			c.release(g, k.e)
+			if outOfMemory(uerr) {
+				noRoom(i, "upload: "+uerr)
+				break
+			}
+			return fmt.Errorf("%w: upload: %s", ErrDevice, uerr)
+		}
 		c.stats.UploadedBytes += k.bytes
 		g.known[k.e] = false
 		if sum != nil {
@@ -491,6 +517,12 @@ func (c *Computer) plan(local *expert.Local, sum func(layer, e int) ([32]byte, b
 		return fmt.Errorf("%w: upload: %s", ErrDevice, cerr(&errb[0]))
 	}
 	return nil
+}
+
+// outOfMemory reports whether a Vulkan error message is an allocation
+// that failed for want of device or host memory.
+func outOfMemory(msg string) bool {
+	return strings.Contains(msg, "OUT_OF_DEVICE_MEMORY") || strings.Contains(msg, "OUT_OF_HOST_MEMORY")
 }
 
 // blocks returns the number of device memory blocks holding weights
@@ -722,7 +754,9 @@ func (c *Computer) gpuPairs(layer int, g *gpuLayer, hidden []float32, ids []int3
 
 func (c *Computer) setFault(err error) error {
 	if c.fault == nil {
-		c.fault = fmt.Errorf("%w: %s: %v", ErrDevice, c.dev.Name, err)
+		// One "vulkan: device error" prefix, the device's name after it.
+		msg := strings.TrimPrefix(err.Error(), ErrDevice.Error()+": ")
+		c.fault = fmt.Errorf("%w: %s: %s", ErrDevice, c.dev.Name, msg)
 	}
 	return c.fault
 }

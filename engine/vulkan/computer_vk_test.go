@@ -663,3 +663,64 @@ func TestRebaseAfterFault(t *testing.T) {
 		}
 	}
 }
+
+// TestUploadOutOfMemory: an upload that fails for want of memory (the
+// staging buffer's host allocation, as under a process memory limit)
+// leaves that expert and the ones after it on the CPU, as a full device
+// does: no error, no fault, the CPU's bits for them and the experts
+// uploaded before still on the device. Any other upload error is a
+// device error.
+func TestUploadOutOfMemory(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(6, 6))
+	const nExpert, d, dff = 4, 256, 256
+	l := randLayer(t, rng, nExpert, d, dff, quant.Q8_0, quant.Q8_0, quant.Q8_0)
+	local, err := expert.NewLocal([]*expert.Layer{l}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu, err := Open(Options{Device: dev, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gpu.Close()
+	uploads := 0
+	gpu.injectUpload = func() error {
+		if uploads++; uploads >= 2 {
+			return errors.New("vkAllocateMemory (host): VK_ERROR_OUT_OF_DEVICE_MEMORY (-2) (injected)")
+		}
+		return nil
+	}
+	if err := gpu.Rebase(local, nil); err != nil {
+		t.Fatalf("Rebase with the second upload out of memory: %v", err)
+	}
+	if st := gpu.Stats(); st.ResidentExperts != 1 || st.CPUExperts != nExpert-1 || st.Fault != "" {
+		t.Fatalf("stats %+v: want 1 expert on the device, %d on the CPU, no fault", st, nExpert-1)
+	}
+	// Experts 1..3 (the CPU's) give the CPU's bits.
+	hidden, _ := randInput(rng, 2, 1, d, nExpert)
+	ids := []int32{1, 3}
+	want := make([]float32, 2*d)
+	got := make([]float32, 2*d)
+	if err := local.ComputeExperts(context.Background(), 0, hidden, ids, 2, 1, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := gpu.ComputeExperts(context.Background(), 0, hidden, ids, 2, 1, got); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("element %d: %v, want the CPU's %v", i, got[i], want[i])
+		}
+	}
+	// Another upload error is the device's.
+	gpu.injectUpload = func() error { return errors.New("VK_ERROR_DEVICE_LOST (injected)") }
+	l2 := randLayer(t, rng, nExpert, d, dff, quant.Q8_0, quant.Q8_0, quant.Q8_0)
+	local2, err := expert.NewLocal([]*expert.Layer{l2}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gpu.Rebase(local2, nil); !errors.Is(err, ErrDevice) {
+		t.Fatalf("Rebase with a lost device on upload: %v, want ErrDevice", err)
+	}
+}

@@ -598,7 +598,9 @@ func (cl *call) agree(f, o *ask) bool {
 	return true
 }
 
-// tryDecide decides g by the first full opinion another one agrees with.
+// tryDecide decides g by the first full opinion another one agrees with,
+// exact (CPU) opinions first: a GPU's answer that agrees within the
+// tolerance with a CPU holder's confirms it, and the CPU's bits are used.
 func (cl *call) tryDecide(g *qgroup) bool {
 	var done []*ask
 	for _, a := range g.asks {
@@ -606,6 +608,15 @@ func (cl *call) tryDecide(g *qgroup) bool {
 			done = append(done, a)
 		}
 	}
+	slices.SortStableFunc(done, func(a, b *ask) int {
+		switch {
+		case a.exact && !b.exact:
+			return -1
+		case b.exact && !a.exact:
+			return 1
+		}
+		return 0
+	})
 	for _, f := range done {
 		if f.digest {
 			continue

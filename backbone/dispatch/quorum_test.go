@@ -212,3 +212,23 @@ func TestQuorumLateHolderAskedAgain(t *testing.T) {
 		t.Fatalf("the call took %v: it waited for a new holder", el)
 	}
 }
+
+// TestQuorumPrefersCPUBits: under quorum a CPU holder and a GPU holder
+// (answers within the tolerance, not the bits) agree; the CPU holder's
+// exact outputs are the ones used, whichever answered first, so the
+// outputs stay bit-identical with a GPU in the pair, and nobody is caught.
+func TestQuorumPrefersCPUBits(t *testing.T) {
+	m := testModel()
+	s := newStack(t, m, 0, quorumCfg(nil))
+	s.startHolder(t, newFake(m), 0, 1, 2, 3)
+	s.startInProc(t, newScaled(m, 1e-4), holdings(m, 0, 1, 2, 3), backend("cuda-test"))
+	s.waitWorkers(t, 2)
+	rng := rand.New(rand.NewPCG(9, 10))
+	for i := 0; i < 20; i++ {
+		s.run(t, randomCall(t, m, rng, i%m.NLayer, 1+i%4)) // bit-identical to the CPU's
+	}
+	st := s.disp.Stats()
+	if st.Caught != 0 || st.QuorumAgreed == 0 || st.ExpertsRemote == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,4 +328,58 @@ func TestBackboneDownReason(t *testing.T) {
 		t.Fatalf("worker: state %v, last error %q", st.State, st.LastError)
 	}
 	t.Logf("worker: %s", st.LastError)
+}
+
+// nanDevice is a device's expert.Computer (expert.Faulter) whose outputs
+// hold a NaN until it is declared faulty; then it computes as the CPU.
+type nanDevice struct {
+	*fakeExperts
+	faulted atomic.Bool
+	why     atomic.Value // the Fault's error
+}
+
+func (c *nanDevice) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
+	if err := c.fakeExperts.ComputeExperts(ctx, layer, hidden, ids, n, k, out); err != nil {
+		return err
+	}
+	if !c.faulted.Load() {
+		out[len(out)/2] = float32(math.NaN())
+	}
+	return nil
+}
+
+func (c *nanDevice) Fault(err error) bool {
+	c.why.Store(err)
+	c.faulted.Store(true)
+	return true
+}
+
+// TestDeviceNaNFaults: a GPU worker whose device returns a NaN (and no
+// file to blame) answers ERROR, declares its device faulty
+// (expert.Faulter) and answers the next requests from the CPU path: the
+// first call's outputs are the backbone's own, the next ones the worker's,
+// all bit-identical, and nobody is banned. Before, it answered ERROR to
+// every request for good.
+func TestDeviceNaNFaults(t *testing.T) {
+	m := testModel()
+	s := newStack(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = -1, -1 })
+	dev := &nanDevice{fakeExperts: newFake(m)}
+	w := s.startInProc(t, dev, holdings(m, 0, 1, 2, 3), backend("vulkan:nan-test")).Worker
+	s.waitWorkers(t, 1)
+	rng := rand.New(rand.NewPCG(17, 18))
+	s.run(t, randomCall(t, m, rng, 0, 2))
+	if !dev.faulted.Load() {
+		t.Fatalf("the device was not declared faulty; worker's last error %q", w.Stats().LastError)
+	}
+	if le := w.Stats().LastError; !strings.Contains(le, "device is taken as faulty") {
+		t.Errorf("worker's last error %q, want the device fault named", le)
+	}
+	before := s.disp.Stats().ExpertsRemote
+	for i := 0; i < 4; i++ {
+		s.run(t, randomCall(t, m, rng, i%m.NLayer, 2))
+	}
+	st := s.disp.Stats()
+	if st.ExpertsRemote == before || st.Banned != 0 || st.Caught != 0 {
+		t.Fatalf("after the fault: remote %d (before %d), banned %d, caught %d", st.ExpertsRemote, before, st.Banned, st.Caught)
+	}
 }

@@ -60,6 +60,17 @@ type LayerDelegator interface {
 	DelegatesLayer(layer int, own Computer) bool
 }
 
+// Faulter is implemented by a Computer that may compute on a device and
+// fall back to the CPU path (engine/vulkan): Fault declares the device
+// faulty, err saying why, and every later call computes on the CPU, as
+// after a failed submission. It reports whether there was a device to
+// declare so (true also when it already was). A worker calls it when
+// outputs hold a NaN or Inf that no expert file explains (the files
+// verify): a device's bug, which the CPU path does not share.
+type Faulter interface {
+	Fault(err error) bool
+}
+
 // SumComputer is implemented by a Computer that can return each row's
 // router-weighted sum over its k slots instead of the k outputs, such as a
 // swarm dispatcher whose workers then send d floats per row instead of

@@ -151,6 +151,17 @@ func (s *Store) SetAccelerator(a Accelerator) error {
 	return s.rebaseLocked()
 }
 
+// Fault implements expert.Faulter for the accelerator, if it is one: its
+// device is taken as faulty and the CPU computes from then on. False
+// without one (the Store computes on the CPU).
+func (s *Store) Fault(err error) bool {
+	s.rw.RLock()
+	a := s.acc
+	s.rw.RUnlock()
+	f, ok := a.(expert.Faulter)
+	return ok && f.Fault(err)
+}
+
 // rebaseLocked hands the accelerator, if any, the held set (s.rw held for
 // writing, s.mu not held).
 func (s *Store) rebaseLocked() error {

@@ -752,6 +752,19 @@ func (c *Computer) gpuPairs(layer int, g *gpuLayer, hidden []float32, ids []int3
 	return nil
 }
 
+// Fault implements expert.Faulter: from now on every pair is computed on
+// the CPU, as after a failed submission; err says why (in Stats().Fault).
+// Later calls change nothing. It returns true.
+func (c *Computer) Fault(err error) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fault == nil {
+		c.setFault(err)
+		c.logf("%v; computing on the CPU from now on", c.fault)
+	}
+	return true
+}
+
 func (c *Computer) setFault(err error) error {
 	if c.fault == nil {
 		// One "vulkan: device error" prefix, the device's name after it.

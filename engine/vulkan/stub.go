@@ -41,3 +41,6 @@ func (c *Computer) Stats() Stats { return Stats{} }
 
 // Close does nothing in this build.
 func (c *Computer) Close() error { return nil }
+
+// Fault implements expert.Faulter: there is no device (false).
+func (c *Computer) Fault(error) bool { return false }

@@ -588,9 +588,26 @@ func (w *Worker) nonFinite(d *wire.Dispatch, v float32) *wire.Error {
 		if err != nil {
 			msg += " (" + err.Error() + ")"
 		}
+		if len(dropped) == 0 && err == nil {
+			msg += w.deviceFault(msg)
+		}
+	} else {
+		msg += w.deviceFault(msg)
 	}
 	w.setErr("compute: " + msg)
 	return &wire.Error{Request: d.Request, Code: wire.CodeInternal, Message: msg}
+}
+
+// deviceFault declares the worker's Computer faulty when it computes on a
+// device (expert.Faulter): non-finite outputs whose expert files verify
+// (or that no store can check) are the device's, and the CPU path answers
+// the next requests. It returns what to add to the error message.
+func (w *Worker) deviceFault(why string) string {
+	f, ok := w.cfg.Computer.(expert.Faulter)
+	if !ok || !f.Fault(errors.New("non-finite outputs: "+why)) {
+		return ""
+	}
+	return "; the device is taken as faulty: the CPU computes from now on"
 }
 
 // serve computes one DISPATCH, read whole at at: its m requested (row,

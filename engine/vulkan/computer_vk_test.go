@@ -724,3 +724,35 @@ func TestUploadOutOfMemory(t *testing.T) {
 		t.Fatalf("Rebase with a lost device on upload: %v, want ErrDevice", err)
 	}
 }
+
+// TestFaultDeclared: Fault (expert.Faulter, a worker's answer to NaN
+// outputs from the device) turns the Computer to the CPU path for good:
+// the CPU's bits, the reason in Stats, true returned.
+func TestFaultDeclared(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(8, 8))
+	const nExpert, d, dff = 4, 256, 256
+	l := randLayer(t, rng, nExpert, d, dff, quant.Q4_K, quant.Q4_K, quant.Q6_K)
+	gpu, cpu := newPair(t, []*expert.Layer{l}, Options{Device: dev})
+	var f expert.Faulter = gpu
+	if !f.Fault(errors.New("non-finite outputs (test)")) {
+		t.Fatal("Fault returned false")
+	}
+	hidden, ids := randInput(rng, 3, 2, d, nExpert)
+	want := make([]float32, 3*2*d)
+	got := make([]float32, 3*2*d)
+	if err := cpu.ComputeExperts(context.Background(), 0, hidden, ids, 3, 2, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := gpu.ComputeExperts(context.Background(), 0, hidden, ids, 3, 2, got); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("element %d: %v, want the CPU's %v", i, got[i], want[i])
+		}
+	}
+	if st := gpu.Stats(); !strings.Contains(st.Fault, "non-finite outputs (test)") || st.GPUPairs != 0 {
+		t.Errorf("stats %+v: want the fault recorded and no GPU pairs", st)
+	}
+}

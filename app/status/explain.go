@@ -79,7 +79,7 @@ func gatewayHint(code string) string {
 }
 
 // retryIn matches the worker's reason while it waits to redial
-// ("reconnecting in 1.234s: ...", "permanent: ...; retrying in 30s").
+// ("reconnecting in 1.234s: ...", "refused: ...; retrying in 30s (...)").
 var retryIn = regexp.MustCompile(`(?:reconnecting|retrying) in ([0-9.]+(?:ms|s|m)[0-9.ms]*)`)
 
 // DialReason is the reason to show while the worker redials after lastError

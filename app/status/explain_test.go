@@ -65,7 +65,7 @@ func TestExplainDial(t *testing.T) {
 	if got != "gw:443 refused the connection: the gateway is down or the address is wrong; retrying in 1.25s" {
 		t.Errorf("DialReason %q", got)
 	}
-	if got := DialReason("gw:443", "permanent: x; retrying in 30s", dial(untrusted)); !strings.HasSuffix(got, "; retrying in 30s") || !strings.HasPrefix(got, "TLS:") {
+	if got := DialReason("gw:443", "refused: x; retrying in 30s (the backoff's longest)", dial(untrusted)); !strings.HasSuffix(got, "; retrying in 30s") || !strings.HasPrefix(got, "TLS:") {
 		t.Errorf("DialReason permanent %q", got)
 	}
 	if got := DialReason("gw", "connecting", ""); got != "connecting" {

@@ -300,7 +300,7 @@ func TestOtherModelRefused(t *testing.T) {
 	waitFor(t, func() bool { return strings.Contains(w.Stats().LastError, want) })
 	time.Sleep(200 * time.Millisecond) // a fast retry would dial again within this
 	st := w.Stats()
-	if !strings.Contains(st.Reason, "permanent") || strings.Contains(st.LastError, "out of range") {
+	if !strings.Contains(st.Reason, "refused: ") || strings.Contains(st.LastError, "out of range") {
 		t.Fatalf("worker: reason %q, last error %q", st.Reason, st.LastError)
 	}
 	if n := s.hub.Upgrades(); n != 1 {

@@ -216,7 +216,7 @@ func (d *Dispatcher) hello(c *conn, msg []byte) string {
 	}
 	if !isCPUBackend(h.Backend) {
 		if d.cfg.Tolerance < 0 {
-			return fmt.Sprintf("backend %q is not a CPU backend (\"cpu\", \"cpu-*\"): this backbone accepts only exact workers", clipStr(h.Backend, 32))
+			return fmt.Sprintf("backend %q is not a CPU backend (\"cpu\", \"cpu-*\"): this backbone accepts only exact workers (run the worker with --backend cpu)", clipWords(h.Backend, 64))
 		}
 		c.tol = d.cfg.Tolerance
 	}

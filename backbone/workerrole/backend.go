@@ -51,7 +51,7 @@ func openQuotaBackend(spec string, log io.Writer) (*vulkan.Computer, string, sli
 }
 
 // deviceStatus is the status line's part about the device: "" for the
-// CPU, else " device_rows=N cpu_rows=M resident=R/E" (rows are (row,
+// CPU, else " device_pairs=N cpu_pairs=M resident=R/E" ((row,
 // expert) pairs computed on the device and by the CPU path; R of E held
 // experts in device memory) and " fault=..." after a device fault.
 func deviceStatus(c *vulkan.Computer) string {
@@ -59,7 +59,7 @@ func deviceStatus(c *vulkan.Computer) string {
 		return ""
 	}
 	st := c.Stats()
-	s := fmt.Sprintf(" device_rows=%d cpu_rows=%d resident=%d/%d", st.GPUPairs, st.CPUPairs, st.ResidentExperts,
+	s := fmt.Sprintf(" device_pairs=%d cpu_pairs=%d resident=%d/%d", st.GPUPairs, st.CPUPairs, st.ResidentExperts,
 		st.ResidentExperts+st.CPUExperts)
 	if st.Fault != "" {
 		s += fmt.Sprintf(" fault=%q", st.Fault)

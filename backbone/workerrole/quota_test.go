@@ -78,7 +78,7 @@ func TestQuotaWorkerVulkan(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	sw.Load(4, 20*time.Millisecond)
-	for lastInt(log.String(), "device_rows") <= 0 || sw.Disp.Stats().Checks == 0 {
+	for lastInt(log.String(), "device_pairs") <= 0 || sw.Disp.Stats().Checks == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no rows computed on the device, or none checked (checks %d); log:\n%s", sw.Disp.Stats().Checks, log)
 		}
@@ -95,6 +95,6 @@ func TestQuotaWorkerVulkan(t *testing.T) {
 	if !strings.Contains(log.String(), "backend "+want) {
 		t.Errorf("the start line does not name the backend; log:\n%s", log)
 	}
-	t.Logf("HELLO backend %q, %d experts held, %d results checked within the tolerance; last status: device_rows=%d cpu_rows=%d",
-		w.Backend, w.Holdings, st.Checks, lastInt(log.String(), "device_rows"), lastInt(log.String(), "cpu_rows"))
+	t.Logf("HELLO backend %q, %d experts held, %d results checked within the tolerance; last status: device_pairs=%d cpu_pairs=%d",
+		w.Backend, w.Holdings, st.Checks, lastInt(log.String(), "device_pairs"), lastInt(log.String(), "cpu_pairs"))
 }

@@ -82,7 +82,7 @@ func TestRefusedIsPermanent(t *testing.T) {
 		t.Fatalf("%d dials within BackoffMax/2 of a permanent refusal, want 1", n)
 	}
 	if !strings.Contains(st.LastError, reason) || !strings.Contains(st.LastError, "refused") ||
-		!strings.Contains(st.Reason, "permanent") || st.State != StateDialing {
+		!strings.Contains(st.Reason, "refused: ") || st.State != StateDialing {
 		t.Fatalf("stats: state %v reason %q last error %q", st.State, st.Reason, st.LastError)
 	}
 	time.Sleep(maxDelay)
@@ -115,7 +115,7 @@ func TestBackoffNotResetByFastFailures(t *testing.T) {
 	if !strings.Contains(st.LastError, "503") || !strings.Contains(st.LastError, "backbone unreachable") {
 		t.Fatalf("last error %q", st.LastError)
 	}
-	if strings.Contains(st.Reason, "permanent") {
+	if strings.Contains(st.Reason, "refused: ") {
 		t.Fatalf("503 reported as permanent: %q", st.Reason)
 	}
 }
@@ -137,7 +137,7 @@ func TestUnknownAuthorityHint(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if !strings.Contains(st.LastError, "pass --ca FILE with the gateway's certificate (or its CA)") ||
-		!strings.Contains(st.LastError, "x509") || !strings.Contains(st.Reason, "permanent") {
+		!strings.Contains(st.LastError, "x509") || !strings.Contains(st.Reason, "refused: ") {
 		t.Fatalf("state %v reason %q last error %q", st.State, st.Reason, st.LastError)
 	}
 }
@@ -219,7 +219,7 @@ func TestOtherVersionIsPermanent(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if !strings.Contains(st.LastError, "unsupported protocol version") || !strings.Contains(w.Stats().Reason, "permanent") || dials.Load() != 1 {
+	if !strings.Contains(st.LastError, "unsupported protocol version") || !strings.Contains(w.Stats().Reason, "refused: ") || dials.Load() != 1 {
 		t.Fatalf("dials %d, reason %q, last error %q", dials.Load(), w.Stats().Reason, st.LastError)
 	}
 }

@@ -500,7 +500,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		reason := fmt.Sprintf("reconnecting in %v: %s", delay.Round(time.Millisecond), msg)
 		if errors.Is(err, ErrRefused) {
 			delay, attempt = w.cfg.BackoffMax, 30
-			reason = fmt.Sprintf("permanent: %s; retrying in %v", msg, delay.Round(time.Millisecond))
+			reason = fmt.Sprintf("refused: %s; retrying in %v (the backoff's longest: a refusal lasts until the worker or the backbone changes)", msg, delay.Round(time.Millisecond))
 		}
 		w.log.Warn("worker: disconnected", "err", msg, "retry_in", delay.Round(time.Millisecond))
 		// The error and the reason change together: Stats never shows

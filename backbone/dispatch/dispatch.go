@@ -399,6 +399,7 @@ func (d *Dispatcher) Start() error {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
+		var wait time.Duration // backoff after failed accepts
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -407,12 +408,22 @@ func (d *Dispatcher) Start() error {
 					return
 				default:
 				}
-				if ne, ok := err.(net.Error); ok && ne.Timeout() {
-					continue
+				if errors.Is(err, net.ErrClosed) {
+					return
 				}
-				d.log.Error("dispatch: accept", "err", err)
-				return
+				// Out of file descriptors (EMFILE) and the like pass:
+				// back off and accept again, as net/http does, instead
+				// of leaving the swarm closed to workers for good.
+				wait = min(max(2*wait, 5*time.Millisecond), time.Second)
+				d.log.Error("dispatch: accept; retrying", "err", err, "in", wait)
+				select {
+				case <-d.stop:
+					return
+				case <-time.After(wait):
+				}
+				continue
 			}
+			wait = 0
 			d.wg.Add(1)
 			go func() { defer d.wg.Done(); d.serveLink(c) }()
 		}

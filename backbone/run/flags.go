@@ -31,6 +31,7 @@ type SwarmFlags struct {
 
 	ModelSource string        // --model-source: URL workers fetch expert bytes from
 	HolderWait  time.Duration // --holder-wait
+	AllowPublic bool          // --dispatch-allow-public
 
 	Verify dispatch.VerifyMode // --verify: spot | quorum (issue 20)
 	Hedge  bool                // --hedge: latency-aware replica choice and hedged requests (issue 19)
@@ -62,6 +63,7 @@ func AddSwarmFlags(fs *flag.FlagSet) *SwarmFlags {
 	fs.BoolVar(&sf.Hedge, "hedge", false, "with a swarm: send each request to one of the fastest holders of its experts and, when it is later than that holder's recent p95, the same pairs to a second holder; the first valid answer is used (checked as any other), the other's RESULT is not paid (spot verification only)")
 	fs.BoolVar(&sf.RowSums, "row-sums", true, "with a swarm: send a row whose k experts one worker holds to it as a DISPATCH_SUM, answered with the row's router-weighted sum (d floats instead of k x d; the same bits; under --verify quorum two full holders, the second answering with the sum's digest); false: every expert output travels")
 	fs.DurationVar(&sf.SpinWait, "spin-wait", dispatch.DefaultSpinWait, "with a swarm: while a step waits for workers, keep every CPU spinning at idle priority (SCHED_IDLE: it yields to any other thread) for up to this long, so that the answer is read and the next layers computed on CPUs that never halted (issue 19: 1.5-2.7 ms less per 13 ms round trip on a virtual machine); only while recent calls waited 2 ms or more on average (a LAN's sub-ms round trips ran slower with spinning); 0: off, the CPUs sleep. Linux builds with cgo only")
+	fs.BoolVar(&sf.AllowPublic, "dispatch-allow-public", false, "with a swarm: allow --dispatch-listen on a public address or on every interface; the hub's worker links to it are not authenticated (the hub vouches for each worker's key), so keep it on loopback or a private (LAN) address")
 	fs.DurationVar(&sf.HolderWait, "holder-wait", dispatch.DefaultHolderWait, "with a swarm: how long a step waits for a worker holding an expert the backbone cannot compute (backbone-only model) before the request fails (serve: 503 with Retry-After)")
 	return sf
 }
@@ -101,7 +103,7 @@ func (sf *SwarmFlags) Check() error {
 // config is the SwarmConfig of the flags for a dispatcher on listen
 // logging to log; the caller adds Workers and Listening.
 func (sf *SwarmFlags) Config(listen string, log *slog.Logger) SwarmConfig {
-	return SwarmConfig{Listen: listen, Logger: log, MinDeadline: sf.minDeadline,
+	return SwarmConfig{Listen: listen, AllowPublic: sf.AllowPublic, Logger: log, MinDeadline: sf.minDeadline,
 		Provision: sf.Provision, ProvisionRate: sf.rateBytes, Source: sf.ModelSource, HolderWait: sf.HolderWait, Tune: sf.tune}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"io"
 	"log/slog"
 	"net"
@@ -237,6 +238,19 @@ func TestStartSwarm(t *testing.T) {
 	if _, err := StartSwarm(context.Background(), m, SwarmConfig{Listen: "256.0.0.1:0", Logger: quiet}); err == nil {
 		t.Error("listening on a bad address succeeded")
 	}
+	// Every interface, or a public address, only with AllowPublic: the
+	// hub's links are not authenticated.
+	for _, public := range []string{"0.0.0.0:0", ":0", "[::]:0", "8.8.8.8:0"} {
+		_, err := StartSwarm(context.Background(), m, SwarmConfig{Listen: public, Logger: quiet})
+		if !errors.Is(err, hub.ErrPublic) || !strings.Contains(err.Error(), "--dispatch-allow-public") {
+			t.Errorf("%s: %v, want hub.ErrPublic naming --dispatch-allow-public", public, err)
+		}
+	}
+	d, err = StartSwarm(context.Background(), m, SwarmConfig{Listen: "0.0.0.0:0", AllowPublic: true, Logger: quiet})
+	if err != nil {
+		t.Fatalf("0.0.0.0:0 with AllowPublic: %v", err)
+	}
+	d.Close()
 }
 
 // TestBackboneOnlyModel: a backbone-only file loads with the full model's

@@ -9,14 +9,18 @@ import (
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
+	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 )
 
 // SwarmConfig configures StartSwarm.
 type SwarmConfig struct {
 	// Listen is the dispatcher's listen address (LAN host:port; port 0
-	// picks one) for the hub's worker links.
-	Listen string
+	// picks one) for the hub's worker links. It must be loopback or
+	// private (hub.CheckListenAddr) unless AllowPublic: the links are
+	// not authenticated.
+	Listen      string
+	AllowPublic bool
 	// Workers, if > 0, makes StartSwarm wait (bounded by its ctx) until
 	// that many workers are connected.
 	Workers int
@@ -72,6 +76,11 @@ type SwarmConfig struct {
 // WaitWorkers'. On error nothing is left running (a dispatcher whose Start
 // failed holds nothing).
 func StartSwarm(ctx context.Context, m *Model, c SwarmConfig) (*dispatch.Dispatcher, error) {
+	if err := hub.CheckListenAddr(c.Listen, c.AllowPublic); err != nil {
+		// Whoever reaches the listener can speak as any worker key (the
+		// hub's link preamble is the hub's word, docs/protocol.md).
+		return nil, fmt.Errorf("--dispatch-listen: %w (the hub's worker links are not authenticated: use a loopback or private address, or --dispatch-allow-public)", err)
+	}
 	cfg, err := dispatcherConfig(m, c)
 	if err != nil {
 		return nil, err

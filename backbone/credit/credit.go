@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
@@ -37,7 +38,16 @@ var (
 	// ErrConflict: another process moved the cursor between the read of the
 	// ledger and the transaction; the batch was not credited (retry).
 	ErrConflict = errors.New("credit: cursor moved concurrently")
+	// ErrLedgerBehind: the wallets' cursor names a ledger row the ledger
+	// does not hold (a ledger restored from an older backup, recreated,
+	// or another hub's): crediting from it would skip its rows up to the
+	// cursor for good, so it stops until the files match.
+	ErrLedgerBehind = errors.New("credit: the wallets were credited past this ledger's rows")
 )
+
+// cursorCheckEvery is how often an idle crediting pass checks that the
+// ledger holds the cursor's row (checkCursorRow).
+const cursorCheckEvery = 10 * time.Second
 
 // SchemaVersion of the wallets file, kept in PRAGMA user_version (SQLite)
 // and kvasir_schema_migrations (PostgreSQL, component "wallets").
@@ -69,6 +79,8 @@ type Service struct {
 	stats stats
 	// created: this Open made the store's signing seed (a new store).
 	created bool
+	// checked is when checkCursorRow last passed, unix ns (0: never).
+	checked atomic.Int64
 
 	// beforeCommit, when set (tests), runs inside the credit transaction
 	// just before COMMIT; an error aborts the transaction like a crash.
@@ -219,7 +231,29 @@ func (s *Service) PingLedger(ctx context.Context) error {
 	if _, err := s.src.Read(ctx, cur, 1); err != nil {
 		return err
 	}
-	return nil
+	return s.checkCursorRow(ctx, cur)
+}
+
+// checkCursorRow reports ErrLedgerBehind (wrapped, naming the cursor) when
+// the ledger does not hold row cur, the last one credited (cur > 0): the
+// ledger is not the one the wallets were credited from. Ledger ids only
+// grow and rows are never deleted, so the row of a matching ledger is
+// there. A ledger that has since grown past the cursor again is not
+// caught: the check runs at every readiness probe and every
+// cursorCheckEvery while crediting finds nothing new.
+func (s *Service) checkCursorRow(ctx context.Context, cur int64) error {
+	if cur <= 0 {
+		return nil
+	}
+	es, err := s.src.Read(ctx, cur-1, 1)
+	if err != nil {
+		return err
+	}
+	if len(es) == 1 && es[0].ID == cur {
+		s.checked.Store(s.now().UnixNano())
+		return nil
+	}
+	return fmt.Errorf("%w: the cursor is at ledger id %d, a row this ledger does not hold (restored from an older backup, recreated, or another hub's?); crediting stops until the wallets and the ledger match (docs/operating.md, Backups)", ErrLedgerBehind, cur)
 }
 
 // Result summarises one Credit call.
@@ -283,6 +317,11 @@ func (s *Service) creditBatch(ctx context.Context, p *pass) (Result, error) {
 		p.saw(cur, es)
 	}
 	if len(es) == 0 {
+		if time.Duration(s.now().UnixNano()-s.checked.Load()) >= cursorCheckEvery {
+			if err := s.checkCursorRow(ctx, cur); err != nil {
+				return Result{Cursor: cur}, err
+			}
+		}
 		return Result{Cursor: cur}, nil
 	}
 	per := map[string]*acc{}

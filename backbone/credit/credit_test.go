@@ -456,3 +456,56 @@ func TestRunLogsErrorOnce(t *testing.T) {
 		t.Errorf("lines %q", lines)
 	}
 }
+
+// TestLedgerBehindCursor: wallets credited up to ledger id 5, then opened
+// against a ledger that does not hold row 5 (an empty one, one of 3 rows:
+// restored from an older backup, or recreated) stop crediting with
+// ErrLedgerBehind, from Credit and from PingLedger (the gateway's
+// readiness), and the cursor stays: the new ledger's rows are not skipped
+// in silence. The wallets against their own ledger go on as before.
+func TestLedgerBehindCursor(t *testing.T) {
+	dir := t.TempDir()
+	l, s := openPair(t, dir, 7)
+	for i := range 5 {
+		if err := l.Append(ledger.Entry{SessionID: "s1", WorkerID: workerID(1), BytesIn: uint64(100 + i), Time: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Credit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := s.Cursor(); c != 5 {
+		t.Fatalf("cursor %d, want 5", c)
+	}
+	if err := s.PingLedger(context.Background()); err != nil {
+		t.Fatalf("PingLedger against its own ledger: %v", err)
+	}
+	s.Close()
+	other, err := ledger.Open(filepath.Join(dir, "other.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	s2, err := Open(Config{Path: filepath.Join(dir, "wallets.db"), Source: other, RateNKVRPerByte: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	for rows := 0; rows <= 3; rows += 3 {
+		for range rows {
+			if err := other.Append(ledger.Entry{SessionID: "s2", WorkerID: workerID(2), BytesIn: 1000, Time: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := s2.Credit(context.Background())
+		if !errors.Is(err, ErrLedgerBehind) || !strings.Contains(err.Error(), "ledger id 5") {
+			t.Errorf("ledger of %d rows: Credit = %v, want ErrLedgerBehind naming id 5", rows, err)
+		}
+		if err := s2.PingLedger(context.Background()); !errors.Is(err, ErrLedgerBehind) {
+			t.Errorf("ledger of %d rows: PingLedger = %v, want ErrLedgerBehind", rows, err)
+		}
+		if c, _ := s2.Cursor(); c != 5 {
+			t.Fatalf("cursor moved to %d", c)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -176,15 +177,33 @@ func runGateway(args []string) int {
 		}
 	}
 	var certsReady atomic.Int64 // domains whose certificate is obtained
+	var acmeMu sync.Mutex
+	acmeErr := map[string]string{} // domain -> the last failed order's error, until obtained
 	if acmeMgr != nil {
 		for _, d := range domains {
 			go func() {
-				c, err := gateway.ObtainCertificate(ctx, acmeMgr, d)
+				var logged string
+				var loggedAt time.Time
+				failed := func(err error) {
+					msg := err.Error()
+					acmeMu.Lock()
+					acmeErr[d] = msg
+					acmeMu.Unlock()
+					// Each new cause at once, the same one every 10 min.
+					if msg != logged || time.Since(loggedAt) >= 10*time.Minute {
+						log.Warn("gateway: ACME certificate not obtained yet; retrying", "domain", d, "err", err)
+						logged, loggedAt = msg, time.Now()
+					}
+				}
+				c, err := gateway.ObtainCertificate(ctx, acmeMgr, d, failed)
 				if err != nil {
 					log.Error("gateway: ACME certificate", "domain", d, "err", err)
 					return
 				}
 				certsReady.Add(1)
+				acmeMu.Lock()
+				delete(acmeErr, d)
+				acmeMu.Unlock()
 				exp := ""
 				if c.Leaf != nil {
 					exp = c.Leaf.NotAfter.UTC().Format(time.RFC3339)
@@ -197,6 +216,17 @@ func runGateway(args []string) int {
 	if acmeMgr != nil {
 		checks = append(checks, health.Check{Name: "certificate", Fn: func(context.Context) error {
 			if n := certsReady.Load(); n < int64(len(domains)) {
+				acmeMu.Lock()
+				defer acmeMu.Unlock()
+				var why []string
+				for _, d := range domains {
+					if e, ok := acmeErr[d]; ok {
+						why = append(why, d+": "+e)
+					}
+				}
+				if len(why) > 0 {
+					return fmt.Errorf("%d of %d ACME certificates obtained (%s)", n, len(domains), strings.Join(why, "; "))
+				}
 				return fmt.Errorf("%d of %d ACME certificates obtained", n, len(domains))
 			}
 			return nil

@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,5 +132,36 @@ func TestGatewaySelfSignedOut(t *testing.T) {
 	pool3.AppendCertsFromPEM(c3)
 	if err := handshake(addr3, pool3); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGatewayACMEFailureSaysWhy: a gateway whose ACME server cannot be
+// reached (a closed port) logs the order's real error at once and names it
+// in /readyz, instead of a silent start whose only later word was autocert's
+// "missing certificate".
+func TestGatewayACMEFailureSaysWhy(t *testing.T) {
+	dir := t.TempDir()
+	log := newTestLog(t)
+	closed := freePort(t)
+	p, err := demo.Start("gateway", log, []string{asBackbone}, backboneBin(t), "gateway", "--listen", "127.0.0.1:0",
+		"--hub", "127.0.0.1:1", "--secret-file", filepath.Join(dir, "hub-secret"), "--create-secret",
+		"--acme-domain", "gate.example.invalid", "--acme-cache", filepath.Join(dir, "acme"),
+		"--acme-directory", fmt.Sprintf("https://127.0.0.1:%d/dir", closed), "--metrics-listen", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop(5 * time.Second) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m, err := p.Await(ctx, regexp.MustCompile(`^gateway: metrics on http://(\S+)/metrics`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Await(ctx, regexp.MustCompile(`ACME certificate not obtained yet.*connection refused`)); err != nil {
+		t.Fatalf("no log line with the cause: %v\n%s", err, p.Tail(20))
+	}
+	code, body := httpGet(t, "http://"+m[1]+"/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "0 of 1 ACME certificates obtained") || !strings.Contains(body, "connection refused") {
+		t.Fatalf("/readyz %d: %s", code, body)
 	}
 }

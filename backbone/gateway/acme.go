@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/crypto/acme"
@@ -79,7 +80,12 @@ func ACME(c ACMEConfig) (*tls.Config, *autocert.Manager, error) {
 // listener: call it after Start) and retries every few seconds until ctx
 // ends. The gateway command calls it at start, so that the first worker
 // does not wait for the order and readiness (/readyz) can report it.
-func ObtainCertificate(ctx context.Context, m *autocert.Manager, domain string) (*tls.Certificate, error) {
+// failed, if set, receives each failed order's error (DNS, a refused
+// connection, the CA's refusal), the cause an operator needs: autocert
+// answers the retries within a minute of a failure with its
+// errMissingCert ("missing certificate"), which is not passed on.
+func ObtainCertificate(ctx context.Context, m *autocert.Manager, domain string, failed func(error)) (*tls.Certificate, error) {
+	var last error
 	for {
 		// An ECDSA-capable hello, as every current client sends (autocert
 		// bounds the order itself: 5 min).
@@ -92,9 +98,18 @@ func ObtainCertificate(ctx context.Context, m *autocert.Manager, domain string) 
 		if err == nil {
 			return c, nil
 		}
+		if !strings.Contains(err.Error(), "missing certificate") {
+			last = err
+			if failed != nil {
+				failed(err)
+			}
+		}
+		if last == nil {
+			last = err
+		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("gateway: ACME certificate for %s: %w (last error: %v)", domain, ctx.Err(), err)
+			return nil, fmt.Errorf("gateway: ACME certificate for %s: %w (last error: %v)", domain, ctx.Err(), last)
 		case <-time.After(3 * time.Second):
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -30,7 +31,8 @@ func runUp(args []string) int {
 	// and [gateway] the roles'.
 	printCfg := false
 	var file string
-	err := config.Parse(fs, "up", args, os.Stdout)
+	var upTable bytes.Buffer // [up] as --print-config prints it: written after the roles' checks pass
+	err := config.Parse(fs, "up", args, &upTable)
 	if errors.Is(err, config.ErrPrinted) {
 		printCfg = true
 	} else if err != nil {
@@ -52,11 +54,17 @@ func runUp(args []string) int {
 		}}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	var roles bytes.Buffer
+	// Every role's configuration is checked (its own --print-config)
+	// before anything starts: a typo in [hub] must not cost a model load.
+	if err := up.PrintConfig(ctx, cfg, &roles); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	if printCfg {
-		if err := up.PrintConfig(ctx, cfg, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
+		// Printed only when every role's configuration is good.
+		os.Stdout.Write(upTable.Bytes())
+		os.Stdout.Write(roles.Bytes())
 		return 0
 	}
 	if err := up.Run(ctx, cfg); err != nil {

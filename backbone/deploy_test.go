@@ -77,6 +77,27 @@ func TestDeployNetworkConfig(t *testing.T) {
 	if !strings.Contains(out, `hub = "127.0.0.1:27001"`) || !strings.Contains(out, `backbone = "127.0.0.1:27002"`) {
 		t.Errorf("up --print-config does not show up's wiring:\n%s", out)
 	}
+	// A typo in a role's table stops up before any role starts (the
+	// backbone would load its model first), and --print-config prints
+	// nothing of a configuration that is not good.
+	bad := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(bad, []byte(strings.Replace(toml, "listen = \"127.0.0.1:27001\"", "lisen = \"127.0.0.1:27001\"", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, extra := range [][]string{nil, {"--print-config"}} {
+		cmd := exec.Command(backboneBin(t), append([]string{"up", "--config", bad}, extra...)...)
+		cmd.Env = append(os.Environ(), asBackbone)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		start := time.Now()
+		err := cmd.Run()
+		if err == nil || !strings.Contains(stderr.String(), "lisen") || stdout.Len() != 0 || strings.Contains(stderr.String(), "[serve]") {
+			t.Errorf("up %v with a typo in [hub]: err %v, stdout %q, stderr %q", extra, err, stdout.String(), stderr.String())
+		}
+		if strings.Contains(stderr.String(), "dispatch listening") || time.Since(start) > 30*time.Second {
+			t.Errorf("up %v started a role before finding the typo:\n%s", extra, stderr.String())
+		}
+	}
 }
 
 // The Grafana dashboard is valid JSON and every metric its queries name is

@@ -19,6 +19,7 @@ package demo
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -83,7 +84,7 @@ func Start(name string, log io.Writer, env []string, bin string, args ...string)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
-			fmt.Fprintf(log, "[%s] %s\n", name, line)
+			fmt.Fprintln(log, prefixLine(name, line))
 			p.mu.Lock()
 			p.lines = append(p.lines, line)
 			if len(p.lines) > maxLines {
@@ -111,6 +112,21 @@ func Start(name string, log io.Writer, env []string, bin string, args ...string)
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// prefixLine is a child's output line as Start passes it on: "[name] line",
+// or, for a JSON object (a role run with log-format "json"), the object
+// with "role":name as its first field, so that the journal of `backbone
+// up` stays JSON per line.
+func prefixLine(name, line string) string {
+	if strings.HasPrefix(line, "{") && strings.HasSuffix(line, "}") && json.Valid([]byte(line)) {
+		role, _ := json.Marshal(name)
+		if strings.TrimSpace(line[1:len(line)-1]) == "" {
+			return `{"role":` + string(role) + `}`
+		}
+		return `{"role":` + string(role) + `,` + line[1:]
+	}
+	return "[" + name + "] " + line
 }
 
 // Pid is the child's process id.

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os/exec"
 	"regexp"
@@ -81,5 +82,26 @@ func TestStop(t *testing.T) {
 	case <-q.Done():
 	default:
 		t.Error("not done after Stop")
+	}
+}
+
+// TestPrefixLine: text lines get "[name] ", JSON objects a "role" field
+// (still one JSON object per line), anything else that looks like JSON but
+// is not stays text.
+func TestPrefixLine(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"hub: listening on 127.0.0.1:7001, ledger x", "[hub] hub: listening on 127.0.0.1:7001, ledger x"},
+		{`{"time":"t","level":"INFO","msg":"session started"}`, `{"role":"hub","time":"t","level":"INFO","msg":"session started"}`},
+		{`{}`, `{"role":"hub"}`},
+		{`{not json}`, `[hub] {not json}`},
+		{``, `[hub] `},
+	} {
+		got := prefixLine("hub", c.in)
+		if got != c.want {
+			t.Errorf("prefixLine(%q) = %q, want %q", c.in, got, c.want)
+		}
+		if strings.HasPrefix(c.want, "{") && !json.Valid([]byte(got)) {
+			t.Errorf("prefixLine(%q) = %q: not JSON", c.in, got)
+		}
 	}
 }

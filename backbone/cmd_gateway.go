@@ -71,7 +71,7 @@ func runGateway(args []string) int {
 	}
 	log, err := logs.logger(os.Stderr)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
+		fmt.Fprintln(os.Stderr, errLine("gateway", err))
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -141,14 +141,14 @@ func runGateway(args []string) int {
 	}
 	secret, err := loadSecret(*secretFile, *createSecret)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
+		fmt.Fprintln(os.Stderr, errLine("gateway", err))
 		return 1
 	}
 	reg := prometheus.NewRegistry()
 	credits.registry = reg
 	crediting, err := credits.start(context.Background(), *hubAddr, secret, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gateway: "+f+"\n", a...) })
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
+		fmt.Fprintln(os.Stderr, errLine("gateway", err))
 		return 1
 	}
 	defer crediting.Stop()

@@ -50,7 +50,7 @@ func runHub(args []string) int {
 	}
 	log, err := logs.logger(os.Stderr)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "hub:", err)
+		fmt.Fprintln(os.Stderr, errLine("hub", err))
 		return 2
 	}
 	if err := hub.CheckListenAddr(*listen, *allowPublic); errors.Is(err, hub.ErrPublic) {
@@ -60,7 +60,7 @@ func runHub(args []string) int {
 	}
 	secret, err := loadSecret(*secretFile, *createSecret)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "hub:", err)
+		fmt.Fprintln(os.Stderr, errLine("hub", err))
 		return 1
 	}
 	checks := []health.Check{health.Dial("backbone", *backbone)}
@@ -69,7 +69,7 @@ func runHub(args []string) int {
 	if *ledgerFile != "" {
 		l, err := ledger.Open(*ledgerFile)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "hub:", err)
+			fmt.Fprintln(os.Stderr, errLine("hub", err))
 			return 1
 		}
 		defer l.Close()

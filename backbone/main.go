@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -74,6 +75,17 @@ func main() {
 // daemons are the commands that run as services (under `backbone up`,
 // systemd, a supervisor): they ignore SIGPIPE.
 var daemons = map[string]bool{"hub": true, "gateway": true, "serve": true, "worker": true, "up": true}
+
+// errLine is "cmd: err" for a command's error line on stderr, without a
+// second "cmd: " when err's message already begins with it (the packages'
+// errors name themselves: "hub: secret file ...").
+func errLine(cmd string, err error) string {
+	msg := err.Error()
+	if strings.HasPrefix(msg, cmd+": ") {
+		return msg
+	}
+	return cmd + ": " + msg
+}
 
 // parseExit is a command's exit code for its flag set's Parse error: 0
 // after -h or --help (the usage was printed, as asked), 2 for a bad flag.

@@ -42,9 +42,10 @@ type sqliteStore struct {
 	db *sql.DB
 }
 
-// sqliteFile is the ledger's SQLite file: the schema on a new or empty
+// sqliteFile is the ledger's SQLite file (created 0600, as the wallets:
+// it names every worker key and its bytes): the schema on a new or empty
 // file, then a check that the entries table has the ledger's columns.
-var sqliteFile = sqlitestore.File{Kind: dbfile.Ledger, Prefix: "ledger", ErrSchema: ErrSchema, Schema: schema,
+var sqliteFile = sqlitestore.File{Kind: dbfile.Ledger, Prefix: "ledger", ErrSchema: ErrSchema, Schema: schema, Create: true,
 	Verify: `SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time FROM entries LIMIT 0`}
 
 // OpenSQLite opens (creating if needed) the ledger in the SQLite file at

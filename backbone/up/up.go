@@ -177,7 +177,11 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-ctx.Done():
 		return nil
 	case p := <-exited:
-		return fmt.Errorf("%w: %s (%v); its log ends:\n%s", ErrRoleExited, p.Name, p.Err(), p.Tail(20))
+		why := "exit status 0: a role stops only when stopped"
+		if err := p.Err(); err != nil {
+			why = err.Error()
+		}
+		return fmt.Errorf("%w: %s (%s); its log ends:\n%s", ErrRoleExited, p.Name, why, p.Tail(20))
 	}
 }
 

@@ -51,6 +51,7 @@ import (
 	"math"
 	"net"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -243,8 +244,9 @@ type Dispatcher struct {
 	index   map[uint64][]*conn
 	// layerFree[l]: no indexed worker holds any expert of layer l and
 	// Fallback holds them all (DelegatesLayer); rebuilt with index.
-	layerFree []bool
-	changed   chan struct{} // closed and replaced when the worker set changes
+	// localAll[l]: Fallback holds every expert of layer l (LocalHeld).
+	layerFree, localAll []bool
+	changed             chan struct{} // closed and replaced when the worker set changes
 
 	bans *Bans
 	spin bool // calls keep the CPUs spinning while they wait (Config.SpinWait, Start)
@@ -385,6 +387,13 @@ func New(cfg Config) (*Dispatcher, error) {
 		usage: make([]atomic.Uint64, m.NLayer*m.NExpert), rows: make([]atomic.Uint64, m.NLayer)}
 	d.lim = wire.Limits{D: m.D, K: m.K, NLayer: m.NLayer, NExpert: m.NExpert,
 		MaxRows: wire.MaxMessage / (4 * (m.D + m.K)), Floats: d.outs.Get}
+	d.localAll = make([]bool, m.NLayer)
+	for l := range d.localAll {
+		d.localAll[l] = cfg.Fallback != nil
+		for e := 0; e < m.NExpert && d.localAll[l]; e++ {
+			d.localAll[l] = d.localOK(l, e)
+		}
+	}
 	d.layerFree = d.freeLayers(d.index)
 	return d, nil
 }
@@ -504,14 +513,12 @@ func (d *Dispatcher) WaitWorkers(ctx context.Context, n int) error {
 }
 
 // freeLayers returns, per layer, whether no worker of idx holds any of its
-// experts and Fallback holds them all (localOK).
+// experts and Fallback holds them all (localAll): one pass over idx.
 func (d *Dispatcher) freeLayers(idx map[uint64][]*conn) []bool {
-	m := d.cfg.Model
-	free := make([]bool, m.NLayer)
-	for l := range free {
-		free[l] = d.cfg.Fallback != nil
-		for e := 0; e < m.NExpert && free[l]; e++ {
-			free[l] = len(idx[key(l, e)]) == 0 && d.localOK(l, e)
+	free := slices.Clone(d.localAll)
+	for k, cs := range idx {
+		if l := int(k >> 32); len(cs) > 0 && l < len(free) {
+			free[l] = false
 		}
 	}
 	return free

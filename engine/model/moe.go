@@ -144,7 +144,6 @@ func (m *Model) moe(ctx context.Context, il int, b *MoE, rows []Row) error {
 		}
 	case b.Shared != nil:
 		// Remote experts: compute the shared expert while they are away.
-
 		if ws.remote == nil {
 			ws.remote = make(chan error, 1)
 		}

@@ -242,27 +242,41 @@ func benchPreset(b *testing.B, p *presetOnce, preset, size string) *loadedModel 
 	return p.lm
 }
 
-// benchSteps decodes b.N greedy tokens one forward pass each on one
-// sequence (restarted every 256 positions), reports tok/s and returns the
-// median step's wall time.
+// benchDecoder decodes greedy tokens one forward pass each on one
+// sequence of m (restarted every 256 positions).
+type benchDecoder struct {
+	m      *model.Model
+	logits []float32
+	seq    *model.Sequence
+	tok    int32
+}
+
+func newBenchDecoder(m *model.Model) *benchDecoder {
+	return &benchDecoder{m: m, logits: make([]float32, m.Params().Vocab), seq: m.NewSequence(), tok: 1}
+}
+
+// step decodes one token and returns the forward pass's wall time.
+func (d *benchDecoder) step(b *testing.B) time.Duration {
+	if d.seq.Len() >= 256 {
+		d.seq = d.m.NewSequence()
+	}
+	t0 := time.Now()
+	if err := d.m.Forward(context.Background(), []model.Row{{Seq: d.seq, Token: d.tok, Pos: d.seq.Len(), Logits: true}}, d.logits); err != nil {
+		b.Fatal(err)
+	}
+	el := time.Since(t0)
+	d.tok = model.Greedy(d.logits)
+	return el
+}
+
+// benchSteps decodes b.N greedy tokens (benchDecoder), reports tok/s and
+// returns the median step's wall time.
 func benchSteps(b *testing.B, lm *loadedModel) time.Duration {
-	ctx := context.Background()
-	m := lm.m
-	logits := make([]float32, m.Params().Vocab)
-	seq := m.NewSequence()
-	tok := int32(1)
+	dec := newBenchDecoder(lm.m)
 	steps := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if seq.Len() >= 256 {
-			seq = m.NewSequence()
-		}
-		t0 := time.Now()
-		if err := m.Forward(ctx, []model.Row{{Seq: seq, Token: tok, Pos: seq.Len(), Logits: true}}, logits); err != nil {
-			b.Fatal(err)
-		}
-		steps = append(steps, time.Since(t0))
-		tok = model.Greedy(logits)
+		steps = append(steps, dec.step(b))
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
 	slices.Sort(steps)
@@ -284,11 +298,8 @@ const altBlock, altSkip = 20, 3
 // their difference is what the remote layer adds. tok/s counts the remote
 // steps only.
 func benchStepsAlternating(b *testing.B, lm *loadedModel, remote expert.Computer) (remoteP50, localP50 time.Duration) {
-	ctx := context.Background()
 	m := lm.m
-	logits := make([]float32, m.Params().Vocab)
-	seq := m.NewSequence()
-	tok := int32(1)
+	dec := newBenchDecoder(m)
 	var rem, loc []time.Duration
 	var remTotal time.Duration
 	remSteps := 0
@@ -303,15 +314,7 @@ func benchStepsAlternating(b *testing.B, lm *loadedModel, remote expert.Computer
 				m.SetExperts(nil)
 			}
 		}
-		if seq.Len() >= 256 {
-			seq = m.NewSequence()
-		}
-		t0 := time.Now()
-		if err := m.Forward(ctx, []model.Row{{Seq: seq, Token: tok, Pos: seq.Len(), Logits: true}}, logits); err != nil {
-			b.Fatal(err)
-		}
-		d := time.Since(t0)
-		tok = model.Greedy(logits)
+		d := dec.step(b)
 		if isRemote {
 			remTotal += d
 			remSteps++

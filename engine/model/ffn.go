@@ -22,6 +22,14 @@ func (m *Model) feedForward(f *FeedForward, n int) error {
 	if err := m.projectAll(x, n, proj{w: &f.Gate, y: ws.ffGate[:n*ff]}, proj{w: &f.Up, y: ws.ffUp[:n*ff]}); err != nil {
 		return err
 	}
+	return m.ffDown(f, n)
+}
+
+// ffDown is the rest of feedForward once the gate and up projections are
+// in ws.ffGate and ws.ffUp: silu(gate) * up, then f's down projection into
+// ws.ffOut.
+func (m *Model) ffDown(f *FeedForward, n int) error {
+	ws, d, ff := &m.ws, m.p.Embd, f.Gate.Rows
 	expert.SwiGLU(ws.ffGate[:n*ff], ws.ffGate[:n*ff], ws.ffUp[:n*ff])
 	return m.project(ws.ffGate[:n*ff], n, &f.Down, ws.ffOut[:n*d])
 }

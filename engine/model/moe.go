@@ -214,10 +214,7 @@ func (m *Model) shared(s *SharedExpert, n int) error {
 // ws.ffGate and ws.ffUp: silu(gate) * up, the down projection into
 // ws.ffOut, the gating. Same bits as shared.
 func (m *Model) sharedFrom(s *SharedExpert, n int) error {
-	ws, d, ff := &m.ws, m.p.Embd, s.Gate.Rows
-	h := ws.ffGate[:n*ff]
-	expert.SwiGLU(h, h, ws.ffUp[:n*ff])
-	if err := m.project(h, n, &s.Down, ws.ffOut[:n*d]); err != nil {
+	if err := m.ffDown(&s.FeedForward, n); err != nil {
 		return err
 	}
 	m.gateShared(s, n)

@@ -334,6 +334,25 @@ func TestQuota(t *testing.T) {
 	}
 }
 
+// sameAsCPU computes the n x k pairs with gpu and with cpu and fails t
+// unless every output has the CPU's bits (gpu on its CPU path).
+func sameAsCPU(t *testing.T, gpu, cpu expert.Computer, layer, d int, hidden []float32, ids []int32, n, k int) {
+	t.Helper()
+	want := make([]float32, n*k*d)
+	got := make([]float32, n*k*d)
+	if err := cpu.ComputeExperts(context.Background(), layer, hidden, ids, n, k, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := gpu.ComputeExperts(context.Background(), layer, hidden, ids, n, k, got); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("element %d: %v, want the CPU's %v", i, got[i], want[i])
+		}
+	}
+}
+
 // TestFault: a failed submission turns the Computer to the CPU path, whose
 // results are expert.Local's bits, for that call and all later ones.
 func TestFault(t *testing.T) {
@@ -345,19 +364,7 @@ func TestFault(t *testing.T) {
 	gpu.inject = func() error { return errors.New("VK_ERROR_DEVICE_LOST (injected)") }
 	for range 2 {
 		hidden, ids := randInput(rng, 3, 2, d, nExpert)
-		want := make([]float32, 3*2*d)
-		got := make([]float32, 3*2*d)
-		if err := cpu.ComputeExperts(context.Background(), 0, hidden, ids, 3, 2, want); err != nil {
-			t.Fatal(err)
-		}
-		if err := gpu.ComputeExperts(context.Background(), 0, hidden, ids, 3, 2, got); err != nil {
-			t.Fatal(err)
-		}
-		for i := range want {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("element %d: %v, want the CPU's %v", i, got[i], want[i])
-			}
-		}
+		sameAsCPU(t, gpu, cpu, 0, d, hidden, ids, 3, 2)
 	}
 	st := gpu.Stats()
 	if !strings.Contains(st.Fault, "DEVICE_LOST") {
@@ -699,20 +706,7 @@ func TestUploadOutOfMemory(t *testing.T) {
 	}
 	// Experts 1..3 (the CPU's) give the CPU's bits.
 	hidden, _ := randInput(rng, 2, 1, d, nExpert)
-	ids := []int32{1, 3}
-	want := make([]float32, 2*d)
-	got := make([]float32, 2*d)
-	if err := local.ComputeExperts(context.Background(), 0, hidden, ids, 2, 1, want); err != nil {
-		t.Fatal(err)
-	}
-	if err := gpu.ComputeExperts(context.Background(), 0, hidden, ids, 2, 1, got); err != nil {
-		t.Fatal(err)
-	}
-	for i := range want {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			t.Fatalf("element %d: %v, want the CPU's %v", i, got[i], want[i])
-		}
-	}
+	sameAsCPU(t, gpu, local, 0, d, hidden, []int32{1, 3}, 2, 1)
 	// Another upload error is the device's.
 	gpu.injectUpload = func() error { return errors.New("VK_ERROR_DEVICE_LOST (injected)") }
 	l2 := randLayer(t, rng, nExpert, d, dff, quant.Q8_0, quant.Q8_0, quant.Q8_0)
@@ -739,19 +733,7 @@ func TestFaultDeclared(t *testing.T) {
 		t.Fatal("Fault returned false")
 	}
 	hidden, ids := randInput(rng, 3, 2, d, nExpert)
-	want := make([]float32, 3*2*d)
-	got := make([]float32, 3*2*d)
-	if err := cpu.ComputeExperts(context.Background(), 0, hidden, ids, 3, 2, want); err != nil {
-		t.Fatal(err)
-	}
-	if err := gpu.ComputeExperts(context.Background(), 0, hidden, ids, 3, 2, got); err != nil {
-		t.Fatal(err)
-	}
-	for i := range want {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			t.Fatalf("element %d: %v, want the CPU's %v", i, got[i], want[i])
-		}
-	}
+	sameAsCPU(t, gpu, cpu, 0, d, hidden, ids, 3, 2)
 	if st := gpu.Stats(); !strings.Contains(st.Fault, "non-finite outputs (test)") || st.GPUPairs != 0 {
 		t.Errorf("stats %+v: want the fault recorded and no GPU pairs", st)
 	}

@@ -29,6 +29,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -168,10 +169,19 @@ func valueString(v any) (string, error) {
 	return "", fmt.Errorf("unsupported value %v (%T): use a string, number, boolean or array", v, v)
 }
 
+// Secret names the flags whose values Print never writes (a bearer key):
+// a set one is printed as a comment saying so, and applying the output
+// again leaves it at its default (the environment variable, for
+// --api-key).
+var Secret = map[string]bool{"api-key": true}
+
 // Print writes the values of every flag of fs (but --config and
 // --print-config) as the TOML table section, sorted by name, each with its
 // usage as a comment. Applied again (Apply) the output gives the same
-// settings.
+// settings, except for what is not printed: the flags in Secret, and the
+// password of a URL value (postgres://user:PASSWORD@host, shown as
+// "xxxxx", url.URL.Redacted) or of a key=value connection string
+// (password=..., shown as password=xxxxx).
 func Print(w io.Writer, fs *flag.FlagSet, section string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[%s]\n", section)
@@ -188,10 +198,47 @@ func Print(w io.Writer, fs *flag.FlagSet, section string) error {
 			fmt.Fprintf(&b, "# %s = (its default)\n", f.Name) // a flag.Func that cannot show its value
 			return
 		}
-		fmt.Fprintf(&b, "%s = %s\n", f.Name, literal(f.Value))
+		if Secret[f.Name] {
+			if f.Value.String() == "" {
+				fmt.Fprintf(&b, "%s = \"\"\n", f.Name)
+			} else {
+				fmt.Fprintf(&b, "# %s = (set; a secret, not printed)\n", f.Name)
+			}
+			return
+		}
+		lit := literal(f.Value)
+		if r, ok := redactPassword(f.Value.String()); ok {
+			lit = strconv.Quote(r)
+		}
+		fmt.Fprintf(&b, "%s = %s\n", f.Name, lit)
 	})
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// redactPassword returns v with the password of a URL (scheme://user:pw@)
+// or of a libpq key=value string (password=pw) replaced by "xxxxx", and
+// whether v held one.
+func redactPassword(v string) (string, bool) {
+	if u, err := url.Parse(v); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			return u.Redacted(), true
+		}
+	}
+	if !strings.Contains(v, "password=") || strings.Contains(v, "://") {
+		return v, false
+	}
+	fields := strings.Fields(v)
+	found := false
+	for i, f := range fields {
+		if strings.HasPrefix(f, "password=") {
+			fields[i], found = "password=xxxxx", true
+		}
+	}
+	if !found {
+		return v, false
+	}
+	return strings.Join(fields, " "), true
 }
 
 // literal is a flag's value as a TOML literal: booleans and numbers bare,

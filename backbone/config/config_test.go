@@ -137,3 +137,29 @@ func TestPrintRoundTrip(t *testing.T) {
 		t.Fatalf("round trip: %+v != %+v", w, v)
 	}
 }
+
+// --print-config never shows a secret: --api-key's value and the password
+// of a ledger URL or key=value connection string are left out, the rest
+// of each value kept.
+func TestPrintRedactsSecrets(t *testing.T) {
+	for _, tc := range []struct{ ledger, want string }{
+		{"postgres://kvasir:s3cretpw@db.lan/kvasir", `ledger = "postgres://kvasir:xxxxx@db.lan/kvasir"`},
+		{"host=db.lan user=kvasir password=s3cretpw dbname=k", `ledger = "host=db.lan user=kvasir password=xxxxx dbname=k"`},
+		{"postgres://kvasir@db.lan/kvasir", `ledger = "postgres://kvasir@db.lan/kvasir"`},
+		{"hub-ledger.sqlite", `ledger = "hub-ledger.sqlite"`},
+	} {
+		fs := flag.NewFlagSet("hub", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		key := fs.String("api-key", "", "bearer key")
+		fs.String("ledger", "", "ledger")
+		var out bytes.Buffer
+		err := Parse(fs, "hub", []string{"--api-key", "s3cretpw", "--ledger", tc.ledger, "--print-config"}, &out)
+		if !errors.Is(err, ErrPrinted) || *key != "s3cretpw" {
+			t.Fatalf("err %v, key %q", err, *key)
+		}
+		if strings.Contains(out.String(), "s3cretpw") || !strings.Contains(out.String(), tc.want+"\n") ||
+			!strings.Contains(out.String(), "# api-key = (set; a secret, not printed)\n") {
+			t.Fatalf("printed:\n%s", out.String())
+		}
+	}
+}

@@ -71,6 +71,13 @@ func TestServeSecondSignal(t *testing.T) {
 		t.Fatalf("serve exited %v within a second of the first SIGTERM, with a request in flight (no drain)\n%s", srv.Err(), srv.Tail(20))
 	case <-time.After(time.Second):
 	}
+	// The operator is told that it drains, and what.
+	lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, err = srv.Await(lctx, regexp.MustCompile(`msg="shutting down: [^"]*" why=signal active=1 `))
+	lcancel()
+	if err != nil {
+		t.Fatalf("no shutdown line naming the request in flight: %v\n%s", err, srv.Tail(20))
+	}
 	start := time.Now()
 	if err := srv.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -278,19 +278,27 @@ func ServeAPI(ctx context.Context, lm *Model, ex *APIExperts, o APIOptions, log 
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
+	why := "signal"
 	select {
 	case <-ctx.Done():
 	case <-enough:
+		why = "--serve-requests answered"
 	case err := <-served:
 		return err
 	}
 	// Let in-flight requests finish for a while, then end the rest
 	// (serve.Server.Shutdown: error event and [DONE], or 503).
+	st := s.Stats()
+	log.Info("shutting down: no new requests; active generations run on, then end", "why", why,
+		"active", st.Active, "queued_refused", st.Queued, "drain", serve.DefaultShutdownDrain)
+	t0 := time.Now()
 	sctx, cancel := context.WithTimeout(context.Background(), serve.DefaultShutdownDrain)
 	defer cancel()
-	if err := s.Shutdown(sctx, hs); err != nil {
+	err = s.Shutdown(sctx, hs)
+	if err != nil {
 		log.Warn("shutdown", "err", err)
 	}
+	log.Info("stopped", "took", time.Since(t0).Round(time.Millisecond), "drained", sctx.Err() == nil)
 	return nil
 }
 

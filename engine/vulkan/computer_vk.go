@@ -624,6 +624,12 @@ func (c *Computer) ComputeExperts(ctx context.Context, layer int, hidden []float
 		c.count(0, len(cpu))
 		return local.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
 	}
+	// A submission cannot be recalled once made: a request already
+	// cancelled (its caller gone, the worker's link closed) is not
+	// submitted at all.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	d := l.DModel
 	var wg sync.WaitGroup
 	var cpuErr error

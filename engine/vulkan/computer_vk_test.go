@@ -377,6 +377,31 @@ func TestFault(t *testing.T) {
 	}
 }
 
+// TestCancelled: a request whose context is already done is not
+// submitted to the device: it returns the context's error and counts no
+// pairs; the next request computes as before.
+func TestCancelled(t *testing.T) {
+	dev := testDevice(t)
+	rng := rand.New(rand.NewPCG(6, 6))
+	const nExpert, d, dff = 4, 256, 256
+	l := randLayer(t, rng, nExpert, d, dff, quant.Q8_0, quant.Q8_0, quant.Q8_0)
+	gpu, cpu := newPair(t, []*expert.Layer{l}, Options{Device: dev})
+	hidden, ids := randInput(rng, 3, 2, d, nExpert)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	before := gpu.Stats()
+	if err := gpu.ComputeExperts(ctx, 0, hidden, ids, 3, 2, make([]float32, 3*2*d)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled request: %v, want context.Canceled", err)
+	}
+	if after := gpu.Stats(); after.GPUPairs != before.GPUPairs || after.CPUPairs != before.CPUPairs {
+		t.Fatalf("a cancelled request computed pairs: %+v -> %+v", before, after)
+	}
+	compare(t, "after a cancelled request", gpu, cpu, 0, d, hidden, ids, 3, 2)
+	if gpu.Stats().GPUPairs == before.GPUPairs {
+		t.Fatalf("the next request ran no pair on the device: %+v", gpu.Stats())
+	}
+}
+
 // TestNoLoader runs itself in a child process whose KVASIR_VULKAN_LIBRARY
 // names a missing file: Devices and New fail with ErrNoLoader, and "auto"
 // resolves to the CPU.

@@ -18,7 +18,10 @@
 // file. A key that names no flag of the command is an error (a typo is never
 // silently ignored). Values may be TOML strings, integers, floats,
 // booleans (durations and byte counts as strings: "30s", "4GiB") or arrays,
-// which are joined with commas for the list flags (--layers 0,1).
+// which are joined with commas for the list flags (--layers 0,1). The kind
+// must fit the flag: a boolean flag takes true or false, a number flag an
+// unquoted number, a duration a string; anything else is an error naming
+// the key (checkKind).
 //
 // --print-config prints the command's resulting settings (file, then
 // flags) as a TOML table and exits: what the role would run with.
@@ -133,6 +136,9 @@ func Apply(fs *flag.FlagSet, path, section string) error {
 		if given[k] {
 			continue // the command line wins
 		}
+		if err := checkKind(f, t[k]); err != nil {
+			return fmt.Errorf("config %s: [%s] %s = %v: %w", path, section, k, tomlShow(t[k]), err)
+		}
 		s, err := valueString(t[k])
 		if err != nil {
 			return fmt.Errorf("config %s: [%s] %s: %w", path, section, k, err)
@@ -142,6 +148,55 @@ func Apply(fs *flag.FlagSet, path, section string) error {
 		}
 	}
 	return nil
+}
+
+// checkKind refuses a TOML value of the wrong kind for flag f, where the
+// flag's type is known (flag.Getter): a boolean flag takes true or false
+// (not 1, not "yes"), a whole-number flag a TOML integer, a number flag an
+// integer or float, a duration flag a string ("30s"); an array only goes
+// to a flag whose value is text (a list such as layers = [0, 1]). Flags of
+// other types take what valueString writes, and refuse it themselves.
+func checkKind(f *flag.Flag, v any) error {
+	var want any
+	if g, ok := f.Value.(flag.Getter); ok {
+		want = g.Get()
+	}
+	_, isArray := v.([]any)
+	switch want.(type) {
+	case bool:
+		if _, ok := v.(bool); !ok {
+			return errors.New("want true or false (a TOML boolean)")
+		}
+	case int, int64, uint, uint64:
+		if _, ok := v.(int64); !ok {
+			return errors.New("want a whole number (a TOML integer, not quoted)")
+		}
+	case float64:
+		switch v.(type) {
+		case int64, float64:
+		default:
+			return errors.New("want a number (not quoted)")
+		}
+	case time.Duration:
+		if _, ok := v.(string); !ok {
+			return errors.New(`want a duration with its unit, as a string: "30s", "5m"`)
+		}
+	default:
+		if isArray {
+			if _, text := want.(string); want != nil && !text {
+				return errors.New("not a list: want a single value")
+			}
+		}
+	}
+	return nil
+}
+
+// tomlShow is v as the file wrote it, near enough for an error message.
+func tomlShow(v any) string {
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v)
 }
 
 // valueString is a TOML value as a flag's command-line text.

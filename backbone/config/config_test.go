@@ -163,3 +163,35 @@ func TestPrintRedactsSecrets(t *testing.T) {
 		}
 	}
 }
+
+// A value of the wrong TOML kind for a typed flag is refused with the key
+// and what it wants, rather than converted (allow-public = 1 used to mean
+// true); the right kinds, and lists for text flags, still go through.
+func TestValueKinds(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"allow-public = 1", "want true or false"},
+		{`allow-public = "yes"`, "want true or false"},
+		{`settle-results = "64"`, "want a whole number"},
+		{"settle-results = 6.5", "want a whole number"},
+		{`rate = "2.5"`, "want a number"},
+		{"settle = 30", "want a duration"},
+		{"allow-public = [true]", "want true or false"},
+		{"settle-results = [1, 2]", "want a whole number"},
+	} {
+		var v vals
+		err := Parse(newFS(&v), "hub", []string{"--config", write(t, "[hub]\n"+tc.body+"\n")}, io.Discard)
+		key := strings.Fields(tc.body)[0]
+		if err == nil || !strings.Contains(err.Error(), "[hub] "+key) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want one naming %s and %q", tc.body, err, key, tc.want)
+		}
+	}
+	var v vals
+	body := "[hub]\nallow-public = true\nsettle-results = 7\nrate = 3\nsettle = \"2s\"\nlayers = [0, 1]\nverify = \"quorum\"\n"
+	if err := Parse(newFS(&v), "hub", []string{"--config", write(t, body)}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	want := vals{listen: "127.0.0.1:7001", settle: 2 * time.Second, n: 7, rate: 3, public: true, layers: "0,1", mode: "quorum"}
+	if v != want {
+		t.Fatalf("got %+v, want %+v", v, want)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"sort"
@@ -49,8 +50,10 @@ var (
 // ledger holds the cursor's row (checkCursorRow).
 const cursorCheckEvery = 10 * time.Second
 
-// SchemaVersion of the wallets file, kept in PRAGMA user_version (SQLite)
-// and kvasir_schema_migrations (PostgreSQL, component "wallets").
+// SchemaVersion of the wallets SQLite file, kept in PRAGMA user_version
+// (the cursor row's fingerprint is a meta key there). The PostgreSQL
+// schema's version, in kvasir_schema_migrations (component "wallets"), is
+// len(Migrations).
 const SchemaVersion = 1
 
 // DefaultBatch is the number of ledger rows credited per transaction.
@@ -231,29 +234,52 @@ func (s *Service) PingLedger(ctx context.Context) error {
 	if _, err := s.src.Read(ctx, cur, 1); err != nil {
 		return err
 	}
-	return s.checkCursorRow(ctx, cur)
+	return s.checkCursorRow(ctx)
+}
+
+// RowPrint is the fingerprint of a ledger row that the wallets store
+// keeps with the cursor: the SHA-256 of its id, session, worker and byte
+// counts (not its time, which the two ledger backends keep at different
+// precisions). Session ids are unique per bridged connection, so a row of
+// another ledger at the same id has another print.
+func RowPrint(e ledger.Entry) []byte {
+	h := sha256.New()
+	fmt.Fprintf(h, "kvasir ledger row\x00%d\x00%s\x00%s\x00%d\x00%d\x00%d\x00%t\x00%d",
+		e.ID, e.SessionID, e.WorkerID, e.BytesIn, e.BytesOut, e.RejectedBytes, e.Final, e.Seq)
+	return h.Sum(nil)
 }
 
 // checkCursorRow reports ErrLedgerBehind (wrapped, naming the cursor) when
-// the ledger does not hold row cur, the last one credited (cur > 0): the
-// ledger is not the one the wallets were credited from. Ledger ids only
-// grow and rows are never deleted, so the row of a matching ledger is
-// there. A ledger that has since grown past the cursor again is not
-// caught: the check runs at every readiness probe and every
-// cursorCheckEvery while crediting finds nothing new.
-func (s *Service) checkCursorRow(ctx context.Context, cur int64) error {
+// the ledger does not hold row cur, the last one credited (cur > 0), or
+// holds another row there than the one credited (its RowPrint differs
+// from the one stored with the cursor): the ledger is not the one the
+// wallets were credited from (a backup restored and grown past the cursor
+// again, another hub's). Ledger ids only grow and rows never change, so
+// the row of a matching ledger is there, the same. A cursor stored before
+// fingerprints (print nil) is checked for the row's presence only, until
+// the next credit stores one. The check runs at every readiness probe and
+// at least every cursorCheckEvery while crediting.
+func (s *Service) checkCursorRow(ctx context.Context) error {
+	cur, print, err := s.st.CursorRow(ctx)
+	if err != nil {
+		return fmt.Errorf("wallets store (%s): %w", s.st.Kind(), err)
+	}
 	if cur <= 0 {
+		s.checked.Store(s.now().UnixNano())
 		return nil
 	}
 	es, err := s.src.Read(ctx, cur-1, 1)
 	if err != nil {
 		return err
 	}
-	if len(es) == 1 && es[0].ID == cur {
-		s.checked.Store(s.now().UnixNano())
-		return nil
+	if len(es) != 1 || es[0].ID != cur {
+		return fmt.Errorf("%w: the cursor is at ledger id %d, a row this ledger does not hold (restored from an older backup, recreated, or another hub's?); crediting stops until the wallets and the ledger match (docs/operating.md, Backups)", ErrLedgerBehind, cur)
 	}
-	return fmt.Errorf("%w: the cursor is at ledger id %d, a row this ledger does not hold (restored from an older backup, recreated, or another hub's?); crediting stops until the wallets and the ledger match (docs/operating.md, Backups)", ErrLedgerBehind, cur)
+	if print != nil && !bytes.Equal(print, RowPrint(es[0])) {
+		return fmt.Errorf("%w: the cursor is at ledger id %d, and this ledger's row %d (session %s, worker %s) is not the row credited (a ledger restored from an older backup and grown again, or another hub's?); crediting stops until the wallets and the ledger match (docs/operating.md, Backups)", ErrLedgerBehind, cur, cur, es[0].SessionID, es[0].WorkerID)
+	}
+	s.checked.Store(s.now().UnixNano())
+	return nil
 }
 
 // Result summarises one Credit call.
@@ -309,6 +335,11 @@ func (s *Service) creditBatch(ctx context.Context, p *pass) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	if time.Duration(s.now().UnixNano()-s.checked.Load()) >= cursorCheckEvery {
+		if err := s.checkCursorRow(ctx); err != nil {
+			return Result{Cursor: cur}, err
+		}
+	}
 	es, err := s.src.Read(ctx, cur, s.batch)
 	if err != nil {
 		return Result{Cursor: cur}, fmt.Errorf("credit: read ledger after %d: %w", cur, err)
@@ -317,11 +348,6 @@ func (s *Service) creditBatch(ctx context.Context, p *pass) (Result, error) {
 		p.saw(cur, es)
 	}
 	if len(es) == 0 {
-		if time.Duration(s.now().UnixNano()-s.checked.Load()) >= cursorCheckEvery {
-			if err := s.checkCursorRow(ctx, cur); err != nil {
-				return Result{Cursor: cur}, err
-			}
-		}
 		return Result{Cursor: cur}, nil
 	}
 	per := map[string]*acc{}
@@ -348,7 +374,7 @@ func (s *Service) creditBatch(ctx context.Context, p *pass) (Result, error) {
 		}
 	}
 	last := es[len(es)-1].ID
-	res, err := s.commit(ctx, cur, last, per)
+	res, err := s.commit(ctx, cur, last, RowPrint(es[len(es)-1]), per)
 	if err != nil {
 		return Result{Cursor: cur}, err
 	}
@@ -357,7 +383,7 @@ func (s *Service) creditBatch(ctx context.Context, p *pass) (Result, error) {
 	return res, nil
 }
 
-func (s *Service) commit(ctx context.Context, cur, last int64, per map[string]*acc) (Result, error) {
+func (s *Service) commit(ctx context.Context, cur, last int64, lastPrint []byte, per map[string]*acc) (Result, error) {
 	tx, err := s.st.Begin(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("credit: begin: %w", err)
@@ -419,7 +445,7 @@ func (s *Service) commit(ctx context.Context, cur, last int64, per map[string]*a
 		res.Bytes += a.bytes
 		res.NKVR += nkvr
 	}
-	if err := tx.Write(ctx, ws, sts, now, last); err != nil {
+	if err := tx.Write(ctx, ws, sts, now, last, lastPrint); err != nil {
 		return Result{}, fmt.Errorf("credit: %w", err)
 	}
 	if s.beforeCommit != nil {

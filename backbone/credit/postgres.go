@@ -22,6 +22,8 @@ import (
 // gateway_cursor (one row; the cursor only moves forward), gateway_wallets
 // (per-worker totals that only grow, never deleted) and gateway_statements
 // (append-only), each rule enforced by triggers whoever connects.
+// Version 2: gateway_cursor.last_row, the fingerprint of the ledger row
+// the cursor names (RowPrint; NULL until the next credit).
 var Migrations = []pgstore.Migration{{Name: "gateway cursor, wallets, statements, signing seed", SQL: `
 CREATE TABLE gateway_meta (k text PRIMARY KEY, v bytea NOT NULL);
 CREATE TABLE gateway_cursor (one integer PRIMARY KEY CHECK (one = 1), last_id bigint NOT NULL CHECK (last_id >= 0));
@@ -81,6 +83,8 @@ CREATE TRIGGER gateway_wallets_kept BEFORE DELETE ON gateway_wallets
 	FOR EACH ROW EXECUTE FUNCTION gateway_refuse('wallets are kept');
 CREATE TRIGGER gateway_wallets_no_truncate BEFORE TRUNCATE ON gateway_wallets
 	FOR EACH STATEMENT EXECUTE FUNCTION gateway_refuse('wallets are kept');
+`}, {Name: "the fingerprint of the cursor's ledger row", SQL: `
+ALTER TABLE gateway_cursor ADD COLUMN last_row bytea;
 `}}
 
 // pgStore is the wallets in a PostgreSQL database shared by gateways.
@@ -147,6 +151,14 @@ func (s *pgStore) Cursor(ctx context.Context) (int64, error) {
 	return c, err
 }
 
+// CursorRow implements Store.
+func (s *pgStore) CursorRow(ctx context.Context) (int64, []byte, error) {
+	var c int64
+	var fp []byte
+	err := s.pool.QueryRow(ctx, `SELECT last_id, last_row FROM gateway_cursor WHERE one = 1`).Scan(&c, &fp)
+	return c, fp, err
+}
+
 // Begin implements Store (READ COMMITTED: after LockCursor every
 // statement sees what the previous crediting transaction committed).
 func (s *pgStore) Begin(ctx context.Context) (Tx, error) {
@@ -192,7 +204,7 @@ func scanWallet(r pgx.CollectableRow) (Wallet, error) {
 }
 
 // Write implements Tx.
-func (t *pgTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, updated time.Time, last int64) error {
+func (t *pgTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, updated time.Time, last int64, lastPrint []byte) error {
 	n := len(ws)
 	worker := make([]string, n)
 	b, k, r, c := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
@@ -218,7 +230,7 @@ func (t *pgTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, updat
 		sw, sn, after, upto, sb, sk, body, sig); err != nil {
 		return fmt.Errorf("statements: %w", err)
 	}
-	if _, err := t.tx.Exec(ctx, `UPDATE gateway_cursor SET last_id = $1 WHERE one = 1`, last); err != nil {
+	if _, err := t.tx.Exec(ctx, `UPDATE gateway_cursor SET last_id = $1, last_row = $2 WHERE one = 1`, last, lastPrint); err != nil {
 		return fmt.Errorf("cursor: %w", err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
@@ -83,7 +84,7 @@ func TestPGWalletsShared(t *testing.T) {
 		t.Errorf("a write through the read-only store: %v, want refused (read-only transaction)", err)
 	}
 	r.Close()
-	if err := pgtest.Exec(t, dsn, `INSERT INTO kvasir_schema_migrations (component, version, name, sha256) VALUES ('wallets', 2, 'future', 'x')`); err != nil {
+	if err := pgtest.Exec(t, dsn, fmt.Sprintf(`INSERT INTO kvasir_schema_migrations (component, version, name, sha256) VALUES ('wallets', %d, 'future', 'x')`, len(Migrations)+1)); err != nil {
 		t.Fatal(err)
 	}
 	for _, open := range []func() error{

@@ -129,6 +129,14 @@ func (s *sqliteStore) Cursor(ctx context.Context) (int64, error) {
 	return c, nil
 }
 
+// CursorRow implements Store: the fingerprint is meta's 'cursor_row'.
+func (s *sqliteStore) CursorRow(ctx context.Context) (int64, []byte, error) {
+	var c int64
+	var fp []byte
+	err := s.db.QueryRowContext(ctx, `SELECT last_id, (SELECT v FROM meta WHERE k = 'cursor_row') FROM cursor WHERE one = 1`).Scan(&c, &fp)
+	return c, fp, err
+}
+
 // Begin implements Store: BEGIN IMMEDIATE (_txlock) takes the file's
 // write lock now, so no other process commits until this transaction
 // ends.
@@ -167,7 +175,7 @@ func (t *sqliteTx) Wallets(ctx context.Context, workers []string) (map[string]Wa
 }
 
 // Write implements Tx.
-func (t *sqliteTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, updated time.Time, last int64) error {
+func (t *sqliteTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, updated time.Time, last int64, lastPrint []byte) error {
 	for _, w := range ws {
 		if _, err := t.tx.ExecContext(ctx, `INSERT INTO wallets (worker, bytes, nkvr, rejected, statements, updated) VALUES (?, ?, ?, ?, ?, ?)
 			ON CONFLICT (worker) DO UPDATE SET bytes = excluded.bytes, nkvr = excluded.nkvr, rejected = excluded.rejected,
@@ -184,6 +192,9 @@ func (t *sqliteTx) Write(ctx context.Context, ws []Wallet, sts []StatementRow, u
 	}
 	if _, err := t.tx.ExecContext(ctx, `UPDATE cursor SET last_id = ? WHERE one = 1`, last); err != nil {
 		return fmt.Errorf("cursor: %w", err)
+	}
+	if _, err := t.tx.ExecContext(ctx, `INSERT INTO meta (k, v) VALUES ('cursor_row', ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v`, lastPrint); err != nil {
+		return fmt.Errorf("cursor row: %w", err)
 	}
 	return nil
 }

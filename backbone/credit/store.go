@@ -20,6 +20,10 @@ type Store interface {
 	Seed(ctx context.Context, fresh []byte) ([]byte, error)
 	// Cursor returns the committed cursor.
 	Cursor(ctx context.Context) (int64, error)
+	// CursorRow returns the committed cursor and the fingerprint of the
+	// ledger row it names (RowPrint), read together; nil when none was
+	// stored (a store written before fingerprints, or cursor 0).
+	CursorRow(ctx context.Context) (int64, []byte, error)
 	// Begin starts a crediting transaction.
 	Begin(ctx context.Context) (Tx, error)
 	// Wallets returns every worker's totals ordered by worker id.
@@ -45,8 +49,9 @@ type Tx interface {
 	// missing from the map).
 	Wallets(ctx context.Context, workers []string) (map[string]Wallet, error)
 	// Write stores the workers' new totals and their statements, and
-	// moves the cursor to last.
-	Write(ctx context.Context, ws []Wallet, sts []StatementRow, updated time.Time, last int64) error
+	// moves the cursor to last, whose ledger row's fingerprint is
+	// lastPrint (RowPrint).
+	Write(ctx context.Context, ws []Wallet, sts []StatementRow, updated time.Time, last int64, lastPrint []byte) error
 	// Commit makes the transaction durable.
 	Commit(ctx context.Context) error
 	// Rollback abandons the transaction (a no-op after Commit).

@@ -53,7 +53,9 @@ const benchOneWay = 6500 * time.Microsecond
 // ledger) and the crediting gateway as processes too (demo.StartSwarm). Models: the embedded tiny
 // model (qwen35moe), the qwen3moe and qwen35moe Q4_K_M fixtures (if present)
 // and, with KVASIR_BENCH_Q30=1, 4-layer Q4_K models of Qwen3-30B-A3B's and
-// Qwen3.5-35B-A3B's layer shapes (1.4 and 1.9 GB, generated in memory).
+// Qwen3.5-35B-A3B's layer shapes (1.4 and 1.9 GB, generated in memory);
+// with KVASIR_BENCH_DEEP_Q30 / KVASIR_BENCH_DEEP_Q35 naming GGUF files,
+// those at depth (32 and 20 layers: benchDeep).
 // layer0-idle-13ms computes layer 0 locally after sleeping 13 ms: what an
 // idle gap alone costs the next layers. The remote and idle variants run
 // their steps in blocks alternating with local steps
@@ -82,6 +84,12 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 			return benchLoad(b, p)
 		}},
 		{"qwen3.5-35b-shape-4L", benchQ35},
+		// The same shapes at depth (the side-by-side groups' files, read
+		// through the page cache): a local step streams 0.7-1 GB, so
+		// nothing of one step is still cached at the next, as in the
+		// real models, whereas a 4-layer step's is partly.
+		{"qwen3-30b-shape-32L", benchDeep("KVASIR_BENCH_DEEP_Q30")},
+		{"qwen3.5-35b-shape-20L", benchDeep("KVASIR_BENCH_DEEP_Q35")},
 	}
 	localStep := map[string]time.Duration{} // median step time of each model's local run
 	for _, mc := range models {
@@ -198,6 +206,23 @@ type presetOnce struct {
 }
 
 var q30, q35 presetOnce
+
+// benchDeep returns a loader of the GGUF file the environment variable env
+// names (scripts/bench.sh sets it to its 32-layer 30B-shape and 20-layer
+// 35B-shape files when they are in its cache); the sub-benchmarks skip
+// without it.
+func benchDeep(env string) func(b *testing.B) *loadedModel {
+	return func(b *testing.B) *loadedModel {
+		p := os.Getenv(env)
+		if p == "" {
+			b.Skipf("set %s to a GGUF file of this shape (scripts/bench.sh: its cached side-by-side files)", env)
+		}
+		if _, err := os.Stat(p); err != nil {
+			b.Skipf("%s: %v", env, err)
+		}
+		return benchLoad(b, p)
+	}
+}
 
 // benchQ30 is a 4-layer Q4_K model of Qwen3-30B-A3B's layer shapes (1.4 GB).
 func benchQ30(b *testing.B) *loadedModel { return benchPreset(b, &q30, "qwen3-30b-a3b", "1.4 GB") }

@@ -357,12 +357,12 @@ func (c *nanDevice) Fault(err error) bool {
 // TestDeviceNaNFaults: a GPU worker whose device returns a NaN (and no
 // file to blame) answers ERROR, declares its device faulty
 // (expert.Faulter) and answers the next requests from the CPU path: the
-// first call's outputs are the backbone's own, the next ones the worker's,
-// all bit-identical, and nobody is banned. Before, it answered ERROR to
-// every request for good.
+// first call's outputs are the backbone's own, the next ones the worker's
+// (once its stall backoff after the ERROR passed), all bit-identical, and
+// nobody is banned. Before, it answered ERROR to every request for good.
 func TestDeviceNaNFaults(t *testing.T) {
 	m := testModel()
-	s := newStack(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = -1, -1 })
+	s := newStack(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate, c.StallBackoffMax = -1, -1, 50*time.Millisecond })
 	dev := &nanDevice{fakeExperts: newFake(m)}
 	w := s.startInProc(t, dev, holdings(m, 0, 1, 2, 3), backend("vulkan:nan-test")).Worker
 	s.waitWorkers(t, 1)
@@ -374,6 +374,10 @@ func TestDeviceNaNFaults(t *testing.T) {
 	if le := w.Stats().LastError; !strings.Contains(le, "device is taken as faulty") {
 		t.Errorf("worker's last error %q, want the device fault named", le)
 	}
+	if st := s.disp.Stats(); len(st.Workers) != 1 || st.Workers[0].Stalls != 1 {
+		t.Fatalf("the ERROR did not take the worker out of routing: %+v", st.Workers)
+	}
+	time.Sleep(100 * time.Millisecond) // its backoff
 	before := s.disp.Stats().ExpertsRemote
 	for i := 0; i < 4; i++ {
 		s.run(t, randomCall(t, m, rng, i%m.NLayer, 2))
@@ -381,5 +385,47 @@ func TestDeviceNaNFaults(t *testing.T) {
 	st := s.disp.Stats()
 	if st.ExpertsRemote == before || st.Banned != 0 || st.Caught != 0 {
 		t.Fatalf("after the fault: remote %d (before %d), banned %d, caught %d", st.ExpertsRemote, before, st.Banned, st.Caught)
+	}
+}
+
+// TestSilentHolderRoutedAround: a worker that holds experts, never answers
+// a request and only pings costs one deadline, then is routed around: its
+// PINGs do not bring it back (before, each one did, and every step waited
+// out another deadline), only its backoff does, for one more request; a
+// second miss starts the next backoff.
+func TestSilentHolderRoutedAround(t *testing.T) {
+	m := testModel()
+	const maxDL, backoff = 300 * time.Millisecond, 400 * time.Millisecond
+	s := newStack(t, m, 0, func(c *dispatch.Config) {
+		c.MaxDeadline, c.MinDeadline, c.Probation, c.CheckRate, c.StallBackoffMax = maxDL, 10*time.Millisecond, -1, -1, backoff
+	})
+	c := s.rawWorker(t)
+	rng := rand.New(rand.NewPCG(19, 20))
+	if el := s.run(t, randomCall(t, m, rng, 0, 2)); el < maxDL {
+		t.Fatalf("first call %v: want it to wait out the %v deadline", el, maxDL)
+	}
+	ping := func() {
+		if err := c.Write(context.Background(), websocket.MessageBinary, (&wire.Ping{Time: time.Now().UnixNano()}).Append(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		ping()
+		time.Sleep(20 * time.Millisecond)
+		if el := s.run(t, randomCall(t, m, rng, 0, 2)); el >= maxDL {
+			t.Fatalf("call %d after a PING took %v: the silent holder was routed to again", i, el)
+		}
+	}
+	time.Sleep(backoff + 50*time.Millisecond) // one more try, missed: the next backoff is longer
+	if el := s.run(t, randomCall(t, m, rng, 0, 2)); el < maxDL {
+		t.Fatalf("call after the backoff took %v: want the probe to wait out the deadline", el)
+	}
+	ping()
+	time.Sleep(backoff / 2)
+	if el := s.run(t, randomCall(t, m, rng, 0, 2)); el >= maxDL {
+		t.Fatalf("call within the second backoff took %v", el)
+	}
+	if st := s.disp.Stats(); len(st.Workers) != 1 || !st.Workers[0].Stalled || st.Workers[0].Stalls != 2 {
+		t.Fatalf("workers %+v: want one stalled worker, 2 stalls", st.Workers)
 	}
 }

@@ -29,14 +29,20 @@ type conn struct {
 	nholds          atomic.Int64        // len(holds)
 	since           time.Time
 	paused          atomic.Bool
-	// stalled: a request to it passed its deadline unanswered and nothing
-	// has come from it since (a frozen process, a laptop asleep, a black
-	// hole). It is out of the holder index, so calls route its experts to
-	// other holders or compute them here at once instead of each waiting
-	// out a deadline, until any message from it arrives (its late RESULT,
-	// a PING): stall, unstall.
-	stalled atomic.Bool
-	tol     float64 // verification tolerance: 0 (exact bits) for CPU backends
+	// stalled: a request to it passed its deadline unanswered, or was
+	// answered with an ERROR, and no answer has come from it since (a
+	// frozen process, a laptop asleep, a black hole, a holder that never
+	// computes). It is out of the holder index, so calls route its experts
+	// to other holders or compute them here at once instead of each
+	// waiting out a deadline, until it answers a request (its late RESULT
+	// or DIGEST) or, for one more try, until its backoff passes: 1 s after
+	// the first stall of a run, doubling up to StallBackoffMax (stall,
+	// unstall, probe). A PING or any other control frame does not bring it
+	// back: a holder that only pings would otherwise stall a step at every
+	// ping.
+	stalled  atomic.Bool
+	stallRun atomic.Int32 // stalls since its last answer
+	tol      float64      // verification tolerance: 0 (exact bits) for CPU backends
 
 	// Verification: checks passed (probation ends at Config.Probation),
 	// checks and mismatches, and the checked RESULTs received whose
@@ -265,20 +271,24 @@ func (d *Dispatcher) hello(c *conn, msg []byte) string {
 // handle processes one worker message; it returns a reason to close the
 // session, or "".
 func (c *conn) handle(msg []byte) string {
-	c.unstall()
 	f, err := wire.Decode(msg, &c.d.lim)
 	if err != nil {
 		return err.Error()
 	}
 	switch f := f.(type) {
 	case *wire.Result:
+		c.unstall()
 		return c.answer(msg, f.Request, f.M, f.Out, nil, &f.Timing)
 	case *wire.Digest:
+		c.unstall()
 		return c.answer(msg, f.Request, f.M, nil, &f.Sum, nil)
 	case *wire.Error:
 		if f.Request != 0 {
 			if j := c.take(f.Request, false); j != nil {
 				j.deliver(reply{err: f})
+				// Its pairs are computed here; routing to it again at
+				// once would cost the next step the same round trip.
+				c.stall()
 			}
 		}
 	case *wire.Ping:
@@ -315,17 +325,37 @@ func (c *conn) stall() {
 		return
 	}
 	c.stalls.Add(1)
+	run := c.stallRun.Add(1)
+	wait := min(c.d.cfg.StallBackoffMax, time.Second<<min(run-1, 16))
 	c.d.mu.Lock()
 	if c.d.workers[c.session] == c {
 		c.d.rebuildLocked()
 	}
 	c.d.mu.Unlock()
-	c.d.log.Warn("dispatch: worker missed a deadline: routing around it until it answers", "worker", short(c.worker), "session", c.session)
+	time.AfterFunc(wait, c.probe)
+	if run == 1 {
+		c.d.log.Warn("dispatch: worker missed a deadline or answered an error: routing around it until it answers", "worker", short(c.worker), "session", c.session, "retry_in", wait)
+	}
 }
 
-// unstall puts a stalled c back in the holder index: a message from it
-// arrived.
+// probe puts a stalled c back in the holder index once its backoff passed,
+// for one more request: answered, the run of stalls ends (unstall); missed
+// again, the next backoff is twice as long.
+func (c *conn) probe() {
+	if c.isClosed() || !c.stalled.CompareAndSwap(true, false) {
+		return
+	}
+	c.d.mu.Lock()
+	if c.d.workers[c.session] == c {
+		c.d.rebuildLocked()
+	}
+	c.d.mu.Unlock()
+}
+
+// unstall ends c's run of stalls: it answered a request. A stalled c goes
+// back in the holder index.
 func (c *conn) unstall() {
+	c.stallRun.Store(0)
 	if !c.stalled.Load() || !c.stalled.CompareAndSwap(true, false) {
 		return
 	}

@@ -82,12 +82,17 @@ type Config struct {
 	// accepted). ok=false means the expert is unknown to the backbone.
 	ExpertHash func(layer, expert int) (sum [32]byte, ok bool)
 
-	MinDeadline    time.Duration // default 50 ms
-	MaxDeadline    time.Duration // default 5 s; also the deadline until a worker has 4 samples
-	DeadlineMargin time.Duration // added to 3 x p99; default 20 ms
-	HelloTimeout   time.Duration // default 10 s
-	IdleTimeout    time.Duration // close a link silent this long (workers ping every 20 s); default 90 s
-	Logger         *slog.Logger
+	MinDeadline time.Duration // default 50 ms
+	MaxDeadline time.Duration // default 5 s; also the deadline until a worker has 4 samples
+	// StallBackoffMax bounds how long a worker that missed a deadline (or
+	// answered an ERROR) and has not answered since is routed around
+	// before it gets one more request: 1 s after the first miss of a run,
+	// doubling at each miss up to this; default 1 minute.
+	StallBackoffMax time.Duration
+	DeadlineMargin  time.Duration // added to 3 x p99; default 20 ms
+	HelloTimeout    time.Duration // default 10 s
+	IdleTimeout     time.Duration // close a link silent this long (workers ping every 20 s); default 90 s
+	Logger          *slog.Logger
 
 	// Catalog, when set, turns provisioning on (see provision.go): workers
 	// announcing a quota in HELLO are assigned experts and fetch their bytes
@@ -296,6 +301,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	}
 	def(&cfg.MinDeadline, 50*time.Millisecond)
 	def(&cfg.MaxDeadline, 5*time.Second)
+	def(&cfg.StallBackoffMax, time.Minute)
 	def(&cfg.DeadlineMargin, 20*time.Millisecond)
 	def(&cfg.HelloTimeout, 10*time.Second)
 	def(&cfg.IdleTimeout, 90*time.Second)

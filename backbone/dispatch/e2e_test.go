@@ -92,7 +92,7 @@ func TestWorkerDiesMidStep(t *testing.T) {
 
 // TestWorkerHangs: a worker that never answers -> the deadline fires, the
 // pairs are recomputed locally, and the late RESULT is dropped, rejected in
-// the ledger, and does not close the session.
+// the ledger with its DISPATCH, and does not close the session.
 func TestWorkerHangs(t *testing.T) {
 	m := testModel()
 	const maxDL = 300 * time.Millisecond
@@ -113,8 +113,10 @@ func TestWorkerHangs(t *testing.T) {
 			if !st.Workers[0].Connected || ss[0].CreditIn != 0 || ss[0].Ended {
 				t.Fatalf("late result: worker %+v session %+v", st.Workers[0], ss[0])
 			}
-			if ss[0].Rejected != uint64(28+4*8*m.D) {
-				t.Fatalf("rejected %d bytes, want the RESULT's %d", ss[0].Rejected, 28+4*8*m.D)
+			// The late RESULT, and the DISPATCH it answered: a request
+			// is paid only with an accepted answer.
+			if want := wire.DispatchSize(4, m.D, m.K) + 28 + 4*8*m.D; ss[0].Rejected != uint64(want) {
+				t.Fatalf("rejected %d bytes, want the DISPATCH's and the RESULT's %d", ss[0].Rejected, want)
 			}
 			break
 		}

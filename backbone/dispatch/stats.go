@@ -12,7 +12,7 @@ type WorkerStats struct {
 	Session        string    // hub session id
 	Connected      bool      // false for sessions that ended
 	Paused         bool      // the worker said it takes no new work
-	Stalled        bool      // it missed a deadline and has sent nothing since: routed around (conn.stalled)
+	Stalled        bool      // it missed a deadline or answered an ERROR and has not answered since: routed around until its backoff passes (conn.stalled)
 	Stalls         uint64    // times it was taken out of the holder index for that
 	Reason         string    // why the session ended ("" while connected)
 	Backend        string    // from HELLO

@@ -70,6 +70,7 @@ type fleet struct {
 	conns []net.Conn
 	ws    []*websocket.Conn
 	sent  atomic.Int64 // DISPATCH messages written to links
+	round uint64       // request id of the last dispatchAll
 }
 
 func workerHex(i int) string { return fmt.Sprintf("%064x", i+1) }
@@ -152,9 +153,17 @@ func (f *fleet) dispatchAll(t testing.TB) {
 	t.Helper()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	msg := dispatch(1)
+	// Each round is a new request; the backbone's verdict that its answer
+	// was accepted follows it (a DISPATCH is creditable once its request
+	// is answered acceptably; the answer itself is not what these tests
+	// count).
+	f.round++
+	msg := dispatch(f.round)
 	for _, bw := range f.links {
 		if err := wire.WriteLink(bw, wire.LinkData, msg); err != nil {
+			t.Fatal(err)
+		}
+		if err := wire.WriteLink(bw, wire.LinkAccepted, wire.AppendLinkRequest(nil, f.round)); err != nil {
 			t.Fatal(err)
 		}
 		if err := bw.Flush(); err != nil {

@@ -18,21 +18,24 @@ type SessionStats struct {
 	Reason          string // why it ended ("" while open)
 	ToWorker        uint64 // all bytes backbone -> worker
 	FromWorker      uint64 // all bytes worker -> backbone
-	CreditOut       uint64 // DISPATCH (DISPATCH_DIGEST, DISPATCH_SUM, DISPATCH_SUM_DIGEST) bytes (creditable; settled or not, never forfeited ones)
+	CreditOut       uint64 // DISPATCH (DISPATCH_DIGEST, DISPATCH_SUM, DISPATCH_SUM_DIGEST) bytes of requests whose answer was accepted (creditable; settled or not, never forfeited ones)
 	CreditIn        uint64 // accepted RESULT bytes (creditable; settled or not, never forfeited ones; a DIGEST's or a sum's: the RESULT it stands for)
 	Unsettled       uint64 // creditable bytes (of CreditOut + CreditIn) not yet settled into the ledger
-	Rejected        uint64 // bytes never credited: worker bytes refused, late, malformed or never accepted, and forfeited bytes
+	Rejected        uint64 // bytes never credited: worker bytes refused, late, malformed or never accepted, DISPATCH bytes of requests no accepted answer came for, and forfeited bytes
 	Forfeited       uint64 // creditable bytes (included in Rejected) forfeited by a LinkForfeit
 	ForfeitReason   string // the backbone's reason ("" without a forfeit)
-	Pending         uint64 // RESULT bytes awaiting the backbone's verdict
+	Pending         uint64 // DISPATCH and RESULT bytes awaiting the backbone's verdict on their request
 	Messages        uint64 // messages bridged, both ways
 	DispatchesSent  uint64 // DISPATCH messages to the worker
 	ResultsReceived uint64 // RESULT messages from the worker
 }
 
+// pendingResult is a request's bytes awaiting the backbone's verdict: the
+// DISPATCH that asked (out) and the answer (in: a RESULT, or a DIGEST as
+// the RESULT it stands for); at is when the last of them passed.
 type pendingResult struct {
-	bytes uint64
-	at    time.Time
+	out, in uint64
+	at      time.Time
 }
 
 // sumRequest is a DISPATCH_SUM (digest: a DISPATCH_SUM_DIGEST) forwarded
@@ -195,7 +198,7 @@ func (s *session) fromWorker(msg []byte, n int) {
 	switch {
 	case ok && (t == wire.TypeResult || t == wire.TypeDigest):
 		p := s.pending[req]
-		p.bytes += uint64(n)
+		p.in += uint64(n)
 		p.at = time.Now()
 		s.pending[req] = p
 		s.nResult++
@@ -227,7 +230,8 @@ func (s *session) toWorker(msg []byte) {
 	defer s.mu.Unlock()
 	s.toW += uint64(len(msg))
 	s.msgs++
-	switch t, _ := wire.Peek(msg); t {
+	t, req, ok := wire.PeekRequest(msg)
+	switch t {
 	case wire.TypeDispatchSum, wire.TypeDispatchSumDigest:
 		if req, n, d, k, ok := wire.SumRequest(msg); ok {
 			if s.sums == nil {
@@ -237,8 +241,19 @@ func (s *session) toWorker(msg []byte) {
 		}
 		fallthrough
 	case wire.TypeDispatch, wire.TypeDispatchDigest:
-		s.creditLocked(uint64(len(msg)), 0)
+		// Held with the request until the backbone's verdict on its
+		// answer: a DISPATCH is paid only when the worker answered it
+		// acceptably (a worker that answers ERROR, or nothing, earns
+		// nothing; docs/accounting.md).
 		s.nDisp++
+		if !ok {
+			s.rejected += uint64(len(msg))
+			return
+		}
+		p := s.pending[req]
+		p.out += uint64(len(msg))
+		p.at = time.Now()
+		s.pending[req] = p
 	}
 }
 
@@ -251,13 +266,14 @@ func (s *session) verdict(req uint64, accepted bool) {
 	}
 	delete(s.pending, req)
 	if accepted {
-		s.creditLocked(0, p.bytes)
+		s.creditLocked(p.out, p.in)
 	} else {
-		s.rejected += p.bytes
+		s.rejected += p.out + p.in
 	}
 }
 
-// expire rejects pending results received before cutoff and forgets the
+// expire rejects the pending requests whose last bytes (a DISPATCH with no
+// answer, or an answer with no verdict) passed before cutoff, and forgets the
 // DISPATCH_SUMs forwarded before it (an answer still to come is late: the
 // backbone refuses it, and it is metered as itself).
 func (s *session) expire(cutoff time.Time) {
@@ -265,7 +281,7 @@ func (s *session) expire(cutoff time.Time) {
 	defer s.mu.Unlock()
 	for req, p := range s.pending {
 		if p.at.Before(cutoff) {
-			s.rejected += p.bytes
+			s.rejected += p.out + p.in
 			delete(s.pending, req)
 		}
 	}
@@ -281,7 +297,7 @@ func (s *session) end(reason string) {
 	defer s.mu.Unlock()
 	s.ended, s.reason = true, reason
 	for req, p := range s.pending {
-		s.rejected += p.bytes
+		s.rejected += p.out + p.in
 		delete(s.pending, req)
 	}
 	s.sums = nil
@@ -292,7 +308,7 @@ func (s *session) snapshot() SessionStats {
 	defer s.mu.Unlock()
 	var pend, unsettled uint64
 	for _, p := range s.pending {
-		pend += p.bytes
+		pend += p.out + p.in
 	}
 	for _, b := range s.unsettled {
 		unsettled += b.out + b.in

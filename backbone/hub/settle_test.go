@@ -190,12 +190,13 @@ func TestForfeitUnsettled(t *testing.T) {
 		t.Fatalf("session %+v, want 84 unsettled", s)
 	}
 	r.toWorker(t, dispatch(2))
-	r.toBackbone(t, result(2)) // the lie: its verdict is REJECTED, then FORFEIT
+	r.toBackbone(t, result(2)) // the lie: its verdict is REJECTED (its DISPATCH with it), then FORFEIT
 	r.send(t, wire.LinkRejected, wire.AppendLinkRequest(nil, 2))
 	r.send(t, wire.LinkForfeit, wire.AppendLinkForfeit(nil, "verification failed"))
-	rigWait(t, "the forfeit", func() bool { return r.session(t).Forfeited == 128 })
+	rigWait(t, "the forfeit", func() bool { s := r.session(t); return s.Forfeited == 84 && s.Rejected == 168 })
 	r.toWorker(t, dispatch(3)) // after the forfeit: never creditable
-	rigWait(t, "the later dispatch", func() bool { return r.session(t).Forfeited == 172 })
+	r.send(t, wire.LinkAccepted, wire.AppendLinkRequest(nil, 3))
+	rigWait(t, "the later dispatch", func() bool { return r.session(t).Forfeited == 128 })
 	r.send(t, wire.LinkClose, wire.AppendLinkClose(nil, 1008, "verification failed; banned"))
 	if _, _, err := r.c.Read(context.Background()); websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
 		t.Fatalf("worker read: %v", err)
@@ -280,15 +281,15 @@ func TestDrainAfterWorkerLeft(t *testing.T) {
 }
 
 // TestDrainTimeout: a backbone that never closes the link after the
-// worker left holds the session for DrainTimeout only; its pending RESULT
-// is then rejected and the unsettled bytes settle.
+// worker left holds the session for DrainTimeout only; its pending request
+// (the DISPATCH and the RESULT that got no verdict) is then rejected.
 func TestDrainTimeout(t *testing.T) {
 	r := newRig(t, func(c *Config) { c.SettleDelay = time.Hour; c.DrainTimeout = 100 * time.Millisecond })
 	r.toWorker(t, dispatch(1))
 	r.toBackbone(t, result(1))
 	r.c.Close(websocket.StatusNormalClosure, "bye")
 	rigWait(t, "the final row", func() bool { _, _, _, f := r.ledgerSums(t); return f })
-	if in, out, rej, _ := r.ledgerSums(t); in != 0 || out != 44 || rej != 40 {
+	if in, out, rej, _ := r.ledgerSums(t); in != 0 || out != 0 || rej != 84 {
 		t.Fatalf("ledger in %d out %d rejected %d", in, out, rej)
 	}
 }
@@ -307,5 +308,32 @@ func TestMessageLimitBoundary(t *testing.T) {
 	_, _, err := r.c.Read(context.Background())
 	if websocket.CloseStatus(err) != websocket.StatusMessageTooBig {
 		t.Fatalf("worker read after an oversized message: %v", err)
+	}
+}
+
+// TestDispatchPaidOnlyWhenAnswered: a DISPATCH is creditable only with an
+// accepted answer to its request. A worker that answers ERROR, answers
+// nothing, or answers with a RESULT the backbone rejects earns nothing for
+// the rows it was sent (they are rejected bytes); the request it answered
+// acceptably is paid, DISPATCH and RESULT.
+func TestDispatchPaidOnlyWhenAnswered(t *testing.T) {
+	r := newRig(t, func(c *Config) { c.SettleDelay = time.Hour })
+	r.toWorker(t, dispatch(1))
+	r.toBackbone(t, (&wire.Error{Request: 1, Code: 4, Message: "no"}).Append(nil)) // overhead, no verdict
+	r.toWorker(t, dispatch(2))                                                       // never answered
+	r.toWorker(t, dispatch(3))
+	r.toBackbone(t, result(3))
+	r.send(t, wire.LinkRejected, wire.AppendLinkRequest(nil, 3))
+	r.toWorker(t, dispatch(4))
+	r.toBackbone(t, result(4))
+	r.send(t, wire.LinkAccepted, wire.AppendLinkRequest(nil, 4))
+	rigWait(t, "the verdicts", func() bool { s := r.session(t); return s.CreditIn == 40 && s.Rejected == 84 })
+	if s := r.session(t); s.CreditOut != 44 || s.Pending != 88 {
+		t.Fatalf("session %+v: want 44 creditable out (request 4) and requests 1, 2 pending", s)
+	}
+	r.link.Close()
+	rigWait(t, "the final row", func() bool { _, _, _, f := r.ledgerSums(t); return f })
+	if in, out, rej, _ := r.ledgerSums(t); in != 40 || out != 44 || rej != 3*44+40 {
+		t.Fatalf("ledger in %d out %d rejected %d, want 40, 44, %d", in, out, rej, 3*44+40)
 	}
 }

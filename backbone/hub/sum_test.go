@@ -33,7 +33,7 @@ func TestSumMetering(t *testing.T) {
 	r.toBackbone(t, rows(2, 1)) // one row short: 40, as itself
 	r.toBackbone(t, rows(1, 2)) // a second answer: the sum is answered, 52 as itself
 	r.toBackbone(t, rows(3, 2)) // no DISPATCH_SUM 3: 52 as itself
-	rigWait(t, "pending", func() bool { return r.session(t).Pending == 76+40+52+52 })
+	rigWait(t, "pending", func() bool { return r.session(t).Pending == 2*80+76+40+52+52 })
 	r.send(t, wire.LinkAccepted, wire.AppendLinkRequest(nil, 1))
 	r.send(t, wire.LinkRejected, wire.AppendLinkRequest(nil, 2))
 	r.send(t, wire.LinkRejected, wire.AppendLinkRequest(nil, 3))
@@ -41,12 +41,13 @@ func TestSumMetering(t *testing.T) {
 	// The first verdict for request 1 took both of its RESULTs' bytes
 	// (pending is per request id): 76 + 52 accepted. The backbone
 	// rejects a second answer as made-up work; the hub only meters.
-	if s := r.session(t); s.CreditIn != 76+52 || s.CreditOut != 160 || s.Rejected != 40+52 || s.DispatchesSent != 2 {
+	// Request 2's DISPATCH is paid only with an accepted answer: rejected.
+	if s := r.session(t); s.CreditIn != 76+52 || s.CreditOut != 80 || s.Rejected != 80+40+52 || s.DispatchesSent != 2 {
 		t.Fatalf("session %+v", s)
 	}
 	r.link.Close()
 	rigWait(t, "the final row", func() bool { _, _, _, f := r.ledgerSums(t); return f })
-	if in, out, rej, _ := r.ledgerSums(t); in != 76+52 || out != 160 || rej != 40+52 {
+	if in, out, rej, _ := r.ledgerSums(t); in != 76+52 || out != 80 || rej != 80+40+52 {
 		t.Fatalf("ledger in %d out %d rejected %d", in, out, rej)
 	}
 }
@@ -82,18 +83,18 @@ func TestSumDigestMetering(t *testing.T) {
 	r.toBackbone(t, digest(2, 1)) // one row short: the RESULT it names, 40
 	r.toBackbone(t, rows(3, 2))   // a RESULT for a digest request: 52 as itself
 	r.toBackbone(t, digest(4, 2)) // a DIGEST for a DISPATCH_SUM: 52, the RESULT it names
-	rigWait(t, "pending", func() bool { return r.session(t).Pending == 76+40+52+52 })
+	rigWait(t, "pending", func() bool { return r.session(t).Pending == 4*80+76+40+52+52 })
 	r.send(t, wire.LinkAccepted, wire.AppendLinkRequest(nil, 1))
 	for req := uint64(2); req <= 4; req++ {
 		r.send(t, wire.LinkRejected, wire.AppendLinkRequest(nil, req))
 	}
 	rigWait(t, "verdicts", func() bool { return r.session(t).Pending == 0 })
-	if s := r.session(t); s.CreditIn != 76 || s.CreditOut != 4*80 || s.Rejected != 40+52+52 || s.DispatchesSent != 4 {
+	if s := r.session(t); s.CreditIn != 76 || s.CreditOut != 80 || s.Rejected != 3*80+40+52+52 || s.DispatchesSent != 4 {
 		t.Fatalf("session %+v", s)
 	}
 	r.link.Close()
 	rigWait(t, "the final row", func() bool { _, _, _, f := r.ledgerSums(t); return f })
-	if in, out, rej, _ := r.ledgerSums(t); in != 76 || out != 4*80 || rej != 40+52+52 {
+	if in, out, rej, _ := r.ledgerSums(t); in != 76 || out != 80 || rej != 3*80+40+52+52 {
 		t.Fatalf("ledger in %d out %d rejected %d", in, out, rej)
 	}
 }

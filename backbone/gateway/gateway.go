@@ -44,7 +44,7 @@ type Config struct {
 	// the request header then has 10 s more.
 	HandshakeTimeout time.Duration
 	// MaxHandshakes bounds the TLS handshakes in progress in total
-	// (DefaultMaxHandshakes), MaxHandshakesPerIP those from one address
+	// (DefaultMaxHandshakes), MaxHandshakesPerIP those from one address (an IPv6 /64 counts as one)
 	// (DefaultMaxHandshakesPerIP); a connection over either is closed
 	// before any byte is read (kvasir_gateway_refused_upgrades_total
 	// reason handshake_total / handshake_per_address).
@@ -154,7 +154,10 @@ func New(cfg Config) (*Gateway, error) {
 	if tc.MinVersion < tls.VersionTLS12 {
 		tc.MinVersion = tls.VersionTLS12
 	}
-	g.srv = &http.Server{Handler: mux, TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: MaxHeaderBytes,
+	// IdleTimeout closes a keep-alive connection waiting for its next
+	// request (wallet syncs, probes; a splice is hijacked and no longer
+	// the server's): without it one stayed open for good.
+	g.srv = &http.Server{Handler: mux, TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: HTTPIdleTimeout, MaxHeaderBytes: MaxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 	return g, nil
 }

@@ -19,6 +19,9 @@ const (
 	DefaultMaxHandshakes      = 256
 	DefaultMaxHandshakesPerIP = 8
 	MaxHeaderBytes            = 16 << 10
+	// HTTPIdleTimeout closes an HTTP keep-alive connection that sent no
+	// request for this long.
+	HTTPIdleTimeout = 60 * time.Second
 )
 
 // handshakeListener accepts TCP connections and completes their TLS
@@ -61,13 +64,26 @@ func (l *handshakeListener) acceptLoop() {
 			}
 			return
 		}
-		ip := hostOnly(c.RemoteAddr().String())
+		ip := addressGroup(c.RemoteAddr().String())
 		if !l.take(ip) {
 			c.Close()
 			continue
 		}
 		go l.handshake(c, ip)
 	}
+}
+
+// addressGroup is the key the per-address handshake bound counts a peer
+// under: its IPv4 address, or the /64 of its IPv6 address (one host
+// usually has a whole /64 to pick source addresses from: counted per
+// address, 32 of them filled the gateway's 256 slots).
+func addressGroup(addr string) string {
+	h := hostOnly(addr)
+	ip := net.ParseIP(h)
+	if ip == nil || ip.To4() != nil {
+		return h
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 // take reserves a handshake slot for ip; false (and the refusal counted)

@@ -122,3 +122,21 @@ func TestHandshakeLimitTotal(t *testing.T) {
 		t.Errorf("metrics:\n%s", m)
 	}
 }
+
+// The per-address handshake bound counts an IPv6 /64 as one address (a
+// host picks source addresses from its whole /64) and IPv4 addresses,
+// IPv4-mapped ones included, one by one.
+func TestAddressGroup(t *testing.T) {
+	for _, tc := range []struct{ addr, want string }{
+		{"192.0.2.7:443", "192.0.2.7"},
+		{"[::ffff:192.0.2.7]:443", "::ffff:192.0.2.7"},
+		{"[2001:db8:1:2:aaaa::1]:5000", "2001:db8:1:2::/64"},
+		{"[2001:db8:1:2:ffff:ffff:ffff:ffff]:1", "2001:db8:1:2::/64"},
+		{"[2001:db8:1:3::1]:1", "2001:db8:1:3::/64"},
+		{"not-an-address", "not-an-address"},
+	} {
+		if got := addressGroup(tc.addr); got != tc.want {
+			t.Errorf("addressGroup(%q) = %q, want %q", tc.addr, got, tc.want)
+		}
+	}
+}

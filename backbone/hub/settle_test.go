@@ -320,7 +320,7 @@ func TestDispatchPaidOnlyWhenAnswered(t *testing.T) {
 	r := newRig(t, func(c *Config) { c.SettleDelay = time.Hour })
 	r.toWorker(t, dispatch(1))
 	r.toBackbone(t, (&wire.Error{Request: 1, Code: 4, Message: "no"}).Append(nil)) // overhead, no verdict
-	r.toWorker(t, dispatch(2))                                                       // never answered
+	r.toWorker(t, dispatch(2))                                                     // never answered
 	r.toWorker(t, dispatch(3))
 	r.toBackbone(t, result(3))
 	r.send(t, wire.LinkRejected, wire.AppendLinkRequest(nil, 3))

@@ -43,11 +43,12 @@ type BatchConn struct {
 	// Reads (BufferReads): rb holds rb[ri:rn] read from the socket and
 	// not yet returned, rerr the error that came with them; rb is a
 	// readBufs buffer only while it holds bytes.
-	rmu      sync.Mutex
-	bufReads bool
-	rb       *[]byte
-	ri, rn   int
-	rerr     error
+	rmu       sync.Mutex
+	bufReads  bool
+	streaming bool // the last socket read filled its buffer: the next one gathers
+	rb        *[]byte
+	ri, rn    int
+	rerr      error
 }
 
 // NewBatchConn returns c with batching; under, when not nil, is a
@@ -154,9 +155,12 @@ var readBufs SlicePool[byte]
 
 // BufferReads makes c read the socket readChunk bytes at a time for
 // readers that ask for less (crypto/tls asks for one record, ~16 KiB, per
-// read): fewer system calls, one more copy. The buffer is pooled and held
-// only while it has bytes not yet returned, so an idle connection holds
-// none. Call it before the first Read.
+// read) while bytes stream in: fewer system calls, one more copy. The
+// buffer is pooled and taken only when the last socket read filled what it
+// was given (more is likely waiting); otherwise a read goes straight into
+// the caller's buffer, so a connection waiting for bytes holds none (an
+// idle keep-alive connection held 256 KiB before). Call it before the
+// first Read.
 func (c *BatchConn) BufferReads() *BatchConn {
 	c.bufReads = true
 	return c
@@ -186,11 +190,14 @@ func (c *BatchConn) Read(p []byte) (int, error) {
 			c.rerr = nil
 			return 0, err
 		}
-		if len(p) >= readChunk {
-			return c.Conn.Read(p)
+		if len(p) >= readChunk || !c.streaming {
+			n, err := c.Conn.Read(p)
+			c.streaming = n == len(p) && len(p) > 0
+			return n, err
 		}
 		bp := readBufs.Get(readChunk)
 		n, err := c.Conn.Read(*bp)
+		c.streaming = n == readChunk
 		if n == 0 {
 			readBufs.Put(bp)
 			return 0, err

@@ -306,3 +306,63 @@ func TestBatchConnLargeMessageInLimitedWrites(t *testing.T) {
 		t.Errorf("%d socket writes for a 3 MiB message, want 12 (256 KiB each) plus the handshake's", n)
 	}
 }
+
+// asked records the size of every socket read made of it and serves data
+// from a stream.
+type asked struct {
+	net.Conn
+	data []byte
+	lens []int
+}
+
+func (a *asked) Read(p []byte) (int, error) {
+	a.lens = append(a.lens, len(p))
+	if len(a.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, a.data)
+	a.data = a.data[n:]
+	return n, nil
+}
+
+// TestBatchConnIdleReadHoldsNoBuffer: a BufferReads connection reads the
+// socket into the caller's buffer until a read fills it (bytes are
+// streaming); only then does it gather readChunk at a time, and it goes
+// back to direct reads after a read that did not fill its chunk. So a
+// connection waiting for bytes (an idle keep-alive connection) holds no
+// pooled 256 KiB buffer; the bytes and their order are unchanged.
+func TestBatchConnIdleReadHoldsNoBuffer(t *testing.T) {
+	stream := make([]byte, 3*readChunk/2)
+	for i := range stream {
+		stream[i] = byte(i * 7)
+	}
+	a := &asked{data: stream}
+	bc := NewBatchConn(a, nil).BufferReads()
+	var out []byte
+	buf := make([]byte, 1000)
+	for {
+		n, err := bc.Read(buf)
+		out = append(out, buf[:n]...)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(out, stream) {
+		t.Fatalf("read %d bytes, not the stream's %d", len(out), len(stream))
+	}
+	// The first read is direct (1000 bytes asked, all filled: streaming),
+	// then chunks: a full one, a partial one (the rest), then direct
+	// reads again, the last of which finds the end.
+	want := []int{1000, readChunk, readChunk, 1000}
+	if len(a.lens) != len(want) {
+		t.Fatalf("socket reads of %v, want %v", a.lens, want)
+	}
+	for i := range want {
+		if a.lens[i] != want[i] {
+			t.Fatalf("socket reads of %v, want %v", a.lens, want)
+		}
+	}
+}

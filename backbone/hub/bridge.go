@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -84,14 +85,22 @@ func (b *bridge) run() string {
 // fromWorker copies the worker's messages to the link, metering them,
 // until the WebSocket or the link fails; it posts why on workerEnd.
 func (b *bridge) fromWorker() {
-	var buf bytes.Buffer // reused: grows once to the largest message
+	var buf bytes.Buffer // reused; dropped after a message larger than ControlMessageCap
 	for {
+		if buf.Cap() > 2*ControlMessageCap {
+			buf = bytes.Buffer{} // a large answer's buffer is not kept for the session's life
+		}
 		rctx, rcancel := context.WithTimeout(b.ctx, b.h.cfg.IdleTimeout)
-		typ, msg, err := readInto(rctx, b.c, &buf)
+		typ, msg, err := readInto(rctx, b.c, &buf, b.s.answerCap)
 		rcancel()
 		if err != nil {
 			var ce websocket.CloseError
+			var big errTooLarge
 			switch {
+			case errors.As(err, &big):
+				b.s.fromWorker(nil, int(big.limit)+1)
+				b.c.Close(websocket.StatusMessageTooBig, err.Error())
+				b.workerEnd <- "worker sent a " + err.Error()
 			case b.writeErr.Load() != nil:
 				b.workerEnd <- b.writeErr.Load().(string)
 			case errors.As(err, &ce):
@@ -189,16 +198,31 @@ func (b *bridge) fromBackbone() {
 	}
 }
 
+// errTooLarge: a worker message longer than the session may send now
+// (session.answerCap).
+type errTooLarge struct{ limit int }
+
+func (e errTooLarge) Error() string {
+	return fmt.Sprintf("message of more than %d bytes: larger than any answer outstanding", e.limit)
+}
+
 // readInto reads one message into buf (reset first) and returns its bytes,
-// valid until the next call.
-func readInto(ctx context.Context, c *websocket.Conn, buf *bytes.Buffer) (websocket.MessageType, []byte, error) {
+// valid until the next call; a message longer than limit() (asked once
+// the message has begun) fails with errTooLarge before more than limit+1
+// of its bytes are read.
+func readInto(ctx context.Context, c *websocket.Conn, buf *bytes.Buffer, limit func() int) (websocket.MessageType, []byte, error) {
 	typ, r, err := c.Reader(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
 	buf.Reset()
-	if _, err := buf.ReadFrom(r); err != nil {
+	l := limit()
+	n, err := buf.ReadFrom(io.LimitReader(r, int64(l)+1))
+	if err != nil {
 		return 0, nil, err
+	}
+	if n > int64(l) {
+		return 0, nil, errTooLarge{l}
 	}
 	return typ, buf.Bytes(), nil
 }

@@ -36,6 +36,30 @@ type SessionStats struct {
 type pendingResult struct {
 	out, in uint64
 	at      time.Time
+	allow   int // the largest answer the DISPATCH allows: a RESULT of its n x k outputs (0: none seen)
+}
+
+// ControlMessageCap is the largest worker message the hub reads while the
+// session has no request outstanding that a larger answer could be for: a
+// HELLO or HOLDINGS of 110,000 holdings (38 bytes each; Qwen3.5-397B-A17B
+// has 60 x 512 experts). A larger message is refused with 1009 before it
+// is read in full, so a session costs the hub at most this much memory
+// unless the backbone asked it for more.
+const ControlMessageCap = 4 << 20
+
+// answerCap is the largest worker message the session may send now: the
+// largest answer allowed by a request outstanding (a DISPATCH not yet
+// answered), or ControlMessageCap.
+func (s *session) answerCap() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := ControlMessageCap
+	for _, p := range s.pending {
+		if p.in == 0 && p.allow > c {
+			c = p.allow
+		}
+	}
+	return c
 }
 
 // sumRequest is a DISPATCH_SUM (digest: a DISPATCH_SUM_DIGEST) forwarded
@@ -253,6 +277,9 @@ func (s *session) toWorker(msg []byte) {
 		p := s.pending[req]
 		p.out += uint64(len(msg))
 		p.at = time.Now()
+		if n, d, k, ok := wire.DispatchShape(msg); ok {
+			p.allow = max(p.allow, int(min(uint64(wire.ResultSize(0, 0))+4*uint64(n)*uint64(k)*uint64(d), wire.MaxMessage)))
+		}
 		s.pending[req] = p
 	}
 }

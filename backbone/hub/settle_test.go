@@ -3,6 +3,7 @@ package hub
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
@@ -294,20 +295,37 @@ func TestDrainTimeout(t *testing.T) {
 	}
 }
 
-// TestMessageLimitBoundary: a worker message of exactly wire.MaxMessage
-// bytes crosses the hub; one byte more closes the session with 1009.
+// TestMessageLimitBoundary: with no request outstanding, a worker message
+// of ControlMessageCap bytes crosses the hub and one byte more closes the
+// session with 1009 (a worker cannot make the hub hold 64 MiB per session
+// unasked); with a DISPATCH outstanding whose answer may be as large as
+// wire.MaxMessage, a message of exactly that many bytes crosses, one more
+// closes.
 func TestMessageLimitBoundary(t *testing.T) {
-	r := newRig(t, nil)
-	msg := make([]byte, wire.MaxMessage)
-	copy(msg, result(9)) // a RESULT header; the hub only peeks at it
-	r.toBackbone(t, msg)
-	msg = append(msg, 0)
-	if err := r.c.Write(context.Background(), websocket.MessageBinary, msg); err != nil {
-		t.Fatal(err)
-	}
-	_, _, err := r.c.Read(context.Background())
-	if websocket.CloseStatus(err) != websocket.StatusMessageTooBig {
-		t.Fatalf("worker read after an oversized message: %v", err)
+	for _, tc := range []struct {
+		name  string
+		limit int
+		ask   bool
+	}{{"unasked", ControlMessageCap, false}, {"asked", wire.MaxMessage, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, nil)
+			if tc.ask {
+				d := dispatch(9) // declares 1 row of d = MaxMessage/8 with k = 2: an answer of up to MaxMessage
+				binary.LittleEndian.PutUint32(d[wire.HeaderSize+14:], uint32(wire.MaxMessage/8))
+				r.toWorker(t, d)
+			}
+			msg := make([]byte, tc.limit)
+			copy(msg, result(9)) // a RESULT header; the hub only peeks at it
+			r.toBackbone(t, msg)
+			msg = append(msg, 0)
+			if err := r.c.Write(context.Background(), websocket.MessageBinary, msg); err != nil {
+				t.Fatal(err)
+			}
+			_, _, err := r.c.Read(context.Background())
+			if websocket.CloseStatus(err) != websocket.StatusMessageTooBig {
+				t.Fatalf("worker read after an oversized message: %v", err)
+			}
+		})
 	}
 }
 

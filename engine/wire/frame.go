@@ -811,6 +811,26 @@ func SumRequest(msg []byte) (req uint64, n, d, k int, ok bool) {
 	return le.Uint64(p), int(n64), int(d64), int(k64), true
 }
 
+// DispatchShape returns the rows n, width d and slots k a DISPATCH,
+// DISPATCH_DIGEST, DISPATCH_SUM or DISPATCH_SUM_DIGEST declares in its
+// header (the fields after the request id and layer); ok is false for any
+// other message or one shorter than the header. The lengths are not
+// checked against the message (a hub bounding the answer it will read
+// needs only the declared shape).
+func DispatchShape(msg []byte) (n, d, k int, ok bool) {
+	t, err := Peek(msg)
+	if err != nil || len(msg) < DispatchSize(0, 0, 0) {
+		return 0, 0, 0, false
+	}
+	switch t {
+	case TypeDispatch, TypeDispatchDigest, TypeDispatchSum, TypeDispatchSumDigest:
+	default:
+		return 0, 0, 0, false
+	}
+	p := msg[HeaderSize:]
+	return int(le.Uint32(p[10:])), int(le.Uint32(p[14:])), int(le.Uint16(p[18:])), true
+}
+
 // ResultShape returns the request id, m and d of a RESULT message after
 // checking its header and its exact length (ResultSize(m, d)); ok is false
 // for any other message.

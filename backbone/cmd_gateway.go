@@ -49,6 +49,7 @@ func runGateway(args []string) int {
 	keyFile := fs.String("tls-key", "", "PEM private key")
 	selfOut := fs.String("self-signed-out", "", "use the self-signed pair DIR/gateway.crt, DIR/gateway.key, kept across restarts while valid for the hosts; a new one is written when they are missing, damaged, expire within 7 days or miss a host (tests, demo)")
 	hosts := fs.String("self-signed-hosts", "127.0.0.1,::1,localhost", "comma-separated names/IPs for --self-signed-out")
+	publicNames := fs.String("public-name", "", "comma-separated host names workers reach this gateway by, beside its certificate's names (a proxy or CDN in front with another certificate): a worker's upgrade signature names the host it dialled, and one for another host is refused")
 	acmeDomain := fs.String("acme-domain", "", "obtain and renew the certificate by ACME (TLS-ALPN-01 on --listen) for these comma-separated names; workers then need no --ca")
 	acmeCache := fs.String("acme-cache", defaultACMECache(), "with --acme-domain: directory keeping the ACME account key and certificates across restarts")
 	acmeDir := fs.String("acme-directory", "https://acme-v02.api.letsencrypt.org/directory", "with --acme-domain: the ACME server's directory URL (Let's Encrypt; its staging server for trials)")
@@ -152,7 +153,13 @@ func runGateway(args []string) int {
 		return 1
 	}
 	defer crediting.Stop()
-	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret, TLSConfig: tlsConf, Extra: crediting.Handlers,
+	names := append([]string(nil), domains...) // ACME: no certificate to read names from yet
+	for _, n := range strings.Split(*publicNames, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret, TLSConfig: tlsConf, Extra: crediting.Handlers, Names: names,
 		Registry: reg, Logger: log, IdleTimeout: *idle, HandshakeTimeout: *hsTimeout, MaxHandshakes: *maxHS, MaxHandshakesPerIP: *maxHSAddr})
 	if err == nil {
 		err = g.Start()

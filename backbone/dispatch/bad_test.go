@@ -24,7 +24,7 @@ import (
 func (s *stack) dialRaw(t *testing.T, key ed25519.PrivateKey, h http.Header) (*websocket.Conn, int, error) {
 	t.Helper()
 	if h == nil {
-		h = wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+		h = wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())
 	}
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.pool}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -217,15 +217,15 @@ func TestUpgradeRefused(t *testing.T) {
 	m := testModel()
 	s := newStack(t, m, 0, nil)
 	_, key, _ := ed25519.GenerateKey(nil)
-	bad := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	bad := wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())
 	sig := []byte(bad.Get(wire.HeaderSig))
 	sig[0] ^= 1
 	if sig[0] == 'g'^1 { // keep it hex
 		sig[0] = '0'
 	}
 	bad.Set(wire.HeaderSig, string(sig))
-	wrongPath := wire.SignUpgrade(key, "GET", "/v1/other", time.Now())
-	stale := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now().Add(-2*time.Minute))
+	wrongPath := wire.SignUpgrade(key, "GET", "127.0.0.1", "/v1/other", time.Now())
+	stale := wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now().Add(-2*time.Minute))
 	for _, tc := range []struct {
 		name string
 		h    http.Header
@@ -247,7 +247,7 @@ func TestUpgradeRefused(t *testing.T) {
 		t.Fatalf("hub saw %d connections from refused upgrades", n)
 	}
 	// Replay: the first use splices, the second is refused without a hub connection.
-	h := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	h := wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())
 	c, code, err := s.dialRaw(t, key, h.Clone())
 	if err != nil {
 		t.Fatalf("first use: %d %v", code, err)
@@ -273,7 +273,7 @@ func TestUpgradeRefused(t *testing.T) {
 	}
 	// Straight to the hub without the gateway's MAC: refused.
 	hc := &http.Client{}
-	hh := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	hh := wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())
 	hh.Set("X-Kvasir-Worker", strings.Repeat("ab", 32))
 	hh.Set("X-Kvasir-Gw-Mac", strings.Repeat("00", 32))
 	_, resp, err := websocket.Dial(context.Background(), "ws://"+s.hub.Addr()+wire.WorkerPath, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: hh})

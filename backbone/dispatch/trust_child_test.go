@@ -195,7 +195,7 @@ func handDriven(key ed25519.PrivateKey, pool *x509.CertPool, hs []wire.Holding, 
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	ctx := context.Background()
 	c, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: client,
-		HTTPHeader: wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())})
+		HTTPHeader: wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -11,6 +11,7 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,6 +36,17 @@ type Config struct {
 	Secret    []byte                  // shared hub secret (>= 16 bytes) for the HMAC headers
 	TLSConfig *tls.Config             // server certificate(s); required
 	Extra     map[string]http.Handler // handlers for non-worker paths (http.ServeMux patterns)
+	// Names are the host names (and IP addresses) workers reach this
+	// gateway by, beside those of TLSConfig's certificates (their DNS and
+	// IP subject alternative names): a worker's upgrade signature names
+	// the host it dialled (wire.UpgradeMessage), and one naming a host
+	// that is not one of these is refused (403, reason wrong_host), so a
+	// signature seen elsewhere (another network's gateway, a proxy) cannot
+	// be replayed here. Give the public name when a proxy or CDN in front
+	// terminates TLS with another certificate, and the ACME domains (a
+	// GetCertificate configuration has no certificate to read names from).
+	// With no name at all, any host the signature names is accepted.
+	Names []string
 
 	MaxSkew     time.Duration // allowed clock skew of a worker's signature; default 60 s
 	IdleTimeout time.Duration // close a splice after this long without bytes in a direction; default 90 s (> the 20 s ping)
@@ -73,6 +85,8 @@ type Gateway struct {
 	srv     *http.Server
 	ln      net.Listener
 	hl      *handshakeListener
+
+	names   map[string]bool // Config.Names and the certificates' names, UpgradeHost form
 
 	nonceMu sync.Mutex
 	nonces  map[string]time.Time
@@ -125,7 +139,8 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger, hubAddr: addr, nonces: map[string]time.Time{}, conns: map[net.Conn]struct{}{}}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, hubAddr: addr, nonces: map[string]time.Time{}, conns: map[net.Conn]struct{}{},
+		names: hostNames(cfg.Names, cfg.TLSConfig)}
 	reg := cfg.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -258,6 +273,34 @@ func (g *Gateway) track(a, b net.Conn, add bool) bool {
 		g.active.Add(-1)
 	}
 	return true
+}
+
+// hostNames is the set of names (wire.UpgradeHost form) a worker may sign
+// for: names and the DNS and IP subject alternative names of tc's
+// certificates (a certificate that does not parse adds none).
+func hostNames(names []string, tc *tls.Config) map[string]bool {
+	set := map[string]bool{}
+	for _, n := range names {
+		if n = strings.TrimSpace(n); n != "" {
+			set[wire.UpgradeHost(n)] = true
+		}
+	}
+	for _, c := range tc.Certificates {
+		leaf := c.Leaf
+		if leaf == nil && len(c.Certificate) > 0 {
+			leaf, _ = x509.ParseCertificate(c.Certificate[0])
+		}
+		if leaf == nil {
+			continue
+		}
+		for _, d := range leaf.DNSNames {
+			set[strings.ToLower(d)] = true
+		}
+		for _, ip := range leaf.IPAddresses {
+			set[ip.String()] = true
+		}
+	}
+	return set
 }
 
 func hostOnly(addr string) string {

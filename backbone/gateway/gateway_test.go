@@ -19,6 +19,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/engine/wire"
+	dto "github.com/prometheus/client_model/go"
 )
 
 var secret = []byte("0123456789abcdef0123456789abcdef")
@@ -113,7 +114,7 @@ func TestSpliceNamesWorkerAndEchoes(t *testing.T) {
 		"/v1/wallet/": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "wallet") }),
 	})
 	_, key, _ := ed25519.GenerateKey(nil)
-	h := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	h := wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())
 	h.Set(hub.HeaderWorker, strings.Repeat("ee", 32)) // spoofing attempt: must be replaced
 	h.Set(hub.HeaderGwMAC, strings.Repeat("00", 32))
 	c, _, err := dial(t, g, pool, h)
@@ -168,7 +169,7 @@ func TestHubDownIs502(t *testing.T) {
 	ln.Close()
 	g, pool := newGateway(t, addr, nil)
 	_, key, _ := ed25519.GenerateKey(nil)
-	_, resp, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now()))
+	_, resp, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now()))
 	if err == nil || resp == nil || resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("want 502, got %v %v", resp, err)
 	}
@@ -191,7 +192,7 @@ func TestHubSecretMismatchIs502(t *testing.T) {
 	defer h.Close()
 	g, pool := newGateway(t, h.Addr(), nil)
 	_, key, _ := ed25519.GenerateKey(nil)
-	_, resp, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now()))
+	_, resp, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now()))
 	if err == nil || resp == nil || resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("want 502, got %v %v", resp, err)
 	}
@@ -245,7 +246,7 @@ func TestIdleTimeoutClosesSplice(t *testing.T) {
 	}
 	defer g.Close()
 	_, key, _ := ed25519.GenerateKey(nil)
-	c, _, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now()))
+	c, _, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func BenchmarkSplice(b *testing.B) {
 	eh := newEchoHub(b)
 	g, pool := newGateway(b, eh.ln.Addr().String(), nil)
 	_, key, _ := ed25519.GenerateKey(nil)
-	c, _, err := dial(b, g, pool, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now()))
+	c, _, err := dial(b, g, pool, wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -324,7 +325,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		run(b, c)
 	})
 	b.Run("gateway", func(b *testing.B) {
-		c, _, err := dial(b, g, pool, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now()))
+		c, _, err := dial(b, g, pool, wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now()))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -342,7 +343,7 @@ func TestSpliceLargeMessagesExact(t *testing.T) {
 	eh := newEchoHub(t)
 	g, pool := newGateway(t, eh.ln.Addr().String(), nil)
 	_, key, _ := ed25519.GenerateKey(nil)
-	c, _, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now()))
+	c, _, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,4 +378,45 @@ func TestSpliceLargeMessagesExact(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestUpgradeForAnotherHost: a worker's upgrade signature names the host it
+// dialled, so headers it made for another gateway (seen by that gateway or
+// a proxy in front of it) are refused here: sent as they are (Host: this
+// gateway) the signature does not verify, and sent with the other host's
+// name as Host the name is not one of this gateway's (its certificate's
+// names and Config.Names). Before, such a replay was admitted and a forged
+// RESULT got the worker's key banned.
+func TestUpgradeForAnotherHost(t *testing.T) {
+	eh := newEchoHub(t)
+	g, pool := newGateway(t, eh.ln.Addr().String(), nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	other := wire.SignUpgrade(key, "GET", "gate-a.example:443", wire.WorkerPath, time.Now())
+	if _, resp, err := dial(t, g, pool, other); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("headers signed for another host: %v %v", resp, err)
+	}
+	// The same headers with that host's name as Host, over a connection
+	// to this gateway.
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, g.Addr())
+		},
+		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"},
+	}
+	_, port, _ := net.SplitHostPort(g.Addr())
+	_, resp, err := websocket.Dial(context.Background(), "wss://gate-a.example:"+port+wire.WorkerPath,
+		&websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}, HTTPHeader: wire.SignUpgrade(key, "GET", "gate-a.example", wire.WorkerPath, time.Now())})
+	if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("upgrade for another host's name: %v %v", resp, err)
+	}
+	var m dto.Metric
+	if err := g.met.refused.WithLabelValues("wrong_host").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		t.Fatalf("wrong_host refusals %v (%v), want 1", m.GetCounter().GetValue(), err)
+	}
+	// Headers for this gateway's own name are admitted.
+	c, _, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now()))
+	if err != nil {
+		t.Fatalf("own host: %v", err)
+	}
+	c.CloseNow()
 }

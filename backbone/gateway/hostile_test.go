@@ -77,7 +77,7 @@ func dialTap(t *testing.T, g *Gateway, pool *x509.CertPool) (*websocket.Conn, *t
 	}}
 	_, key, _ := ed25519.GenerateKey(nil)
 	c, _, err := websocket.Dial(context.Background(), "wss://"+g.Addr()+wire.WorkerPath,
-		&websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}, HTTPHeader: wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())})
+		&websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}, HTTPHeader: wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func TestGatewayMetrics(t *testing.T) {
 	}
 	defer g.Close()
 	_, key, _ := ed25519.GenerateKey(nil)
-	h := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	h := wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())
 	c, _, err := dial(t, g, pool, h)
 	if err != nil {
 		t.Fatal(err)
@@ -58,19 +58,19 @@ func TestGatewayMetrics(t *testing.T) {
 	if _, _, err := dial(t, g, pool, nil); err == nil {
 		t.Fatal("unsigned accepted")
 	}
-	bad := wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())
+	bad := wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())
 	bad.Set("X-Kvasir-Sig", strings.Repeat("00", 64))
 	if _, _, err := dial(t, g, pool, bad); err == nil {
 		t.Fatal("bad signature accepted")
 	}
-	if _, _, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now().Add(-time.Hour))); err == nil {
+	if _, _, err := dial(t, g, pool, wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now().Add(-time.Hour))); err == nil {
 		t.Fatal("stale signature accepted")
 	}
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := ln.Addr().String()
 	ln.Close()
 	g2, pool2 := newGateway(t, dead, nil)
-	if _, _, err := dial(t, g2, pool2, wire.SignUpgrade(key, "GET", wire.WorkerPath, time.Now())); err == nil {
+	if _, _, err := dial(t, g2, pool2, wire.SignUpgrade(key, "GET", "127.0.0.1", wire.WorkerPath, time.Now())); err == nil {
 		t.Fatal("hub down: upgrade accepted")
 	}
 	// The splice's end is counted (sessions open, its error reason) by its

@@ -54,7 +54,11 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (worker string, 
 		return "", now, false
 	}
 	now = time.Now()
-	pub, nonce, err := wire.VerifyUpgrade(r.Header, r.Method, r.URL.Path, now, g.cfg.MaxSkew)
+	if host := wire.UpgradeHost(r.Host); len(g.names) > 0 && !g.names[host] {
+		g.refuse(w, r, http.StatusForbidden, "wrong_host", fmt.Errorf("upgrade for host %q, not a name of this gateway", host))
+		return "", now, false
+	}
+	pub, nonce, err := wire.VerifyUpgrade(r.Header, r.Method, r.Host, r.URL.Path, now, g.cfg.MaxSkew)
 	switch {
 	case errors.Is(err, wire.ErrNoSignature):
 		g.refuse(w, r, http.StatusUnauthorized, "unsigned", err)

@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -16,7 +18,7 @@ const (
 	HeaderKey   = "X-Kvasir-Key"   // hex of the worker's 32-byte ed25519 public key (64 chars)
 	HeaderTime  = "X-Kvasir-Time"  // decimal unix time in milliseconds when signed
 	HeaderNonce = "X-Kvasir-Nonce" // hex of 16 random bytes (32 chars)
-	HeaderSig   = "X-Kvasir-Sig"   // hex of the 64-byte ed25519 signature over UpgradeMessage
+	HeaderSig   = "X-Kvasir-Sig"   // hex of the 64-byte ed25519 signature over UpgradeMessage (v2: the host included)
 )
 
 // WorkerPath is the HTTP path of the worker WebSocket on gateway and hub.
@@ -31,25 +33,42 @@ var (
 
 // UpgradeMessage is the byte string a worker signs at the upgrade:
 //
-//	"kvasir-upgrade-v1\n" + method + "\n" + path + "\n" + unixMillis + "\n" + nonceHex
+//	"kvasir-upgrade-v2\n" + method + "\n" + host + "\n" + path + "\n" + unixMillis + "\n" + nonceHex
 //
 // Binding method and path keeps a signature for one endpoint from being used
-// on another; the time bounds its life and the nonce makes it single-use for
-// a verifier that remembers nonces for the skew window.
-func UpgradeMessage(method, path string, unixMillis int64, nonce string) []byte {
-	return []byte("kvasir-upgrade-v1\n" + method + "\n" + path + "\n" + strconv.FormatInt(unixMillis, 10) + "\n" + nonce)
+// on another; binding host (the gateway's name as the worker dialled it,
+// UpgradeHost) keeps it from being used at another gateway (one that saw
+// it: a gateway of another network, a TLS-terminating proxy) within its
+// life, where the first gateway's nonce cache does not reach; the time
+// bounds its life and the nonce makes it single-use for a verifier that
+// remembers nonces for the skew window. (Version 1 signed no host: a
+// signature replayed at a second gateway got the worker's key banned
+// there.)
+func UpgradeMessage(method, host, path string, unixMillis int64, nonce string) []byte {
+	return []byte("kvasir-upgrade-v2\n" + method + "\n" + host + "\n" + path + "\n" + strconv.FormatInt(unixMillis, 10) + "\n" + nonce)
+}
+
+// UpgradeHost is the host an upgrade signature names: the host part of a
+// URL's or request's authority (hostport: "gate.example.net:443",
+// "[2001:db8::1]:443", "127.0.0.1"), without the port, lower-cased.
+func UpgradeHost(hostport string) string {
+	h := hostport
+	if host, _, err := net.SplitHostPort(hostport); err == nil {
+		h = host
+	}
+	return strings.ToLower(strings.Trim(h, "[]"))
 }
 
 // SignUpgrade returns the four X-Kvasir-* headers that authenticate a worker
-// holding key for one upgrade request (method, path) made at now. It draws a
-// fresh 16-byte nonce from crypto/rand. key must be a 64-byte ed25519
-// private key.
-func SignUpgrade(key ed25519.PrivateKey, method, path string, now time.Time) http.Header {
+// holding key for one upgrade request (method, path) to the gateway host
+// (UpgradeHost of the URL it dials) made at now. It draws a fresh 16-byte
+// nonce from crypto/rand. key must be a 64-byte ed25519 private key.
+func SignUpgrade(key ed25519.PrivateKey, method, host, path string, now time.Time) http.Header {
 	var nb [16]byte
 	_, _ = rand.Read(nb[:]) // crypto/rand.Read never fails on supported platforms
 	nonce := hex.EncodeToString(nb[:])
 	ms := now.UnixMilli()
-	sig := ed25519.Sign(key, UpgradeMessage(method, path, ms, nonce))
+	sig := ed25519.Sign(key, UpgradeMessage(method, UpgradeHost(host), path, ms, nonce))
 	h := http.Header{}
 	h.Set(HeaderKey, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
 	h.Set(HeaderTime, strconv.FormatInt(ms, 10))
@@ -59,12 +78,14 @@ func SignUpgrade(key ed25519.PrivateKey, method, path string, now time.Time) htt
 }
 
 // VerifyUpgrade checks the X-Kvasir-* headers of an upgrade request for
-// (method, path) received at now: all four present (else ErrNoSignature),
-// well-formed and a valid ed25519 signature (else ErrBadSignature), and a
-// timestamp within maxSkew of now either way (else ErrStale). It returns the
-// worker's public key and the nonce; remembering nonces to refuse replays
-// within the skew window is the caller's job.
-func VerifyUpgrade(h http.Header, method, path string, now time.Time, maxSkew time.Duration) (ed25519.PublicKey, string, error) {
+// (method, path) to host (the request's Host; UpgradeHost is applied)
+// received at now: all four present (else ErrNoSignature), well-formed and
+// a valid ed25519 signature over that host (else ErrBadSignature), and a
+// timestamp within maxSkew of now either way (else ErrStale). It returns
+// the worker's public key and the nonce; remembering nonces to refuse
+// replays within the skew window, and refusing a host that is not the
+// verifier's own, are the caller's job.
+func VerifyUpgrade(h http.Header, method, host, path string, now time.Time, maxSkew time.Duration) (ed25519.PublicKey, string, error) {
 	ks, ts, ns, ss := h.Get(HeaderKey), h.Get(HeaderTime), h.Get(HeaderNonce), h.Get(HeaderSig)
 	if ks == "" || ts == "" || ns == "" || ss == "" {
 		return nil, "", fmt.Errorf("%w: missing X-Kvasir-* header", ErrNoSignature)
@@ -84,7 +105,7 @@ func VerifyUpgrade(h http.Header, method, path string, now time.Time, maxSkew ti
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: time %q", ErrBadSignature, ts)
 	}
-	if !ed25519.Verify(key, UpgradeMessage(method, path, ms, ns), sig) {
+	if !ed25519.Verify(key, UpgradeMessage(method, UpgradeHost(host), path, ms, ns), sig) {
 		return nil, "", fmt.Errorf("%w: verification failed", ErrBadSignature)
 	}
 	skew := now.Sub(time.UnixMilli(ms))

@@ -372,40 +372,59 @@ func TestDecodeRejects(t *testing.T) {
 func TestUpgradeSignature(t *testing.T) {
 	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{1}, 32))
 	now := time.Unix(1_800_000_000, 0)
-	h := SignUpgrade(key, "GET", WorkerPath, now)
-	pub, nonce, err := VerifyUpgrade(h, "GET", WorkerPath, now.Add(10*time.Second), time.Minute)
+	h := SignUpgrade(key, "GET", "Gate.Example.net:443", WorkerPath, now)
+	pub, nonce, err := VerifyUpgrade(h, "GET", "gate.example.net", WorkerPath, now.Add(10*time.Second), time.Minute)
 	if err != nil || !pub.Equal(key.Public()) || len(nonce) != 32 {
 		t.Fatalf("verify: %v %x %q", err, pub, nonce)
 	}
-	if h2 := SignUpgrade(key, "GET", WorkerPath, now); h2.Get(HeaderNonce) == nonce {
+	if h2 := SignUpgrade(key, "GET", "Gate.Example.net:443", WorkerPath, now); h2.Get(HeaderNonce) == nonce {
 		t.Fatal("nonce repeated")
 	}
-	if _, _, err := VerifyUpgrade(h, "GET", "/v1/other", now, time.Minute); !errors.Is(err, ErrBadSignature) {
+	if _, _, err := VerifyUpgrade(h, "GET", "gate.example.net", "/v1/other", now, time.Minute); !errors.Is(err, ErrBadSignature) {
 		t.Fatalf("other path: %v", err)
 	}
-	if _, _, err := VerifyUpgrade(h, "GET", WorkerPath, now.Add(61*time.Second), time.Minute); !errors.Is(err, ErrStale) {
+	// The host is signed (port and case aside): the same headers at
+	// another gateway fail.
+	if _, _, err := VerifyUpgrade(h, "GET", "GATE.example.NET:8443", WorkerPath, now, time.Minute); err != nil {
+		t.Fatalf("same host, other port and case: %v", err)
+	}
+	if _, _, err := VerifyUpgrade(h, "GET", "other.example.net:443", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("other host: %v", err)
+	}
+	if _, _, err := VerifyUpgrade(h, "GET", "gate.example.net", WorkerPath, now.Add(61*time.Second), time.Minute); !errors.Is(err, ErrStale) {
 		t.Fatalf("stale: %v", err)
 	}
-	if _, _, err := VerifyUpgrade(h, "GET", WorkerPath, now.Add(-61*time.Second), time.Minute); !errors.Is(err, ErrStale) {
+	if _, _, err := VerifyUpgrade(h, "GET", "gate.example.net", WorkerPath, now.Add(-61*time.Second), time.Minute); !errors.Is(err, ErrStale) {
 		t.Fatalf("future: %v", err)
 	}
-	if _, _, err := VerifyUpgrade(http_Header(), "GET", WorkerPath, now, time.Minute); !errors.Is(err, ErrNoSignature) {
+	if _, _, err := VerifyUpgrade(http_Header(), "GET", "gate.example.net", WorkerPath, now, time.Minute); !errors.Is(err, ErrNoSignature) {
 		t.Fatalf("unsigned: %v", err)
 	}
 	other := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{2}, 32))
 	forged := h.Clone()
-	forged.Set(HeaderKey, SignUpgrade(other, "GET", WorkerPath, now).Get(HeaderKey))
-	if _, _, err := VerifyUpgrade(forged, "GET", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) {
+	forged.Set(HeaderKey, SignUpgrade(other, "GET", "gate.example.net", WorkerPath, now).Get(HeaderKey))
+	if _, _, err := VerifyUpgrade(forged, "GET", "gate.example.net", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) {
 		t.Fatalf("forged key: %v", err)
 	}
 	bumped := h.Clone()
 	bumped.Set(HeaderTime, "1800000001000")
-	if _, _, err := VerifyUpgrade(bumped, "GET", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) {
+	if _, _, err := VerifyUpgrade(bumped, "GET", "gate.example.net", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) {
 		t.Fatalf("bumped time: %v", err)
 	}
 }
 
 func http_Header() map[string][]string { return map[string][]string{} }
+
+func TestUpgradeHost(t *testing.T) {
+	for in, want := range map[string]string{
+		"gate.example.net:443": "gate.example.net", "GATE.Example.net": "gate.example.net",
+		"[2001:DB8::1]:443": "2001:db8::1", "[::1]": "::1", "127.0.0.1:8543": "127.0.0.1", "127.0.0.1": "127.0.0.1",
+	} {
+		if got := UpgradeHost(in); got != want {
+			t.Errorf("UpgradeHost(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
 
 func TestLink(t *testing.T) {
 	var buf bytes.Buffer

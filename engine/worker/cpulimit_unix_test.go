@@ -74,7 +74,7 @@ type loadBackbone struct {
 }
 
 func (b *loadBackbone) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
-	if _, _, err := wire.VerifyUpgrade(r.Header, r.Method, r.URL.Path, time.Now(), time.Minute); err != nil {
+	if _, _, err := wire.VerifyUpgrade(r.Header, r.Method, r.Host, r.URL.Path, time.Now(), time.Minute); err != nil {
 		http.Error(rw, err.Error(), http.StatusUnauthorized)
 		return
 	}

@@ -117,7 +117,7 @@ func (w *Worker) runSession(ctx context.Context, welcomed *time.Time) error {
 // worker's key; bc is its connection's batching layer (dialBatched), nil if
 // the transport did not dial through it.
 func (w *Worker) dial(ctx context.Context) (c *websocket.Conn, bc *wire.BatchConn, err error) {
-	hdr := wire.SignUpgrade(w.cfg.Key, http.MethodGet, w.path, time.Now())
+	hdr := wire.SignUpgrade(w.cfg.Key, http.MethodGet, w.host, w.path, time.Now())
 	slot := new(*wire.BatchConn)
 	dctx, dcancel := context.WithTimeout(context.WithValue(ctx, batchSlot{}, slot), 15*time.Second)
 	c, resp, err := websocket.Dial(dctx, w.url, &websocket.DialOptions{HTTPClient: w.client, HTTPHeader: hdr,

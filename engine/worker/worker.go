@@ -217,6 +217,7 @@ type Worker struct {
 	log    *slog.Logger
 	client *http.Client
 	url    string
+	host   string // the gateway's host:port as dialled (the upgrade signature names it)
 	path   string
 	holds  map[uint64]struct{}
 	store  *slice.Store // SliceDir's store, nil without
@@ -342,7 +343,7 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	w := &Worker{cfg: cfg, log: cfg.Logger, url: u.String(), path: u.Path,
+	w := &Worker{cfg: cfg, log: cfg.Logger, url: u.String(), host: u.Host, path: u.Path,
 		holds: map[uint64]struct{}{}, kick: make(chan struct{}, 1), store: store, badAtOpen: storeBad}
 	for _, h := range cfg.Holdings {
 		w.holds[uint64(h.Layer)<<32|uint64(h.Expert)] = struct{}{}

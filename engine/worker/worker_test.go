@@ -129,7 +129,7 @@ func TestServe(t *testing.T) {
 	got := make(chan error, 1)
 	release := make(chan struct{})
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if _, _, err := wire.VerifyUpgrade(r.Header, r.Method, r.URL.Path, time.Now(), time.Minute); err != nil {
+		if _, _, err := wire.VerifyUpgrade(r.Header, r.Method, r.Host, r.URL.Path, time.Now(), time.Minute); err != nil {
 			http.Error(rw, err.Error(), http.StatusUnauthorized)
 			return
 		}

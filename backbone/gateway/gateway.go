@@ -86,7 +86,7 @@ type Gateway struct {
 	ln      net.Listener
 	hl      *handshakeListener
 
-	names   map[string]bool // Config.Names and the certificates' names, UpgradeHost form
+	names map[string]bool // Config.Names and the certificates' names, UpgradeHost form
 
 	nonceMu sync.Mutex
 	nonces  map[string]time.Time

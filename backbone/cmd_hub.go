@@ -33,6 +33,7 @@ func runHub(args []string) int {
 	backbone := fs.String("backbone", "127.0.0.1:7002", "the backbone's dispatch listener (host:port)")
 	secretFile := fs.String("secret-file", "", "shared gateway secret (hex); env KVASIR_HUB_SECRET_FILE; default "+hub.DefaultSecretFile())
 	createSecret := fs.Bool("create-secret", false, "create the secret file (random, 0600) when it is missing; without it a missing file is an error (copy the file from the host that created it)")
+	spillFile := fs.String("spill-file", "", "where the ledger rows a stopping hub could not append are kept, and appended at the next start (default: the SQLite ledger's path + \".unappended\", or hub-ledger.unappended in the working directory for PostgreSQL)")
 	ledgerFile := fs.String("ledger", "hub-ledger.sqlite", "contribution ledger: an SQLite file, or a postgres:// URL of a database several hubs share (password: PGPASSWORD or ~/.pgpass); \"\" to keep counts in memory only")
 	allowPublic := fs.Bool("allow-public", false, "allow listening on a public address")
 	settle := fs.Duration("settle", hub.DefaultSettleDelay, "hold creditable bytes back from the ledger this long (a verification failure forfeits what is held; docs/accounting.md); 0: none")
@@ -75,6 +76,13 @@ func runHub(args []string) int {
 		defer l.Close()
 		fmt.Fprintf(os.Stderr, "hub: ledger on %s (%s)\n", l.Store().Kind(), pgstore.RedactPath(*ledgerFile))
 		cfg.Meter = l
+		cfg.SpillFile = *spillFile
+		if cfg.SpillFile == "" {
+			cfg.SpillFile = *ledgerFile + ".unappended"
+			if pgstore.IsURL(*ledgerFile) {
+				cfg.SpillFile = "hub-ledger.unappended"
+			}
+		}
 		cfg.Extra[ledger.Path] = ledger.Handler(l, func(r *http.Request) bool { return hub.Authorized(r, secret) })
 		checks = append(checks, health.Check{Name: "ledger", Fn: func(context.Context) error { _, err := l.LastID(); return err }})
 	}
@@ -102,7 +110,10 @@ func runHub(args []string) int {
 		select {
 		case <-ctx.Done():
 			fmt.Fprintln(os.Stderr, "hub: stopping (signal): settling and flushing open sessions")
-			_ = h.Close()
+			if err := h.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
 			return 0
 		case <-t.C:
 			open := 0

@@ -68,6 +68,16 @@ type Config struct {
 	// DrainTimeout bounds how long the hub keeps reading the backbone link
 	// for verdicts after the worker's side of a session ended; default 10 s.
 	DrainTimeout time.Duration
+	// CloseRetry bounds how long Close keeps trying to append the last
+	// ledger rows while the ledger refuses them (disk full, database
+	// down); default 20 s. Rows still not appended then go to SpillFile.
+	CloseRetry time.Duration
+	// SpillFile keeps the ledger rows Close could not append (JSON, one
+	// row per line; ""= none: Close then reports what was lost). Start
+	// appends the rows of an existing SpillFile before anything else and
+	// removes it; a ledger that refuses them fails Start, so nothing
+	// metered is lost while the file waits.
+	SpillFile string
 }
 
 // Settling defaults of the hub command (docs/accounting.md derives them:

@@ -41,6 +41,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvasir-ai/kvasir/backbone/ledger"
 	"github.com/kvasir-ai/kvasir/engine/wire"
 	"github.com/kvasir-ai/kvasir/wallet/walletapi"
 )
@@ -105,6 +106,7 @@ func New(cfg Config) (*Hub, error) {
 	def(&cfg.FlushEvery, time.Second)
 	def(&cfg.DialTimeout, 5*time.Second)
 	def(&cfg.DrainTimeout, 10*time.Second)
+	def(&cfg.CloseRetry, 20*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -138,6 +140,9 @@ func New(cfg Config) (*Hub, error) {
 
 // Start binds the listen address and serves in the background.
 func (h *Hub) Start() error {
+	if err := h.unspill(); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", h.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("hub: %w", err)
@@ -187,22 +192,56 @@ func (h *Hub) Close() error {
 		h.sessWG.Wait()
 		close(h.stop)
 		h.wg.Wait()
-		for try := 0; try < 5; try++ {
+		deadline := time.Now().Add(h.cfg.CloseRetry)
+		for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 			n, ferr := h.flushAll(time.Now())
-			if n == 0 {
+			if n == 0 || time.Now().After(deadline) {
 				break
 			}
 			if ferr != nil {
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(wait)
 			}
 		}
-		h.mu.Lock()
-		if n := len(h.finishing); n > 0 && h.cfg.Meter != nil {
-			h.log.Error("hub: closing without the final ledger rows of some sessions", "sessions", n)
+		if serr := h.spill(); serr != nil && err == nil {
+			err = serr
 		}
-		h.mu.Unlock()
 	})
 	return err
+}
+
+// spill writes the rows of the sessions whose last ledger rows are not
+// appended (Close gave up on the ledger) to SpillFile, and returns an
+// error saying what was kept there or, without a SpillFile, what was lost
+// (per worker).
+func (h *Hub) spill() error {
+	if h.cfg.Meter == nil {
+		return nil
+	}
+	var rows []ledger.Entry
+	for _, s := range h.live() {
+		if e, ok := s.nextRow(time.Now(), h.cfg.SettleDelay, h.cfg.SettleResults); ok {
+			rows = append(rows, e)
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	var cred uint64
+	byWorker := map[string]uint64{}
+	for _, e := range rows {
+		cred += e.BytesIn + e.BytesOut
+		byWorker[e.WorkerID] += e.BytesIn + e.BytesOut
+	}
+	if h.cfg.SpillFile == "" {
+		h.log.Error("hub: closing without the last ledger rows of some sessions: their bytes are lost", "rows", len(rows), "creditable_bytes", cred, "by_worker", byWorker)
+		return fmt.Errorf("hub: %d ledger rows (%d creditable bytes) not appended and lost: the ledger refused them", len(rows), cred)
+	}
+	if err := appendSpill(h.cfg.SpillFile, rows); err != nil {
+		h.log.Error("hub: closing without the last ledger rows of some sessions, and the spill file failed too: their bytes are lost", "rows", len(rows), "creditable_bytes", cred, "by_worker", byWorker, "err", err)
+		return fmt.Errorf("hub: %d ledger rows (%d creditable bytes) not appended, and not kept: %w", len(rows), cred, err)
+	}
+	h.log.Warn("hub: the ledger refused the last rows; kept in the spill file, appended at the next start", "file", h.cfg.SpillFile, "rows", len(rows), "creditable_bytes", cred)
+	return fmt.Errorf("hub: %d ledger rows (%d creditable bytes) not appended: kept in %s, appended at the next start", len(rows), cred, h.cfg.SpillFile)
 }
 
 // Upgrades is the number of /v1/worker requests that passed the gateway

@@ -1,0 +1,124 @@
+package hub
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+
+	"github.com/kvasir-ai/kvasir/backbone/ledger"
+)
+
+// appendSpill adds rows to the spill file at path (created 0600), one JSON
+// object per line, and syncs it.
+func appendSpill(path string, rows []ledger.Entry) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	enc := json.NewEncoder(w)
+	for _, e := range rows {
+		if err := enc.Encode(e); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// readSpill returns the rows of the spill file at path (none when there is
+// no file); a line that is not a valid row is an error naming the line.
+func readSpill(path string) ([]ledger.Entry, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var rows []ledger.Entry
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		if len(sc.Bytes()) == 0 {
+			continue
+		}
+		var e ledger.Entry
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return nil, fmt.Errorf("%s line %d: %w", path, line, err)
+		}
+		if err := ledger.Validate(e); err != nil {
+			return nil, fmt.Errorf("%s line %d: %w", path, line, err)
+		}
+		rows = append(rows, e)
+	}
+	return rows, sc.Err()
+}
+
+// unspill appends the rows of an existing SpillFile (rows a previous
+// Close could not append) to the ledger before anything is metered, then
+// removes the file. A ledger that refuses them, or a file that does not
+// read, fails Start and leaves the file as it is.
+func (h *Hub) unspill() error {
+	if h.cfg.SpillFile == "" || h.cfg.Meter == nil {
+		return nil
+	}
+	rows, err := readSpill(h.cfg.SpillFile)
+	if err != nil {
+		return fmt.Errorf("hub: spill file: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	for i := range rows {
+		rows[i].ID = 0 // the ledger assigns ids
+	}
+	if bm, ok := h.cfg.Meter.(BatchMeter); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = bm.AppendAll(ctx, rows)
+		cancel()
+	} else {
+		for i, e := range rows {
+			if err = h.cfg.Meter.Append(e); err != nil {
+				// Keep only the rows not appended, so none is appended twice.
+				if werr := rewriteSpill(h.cfg.SpillFile, rows[i:]); werr != nil {
+					err = errors.Join(err, werr)
+				}
+				break
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("hub: appending the %d ledger rows of the spill file %s (a previous hub could not append them): %w; nothing is lost while the file is kept", len(rows), h.cfg.SpillFile, err)
+	}
+	if err := os.Remove(h.cfg.SpillFile); err != nil {
+		return fmt.Errorf("hub: spill file appended, but not removed (it would be appended again): %w", err)
+	}
+	h.log.Info("hub: appended the ledger rows a previous hub could not", "file", h.cfg.SpillFile, "rows", len(rows))
+	return nil
+}
+
+// rewriteSpill replaces the spill file at path with rows (written to a
+// temporary file, synced and renamed over it).
+func rewriteSpill(path string, rows []ledger.Entry) error {
+	tmp := path + ".tmp"
+	_ = os.Remove(tmp)
+	if err := appendSpill(tmp, rows); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

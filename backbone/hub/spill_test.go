@@ -1,0 +1,101 @@
+package hub
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// TestSpillOnClose: the ledger refuses every append while the hub stops
+// (disk full, database down). Close keeps trying for CloseRetry, then
+// writes the sessions' last rows to the spill file and says so in its
+// error (the hub command exits 1); the next hub appends them at Start and
+// removes the file: the ledger ends with every creditable byte exactly
+// once. Before, Close gave up after 5 tries in half a second, exited 0,
+// and the bytes were lost.
+func TestSpillOnClose(t *testing.T) {
+	const n, rounds = 3, 4
+	var fail atomic.Bool
+	l := openLedger(t, hubBackend{"sqlite", false})
+	m := &countingMeter{l: l, failBefore: func(int64) bool { return fail.Load() }}
+	spill := filepath.Join(t.TempDir(), "ledger.unappended")
+	f := startFleet(t, n, m, func(c *Config) {
+		c.CloseRetry, c.SpillFile, c.SettleDelay = 300*time.Millisecond, spill, time.Hour
+	})
+	for range rounds {
+		f.dispatchAll(t)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var sent uint64
+		for _, s := range f.h.Sessions() {
+			sent += s.DispatchesSent
+		}
+		if sent >= uint64(f.sent.Load()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("DISPATCHes not bridged")
+		}
+	}
+	fail.Store(true)
+	for _, c := range f.ws {
+		c.Close(websocket.StatusNormalClosure, "bye")
+	}
+	f.mu.Lock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	t0 := time.Now()
+	err := f.h.Close()
+	if err == nil || !strings.Contains(err.Error(), spill) {
+		t.Fatalf("Close = %v, want an error naming the spill file", err)
+	}
+	if el := time.Since(t0); el < 300*time.Millisecond {
+		t.Fatalf("Close gave up after %v, before CloseRetry", el)
+	}
+	rows, err := readSpill(spill)
+	if err != nil || len(rows) != n {
+		t.Fatalf("spill file: %d rows, %v; want one per session (%d)", len(rows), err, n)
+	}
+	if es, _ := l.Since(0, 100); len(es) != 0 {
+		t.Fatalf("the failing ledger holds %d rows", len(es))
+	}
+
+	// The next hub appends them before anything else.
+	fail.Store(false)
+	h2, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	if _, err := os.Stat(spill); !os.IsNotExist(err) {
+		t.Fatalf("spill file still there after Start: %v", err)
+	}
+	checkExact(t, l, f, rounds)
+
+	// A spill file the ledger refuses fails Start and is kept.
+	if err := appendSpill(spill, rows); err != nil {
+		t.Fatal(err)
+	}
+	fail.Store(true)
+	h3, _ := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
+	if err := h3.Start(); err == nil || !strings.Contains(err.Error(), "nothing is lost") {
+		t.Fatalf("Start with a refusing ledger = %v", err)
+	}
+	if got, _ := readSpill(spill); len(got) != n {
+		t.Fatalf("spill file holds %d rows after a failed Start, want %d", len(got), n)
+	}
+}
+
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))

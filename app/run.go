@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -298,7 +299,7 @@ func Main(args []string, stderr io.Writer) int {
 	slice := fs.String("slice", "", "expert slice folder (default: saved setting, else DATA/slice)")
 	ca := fs.String("ca", "", "PEM file of root CAs for the gateway (default: saved setting, else the system's)")
 	threads := fs.Int("threads", -1, "compute threads (default: saved setting; 0 = all CPUs)")
-	cpuLimit := fs.Int("cpu-limit", 0, "percent of this computer's CPU time kvasir may use, 1-100 (default: saved setting; 100 = no limit)")
+	cpuLimit := fs.Int("cpu-limit", -1, "percent of this computer's CPU time kvasir may use, 1-100 (default: saved setting; 100 = no limit)")
 	data := fs.String("data", "", "data folder for identity and wallet (default: user config dir/kvasir)")
 	backend := fs.String("backend", "", "where experts are computed: auto, cpu or vulkan:N (default: saved setting, else auto: a GPU if there is one)")
 	if err := fs.Parse(args); err != nil {
@@ -330,6 +331,7 @@ func Main(args []string, stderr io.Writer) int {
 	}
 	defer lock.Release()
 
+	setSessionBus()
 	a := fyneapp.NewWithID(AppID)
 	a.SetIcon(AppIcon)
 	s := LoadSettings(a.Preferences())
@@ -345,7 +347,7 @@ func Main(args []string, stderr io.Writer) int {
 	if *threads >= 0 {
 		s.Threads = *threads
 	}
-	if *cpuLimit != 0 {
+	if *cpuLimit != -1 { // given (0 and other values out of 1-100 are refused by Validate)
 		s.CPULimit = *cpuLimit
 	}
 	if *backend != "" {
@@ -409,4 +411,31 @@ func Main(args []string, stderr io.Writer) int {
 	close(stop)
 	mgr.Stop()
 	return 0
+}
+
+// setSessionBus names the D-Bus session bus for everything the app starts
+// (Fyne's desktop integration, the keyring, the tray) when
+// DBUS_SESSION_BUS_ADDRESS is empty on a desktop that uses D-Bus: the
+// socket $XDG_RUNTIME_DIR/bus when there is one, else "disabled:", an
+// address that connects nowhere. Without it godbus, asked for the session
+// bus, launched one (dbus-launch), and every launch of the window without
+// a session left a dbus-daemon running after the app quit.
+func setSessionBus() {
+	if !needsSessionBus() || os.Getenv("DBUS_SESSION_BUS_ADDRESS") != "" {
+		return
+	}
+	os.Setenv("DBUS_SESSION_BUS_ADDRESS", sessionBusAddress(os.Getenv("XDG_RUNTIME_DIR")))
+}
+
+// sessionBusAddress is the session bus address for a session without
+// DBUS_SESSION_BUS_ADDRESS: the runtime folder's bus socket, or
+// "disabled:".
+func sessionBusAddress(runtimeDir string) string {
+	if runtimeDir != "" {
+		p := filepath.Join(runtimeDir, "bus")
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return "unix:path=" + p
+		}
+	}
+	return "disabled:"
 }

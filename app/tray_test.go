@@ -40,3 +40,25 @@ func TestSessionBusReachable(t *testing.T) {
 		}
 	}
 }
+
+// Without DBUS_SESSION_BUS_ADDRESS the app names the runtime folder's bus
+// socket, or "disabled:" when there is none (godbus would otherwise launch a
+// session bus that outlives the app).
+func TestSessionBusAddress(t *testing.T) {
+	dir := t.TempDir()
+	if got := sessionBusAddress(dir); got != "disabled:" {
+		t.Fatalf("no socket: %q", got)
+	}
+	if got := sessionBusAddress(""); got != "disabled:" {
+		t.Fatalf("no runtime folder: %q", got)
+	}
+	p := filepath.Join(dir, "bus")
+	ln, err := net.Listen("unix", p)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer ln.Close()
+	if got := sessionBusAddress(dir); got != "unix:path="+p {
+		t.Fatalf("with a socket: %q", got)
+	}
+}

@@ -432,7 +432,7 @@ func notEarning(s status.Snapshot) string {
 func (u *UI) showState(s status.Snapshot) {
 	u.stateIcon.Resource = stateIcons[s.State]
 	u.stateIcon.Refresh()
-	u.state.Text = stateTitle(s.State)
+	u.state.Text = stateTitle(s)
 	u.state.Refresh()
 	gw := s.Gateway
 	if gw == "" {
@@ -470,10 +470,15 @@ func setEnabled(b *widget.Button, on bool) {
 	}
 }
 
-// stateTitle is the heading for a state.
-func stateTitle(s status.State) string {
-	switch s {
+// stateTitle is the heading for a snapshot's state: connected and
+// earning, or connected and not (no experts assigned yet, resting, ...:
+// the card under it says why).
+func stateTitle(snap status.Snapshot) string {
+	switch s := snap.State; s {
 	case status.Connected:
+		if !snap.Earning() {
+			return "Connected — not earning"
+		}
 		return "Connected — earning"
 	case status.Dialing:
 		return "Connecting…"

@@ -204,7 +204,7 @@ func TestWhyNotEarning(t *testing.T) {
 		{status.Snapshot{State: status.Offline, LastError: "dial tcp 127.0.0.1:8443: connection refused"},
 			"Offline — not earning", "the gateway refused the connection: the gateway is down or the address is wrong"},
 		{status.Snapshot{State: status.Dialing}, "Connecting…", "connecting to the gateway"},
-		{status.Snapshot{State: status.Connected, Reason: "no work assigned"}, "Connected — earning", "no work assigned"},
+		{status.Snapshot{State: status.Connected, Reason: "no work assigned"}, "Connected — not earning", "no work assigned"},
 		{status.Snapshot{State: status.Offline, Reason: "no slice: folder not set", LastError: "x"}, "Offline — not earning", "no slice: folder not set"},
 	}
 	for _, c := range cases {

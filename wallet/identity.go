@@ -167,7 +167,7 @@ func keyringUsable(k Keyring, timeout time.Duration) (bool, string) {
 		return false, "go-keyring has no backend on " + runtime.GOOS
 	case "darwin", "windows":
 	default:
-		if os.Getenv("DBUS_SESSION_BUS_ADDRESS") == "" {
+		if a := os.Getenv("DBUS_SESSION_BUS_ADDRESS"); a == "" || a == "disabled:" {
 			return false, "no D-Bus session (DBUS_SESSION_BUS_ADDRESS is empty), so no Secret Service"
 		}
 	}

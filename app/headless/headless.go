@@ -58,6 +58,7 @@ func Run(ctx context.Context, o Options) error {
 	c := tick(o.Interval)
 	m := status.NewMeter(2)
 	m.Add(o.Now(), o.Source.Stats())
+	var last wallet.Summary // the wallet's last figures read
 	for {
 		select {
 		case <-ctx.Done():
@@ -80,12 +81,19 @@ func Run(ctx context.Context, o Options) error {
 		m.Add(o.Now(), snap)
 		rows, bytes := m.Rate(0)
 		var est, pending uint64
+		walletNote := ""
 		if o.Wallet != nil {
 			if s, err := o.Wallet(); err == nil {
 				est, pending = s.MeteredNKVR, s.PendingNKVR
+				last = s
+			} else {
+				// The last figures read, and why they are not today's (a
+				// full disk, a read-only folder): not "0.00000".
+				est, pending = last.MeteredNKVR, last.PendingNKVR
+				walletNote = " [wallet: " + err.Error() + "]"
 			}
 		}
-		if _, err := fmt.Fprintln(o.Out, o.Now().Format("15:04:05"), status.Line(snap, rows, bytes, est, pending)); err != nil {
+		if _, err := fmt.Fprintln(o.Out, o.Now().Format("15:04:05"), status.Line(snap, rows, bytes, est, pending)+walletNote); err != nil {
 			return err
 		}
 	}
@@ -174,7 +182,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1
 	}
-	defer n.Close()
+	closed := false
+	defer func() {
+		if !closed {
+			n.Close()
+		}
+	}()
 	fmt.Fprintf(stdout, "kvasir worker %s\ngateway: %s\nslice: %s\ncompute: %s\n", n.Identity().Address, cfg.GatewayURL, n.Slice().Summary(), n.Device())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -194,9 +207,17 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1
 	}
-	if s, err := n.Summary(); err == nil {
+	s, serr := n.Summary()
+	if serr == nil {
 		fmt.Fprintf(stdout, "stopped: served %s, earned≈%s, pending %s, credited %s\n", status.FormatBytes(s.BytesServed),
 			status.FormatKVR(s.MeteredNKVR), status.FormatKVR(s.PendingNKVR), status.FormatKVR(s.CreditedNKVR))
+	}
+	// Closing writes the wallet's last counts: a full disk or a read-only
+	// folder loses them, and the contributor is told (it was silent).
+	closed = true
+	if cerr := n.Close(); cerr != nil || serr != nil {
+		fmt.Fprintln(stderr, "kvasir: stopping:", errors.Join(serr, cerr), "(the wallet's count of the last bytes served may be lost; the gateway's credit is not affected)")
+		return 1
 	}
 	return 0
 }

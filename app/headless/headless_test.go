@@ -119,6 +119,39 @@ func TestRunPrintsStatusLines(t *testing.T) {
 	}
 }
 
+// A wallet that cannot be read (a full disk, a read-only folder) shows
+// its last figures and why, not 0 KVR as if nothing had been earned.
+func TestRunWalletError(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	src := &fakeSource{snap: status.Snapshot{State: status.Connected, Gateway: "g:1", RTT: time.Millisecond}}
+	ticks := make(chan time.Time)
+	out := &syncWriter{lines: make(chan struct{}, 8)}
+	calls := 0
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		done <- Run(ctx, Options{Source: src, Out: out, Interval: 5 * time.Second,
+			Wallet: func() (wallet.Summary, error) {
+				if calls++; calls > 1 {
+					return wallet.Summary{}, errors.New("database or disk is full")
+				}
+				return wallet.Summary{PendingNKVR: 8_945_664, MeteredNKVR: 9_100_000}, nil
+			},
+			Now:  func() time.Time { return now },
+			Tick: func(time.Duration) <-chan time.Time { return ticks }})
+	}()
+	for range 2 {
+		ticks <- now
+		<-out.lines
+	}
+	cancel()
+	<-done
+	lines := strings.Split(strings.TrimSpace(out.buf.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[1], "earned≈0.00910 KVR pending=0.00895 KVR [wallet: database or disk is full]") {
+		t.Fatalf("lines:\n%s", out.buf.String())
+	}
+}
+
 func TestUsage(t *testing.T) {
 	var o, e bytes.Buffer
 	if code := Main([]string{"--headless", "--quota", "lots"}, &o, &e); code != 2 || !strings.Contains(e.String(), "want a positive byte count") {

@@ -473,7 +473,18 @@ func fromWorker(s worker.Stats, since time.Duration) status.Snapshot {
 			st = status.Offline // waiting to redial
 		}
 	}
-	return status.Snapshot{State: st, Reason: reason, Gateway: s.Gateway, RTT: s.RTT, Rows: s.Rows,
+	if st == status.Connected && reason == "" && s.Quota > 0 && s.Experts == 0 && s.DownloadExpertsTotal == 0 {
+		// Connected, but the backbone has assigned nothing to compute:
+		// the swarm has enough holders, or the quota is smaller than one
+		// expert. The window said "Connected — earning" at 0 rows/s.
+		reason = fmt.Sprintf("no experts assigned yet within the %s quota (the swarm may hold every expert already, or one expert is larger than the quota)",
+			status.FormatBytes(uint64(s.Quota)))
+	}
+	rtt := s.RTT
+	if s.Session == "" || (st != status.Connected && st != status.Paused) {
+		rtt = 0 // the last session's: not a round trip of now
+	}
+	return status.Snapshot{State: st, Reason: reason, Gateway: s.Gateway, RTT: rtt, Rows: s.Rows,
 		Requests: s.Requests, BytesIn: s.BytesIn, BytesOut: s.BytesOut, Session: s.Session,
 		ConnectedSince: s.ConnectedSince, LastError: s.LastError,
 		DownloadBytesDone: s.DownloadBytesDone, DownloadBytesTotal: s.DownloadBytesTotal,

@@ -107,8 +107,12 @@ type Summary struct {
 	// LastFetched is when statements were last received from the gateway
 	// (zero: never): credits are known up to then.
 	LastFetched time.Time `json:"last_fetched,omitzero"`
-	Reconcile   Reconcile `json:"reconcile"`
-	History     []Event   `json:"history"`
+	// Reissued is set once the gateway reissued this worker's statements
+	// (its wallets restored from an older backup): the wallet replaced its
+	// own from that statement on by the gateway's current ones.
+	Reissued  *Reissue  `json:"reissued,omitempty"`
+	Reconcile Reconcile `json:"reconcile"`
+	History   []Event   `json:"history"`
 }
 
 // Summary flushes pending counts and returns the wallet's state with the
@@ -121,6 +125,11 @@ func (w *Wallet) Summary() (Summary, error) {
 	}
 	now := w.now()
 	s := Summary{Address: w.addr, Worker: w.worker}
+	r, err := w.Reissued()
+	if err != nil {
+		return Summary{}, err
+	}
+	s.Reissued = r
 	if gw, err := w.PinnedGateway(); err != nil {
 		return Summary{}, err
 	} else if gw != nil {
@@ -512,6 +521,10 @@ func WriteText(w io.Writer, s Summary) error {
 	}
 	if s.Gateway != "" {
 		fmt.Fprintf(tw, "Gateway\t%s…\tpinned statement key\n", s.Gateway[:16])
+	}
+	if r := s.Reissued; r != nil {
+		fmt.Fprintf(tw, "Reissued\tfrom #%d\t%s: the gateway's statements from #%d on differed from the %d this wallet held (its wallets restored from an older backup?); the wallet took the gateway's current ones, and credits for the work after its backup come again as it catches up\n",
+			r.From, r.At.UTC().Format("2006-01-02 15:04Z"), r.From, r.Had)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -49,36 +49,77 @@ func (w *Wallet) Sync(ctx context.Context, hc *http.Client, baseURL string, key 
 		}
 		gw, _ = hex.DecodeString(ki.Gateway)
 	}
-	total := 0
-	for {
-		after, err := w.LastStatement()
-		if err != nil {
-			return total, err
-		}
+	page := func(after uint64) (walletapi.StatementsPage, error) {
+		var p walletapi.StatementsPage
 		target := walletapi.PathStatements + "?after=" + strconv.FormatUint(after, 10)
 		h, err := walletapi.SignRequest(key, http.MethodGet, target, time.Now())
 		if err != nil {
-			return total, err
+			return p, err
 		}
-		var page walletapi.StatementsPage
-		if err := getJSON(ctx, hc, base+target, h, &page); err != nil {
-			return total, err
+		if err := getJSON(ctx, hc, base+target, h, &p); err != nil {
+			return p, err
 		}
-		if page.Gateway != hex.EncodeToString(gw) {
-			return total, fmt.Errorf("%w: gateway serves key %s, pinned %s", ErrGatewayKey, page.Gateway, hex.EncodeToString(gw))
+		if p.Gateway != hex.EncodeToString(gw) {
+			return p, fmt.Errorf("%w: gateway serves key %s, pinned %s", ErrGatewayKey, p.Gateway, hex.EncodeToString(gw))
 		}
-		if len(page.Statements) > walletapi.MaxPage {
-			return total, fmt.Errorf("%w: %d statements in one page", ErrSync, len(page.Statements))
+		if len(p.Statements) > walletapi.MaxPage {
+			return p, fmt.Errorf("%w: %d statements in one page", ErrSync, len(p.Statements))
 		}
-		n, err := w.AddStatements(gw, page.Statements)
-		total += n
+		return p, nil
+	}
+	total := 0
+	for first := true; ; first = false {
+		last, err := w.LastStatement()
 		if err != nil {
 			return total, err
 		}
-		if !page.More || len(page.Statements) == 0 {
+		// The first page starts at the wallet's own last statement, which
+		// the gateway must still hold as it is: one it no longer holds, or
+		// holds otherwise, means it reissued its statements from an older
+		// backup of its wallets (ErrReissued).
+		after := last
+		if first && last > 0 {
+			after = last - 1
+		}
+		p, err := page(after)
+		if err != nil {
+			return total, err
+		}
+		n, err := w.AddStatements(gw, p.Statements)
+		if err == nil && first && last > 0 && len(p.Statements) == 0 {
+			err = fmt.Errorf("%w: %w: the gateway no longer holds statement %d", ErrStatement, ErrReissued, last)
+		}
+		total += n
+		if errors.Is(err, ErrReissued) {
+			return total, w.resync(gw, page)
+		}
+		if err != nil {
+			return total, err
+		}
+		if !p.More || len(p.Statements) == 0 {
 			return total, nil
 		}
 	}
+}
+
+// resync takes the gateway's whole chain (every page from the first) and
+// makes it the wallet's (ReplaceStatements, which records the fork for
+// Summary to report).
+func (w *Wallet) resync(gw ed25519.PublicKey, page func(after uint64) (walletapi.StatementsPage, error)) error {
+	var chain []walletapi.Signed
+	for after := uint64(0); ; {
+		p, err := page(after)
+		if err != nil {
+			return err
+		}
+		chain = append(chain, p.Statements...)
+		if !p.More || len(p.Statements) == 0 {
+			break
+		}
+		after += uint64(len(p.Statements))
+	}
+	_, _, err := w.ReplaceStatements(gw, chain)
+	return err // the fork is recorded: Summary's Reissued says so
 }
 
 func getJSON(ctx context.Context, hc *http.Client, u string, h http.Header, v any) error {

@@ -39,6 +39,13 @@ var (
 	// ErrStatement: a statement that fails verification or does not follow
 	// the previous one (number, cumulative totals, worker).
 	ErrStatement = errors.New("wallet: statement rejected")
+	// ErrReissued (with ErrStatement): the gateway's statements no longer
+	// extend this wallet's: one it sends under a number the wallet holds
+	// differs, or its totals do not follow the wallet's last statement (a
+	// gateway whose wallets store was restored from an older backup
+	// numbers its new credits from there). Sync then takes the gateway's
+	// current chain (ReplaceStatements).
+	ErrReissued = errors.New("wallet: the gateway reissued its statements")
 	// ErrPayout: a payout that is not positive or exceeds the credited amount.
 	ErrPayout = errors.New("wallet: invalid payout")
 )
@@ -478,13 +485,13 @@ func (w *Wallet) AddStatements(gateway ed25519.PublicKey, signed []walletapi.Sig
 			if err := tx.QueryRow(`SELECT body FROM statements WHERE n = ?`, int64(st.N)).Scan(&body); err == nil && bytes.Equal(body, sg.Body) {
 				continue
 			}
-			return 0, fmt.Errorf("%w: statement %d conflicts with the stored one", ErrStatement, st.N)
+			return 0, fmt.Errorf("%w: %w: statement %d conflicts with the stored one", ErrStatement, ErrReissued, st.N)
 		}
 		if st.N != uint64(lastN)+1 {
 			return 0, fmt.Errorf("%w: statement %d follows %d (gap)", ErrStatement, st.N, lastN)
 		}
 		if st.CumulativeBytes != uint64(cumB)+st.Bytes || st.CumulativeNKVR != uint64(cumN)+st.NKVR {
-			return 0, fmt.Errorf("%w: statement %d cumulative totals do not follow statement %d", ErrStatement, st.N, lastN)
+			return 0, fmt.Errorf("%w: %w: statement %d cumulative totals do not follow statement %d", ErrStatement, ErrReissued, st.N, lastN)
 		}
 		if _, err := tx.Exec(`INSERT INTO statements (n, gateway, body, sig, bytes, rejected, nkvr, rate, cum_bytes, cum_nkvr,
 			ledger_after, ledger_upto, time, fetched) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
@@ -509,6 +516,117 @@ func (w *Wallet) AddStatements(gateway ed25519.PublicKey, signed []walletapi.Sig
 		return 0, fmt.Errorf("wallet: %w", err)
 	}
 	return added, nil
+}
+
+// ReplaceStatements makes the wallet's statements those of the gateway's
+// whole current chain for this worker (all, from statement 1, as the
+// gateway serves them now): every statement is verified as AddStatements
+// does (the pinned gateway's signature, this worker, numbers 1, 2, ...
+// and totals that follow), the stored ones from the first that differs
+// (the fork) on are replaced, and the fork is recorded (Reissued). It
+// returns the fork (0: nothing differed) and the statements written. The
+// gateway's credit is what its statements say; a gateway that restored
+// older wallets credits the ledger rows after its cursor again under new
+// numbers, so its totals come back as it catches up.
+func (w *Wallet) ReplaceStatements(gateway ed25519.PublicKey, chain []walletapi.Signed) (fork uint64, written int, err error) {
+	if err := w.Flush(); err != nil {
+		return 0, 0, err
+	}
+	gw := hex.EncodeToString(gateway)
+	if pinned, err := w.PinnedGateway(); err != nil {
+		return 0, 0, err
+	} else if pinned == nil || hex.EncodeToString(pinned) != gw {
+		return 0, 0, fmt.Errorf("%w: statements of another gateway than the pinned one", ErrGatewayKey)
+	}
+	sts := make([]walletapi.Statement, len(chain))
+	var cumB, cumN uint64
+	for i, sg := range chain {
+		st, err := walletapi.Open(gateway, sg)
+		if err != nil {
+			return 0, 0, fmt.Errorf("%w: %v", ErrStatement, err)
+		}
+		if st.Worker != w.worker || st.N != uint64(i)+1 || st.CumulativeBytes != cumB+st.Bytes || st.CumulativeNKVR != cumN+st.NKVR {
+			return 0, 0, fmt.Errorf("%w: the gateway's chain is not consistent at statement %d", ErrStatement, st.N)
+		}
+		cumB, cumN = st.CumulativeBytes, st.CumulativeNKVR
+		sts[i] = st
+	}
+	tx, err := w.db.Begin()
+	if err != nil {
+		return 0, 0, fmt.Errorf("wallet: %w", err)
+	}
+	defer tx.Rollback()
+	var lastN int64
+	if err := tx.QueryRow(`SELECT COALESCE(MAX(n), 0) FROM statements`).Scan(&lastN); err != nil {
+		return 0, 0, fmt.Errorf("wallet: %w", err)
+	}
+	fork = uint64(len(chain)) + 1 // no difference in the gateway's chain: ours may be longer
+	for i, sg := range chain {
+		var body []byte
+		err := tx.QueryRow(`SELECT body FROM statements WHERE n = ?`, int64(i+1)).Scan(&body)
+		if errors.Is(err, sql.ErrNoRows) || (err == nil && !bytes.Equal(body, sg.Body)) {
+			fork = uint64(i) + 1
+			break
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("wallet: %w", err)
+		}
+	}
+	if fork > uint64(lastN) && fork > uint64(len(chain)) {
+		return 0, 0, nil // the same chain
+	}
+	if _, err := tx.Exec(`DELETE FROM statements WHERE n >= ?`, int64(fork)); err != nil {
+		return 0, 0, fmt.Errorf("wallet: %w", err)
+	}
+	now := w.now().UnixMilli()
+	for i := int(fork) - 1; i < len(chain); i++ {
+		st, sg := sts[i], chain[i]
+		if _, err := tx.Exec(`INSERT INTO statements (n, gateway, body, sig, bytes, rejected, nkvr, rate, cum_bytes, cum_nkvr,
+			ledger_after, ledger_upto, time, fetched) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			int64(st.N), gw, sg.Body, sg.Sig, int64(st.Bytes), int64(st.RejectedBytes), int64(st.NKVR), int64(st.RateNKVRPerByte),
+			int64(st.CumulativeBytes), int64(st.CumulativeNKVR), st.LedgerAfter, st.LedgerUpTo, st.TimeUnixMilli, now); err != nil {
+			return 0, 0, fmt.Errorf("wallet: %w", err)
+		}
+		written++
+	}
+	note := strconv.FormatUint(fork, 10) + " " + strconv.FormatInt(now, 10) + " " + strconv.FormatInt(lastN, 10)
+	if _, err := tx.Exec(`INSERT INTO meta (k, v) VALUES ('reissued', ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v`, note); err != nil {
+		return 0, 0, fmt.Errorf("wallet: %w", err)
+	}
+	if _, err := tx.Exec(`INSERT INTO meta (k, v) VALUES ('fetched', ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v`,
+		strconv.FormatInt(now, 10)); err != nil {
+		return 0, 0, fmt.Errorf("wallet: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, 0, fmt.Errorf("wallet: %w", err)
+	}
+	return fork, written, nil
+}
+
+// Reissue is when the gateway last reissued this wallet's statements
+// (ReplaceStatements): from statement From on, at At, when the wallet held
+// statements up to Had.
+type Reissue struct {
+	From, Had uint64
+	At        time.Time
+}
+
+// Reissued returns the last Reissue, or nil if there was none.
+func (w *Wallet) Reissued() (*Reissue, error) {
+	var v string
+	err := w.db.QueryRow(`SELECT v FROM meta WHERE k = 'reissued'`).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("wallet: %w", err)
+	}
+	var from, had uint64
+	var at int64
+	if _, err := fmt.Sscan(v, &from, &at, &had); err != nil {
+		return nil, fmt.Errorf("wallet: reissued %q: %w", v, err)
+	}
+	return &Reissue{From: from, Had: had, At: time.UnixMilli(at)}, nil
 }
 
 // LastFetched returns when statements were last received from the

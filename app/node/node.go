@@ -394,7 +394,13 @@ func (n *Node) Run(ctx context.Context) error {
 					return
 				case <-t.C:
 					if _, err := n.wal.Sync(ctx, n.hc, n.base, n.id.Key); err != nil && ctx.Err() == nil {
-						n.log.Debug("wallet sync", "err", err)
+						// A gateway that cannot be reached says so in the
+						// status; a statement refused is worth a line.
+						lvl := slog.LevelDebug
+						if errors.Is(err, wallet.ErrStatement) || errors.Is(err, wallet.ErrGatewayKey) {
+							lvl = slog.LevelWarn
+						}
+						n.log.Log(ctx, lvl, "wallet sync: statements not taken", "err", err)
 					}
 				}
 			}

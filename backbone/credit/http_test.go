@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -182,5 +183,93 @@ func TestWalletPinsGateway(t *testing.T) {
 	}
 	if _, err := w.Sync(context.Background(), srv2.Client(), srv2.URL, id.Key); !errors.Is(err, wallet.ErrGatewayKey) {
 		t.Fatalf("other gateway: %v, want ErrGatewayKey", err)
+	}
+}
+
+// TestWalletAfterGatewayRestore: the gateway's wallets store is restored
+// from an older backup (docs/operating.md allows wallets older than the
+// ledger): it credits the ledger rows after its cursor again under
+// statement numbers the worker's wallet already holds, with other
+// contents. The wallet, which refused them for good before ("cumulative
+// totals do not follow"), sees that the gateway no longer holds its last
+// statement, takes the gateway's current chain from the first statement
+// that differs, says so (Summary.Reissued), and syncs on normally after.
+func TestWalletAfterGatewayRestore(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	l, err := ledger.Open(filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	wp := filepath.Join(dir, "wallets.db")
+	open := func() (*Service, *httptest.Server) {
+		s, err := Open(Config{Path: wp, Source: l, RateNKVRPerByte: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, httptest.NewTLSServer(s.Handler(HandlerOptions{}))
+	}
+	appendCredit := func(s *Service, b uint64) {
+		if err := l.Append(ledger.Entry{SessionID: "s", WorkerID: workerID(1), BytesIn: b}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Credit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, srv := open()
+	appendCredit(s, 100) // statement 1
+	srv.Close()
+	s.Close()
+	backup, err := os.ReadFile(wp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, srv = open()
+	appendCredit(s, 200) // 2
+	appendCredit(s, 300) // 3
+	id := wallet.NewIdentity(workerKey(1))
+	w, err := wallet.Open(filepath.Join(dir, "w.db"), id, wallet.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if n, err := w.Sync(ctx, srv.Client(), srv.URL, id.Key); err != nil || n != 3 {
+		t.Fatalf("first sync: %d, %v", n, err)
+	}
+	srv.Close()
+	s.Close()
+	for _, suffix := range []string{"-wal", "-shm"} {
+		os.Remove(wp + suffix)
+	}
+	if err := os.WriteFile(wp, backup, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, srv = open() // restored: cursor at row 1, statement 1
+	defer func() { srv.Close(); s.Close() }()
+	if _, err := s.Credit(ctx); err != nil { // rows 2 and 3 again: one statement 2, 500 bytes
+		t.Fatal(err)
+	}
+	if _, err := w.Sync(ctx, srv.Client(), srv.URL, id.Key); err != nil {
+		t.Fatalf("sync after the restore: %v", err)
+	}
+	sum, err := w.Summary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Statements != 2 || sum.CreditedBytes != 600 || sum.CreditedNKVR != 4200 || sum.Reissued == nil || sum.Reissued.From != 2 || sum.Reissued.Had != 3 {
+		t.Fatalf("after the restore: %+v (reissued %+v)", sum, sum.Reissued)
+	}
+	var text strings.Builder
+	if err := wallet.WriteText(&text, sum); err != nil || !strings.Contains(text.String(), "Reissued") {
+		t.Fatalf("text: %v\n%s", err, text.String())
+	}
+	appendCredit(s, 50) // 3, on the gateway's current chain
+	if n, err := w.Sync(ctx, srv.Client(), srv.URL, id.Key); err != nil || n != 1 {
+		t.Fatalf("sync after: %d, %v", n, err)
+	}
+	if sum, _ := w.Summary(); sum.Statements != 3 || sum.CreditedBytes != 650 {
+		t.Fatalf("then: %+v", sum)
 	}
 }

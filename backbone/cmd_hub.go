@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -65,6 +66,7 @@ func runHub(args []string) int {
 		return 1
 	}
 	checks := []health.Check{health.Dial("backbone", *backbone)}
+	var hubRef atomic.Pointer[hub.Hub] // for the ledger check, once made
 	cfg := hub.Config{Listen: *listen, Backbone: *backbone, Secret: secret, AllowPublic: *allowPublic,
 		SettleDelay: *settle, SettleResults: *settleResults, Extra: map[string]http.Handler{}, Logger: log}
 	if *ledgerFile != "" {
@@ -84,13 +86,24 @@ func runHub(args []string) int {
 			}
 		}
 		cfg.Extra[ledger.Path] = ledger.Handler(l, func(r *http.Request) bool { return hub.Authorized(r, secret) })
-		checks = append(checks, health.Check{Name: "ledger", Fn: func(context.Context) error { _, err := l.LastID(); return err }})
+		checks = append(checks, health.Check{Name: "ledger", Fn: func(context.Context) error {
+			if _, err := l.LastID(); err != nil {
+				return err
+			}
+			if hh := hubRef.Load(); hh != nil {
+				return hh.LedgerError() // reads work, appends fail: a full disk
+			}
+			return nil
+		}})
+	} else {
+		fmt.Fprintln(os.Stderr, "hub: --ledger \"\": counts are kept in memory only; nothing reaches a ledger, so no worker is credited for this hub's sessions")
 	}
 	for p, h := range health.Handlers(checks...) {
 		cfg.Extra[p] = h
 	}
 	h, err := hub.New(cfg)
 	if err == nil {
+		hubRef.Store(h)
 		err = h.Start()
 	}
 	if errors.Is(err, hub.ErrPublic) {

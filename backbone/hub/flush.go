@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
@@ -76,8 +77,10 @@ func (h *Hub) flushAll(now time.Time) (int, error) {
 		}
 	}
 	if err != nil {
+		h.appendErr.Store(&appendFailure{err: err, rows: len(rows)})
 		h.log.Error("hub: ledger append failed; the rows will be sent again", "rows", len(rows), "err", err)
 	} else {
+		h.appendErr.Store(nil)
 		var cred, rej uint64
 		for _, e := range rows {
 			cred += e.BytesIn + e.BytesOut
@@ -148,4 +151,23 @@ func (s *session) done() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.finalWritten
+}
+
+// appendFailure is the last flush's append error and the rows it held up.
+type appendFailure struct {
+	err  error
+	rows int
+}
+
+// LedgerError is the error of the last ledger append when it failed (the
+// rows wait in memory and are sent again at the next flush), nil once an
+// append succeeds; the hub command's /readyz reports it, so that a ledger
+// that refuses every append (a full disk, a read-only database) does not
+// leave the hub ready.
+func (h *Hub) LedgerError() error {
+	f := h.appendErr.Load()
+	if f == nil {
+		return nil
+	}
+	return fmt.Errorf("the last ledger append failed (%d rows waiting): %w", f.rows, f.err)
 }

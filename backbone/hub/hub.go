@@ -36,6 +36,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -48,11 +49,12 @@ import (
 
 // Hub is a running hub. Create with New, then Start.
 type Hub struct {
-	cfg    Config
-	log    *slog.Logger
-	srv    *http.Server
-	ln     net.Listener
-	nonces nonceCache
+	appendErr atomic.Pointer[appendFailure] // the last flush's failed append (LedgerError)
+	cfg       Config
+	log       *slog.Logger
+	srv       *http.Server
+	ln        net.Listener
+	nonces    nonceCache
 
 	mu        sync.Mutex
 	sessions  map[string]*session // being bridged

@@ -99,3 +99,28 @@ func TestSpillOnClose(t *testing.T) {
 }
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// LedgerError reports a ledger that refuses appends (the hub command's
+// /readyz fails with it: reads still work on a full disk, so the read
+// check alone stayed ready), and clears once an append goes through.
+func TestLedgerError(t *testing.T) {
+	var fail atomic.Bool
+	fail.Store(true)
+	m := &countingMeter{l: openLedger(t, hubBackend{"sqlite", false}), failBefore: func(int64) bool { return fail.Load() }}
+	f := startFleet(t, 1, m, func(c *Config) { c.FlushEvery = 20 * time.Millisecond })
+	f.dispatchAll(t)
+	for deadline := time.Now().Add(5 * time.Second); f.h.LedgerError() == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no ledger error while every append fails")
+		}
+	}
+	if err := f.h.LedgerError(); !strings.Contains(err.Error(), "injected: ledger unreachable") {
+		t.Fatalf("LedgerError = %v", err)
+	}
+	fail.Store(false)
+	for deadline := time.Now().Add(5 * time.Second); f.h.LedgerError() != nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("ledger error stays after appends work: %v", f.h.LedgerError())
+		}
+	}
+}

@@ -84,6 +84,9 @@ type Service struct {
 	created bool
 	// checked is when checkCursorRow last passed, unix ns (0: never).
 	checked atomic.Int64
+	// runErr is the error of Run's last pass, nil after one that credited
+	// (CreditError).
+	runErr atomic.Pointer[error]
 
 	// beforeCommit, when set (tests), runs inside the credit transaction
 	// just before COMMIT; an error aborts the transaction like a crash.
@@ -279,6 +282,18 @@ func (s *Service) checkCursorRow(ctx context.Context) error {
 		return fmt.Errorf("%w: the cursor is at ledger id %d, and this ledger's row %d (session %s, worker %s) is not the row credited (a ledger restored from an older backup and grown again, or another hub's?); crediting stops until the wallets and the ledger match (docs/operating.md, Backups)", ErrLedgerBehind, cur, cur, es[0].SessionID, es[0].WorkerID)
 	}
 	s.checked.Store(s.now().UnixNano())
+	return nil
+}
+
+// CreditError is the error of Run's last crediting pass when it failed
+// (a wallets store that refuses writes: a full disk, a read-only file; a
+// ledger the hub does not serve), nil after a pass that worked; the
+// gateway's /readyz reports it (check "crediting"), as reads alone pass
+// on a full disk.
+func (s *Service) CreditError(context.Context) error {
+	if e := s.runErr.Load(); e != nil {
+		return *e
+	}
 	return nil
 }
 
@@ -511,6 +526,11 @@ func (s *Service) Run(ctx context.Context, interval time.Duration, logf func(for
 	repeats := 0
 	for {
 		_, err := s.Credit(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.runErr.Store(&err)
+		} else if err == nil {
+			s.runErr.Store(nil)
+		}
 		switch {
 		case logf == nil || ctx.Err() != nil:
 		case err != nil:

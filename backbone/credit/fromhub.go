@@ -41,8 +41,9 @@ type Crediting struct {
 	Handlers map[string]http.Handler
 	// Checks are the gateway's readiness conditions for crediting (nil
 	// without wallets): "wallets", the wallets store answers a read
-	// (Service.Ping), and "ledger", the hub's ledger answers a signed read
-	// (Service.PingLedger).
+	// (Service.Ping), "ledger", the hub's ledger answers a signed read
+	// (Service.PingLedger), and "crediting", the last crediting pass
+	// worked (Service.CreditError).
 	Checks []health.Check
 
 	stop func()
@@ -100,7 +101,7 @@ func StartFromHub(ctx context.Context, c HubConfig) (*Crediting, error) {
 	}()
 	return &Crediting{
 		Handlers: map[string]http.Handler{"/v1/wallet/": svc.Handler(HandlerOptions{})},
-		Checks:   []health.Check{{Name: "wallets", Fn: svc.Ping}, {Name: "ledger", Fn: svc.PingLedger}},
+		Checks:   []health.Check{{Name: "wallets", Fn: svc.Ping}, {Name: "ledger", Fn: svc.PingLedger}, {Name: "crediting", Fn: svc.CreditError}},
 		stop: func() {
 			cancel()
 			<-done

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,4 +126,48 @@ func TestCursorWithoutPrint(t *testing.T) {
 	if err := db.QueryRowContext(ctx, `SELECT v FROM meta WHERE k = 'cursor_row'`).Scan(&print); errors.Is(err, sql.ErrNoRows) || len(print) != 32 {
 		t.Fatalf("no print stored at the next credit: %x %v", print, err)
 	}
+}
+
+// CreditError (the gateway's /readyz "crediting" check) reports a failing
+// crediting pass while Run goes on, and clears after one that works.
+func TestCreditError(t *testing.T) {
+	dir := t.TempDir()
+	l, err := ledger.Open(dir + "/ledger.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	src := &switchable{r: l}
+	src.down.Store(true)
+	s, err := Open(Config{Path: dir + "/wallets.db", Source: src, RateNKVRPerByte: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx, 10*time.Millisecond, nil)
+	wait := func(what string, ok func(error) bool) {
+		for deadline := time.Now().Add(5 * time.Second); !ok(s.CreditError(ctx)); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: CreditError = %v", what, s.CreditError(ctx))
+			}
+		}
+	}
+	wait("hub unreachable", func(err error) bool { return err != nil && strings.Contains(err.Error(), "hub unreachable") })
+	src.down.Store(false)
+	wait("hub back", func(err error) bool { return err == nil })
+}
+
+// switchable is a ledger source that fails every read while down.
+type switchable struct {
+	r    ledger.Reader
+	down atomic.Bool
+}
+
+func (s *switchable) Read(ctx context.Context, after int64, limit int) ([]ledger.Entry, error) {
+	if s.down.Load() {
+		return nil, errors.New("switchable: hub unreachable")
+	}
+	return s.r.Read(ctx, after, limit)
 }

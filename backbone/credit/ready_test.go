@@ -69,7 +69,7 @@ func testCreditingReadiness(t *testing.T, path string, cut func()) {
 		}
 		return rec.Code, r
 	}
-	if code, r := readyz(); code != 200 || !r.Ready || r.Checks["wallets"] != "ok" || r.Checks["ledger"] != "ok" || len(r.Checks) != 2 {
+	if code, r := readyz(); code != 200 || !r.Ready || r.Checks["wallets"] != "ok" || r.Checks["ledger"] != "ok" || r.Checks["crediting"] != "ok" || len(r.Checks) != 3 {
 		t.Fatalf("ready: %d %+v", code, r)
 	}
 

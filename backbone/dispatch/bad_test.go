@@ -429,3 +429,26 @@ func TestSilentHolderRoutedAround(t *testing.T) {
 		t.Fatalf("workers %+v: want one stalled worker, 2 stalls", st.Workers)
 	}
 }
+
+// TestPauseFlood: PAUSE changes rebuild the holder index under the
+// dispatcher's lock; a session that flips it more than 50 times a second
+// (a CPU limit's duty cycle flips it at most a few times) is closed.
+func TestPauseFlood(t *testing.T) {
+	m := testModel()
+	s := newStack(t, m, 0, nil)
+	c := s.rawWorker(t)
+	for i := 0; i < 200; i++ {
+		if err := c.Write(context.Background(), websocket.MessageBinary, (&wire.Pause{Paused: i%2 == 0}).Append(nil)); err != nil {
+			break // closed under us
+		}
+	}
+	// 1008 with the reason, or 1001 when the hub's write of a later PAUSE
+	// to the link the backbone closed wins the race to close first.
+	if code := closedWith(t, c); code != websocket.StatusPolicyViolation && code != websocket.StatusGoingAway {
+		t.Fatalf("closed with %v, want 1008", code)
+	}
+	waitUntil(t, 5*time.Second, "the backbone to drop the session", func() bool {
+		st := s.disp.Stats()
+		return len(st.Workers) == 1 && !st.Workers[0].Connected && strings.Contains(st.Workers[0].Reason, "PAUSE flood")
+	})
+}

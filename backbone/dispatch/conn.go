@@ -42,7 +42,11 @@ type conn struct {
 	// ping.
 	stalled  atomic.Bool
 	stallRun atomic.Int32 // stalls since its last answer
-	tol      float64      // verification tolerance: 0 (exact bits) for CPU backends
+
+	// PAUSE changes in the current window (pauseAllowed; the reader's own).
+	pauseStart time.Time
+	pauseCount int
+	tol        float64 // verification tolerance: 0 (exact bits) for CPU backends
 
 	// Verification: checks passed (probation ends at Config.Probation),
 	// checks and mismatches, and the checked RESULTs received whose
@@ -304,6 +308,13 @@ func (c *conn) handle(msg []byte) string {
 	case *wire.Holdings:
 		c.holdingsUpdate(f)
 	case *wire.Pause:
+		if c.paused.Load() != f.Paused && !c.pauseAllowed(time.Now()) {
+			// Each change rebuilds the holder index under the
+			// dispatcher's lock: a session flipping it thousands of
+			// times a second slowed every step (a CPU limit's duty
+			// cycle flips it a few times a second).
+			return fmt.Sprintf("PAUSE flood: more than %d changes in %v", pauseBurst, pauseWindow)
+		}
 		if c.paused.Swap(f.Paused) != f.Paused {
 			c.d.mu.Lock()
 			if c.d.workers[c.session] == c {
@@ -315,6 +326,24 @@ func (c *conn) handle(msg []byte) string {
 		return "unexpected " + f.Type().String() + " from worker"
 	}
 	return ""
+}
+
+// pauseBurst PAUSE changes are allowed within any pauseWindow; more close
+// the session (conn.pauseAllowed).
+const (
+	pauseBurst  = 50
+	pauseWindow = time.Second
+)
+
+// pauseAllowed reports whether one more PAUSE change at now stays within
+// pauseBurst changes per pauseWindow (a sliding count of the window's
+// changes). Only the session's reader calls it.
+func (c *conn) pauseAllowed(now time.Time) bool {
+	if now.Sub(c.pauseStart) >= pauseWindow {
+		c.pauseStart, c.pauseCount = now, 0
+	}
+	c.pauseCount++
+	return c.pauseCount <= pauseBurst
 }
 
 // stall takes c out of the holder index after one of its requests passed
@@ -394,7 +423,7 @@ func (c *conn) answer(msg []byte, req uint64, m int, out []float32, sum *[32]byt
 		// RESULT for one that is neither pending nor given up on
 		// (never sent here, or answered already) is made-up work.
 		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))
-		c.punish(fmt.Sprintf("%s for request %d, never sent to this session", what, req), "a result for work not asked for")
+		c.punish(fmt.Sprintf("%s for request %d, not pending at this session (never sent to it, or answered already)", what, req), "a result for work not asked for")
 		return ""
 	case m != j.answerRows():
 		c.sendCtl(wire.LinkRejected, wire.AppendLinkRequest(nil, req))

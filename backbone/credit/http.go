@@ -3,6 +3,7 @@ package credit
 import (
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -48,7 +49,16 @@ func (s *Service) Handler(opt HandlerOptions) http.Handler {
 			return
 		}
 		worker := hex.EncodeToString(pub)
-		if !nonces.Use(worker+nonce, now) {
+		switch err := nonces.Check(worker, nonce, now); {
+		case errors.Is(err, walletapi.ErrTooMany):
+			w.Header().Set("Retry-After", "60")
+			http.Error(w, err.Error(), http.StatusTooManyRequests)
+			return
+		case errors.Is(err, walletapi.ErrBusy):
+			w.Header().Set("Retry-After", "5")
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		case err != nil:
 			http.Error(w, walletapi.ErrUnauthorized.Error()+": nonce already used", http.StatusUnauthorized)
 			return
 		}

@@ -112,43 +112,94 @@ func VerifyRequest(h http.Header, method, target string, now time.Time, maxSkew 
 
 // NonceCache remembers the nonces of accepted requests for TTL (which must
 // be at least twice the freshness window, so a request stays refused for as
-// long as its time is acceptable) and at most Max entries. It is safe for
-// concurrent use.
+// long as its time is acceptable), at most Max entries in all and
+// PerSigner per signer. It is safe for concurrent use.
 type NonceCache struct {
-	ttl  time.Duration
-	max  int
-	mu   sync.Mutex
-	seen map[string]time.Time // key -> expiry
+	ttl       time.Duration
+	max       int
+	perSigner int
+	mu        sync.Mutex
+	seen      map[string]nonceEntry  // signer + nonce -> entry
+	bySigner  map[string][]time.Time // each signer's entries' expiries, oldest first
+	pruned    time.Time              // the last sweep of seen (at most one a second)
 }
 
+type nonceEntry struct {
+	signer string
+	exp    time.Time
+}
+
+// Errors of NonceCache.Check.
+var (
+	ErrReplay = errors.New("walletapi: nonce already used")
+	// ErrTooMany: the signer has DefaultPerSigner requests within the TTL
+	// already (a wallet syncs every 30 s: a handful).
+	ErrTooMany = errors.New("walletapi: too many requests from this key")
+	// ErrBusy: the cache holds Max unexpired nonces of many signers.
+	ErrBusy = errors.New("walletapi: too many requests; try again later")
+)
+
+// DefaultPerSigner is NewNonceCache's bound on one signer's nonces within
+// the TTL.
+const DefaultPerSigner = 256
+
 // NewNonceCache returns a cache that keeps each nonce for ttl and holds at
-// most max nonces (max <= 0 means 1<<20).
+// most max nonces (max <= 0 means 1<<20), DefaultPerSigner of them per
+// signer.
 func NewNonceCache(ttl time.Duration, max int) *NonceCache {
 	if max <= 0 {
 		max = 1 << 20
 	}
-	return &NonceCache{ttl: ttl, max: max, seen: map[string]time.Time{}}
+	return &NonceCache{ttl: ttl, max: max, perSigner: DefaultPerSigner, seen: map[string]nonceEntry{}, bySigner: map[string][]time.Time{}}
 }
 
-// Use records key (signer + nonce) at time now. It returns false if key was
-// already used within the TTL (a replay) or the cache is full of unexpired
-// nonces (refusing is safer than forgetting).
-func (c *NonceCache) Use(key string, now time.Time) bool {
+// Use records key (signer + nonce) at time now, as Check does with the
+// whole key as the signer; it returns whether Check accepted it.
+func (c *NonceCache) Use(key string, now time.Time) bool { return c.Check(key, "", now) == nil }
+
+// Check records signer's nonce at time now. It returns ErrReplay if the
+// pair was used within the TTL, ErrTooMany when the signer has PerSigner
+// unexpired nonces already (one key cannot fill the cache for everyone),
+// ErrBusy when the cache is full of unexpired nonces (refusing is safer
+// than forgetting), nil otherwise.
+func (c *NonceCache) Check(signer, nonce string, now time.Time) error {
+	key := signer + "\x00" + nonce
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if exp, ok := c.seen[key]; ok && now.Before(exp) {
-		return false
+	if e, ok := c.seen[key]; ok && now.Before(e.exp) {
+		return ErrReplay
+	}
+	exps := c.bySigner[signer]
+	for len(exps) > 0 && !now.Before(exps[0]) {
+		exps = exps[1:] // its entries in seen go at the next sweep
+	}
+	c.bySigner[signer] = exps
+	if len(exps) >= c.perSigner {
+		return ErrTooMany
+	}
+	if len(c.seen) >= c.max && now.Sub(c.pruned) >= time.Second {
+		c.pruneLocked(now)
 	}
 	if len(c.seen) >= c.max {
-		for k, exp := range c.seen {
-			if !now.Before(exp) {
-				delete(c.seen, k)
-			}
-		}
-		if len(c.seen) >= c.max {
-			return false
+		return ErrBusy
+	}
+	c.seen[key] = nonceEntry{signer: signer, exp: now.Add(c.ttl)}
+	c.bySigner[signer] = append(exps, now.Add(c.ttl))
+	return nil
+}
+
+// pruneLocked forgets expired nonces and signers with none left; c.mu is
+// held.
+func (c *NonceCache) pruneLocked(now time.Time) {
+	c.pruned = now
+	for k, e := range c.seen {
+		if !now.Before(e.exp) {
+			delete(c.seen, k)
 		}
 	}
-	c.seen[key] = now.Add(c.ttl)
-	return true
+	for sg, exps := range c.bySigner {
+		if len(exps) == 0 || !now.Before(exps[len(exps)-1]) {
+			delete(c.bySigner, sg)
+		}
+	}
 }

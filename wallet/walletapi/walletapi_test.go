@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -126,6 +127,30 @@ func TestRequestSignVerify(t *testing.T) {
 	}
 	if !c.Use("c", now.Add(2*time.Minute)) || !c.Use("a", now.Add(2*time.Minute)) {
 		t.Fatal("expired nonces must be forgotten")
+	}
+	// One signer cannot fill the cache for everyone: it is refused with
+	// ErrTooMany past DefaultPerSigner nonces, the others go on; a full
+	// cache says so (ErrBusy), not "nonce already used".
+	c = NewNonceCache(time.Minute, DefaultPerSigner+2)
+	for i := range DefaultPerSigner {
+		if err := c.Check("flooder", fmt.Sprint(i), now); err != nil {
+			t.Fatalf("nonce %d: %v", i, err)
+		}
+	}
+	if err := c.Check("flooder", "x", now); !errors.Is(err, ErrTooMany) {
+		t.Fatalf("past the per-signer bound: %v", err)
+	}
+	if err := c.Check("flooder", "0", now); !errors.Is(err, ErrReplay) {
+		t.Fatalf("replay: %v", err)
+	}
+	if c.Check("honest", "1", now) != nil || c.Check("honest", "2", now) != nil {
+		t.Fatal("another signer refused")
+	}
+	if err := c.Check("third", "1", now); !errors.Is(err, ErrBusy) {
+		t.Fatalf("full cache: %v", err)
+	}
+	if err := c.Check("flooder", "y", now.Add(2*time.Minute)); err != nil {
+		t.Fatalf("after the TTL: %v", err)
 	}
 }
 

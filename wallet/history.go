@@ -43,7 +43,7 @@ func (g GroupBy) String() string {
 type Group struct {
 	By      GroupBy   `json:"by"`
 	From    time.Time `json:"from"`
-	To      time.Time `json:"to"`                // exclusive; zero for the newest session (open-ended)
+	To      time.Time `json:"to,omitzero"`       // exclusive; zero (left out of JSON) for the newest session (open-ended)
 	Session string    `json:"session,omitempty"` // BySession: the session id
 
 	Sessions      int    `json:"sessions"`       // metered sessions

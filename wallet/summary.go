@@ -438,7 +438,8 @@ func reconcile(served, settled, credited, rejected uint64, short shortfall, lag 
 		r.Mismatch = true
 		r.MismatchBytes = credited - served
 		r.Explanation = fmt.Sprintf("the gateway has credited %s more than this computer counted: "+
-			"this wallet file lost part of its own count (a new or restored file), or the same identity key also works on another computer", fb(credited-served))
+			"this wallet file lost part of its own count (kvasir stopped without closing it: killed, a crash, power lost, a full disk; "+
+			"or a new or restored file), or the same identity key also works on another computer", fb(credited-served))
 	case short.bytes > short.threshold:
 		r.Mismatch = true
 		r.MismatchBytes = short.bytes

@@ -146,6 +146,23 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvasir: --cpu-limit %d: want a percent from 1 to 100 (100 = no limit)\n", *cpuLimit)
 		return 2
 	}
+	switch {
+	case *interval <= 0:
+		fmt.Fprintf(stderr, "kvasir: --interval %v: want a positive duration (5s)\n", *interval)
+		return 2
+	case *syncEvery <= 0:
+		fmt.Fprintf(stderr, "kvasir: --sync %v: want a positive duration (30s)\n", *syncEvery)
+		return 2
+	case *threads < 0 || *threads > 4096:
+		fmt.Fprintf(stderr, "kvasir: --threads %d: want 0 (all CPUs) to 4096\n", *threads)
+		return 2
+	case *maxT < 0 || *resT < 0 || (*maxT > 0 && *resT >= *maxT):
+		fmt.Fprintf(stderr, "kvasir: --max-temp %v --resume-temp %v: want temperatures >= 0 (0 = no limit), resuming below the maximum\n", *maxT, *resT)
+		return 2
+	case *duration < 0:
+		fmt.Fprintf(stderr, "kvasir: --duration %v: want >= 0 (0 = until interrupted)\n", *duration)
+		return 2
+	}
 	hours, err := limits.ParseHours(*hoursFlag)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvasir: --hours: %v\n", err)
@@ -334,6 +351,9 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	groups, err := n.Groups(groupBy, 0)
+	if groups == nil {
+		groups = []wallet.Group{} // "groups": [] in JSON, as "history" is
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
 		return 1

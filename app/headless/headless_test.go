@@ -167,6 +167,14 @@ func TestUsage(t *testing.T) {
 			t.Errorf("--cpu-limit %s: %d %q", bad, code, e.String())
 		}
 	}
+	for _, bad := range [][]string{{"--interval", "0"}, {"--interval", "-1s"}, {"--sync", "0"}, {"--sync", "-5s"},
+		{"--threads", "-5"}, {"--threads", "100000"}, {"--max-temp", "-1"}, {"--max-temp", "80", "--resume-temp", "85"},
+		{"--duration", "-1s"}, {"--quota", "1.5"}} {
+		e.Reset()
+		if code := Main(append([]string{"--headless"}, bad...), &o, &e); code != 2 || !strings.Contains(e.String(), bad[0]) {
+			t.Errorf("%v: %d %q, want refused naming the flag", bad, code, e.String())
+		}
+	}
 	e.Reset()
 	if code := Main([]string{"wallet", "--by", "week"}, &o, &e); code != 2 || !strings.Contains(e.String(), "want hour, day or session") {
 		t.Errorf("bad grouping: %d %q", code, e.String())

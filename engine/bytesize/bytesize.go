@@ -20,7 +20,8 @@ const Max = 1 << 62
 
 // Parse parses a byte count: a non-negative number, integral or decimal
 // ("1.5GiB"), with an optional suffix B, KiB, MiB, GiB or TiB (powers of
-// 1024) or KB, MB, GB or TB (powers of 1000), space allowed before it. A
+// 1024) or KB, MB, GB or TB (powers of 1000), space allowed before it; a
+// decimal needs a suffix (a bare "1.5" is refused, not read as 1 byte). A
 // decimal is rounded down to whole bytes. Errors wrap ErrBad, naming s
 // (also for a count above Max).
 func Parse(s string) (int64, error) {
@@ -30,14 +31,19 @@ func Parse(s string) (int64, error) {
 	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
 		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
 	num, mult := strings.TrimSpace(s), int64(1)
+	unit := false
 	for _, u := range units {
 		if n, ok := strings.CutSuffix(num, u.suf); ok {
-			num, mult = strings.TrimSpace(n), u.mult
+			num, mult, unit = strings.TrimSpace(n), u.mult, true
 			break
 		}
 	}
 	if !plainNumber(num) {
 		return 0, fmt.Errorf("%w: %q", ErrBad, s)
+	}
+	if !unit && strings.Contains(num, ".") {
+		// "--quota 1.5" was 1 byte: a fraction of a byte is a missing unit.
+		return 0, fmt.Errorf("%w: %q: a count of bytes is whole; give a unit for a fraction (1.5GB, 1.5GiB)", ErrBad, s)
 	}
 	if v, err := strconv.ParseInt(num, 10, 64); err == nil {
 		if v > Max/mult {

@@ -18,7 +18,7 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q) = %d, %v; want %d", c.in, got, err, c.want)
 		}
 	}
-	for _, in := range []string{"", "GiB", "-1", "-1MiB", "4 GB GB", "4gb", "1e3", "+5", "0x10", "NaN", "Inf", "4PiB0", "4194305TiB", "9223372036854775807", "1..5GB", "."} {
+	for _, in := range []string{"", "GiB", "-1", "-1MiB", "4 GB GB", "4gb", "1e3", "+5", "0x10", "NaN", "Inf", "4PiB0", "4194305TiB", "9223372036854775807", "1..5GB", ".", "1.5", "0.5", "2."} {
 		if got, err := Parse(in); !errors.Is(err, ErrBad) {
 			t.Errorf("Parse(%q) = %d, %v; want ErrBad", in, got, err)
 		}

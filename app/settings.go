@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/url"
 	"runtime"
 	"slices"
 	"strconv"
@@ -145,9 +144,8 @@ func NeedsRestart(old, s Settings) bool {
 // ErrSettings.
 func (s Settings) Validate() error {
 	if s.GatewayURL != "" {
-		u, err := url.Parse(s.GatewayURL)
-		if err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
-			return fmt.Errorf("%w: gateway URL %q must look like wss://host:443", ErrSettings, s.GatewayURL)
+		if err := node.CheckGatewayURL(s.GatewayURL); err != nil {
+			return fmt.Errorf("%w: %v", ErrSettings, err)
 		}
 	}
 	if s.QuotaGB < 0 || s.QuotaGB > 1e6 {

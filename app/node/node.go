@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -252,10 +253,10 @@ func Open(cfg Config) (*Node, error) {
 		}
 	}
 	if cfg.GatewayURL != "" {
-		u, err := url.Parse(cfg.GatewayURL)
-		if err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
-			return nil, fmt.Errorf("%w: gateway URL %q must look like wss://host:443", ErrConfig, cfg.GatewayURL)
+		if err := CheckGatewayURL(cfg.GatewayURL); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 		}
+		u, _ := url.Parse(cfg.GatewayURL)
 		scheme := "https"
 		if u.Scheme == "ws" {
 			scheme = "http"
@@ -665,4 +666,22 @@ func LoadGateway(dataDir string) (SavedGateway, error) {
 		}
 	}
 	return g, nil
+}
+
+// CheckGatewayURL reports whether raw is a gateway URL a worker may dial:
+// wss://host[:port][/path], or ws:// to this machine only (loopback: a
+// test gateway or hub), since ws:// carries the worker's signed upgrade
+// and its work in clear.
+func CheckGatewayURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
+		return fmt.Errorf("gateway URL %q must look like wss://host:443", raw)
+	}
+	if u.Scheme == "ws" {
+		h := u.Hostname()
+		if ip := net.ParseIP(h); !(h == "localhost" || (ip != nil && ip.IsLoopback())) {
+			return fmt.Errorf("gateway URL %q: ws:// sends the worker's identity signature and its work in clear; use wss:// (ws:// is for a gateway on this machine only)", raw)
+		}
+	}
+	return nil
 }

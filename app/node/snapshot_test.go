@@ -40,3 +40,18 @@ func TestSnapshotNoExpertsAndRTT(t *testing.T) {
 		t.Fatalf("between sessions: %+v, want no round trip", s)
 	}
 }
+
+// A worker dials wss://, or ws:// to this machine only: ws:// to another
+// host would carry its signed upgrade and its work in clear.
+func TestCheckGatewayURL(t *testing.T) {
+	for _, ok := range []string{"wss://gate.example.net:443", "wss://gate.example.net/v1/worker", "ws://127.0.0.1:7001", "ws://localhost:9", "ws://[::1]:9"} {
+		if err := CheckGatewayURL(ok); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"https://x", "ws://gate.example.net:80", "ws://10.0.0.2:7001", "wss://", "gate:443"} {
+		if err := CheckGatewayURL(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

@@ -53,6 +53,8 @@ func ExplainDial(gateway, lastError string) (kind, text string) {
 		return ProblemTLS, "TLS: " + gateway + "'s certificate is for another name (check the gateway address)"
 	case has("certificate has expired", "expired", "not yet valid"):
 		return ProblemTLS, "TLS: " + gateway + "'s certificate has expired or is not valid yet (check this device's clock)"
+	case has("server gave http response to https client"):
+		return ProblemTLS, gateway + " speaks plain HTTP on that port, not TLS: the address names another service or port (the gateway's is usually 443)"
 	case has("x509:", "tls:", "tls handshake", "first record does not look like a tls"):
 		return ProblemTLS, "TLS: the secure connection to " + gateway + " failed (a proxy or firewall may intercept it)"
 	case has("i/o timeout", "deadline exceeded", "timed out", "timeout"):

@@ -32,8 +32,12 @@ func TestExplainDial(t *testing.T) {
 	srv.StartTLS()
 	defer srv.Close()
 	_, untrusted := (&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{}}}).Get(srv.URL)
-	if refused == nil || untrusted == nil {
-		t.Fatalf("loopback errors: %v, %v", refused, untrusted)
+	// A plain HTTP server on the address given as wss://.
+	plain := httptest.NewServer(http.NotFoundHandler())
+	defer plain.Close()
+	_, httpOnly := http.Get(strings.Replace(plain.URL, "http://", "https://", 1))
+	if refused == nil || untrusted == nil || httpOnly == nil {
+		t.Fatalf("loopback errors: %v, %v, %v", refused, untrusted, httpOnly)
 	}
 	dial := func(err error) string {
 		return fmt.Sprintf(`dial: failed to WebSocket dial: failed to send handshake request: Get "https://gw/v1/worker": %v`, err)
@@ -44,6 +48,7 @@ func TestExplainDial(t *testing.T) {
 	}{
 		{dial(refused), ProblemRefused, "refused the connection"},
 		{dial(untrusted), ProblemTLS, "not signed by an authority this device trusts"},
+		{dial(httpOnly), ProblemTLS, "speaks plain HTTP on that port, not TLS"},
 		{dial(&net.OpError{Op: "dial", Net: "tcp", Err: dns}), ProblemDNS, "its name does not resolve"},
 		{dial(errors.New("dial tcp 10.1.2.3:443: connect: network is unreachable")), ProblemNetwork, "no network"},
 		{dial(errors.New("dial tcp 10.1.2.3:443: i/o timeout")), ProblemTimeout, "did not answer in time"},

@@ -192,6 +192,11 @@ func Open(path string, id Identity, opt Options) (*Wallet, error) {
 	w := &Wallet{db: db, worker: id.WorkerID, addr: id.Address, now: opt.Now, lag: opt.CreditLag, pending: map[string]*served{}}
 	if err := w.init(info.State); err != nil {
 		db.Close()
+		if werr := dbfile.Writable(path); werr != nil {
+			// A read-only folder: SQLite says "unable to open database
+			// file: no such file or directory". OpenReadOnly still reads it.
+			err = fmt.Errorf("%w (%v)", werr, err)
+		}
 		return nil, fmt.Errorf("wallet: open %s: %w", path, err)
 	}
 	if err := w.loadSamples(); err != nil {

@@ -75,11 +75,11 @@ func (f File) Open(path string) (*sql.DB, error) {
 	}
 	db, err := dbfile.Open(dsn) // this build's SQLite driver (cgo or pure Go)
 	if err != nil {
-		return nil, fmt.Errorf("%s: open %s: %w", f.Prefix, path, err)
+		return nil, fmt.Errorf("%s: open %s: %w", f.Prefix, path, writableOr(path, err))
 	}
 	if err := f.init(db, info.State); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("%s: open %s: %w", f.Prefix, path, err)
+		return nil, fmt.Errorf("%s: open %s: %w", f.Prefix, path, writableOr(path, err))
 	}
 	return db, nil
 }
@@ -132,4 +132,14 @@ func (f File) OpenReadOnly(path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("%s: %w", f.Prefix, err)
 	}
 	return db, nil
+}
+
+// writableOr returns why path cannot be written when it cannot (a
+// read-only file system or folder: SQLite then says only "unable to open
+// database file: no such file or directory"), else err.
+func writableOr(path string, err error) error {
+	if werr := dbfile.Writable(path); werr != nil {
+		return fmt.Errorf("%w (%v)", werr, err)
+	}
+	return err
 }

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -300,4 +301,30 @@ func OpenReadOnly(path string, k Kind) (db *sql.DB, checkErr bool, err error) {
 		return nil, false, fmt.Errorf("open %s: %w", path, err)
 	}
 	return db, false, nil
+}
+
+// ErrNotWritable wraps Writable's error.
+var ErrNotWritable = errors.New("dbfile: not writable")
+
+// Writable reports, as an error wrapping ErrNotWritable that says what to
+// fix, whether the database file at path and its folder can be written:
+// SQLite in WAL mode creates its -wal and -shm files beside the database,
+// and on a read-only folder it fails with "unable to open database file:
+// no such file or directory", which names neither. nil when both can be
+// written (or path does not exist yet: creating it reports its own error).
+func Writable(path string) error {
+	if f, err := os.OpenFile(path, os.O_RDWR, 0); err == nil {
+		f.Close()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %s: %v", ErrNotWritable, path, err)
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, ".kvasir-write-check-*")
+	if err != nil {
+		return fmt.Errorf("%w: the folder %s: %v (SQLite writes its -wal and -shm files beside the database)", ErrNotWritable, dir, err)
+	}
+	name := f.Name()
+	f.Close()
+	os.Remove(name)
+	return nil
 }

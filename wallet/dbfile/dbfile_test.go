@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -163,5 +164,34 @@ func TestCreateEmpty(t *testing.T) {
 	}
 	if err := dbfile.CreateEmpty(filepath.Join(dir, "missing", "x")); err == nil {
 		t.Error("CreateEmpty in a missing directory: no error")
+	}
+}
+
+// Writable names what cannot be written: the file, or its folder (where
+// SQLite creates the -wal and -shm files); nil for a writable folder and a
+// file that does not exist yet.
+func TestWritable(t *testing.T) {
+	dir := t.TempDir()
+	if err := dbfile.Writable(filepath.Join(dir, "new.db")); err != nil {
+		t.Fatalf("writable folder: %v", err)
+	}
+	// A folder nobody may create files in, root included.
+	if runtime.GOOS == "linux" {
+		if err := dbfile.Writable("/proc/kvasir-wallet.db"); !errors.Is(err, dbfile.ErrNotWritable) || !strings.Contains(err.Error(), "-wal and -shm") {
+			t.Fatalf("/proc: %v", err)
+		}
+	}
+	ro := filepath.Join(dir, "ro")
+	if err := os.Mkdir(ro, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chmod(ro, 0o700)
+	if f, err := os.CreateTemp(ro, "probe"); err == nil { // root ignores the mode
+		f.Close()
+		os.Remove(f.Name())
+		t.Skip("running as root: a 0500 folder is writable")
+	}
+	if err := dbfile.Writable(filepath.Join(ro, "w.db")); !errors.Is(err, dbfile.ErrNotWritable) || !strings.Contains(err.Error(), "-wal and -shm") {
+		t.Fatalf("read-only folder: %v", err)
 	}
 }

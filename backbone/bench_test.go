@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/hub"
 	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/engine/expert"
+	"github.com/kvasir-ai/kvasir/engine/idlespin"
 	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/quant"
@@ -107,16 +109,18 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 		b.Run(mc.name+"/layer0-idle-13ms", func(b *testing.B) {
 			lm := mc.load(b)
 			sl := &sleepyComputer{Computer: lm.m.LocalExperts(), sleep: 2 * benchOneWay}
-			defer lm.m.SetExperts(nil)
-			step, local := benchStepsAlternating(b, lm, sl)
-			b.ReportMetric(ms(step), "step-p50-ms")
-			b.ReportMetric(ms(local), "local-step-p50-ms")
-			b.ReportMetric(sl.calls.p50ms(), "call-ms")
-			if local > 0 {
-				added := ms(step - local)
-				b.ReportMetric(added, "added-ms")
-				b.ReportMetric(added-ms(2*benchOneWay), "added-beyond-sleep-ms")
+			benchIdle(b, lm, sl)
+		})
+		// The same with the CPUs kept spinning through the sleep, as the
+		// dispatcher keeps them through a round trip (idlespin, its
+		// default): the floor under the remote variants that spin.
+		b.Run(mc.name+"/layer0-idle-13ms-spin", func(b *testing.B) {
+			lm := mc.load(b)
+			if err := idlespin.Start(runtime.GOMAXPROCS(0), dispatch.DefaultSpinWait); err != nil {
+				b.Skipf("no spinner threads: %v", err)
 			}
+			sl := &sleepyComputer{Computer: lm.m.LocalExperts(), sleep: 2 * benchOneWay, spin: true}
+			benchIdle(b, lm, sl)
 		})
 		for _, via := range []string{"hub-direct", "gateway", "gateway-process", "gateway-process-nospin", "processes"} {
 			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
@@ -633,13 +637,20 @@ func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 type sleepyComputer struct {
 	expert.Computer
 	sleep time.Duration
+	spin  bool // keep the CPUs spinning through the sleep, as the dispatcher does through a round trip (idlespin)
 	calls holdTimes
 }
 
 func (s *sleepyComputer) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
 	t0 := time.Now()
 	if layer == 0 {
-		time.Sleep(s.sleep)
+		if s.spin {
+			release := idlespin.Hold()
+			time.Sleep(s.sleep)
+			release()
+		} else {
+			time.Sleep(s.sleep)
+		}
 	}
 	err := s.Computer.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
 	if layer == 0 {
@@ -725,4 +736,20 @@ func (h *holdTimes) p50ms() float64 {
 	}
 	slices.Sort(v)
 	return 2 * float64(v[len(v)/2]) / 1e6
+}
+
+// benchIdle runs the idle variants: layer 0 computed locally after sl's
+// sleep, in blocks alternating with local steps (benchStepsAlternating);
+// added-beyond-sleep-ms is what the pause costs beyond itself.
+func benchIdle(b *testing.B, lm *loadedModel, sl *sleepyComputer) {
+	defer lm.m.SetExperts(nil)
+	step, local := benchStepsAlternating(b, lm, sl)
+	b.ReportMetric(ms(step), "step-p50-ms")
+	b.ReportMetric(ms(local), "local-step-p50-ms")
+	b.ReportMetric(sl.calls.p50ms(), "call-ms")
+	if local > 0 {
+		added := ms(step - local)
+		b.ReportMetric(added, "added-ms")
+		b.ReportMetric(added-ms(2*benchOneWay), "added-beyond-sleep-ms")
+	}
 }

@@ -294,13 +294,30 @@ func hostNames(names []string, tc *tls.Config) map[string]bool {
 			continue
 		}
 		for _, d := range leaf.DNSNames {
-			set[strings.ToLower(d)] = true
+			set[strings.TrimSuffix(strings.ToLower(d), ".")] = true
 		}
 		for _, ip := range leaf.IPAddresses {
 			set[ip.String()] = true
 		}
 	}
 	return set
+}
+
+// nameMatches reports whether host (wire.UpgradeHost form) is one of
+// names, or matches a wildcard name ("*.example.net") in its leftmost
+// label as a certificate does (x509.Certificate.VerifyHostname: one label,
+// never an IP address).
+func nameMatches(names map[string]bool, host string) bool {
+	if names[host] {
+		return true
+	}
+	if net.ParseIP(host) != nil {
+		return false
+	}
+	if i := strings.IndexByte(host, '.'); i > 0 {
+		return names["*"+host[i:]]
+	}
+	return false
 }
 
 func hostOnly(addr string) string {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvasir-ai/kvasir/engine/wire"
 )
 
 func limitedGateway(t *testing.T, total, perIP int, timeout time.Duration) (*Gateway, *x509.CertPool) {
@@ -138,5 +140,23 @@ func TestAddressGroup(t *testing.T) {
 		if got := addressGroup(tc.addr); got != tc.want {
 			t.Errorf("addressGroup(%q) = %q, want %q", tc.addr, got, tc.want)
 		}
+	}
+}
+
+// A wildcard certificate name admits the names it covers (one leftmost
+// label, as TLS verifies it), and a name with a trailing dot is the name.
+func TestNameMatches(t *testing.T) {
+	names := hostNames([]string{"gate.example.org."}, &tls.Config{})
+	names["*.example.net"] = true
+	for host, want := range map[string]bool{
+		"gw.example.net": true, "example.net": false, "a.b.example.net": false, "gate.example.org": true,
+		"other.example.org": false, "1.2.3.4": false,
+	} {
+		if got := nameMatches(names, wire.UpgradeHost(host)); got != want {
+			t.Errorf("%s: %v, want %v", host, got, want)
+		}
+	}
+	if !nameMatches(names, wire.UpgradeHost("GW.Example.NET.:443")) {
+		t.Error("trailing dot and case")
 	}
 }

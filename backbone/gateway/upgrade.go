@@ -54,7 +54,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (worker string, 
 		return "", now, false
 	}
 	now = time.Now()
-	if host := wire.UpgradeHost(r.Host); len(g.names) > 0 && !g.names[host] {
+	if host := wire.UpgradeHost(r.Host); len(g.names) > 0 && !nameMatches(g.names, host) {
 		g.refuse(w, r, http.StatusForbidden, "wrong_host", fmt.Errorf("upgrade for host %q, not a name of this gateway", host))
 		return "", now, false
 	}

@@ -219,10 +219,19 @@ func (h *Hub) spill() error {
 	if h.cfg.Meter == nil {
 		return nil
 	}
+	// Every row still due of each session: its unacknowledged row, then
+	// the rest of its bytes and its final row (taken as written: the
+	// process is ending, and the spill file is where they go).
 	var rows []ledger.Entry
+	now := time.Now()
 	for _, s := range h.live() {
-		if e, ok := s.nextRow(time.Now(), h.cfg.SettleDelay, h.cfg.SettleResults); ok {
+		for range 3 { // the unacked row, the delta after it, the final row (at most)
+			e, ok := s.nextRow(now, h.cfg.SettleDelay, h.cfg.SettleResults)
+			if !ok {
+				break
+			}
 			rows = append(rows, e)
+			s.acked(true)
 		}
 	}
 	if len(rows) == 0 {

@@ -59,7 +59,29 @@ func (s *session) answerCap() int {
 			c = p.allow
 		}
 	}
+	// A request given up on (the hold passed) may still be answered, late:
+	// the answer is read and rejected, not taken as an attack.
+	now := time.Now()
+	for req, l := range s.late {
+		if now.Sub(l.at) > lateKeep {
+			delete(s.late, req)
+		} else if l.allow > c {
+			c = l.allow
+		}
+	}
 	return c
+}
+
+// lateKeep is how long the answer a request given up on allows is still
+// read (as the dispatcher remembers requests it gave up on: its
+// expiredKeep); a late answer is rejected either way.
+const lateKeep = 10 * time.Minute
+
+// lateAllow is what a request given up on without an answer still allows
+// (pendingResult.allow) and when it was given up.
+type lateAllow struct {
+	allow int
+	at    time.Time
 }
 
 // sumRequest is a DISPATCH_SUM (digest: a DISPATCH_SUM_DIGEST) forwarded
@@ -101,6 +123,7 @@ type session struct {
 	creditOut, creditIn, rejected    uint64
 	pending                          map[uint64]pendingResult
 	sums                             map[uint64]sumRequest // DISPATCH_SUMs and DISPATCH_SUM_DIGESTs forwarded, by request id, until answered or expired
+	late                             map[uint64]lateAllow  // requests expired unanswered whose answer is larger than ControlMessageCap, for lateKeep
 	unsettled                        []bucket              // oldest first
 	settled                          struct{ out, in uint64 }
 	forfeited                        bool
@@ -219,6 +242,9 @@ func (s *session) fromWorker(msg []byte, n int) {
 			n = size
 		}
 	}
+	if ok && (t == wire.TypeResult || t == wire.TypeDigest) {
+		delete(s.late, req) // answered, late
+	}
 	switch {
 	case ok && (t == wire.TypeResult || t == wire.TypeDigest):
 		p := s.pending[req]
@@ -310,6 +336,12 @@ func (s *session) expire(cutoff time.Time) {
 		if p.at.Before(cutoff) {
 			s.rejected += p.out + p.in
 			delete(s.pending, req)
+			if p.in == 0 && p.allow > ControlMessageCap {
+				if s.late == nil {
+					s.late = map[uint64]lateAllow{}
+				}
+				s.late[req] = lateAllow{allow: p.allow, at: time.Now()}
+			}
 		}
 	}
 	for req, sr := range s.sums {

@@ -355,3 +355,21 @@ func TestDispatchPaidOnlyWhenAnswered(t *testing.T) {
 		t.Fatalf("ledger in %d out %d rejected %d, want 40, 44, %d", in, out, rej, 3*44+40)
 	}
 }
+
+// TestLateBigAnswerRead: an answer larger than ControlMessageCap to a
+// request the hub gave up on (its hold passed) is still read and passed
+// on, to be rejected as late, not taken for an unasked message: a slow
+// honest worker finishing a queue of large answers kept its session.
+func TestLateBigAnswerRead(t *testing.T) {
+	r := newRig(t, func(c *Config) { c.ResultHold, c.FlushEvery = 100*time.Millisecond, 20*time.Millisecond })
+	d := dispatch(9) // declares 1 row of d = 5 MiB/8 with k = 2: an answer of about 5 MiB
+	binary.LittleEndian.PutUint32(d[wire.HeaderSize+14:], uint32(5<<20/8))
+	r.toWorker(t, d)
+	rigWait(t, "the request given up", func() bool { return r.session(t).Rejected == uint64(len(d)) })
+	msg := make([]byte, 5<<20)
+	copy(msg, result(9))
+	r.toBackbone(t, msg) // passed on whole
+	if s := r.session(t); s.Ended || s.Reason != "" {
+		t.Fatalf("session closed by a late answer: %+v", s)
+	}
+}

@@ -124,3 +124,54 @@ func TestLedgerError(t *testing.T) {
 		}
 	}
 }
+
+// TestSpillKeepsEverything: a row that failed while the session was still
+// working (unacknowledged, not final), then more accepted work and the
+// session's end: the spill file holds the failed row, the rest of the
+// bytes and the final row, so the next hub's ledger has every byte.
+func TestSpillKeepsEverything(t *testing.T) {
+	var fail atomic.Bool
+	fail.Store(true)
+	l := openLedger(t, hubBackend{"sqlite", false})
+	m := &countingMeter{l: l, failBefore: func(int64) bool { return fail.Load() }}
+	spill := filepath.Join(t.TempDir(), "ledger.unappended")
+	f := startFleet(t, 1, m, func(c *Config) {
+		c.CloseRetry, c.SpillFile, c.FlushEvery = 200*time.Millisecond, spill, 20*time.Millisecond
+	})
+	f.dispatchAll(t)
+	for deadline := time.Now().Add(5 * time.Second); f.h.LedgerError() == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no failed append")
+		}
+	}
+	f.dispatchAll(t)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if ss := f.h.Sessions(); len(ss) == 1 && ss[0].CreditOut == 88 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("second request not metered: %+v", f.h.Sessions())
+		}
+	}
+	f.ws[0].Close(websocket.StatusNormalClosure, "bye")
+	f.mu.Lock()
+	f.conns[0].Close()
+	f.mu.Unlock()
+	if err := f.h.Close(); err == nil || !strings.Contains(err.Error(), "88 creditable bytes") {
+		t.Fatalf("Close = %v, want the spill of 88 creditable bytes", err)
+	}
+	rows, err := readSpill(spill)
+	if err != nil || len(rows) == 0 || !rows[len(rows)-1].Final {
+		t.Fatalf("spill: %+v, %v; want the rows ending with the final one", rows, err)
+	}
+	fail.Store(false)
+	h2, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	checkExact(t, l, f, 2)
+}

@@ -50,13 +50,14 @@ func UpgradeMessage(method, host, path string, unixMillis int64, nonce string) [
 
 // UpgradeHost is the host an upgrade signature names: the host part of a
 // URL's or request's authority (hostport: "gate.example.net:443",
-// "[2001:db8::1]:443", "127.0.0.1"), without the port, lower-cased.
+// "[2001:db8::1]:443", "127.0.0.1"), without the port and a trailing dot,
+// lower-cased.
 func UpgradeHost(hostport string) string {
 	h := hostport
 	if host, _, err := net.SplitHostPort(hostport); err == nil {
 		h = host
 	}
-	return strings.ToLower(strings.Trim(h, "[]"))
+	return strings.TrimSuffix(strings.ToLower(strings.Trim(h, "[]")), ".") // "gate.example.net." is the same name
 }
 
 // SignUpgrade returns the four X-Kvasir-* headers that authenticate a worker

@@ -418,7 +418,7 @@ func http_Header() map[string][]string { return map[string][]string{} }
 func TestUpgradeHost(t *testing.T) {
 	for in, want := range map[string]string{
 		"gate.example.net:443": "gate.example.net", "GATE.Example.net": "gate.example.net",
-		"[2001:DB8::1]:443": "2001:db8::1", "[::1]": "::1", "127.0.0.1:8543": "127.0.0.1", "127.0.0.1": "127.0.0.1",
+		"[2001:DB8::1]:443": "2001:db8::1", "[::1]": "::1", "127.0.0.1:8543": "127.0.0.1", "127.0.0.1": "127.0.0.1", "gate.example.net.:443": "gate.example.net",
 	} {
 		if got := UpgradeHost(in); got != want {
 			t.Errorf("UpgradeHost(%q) = %q, want %q", in, got, want)

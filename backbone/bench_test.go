@@ -59,7 +59,8 @@ const benchOneWay = 6500 * time.Microsecond
 // with KVASIR_BENCH_DEEP_Q30 / KVASIR_BENCH_DEEP_Q35 naming GGUF files,
 // those at depth (32 and 20 layers: benchDeep).
 // layer0-idle-13ms computes layer 0 locally after sleeping 13 ms: what an
-// idle gap alone costs the next layers. The remote and idle variants run
+// idle gap alone costs the next layers; layer0-echo-13ms-spin after a
+// plain TCP echo through the same link instead (a socket's wake-up). The remote and idle variants run
 // their steps in blocks alternating with local steps
 // (benchStepsAlternating) and report added-ms against those.
 func BenchmarkSwarmDecode13ms(b *testing.B) {
@@ -122,6 +123,22 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 			sl := &sleepyComputer{Computer: lm.m.LocalExperts(), sleep: 2 * benchOneWay, spin: true}
 			benchIdle(b, lm, sl)
 		})
+		// The same pause as a plain TCP echo of a remote layer's message
+		// sizes through the same 13 ms link process (no TLS, hub, gateway,
+		// worker or dispatcher; the CPUs spinning): what a round trip over
+		// a socket costs the layers after it on this host, the floor under
+		// the remote variants' after-call time (a socket's wake-up slowed
+		// the next layers by 2-3 ms where a sleep's did not: BENCHMARKS).
+		b.Run(mc.name+"/layer0-echo-13ms-spin", func(b *testing.B) {
+			lm := mc.load(b)
+			if err := idlespin.Start(runtime.GOMAXPROCS(0), dispatch.DefaultSpinWait); err != nil {
+				b.Skipf("no spinner threads: %v", err)
+			}
+			pm := lm.m.Params()
+			c := echoConn(b, wire.DispatchSumSize(1, pm.Embd, pm.ExpertsUsed), wire.ResultSize(1, pm.Embd))
+			sl := &sleepyComputer{Computer: lm.m.LocalExperts(), echo: c, spin: true}
+			benchIdle(b, lm, sl)
+		})
 		for _, via := range []string{"hub-direct", "gateway", "gateway-process", "gateway-process-nospin", "processes"} {
 			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
 				lm := mc.load(b)
@@ -171,6 +188,10 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 						added := ms(step - local)
 						b.ReportMetric(added, "added-ms")
 						b.ReportMetric(added-ms(echo)-w.ComputeP50ms, "added-beyond-ms")
+						// The step's time outside the call beyond a local
+						// step's (less layer 0's local experts, which the
+						// call replaced): compare layer0-echo-13ms-spin's.
+						b.ReportMetric(added-tc.p50ms(), "after-call-ms")
 					}
 					if ls, ok := localStep[mc.name]; ok {
 						b.ReportMetric(ms(step-ls)-ms(echo)-w.ComputeP50ms, "added-beyond-separate-ms")
@@ -593,6 +614,38 @@ func newBenchLink(tb testing.TB, target string) *swarmtest.ProcLink {
 // to a loopback server that answers resp bytes: what the link itself
 // costs a message pair of a remote layer's sizes, its relay hops included.
 func echoRTT(tb testing.TB, req, resp int) time.Duration {
+	c := echoConn(tb, req, resp)
+	rtts := make([]time.Duration, 100)
+	for i := range rtts {
+		t0 := time.Now()
+		if err := c.roundTrip(); err != nil {
+			tb.Fatal(err)
+		}
+		rtts[i] = time.Since(t0)
+	}
+	slices.Sort(rtts)
+	return rtts[len(rtts)/2]
+}
+
+// benchEcho is a client of a loopback echo server behind a benchmark link:
+// each roundTrip writes req bytes and reads the resp bytes answered.
+type benchEcho struct {
+	c       net.Conn
+	in, out []byte
+}
+
+func (e *benchEcho) roundTrip() error {
+	if _, err := e.c.Write(e.out); err != nil {
+		return err
+	}
+	_, err := io.ReadFull(e.c, e.in)
+	return err
+}
+
+// echoConn starts a loopback server answering every req bytes with resp
+// bytes, puts a fresh benchmark link (benchOneWay each way) in front of it
+// and dials the link.
+func echoConn(tb testing.TB, req, resp int) *benchEcho {
 	srv := serveLoopback(tb, func(c net.Conn) {
 		defer c.Close()
 		in, out := make([]byte, req), make([]byte, resp)
@@ -610,46 +663,45 @@ func echoRTT(tb testing.TB, req, resp int) time.Duration {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer c.Close()
-	in, out := make([]byte, resp), make([]byte, req)
-	rtts := make([]time.Duration, 100)
-	for i := range rtts {
-		t0 := time.Now()
-		if _, err := c.Write(out); err != nil {
-			tb.Fatal(err)
-		}
-		if _, err := io.ReadFull(c, in); err != nil {
-			tb.Fatal(err)
-		}
-		rtts[i] = time.Since(t0)
-	}
-	slices.Sort(rtts)
-	return rtts[len(rtts)/2]
+	tb.Cleanup(func() { c.Close() })
+	return &benchEcho{c: c, in: make([]byte, resp), out: make([]byte, req)}
 }
 
 // ms is d in milliseconds.
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 // sleepyComputer computes layer 0 with its Computer (the model's own
-// experts) after sleeping for sleep, and hands every other layer back to
-// the model (expert.Delegator), timing layer 0's calls like
-// timedComputer.
+// experts) after sleeping for sleep, or after a round trip of echo when
+// set, and hands every other layer back to the model (expert.Delegator),
+// timing layer 0's calls like timedComputer.
 type sleepyComputer struct {
 	expert.Computer
 	sleep time.Duration
-	spin  bool // keep the CPUs spinning through the sleep, as the dispatcher does through a round trip (idlespin)
+	echo  *benchEcho
+	spin  bool // keep the CPUs spinning through the pause, as the dispatcher does through a round trip (idlespin)
 	calls holdTimes
+}
+
+// pause sleeps, or makes the echo's round trip.
+func (s *sleepyComputer) pause() error {
+	if s.echo != nil {
+		return s.echo.roundTrip()
+	}
+	time.Sleep(s.sleep)
+	return nil
 }
 
 func (s *sleepyComputer) ComputeExperts(ctx context.Context, layer int, hidden []float32, ids []int32, n, k int, out []float32) error {
 	t0 := time.Now()
 	if layer == 0 {
+		release := func() {}
 		if s.spin {
-			release := idlespin.Hold()
-			time.Sleep(s.sleep)
-			release()
-		} else {
-			time.Sleep(s.sleep)
+			release = idlespin.Hold()
+		}
+		err := s.pause()
+		release()
+		if err != nil {
+			return err
 		}
 	}
 	err := s.Computer.ComputeExperts(ctx, layer, hidden, ids, n, k, out)
@@ -739,8 +791,9 @@ func (h *holdTimes) p50ms() float64 {
 }
 
 // benchIdle runs the idle variants: layer 0 computed locally after sl's
-// sleep, in blocks alternating with local steps (benchStepsAlternating);
-// added-beyond-sleep-ms is what the pause costs beyond itself.
+// pause (a sleep, or an echo's round trip), in blocks alternating with
+// local steps (benchStepsAlternating); added-beyond-sleep-ms is what the
+// pause costs beyond 13 ms, after-call-ms what it costs the layers after it.
 func benchIdle(b *testing.B, lm *loadedModel, sl *sleepyComputer) {
 	defer lm.m.SetExperts(nil)
 	step, local := benchStepsAlternating(b, lm, sl)
@@ -751,5 +804,8 @@ func benchIdle(b *testing.B, lm *loadedModel, sl *sleepyComputer) {
 		added := ms(step - local)
 		b.ReportMetric(added, "added-ms")
 		b.ReportMetric(added-ms(2*benchOneWay), "added-beyond-sleep-ms")
+		// The step's time outside the pause and layer 0's experts beyond
+		// a local step's: what the pause cost the layers after it.
+		b.ReportMetric(added-sl.calls.p50ms(), "after-call-ms")
 	}
 }

@@ -412,7 +412,7 @@ if [ "${KVASIR_BENCH_DOC_ONLY:-0}" != 1 ]; then
   run swarm-decode ./backbone 'BenchmarkSwarmDecode13ms' 1s 3 KVASIR_BENCH_Q30=1
   # The same at depth, on the side-by-side groups' files (skipped without them): 400 steps each, in
   # alternating blocks; the 13 ms pause alone (idle, idle-spin) is the host's floor under the remote rows.
-  run swarm-decode-deep ./backbone 'BenchmarkSwarmDecode13ms/(qwen3-30b-shape-32L|qwen3.5-35b-shape-20L)/(local|layer0-idle-13ms|layer0-idle-13ms-spin|layer0-remote-gateway-process|layer0-remote-processes)$' 400x 1 \
+  run swarm-decode-deep ./backbone 'BenchmarkSwarmDecode13ms/(qwen3-30b-shape-32L|qwen3.5-35b-shape-20L)/(local|layer0-idle-13ms|layer0-idle-13ms-spin|layer0-echo-13ms-spin|layer0-remote-gateway-process|layer0-remote-processes)$' 400x 1 \
     KVASIR_BENCH_DEEP_Q30="$CACHE/qwen3-30b-a3b-${KVASIR_BENCH_LAYERS_Q30:-32}L-Q4_K-s1.gguf" \
     KVASIR_BENCH_DEEP_Q35="$CACHE/qwen3.5-35b-a3b-${KVASIR_BENCH_LAYERS_Q35:-20}L-Q4_K-s1.gguf"
   run gateway ./backbone/gateway 'BenchmarkSplice|BenchmarkRoundTrip' 500ms 3

@@ -246,10 +246,17 @@ func isUpgrade(r *http.Request) bool {
 }
 
 func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, code int, reason string, err error) {
+	g.refuseSaying(w, r, code, reason, err, http.StatusText(code))
+}
+
+// refuseSaying is refuse with body as the answer's one line (what the
+// worker shows): for refusals whose reason helps an honest worker and
+// tells a forger nothing (an old worker, a wrong host name).
+func (g *Gateway) refuseSaying(w http.ResponseWriter, r *http.Request, code int, reason string, err error, body string) {
 	g.refused.Add(1)
 	g.met.refused.WithLabelValues(reason).Inc()
-	g.log.Warn("gateway: refused worker upgrade", "remote", r.RemoteAddr, "status", code, "err", err)
-	http.Error(w, http.StatusText(code), code)
+	g.log.Warn("gateway: refused worker upgrade", "remote", r.RemoteAddr, "status", code, "reason", reason, "err", err)
+	http.Error(w, body, code)
 }
 
 // track adds (add) or removes a splice's two connections. Adding also

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -409,6 +410,9 @@ func TestUpgradeForAnotherHost(t *testing.T) {
 	if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("upgrade for another host's name: %v %v", resp, err)
 	}
+	if body, _ := io.ReadAll(resp.Body); !strings.Contains(string(body), `"gate-a.example" is not a name of this gateway`) {
+		t.Fatalf("wrong host's answer %q does not name the host", body)
+	}
 	var m dto.Metric
 	if err := g.met.refused.WithLabelValues("wrong_host").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
 		t.Fatalf("wrong_host refusals %v (%v), want 1", m.GetCounter().GetValue(), err)
@@ -419,4 +423,44 @@ func TestUpgradeForAnotherHost(t *testing.T) {
 		t.Fatalf("own host: %v", err)
 	}
 	c.CloseNow()
+}
+
+// TestOldWorkerTold: a worker signing the version 1 message (no host: a
+// worker older than this gateway) is refused with 403 and an answer that
+// tells it to update, counted as old_signature; a bad signature is still
+// answered with the status text alone.
+func TestOldWorkerTold(t *testing.T) {
+	eh := newEchoHub(t)
+	g, pool := newGateway(t, eh.ln.Addr().String(), nil)
+	_, key, _ := ed25519.GenerateKey(nil)
+	ms := time.Now().UnixMilli()
+	nonce := strings.Repeat("ab", 16)
+	// Version 1's message as its docs gave it, written out here.
+	v1 := "kvasir-upgrade-v1\nGET\n" + wire.WorkerPath + "\n" + strconv.FormatInt(ms, 10) + "\n" + nonce
+	h := http.Header{}
+	h.Set(wire.HeaderKey, hex.EncodeToString(key.Public().(ed25519.PublicKey)))
+	h.Set(wire.HeaderTime, strconv.FormatInt(ms, 10))
+	h.Set(wire.HeaderNonce, nonce)
+	h.Set(wire.HeaderSig, hex.EncodeToString(ed25519.Sign(key, []byte(v1))))
+	_, resp, err := dial(t, g, pool, h)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("v1 signature: %v %v", resp, err)
+	}
+	if body, _ := io.ReadAll(resp.Body); !strings.Contains(string(body), "update kvasir") {
+		t.Fatalf("old worker's answer %q does not say to update", body)
+	}
+	var m dto.Metric
+	if err := g.met.refused.WithLabelValues("old_signature").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		t.Fatalf("old_signature refusals %v (%v), want 1", m.GetCounter().GetValue(), err)
+	}
+	// A signature by another key is a bad one, and says nothing more.
+	_, other, _ := ed25519.GenerateKey(nil)
+	h.Set(wire.HeaderSig, hex.EncodeToString(ed25519.Sign(other, []byte(v1))))
+	_, resp, err = dial(t, g, pool, h)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("bad signature: %v %v", resp, err)
+	}
+	if body, _ := io.ReadAll(resp.Body); strings.TrimSpace(string(body)) != "Forbidden" {
+		t.Fatalf("bad signature's answer %q", body)
+	}
 }

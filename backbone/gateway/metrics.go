@@ -18,6 +18,7 @@ import (
 //	kvasir_gateway_bytes_bridged_total{dir}       bytes copied, dir = up (worker -> hub) | down
 //	kvasir_gateway_splice_errors_total{reason}    splices that ended on an error: idle_timeout, read, write
 //	kvasir_gateway_refused_upgrades_total{reason} refused upgrades: not_upgrade, unsigned, wrong_host, bad_signature,
+//	                                              old_signature (a worker older than signature v2),
 //	                                              stale, replayed, hub_unreachable, hub_error, hub_forbidden (the hub
 //	                                              refused the gateway's signature: secret or clock), hub_refused, hijack,
 //	                                              and connections closed before or during their TLS handshake:

@@ -55,7 +55,8 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (worker string, 
 	}
 	now = time.Now()
 	if host := wire.UpgradeHost(r.Host); len(g.names) > 0 && !nameMatches(g.names, host) {
-		g.refuse(w, r, http.StatusForbidden, "wrong_host", fmt.Errorf("upgrade for host %q, not a name of this gateway", host))
+		g.refuseSaying(w, r, http.StatusForbidden, "wrong_host", fmt.Errorf("upgrade for host %q, not a name of this gateway", host),
+			fmt.Sprintf("%q is not a name of this gateway: dial it by the name its certificate gives", host))
 		return "", now, false
 	}
 	pub, nonce, err := wire.VerifyUpgrade(r.Header, r.Method, r.Host, r.URL.Path, now, g.cfg.MaxSkew)
@@ -65,6 +66,12 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (worker string, 
 		return "", now, false
 	case errors.Is(err, wire.ErrStale):
 		g.refuse(w, r, http.StatusForbidden, "stale", err)
+		return "", now, false
+	case errors.Is(err, wire.ErrOldSignature):
+		// A worker older than this gateway: say so to it (its status
+		// shows the body's first line), not only to the log.
+		g.refuseSaying(w, r, http.StatusForbidden, "old_signature", err,
+			"this gateway needs a newer worker: its upgrade signature (kvasir-upgrade-v1) does not name the gateway's host; update kvasir")
 		return "", now, false
 	case err != nil:
 		g.refuse(w, r, http.StatusForbidden, "bad_signature", err)

@@ -29,6 +29,10 @@ var (
 	ErrNoSignature  = errors.New("wire: upgrade not signed")
 	ErrBadSignature = errors.New("wire: bad upgrade signature")
 	ErrStale        = errors.New("wire: upgrade timestamp outside the allowed skew")
+	// ErrOldSignature comes wrapped with ErrBadSignature: the signature is
+	// valid under version 1's message (kvasir-upgrade-v1, no host), i.e.
+	// from a worker older than this verifier, which it should update.
+	ErrOldSignature = errors.New("wire: upgrade signed as kvasir-upgrade-v1 (a worker older than kvasir-upgrade-v2, which names the host)")
 )
 
 // UpgradeMessage is the byte string a worker signs at the upgrade:
@@ -46,6 +50,12 @@ var (
 // there.)
 func UpgradeMessage(method, host, path string, unixMillis int64, nonce string) []byte {
 	return []byte("kvasir-upgrade-v2\n" + method + "\n" + host + "\n" + path + "\n" + strconv.FormatInt(unixMillis, 10) + "\n" + nonce)
+}
+
+// upgradeMessageV1 is version 1's message (no host), recognised only to
+// tell an old worker why it is refused (ErrOldSignature).
+func upgradeMessageV1(method, path string, unixMillis int64, nonce string) []byte {
+	return []byte("kvasir-upgrade-v1\n" + method + "\n" + path + "\n" + strconv.FormatInt(unixMillis, 10) + "\n" + nonce)
 }
 
 // UpgradeHost is the host an upgrade signature names: the host part of a
@@ -81,7 +91,8 @@ func SignUpgrade(key ed25519.PrivateKey, method, host, path string, now time.Tim
 // VerifyUpgrade checks the X-Kvasir-* headers of an upgrade request for
 // (method, path) to host (the request's Host; UpgradeHost is applied)
 // received at now: all four present (else ErrNoSignature), well-formed and
-// a valid ed25519 signature over that host (else ErrBadSignature), and a
+// a valid ed25519 signature over that host (else ErrBadSignature, with
+// ErrOldSignature too when it is a valid version 1 signature), and a
 // timestamp within maxSkew of now either way (else ErrStale). It returns
 // the worker's public key and the nonce; remembering nonces to refuse
 // replays within the skew window, and refusing a host that is not the
@@ -107,6 +118,9 @@ func VerifyUpgrade(h http.Header, method, host, path string, now time.Time, maxS
 		return nil, "", fmt.Errorf("%w: time %q", ErrBadSignature, ts)
 	}
 	if !ed25519.Verify(key, UpgradeMessage(method, UpgradeHost(host), path, ms, ns), sig) {
+		if ed25519.Verify(key, upgradeMessageV1(method, path, ms, ns), sig) {
+			return nil, "", fmt.Errorf("%w: %w", ErrBadSignature, ErrOldSignature)
+		}
 		return nil, "", fmt.Errorf("%w: verification failed", ErrBadSignature)
 	}
 	skew := now.Sub(time.UnixMilli(ms))

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"math"
 	"reflect"
@@ -388,8 +389,16 @@ func TestUpgradeSignature(t *testing.T) {
 	if _, _, err := VerifyUpgrade(h, "GET", "GATE.example.NET:8443", WorkerPath, now, time.Minute); err != nil {
 		t.Fatalf("same host, other port and case: %v", err)
 	}
-	if _, _, err := VerifyUpgrade(h, "GET", "other.example.net:443", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) {
+	if _, _, err := VerifyUpgrade(h, "GET", "other.example.net:443", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) || errors.Is(err, ErrOldSignature) {
 		t.Fatalf("other host: %v", err)
+	}
+	// Version 1's message (no host), written out as its docs gave it: a
+	// bad signature here, recognised as an old worker's.
+	v1 := h.Clone()
+	v1msg := "kvasir-upgrade-v1\nGET\n" + WorkerPath + "\n" + h.Get(HeaderTime) + "\n" + h.Get(HeaderNonce)
+	v1.Set(HeaderSig, hex.EncodeToString(ed25519.Sign(key, []byte(v1msg))))
+	if _, _, err := VerifyUpgrade(v1, "GET", "gate.example.net", WorkerPath, now, time.Minute); !errors.Is(err, ErrBadSignature) || !errors.Is(err, ErrOldSignature) {
+		t.Fatalf("v1 signature: %v", err)
 	}
 	if _, _, err := VerifyUpgrade(h, "GET", "gate.example.net", WorkerPath, now.Add(61*time.Second), time.Minute); !errors.Is(err, ErrStale) {
 		t.Fatalf("stale: %v", err)

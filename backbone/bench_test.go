@@ -25,6 +25,7 @@ import (
 	"github.com/kvasir-ai/kvasir/backbone/dispatch"
 	"github.com/kvasir-ai/kvasir/backbone/gateway"
 	"github.com/kvasir-ai/kvasir/backbone/hub"
+	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/backbone/swarmtest"
 	"github.com/kvasir-ai/kvasir/engine/expert"
 	"github.com/kvasir-ai/kvasir/engine/idlespin"
@@ -57,7 +58,8 @@ const benchOneWay = 6500 * time.Microsecond
 // and, with KVASIR_BENCH_Q30=1, 4-layer Q4_K models of Qwen3-30B-A3B's and
 // Qwen3.5-35B-A3B's layer shapes (1.4 and 1.9 GB, generated in memory);
 // with KVASIR_BENCH_DEEP_Q30 / KVASIR_BENCH_DEEP_Q35 naming GGUF files,
-// those at depth (32 and 20 layers: benchDeep).
+// those at depth (32 and 20 layers: benchDeep; their weights held as
+// --resident auto holds them).
 // layer0-idle-13ms computes layer 0 locally after sleeping 13 ms: what an
 // idle gap alone costs the next layers; layer0-echo-13ms-spin after a
 // plain TCP echo through the same link instead (a socket's wake-up). The remote and idle variants run
@@ -95,6 +97,7 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 		{"qwen3.5-35b-shape-20L", benchDeep("KVASIR_BENCH_DEEP_Q35")},
 	}
 	localStep := map[string]time.Duration{} // median step time of each model's local run
+	echoFloor := map[string]float64{}       // each model's layer0-echo-13ms-spin after-call-ms
 	for _, mc := range models {
 		b.Run(mc.name+"/local", func(b *testing.B) {
 			lm := mc.load(b)
@@ -137,7 +140,9 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 			pm := lm.m.Params()
 			c := echoConn(b, wire.DispatchSumSize(1, pm.Embd, pm.ExpertsUsed), wire.ResultSize(1, pm.Embd))
 			sl := &sleepyComputer{Computer: lm.m.LocalExperts(), echo: c, spin: true}
-			benchIdle(b, lm, sl)
+			if f, ok := benchIdle(b, lm, sl); ok {
+				echoFloor[mc.name] = f
+			}
 		})
 		for _, via := range []string{"hub-direct", "gateway", "gateway-process", "gateway-process-nospin", "processes"} {
 			b.Run(mc.name+"/layer0-remote-"+via, func(b *testing.B) {
@@ -192,6 +197,13 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 						// step's (less layer 0's local experts, which the
 						// call replaced): compare layer0-echo-13ms-spin's.
 						b.ReportMetric(added-tc.p50ms(), "after-call-ms")
+						// Beyond the host's own floor for a socket round
+						// trip: less what the bare echo's wake-up cost its
+						// layers after it (layer0-echo-13ms-spin, run
+						// before in this process).
+						if f, ok := echoFloor[mc.name]; ok {
+							b.ReportMetric(added-ms(echo)-w.ComputeP50ms-f, "added-beyond-floor-ms")
+						}
 					}
 					if ls, ok := localStep[mc.name]; ok {
 						b.ReportMetric(ms(step-ls)-ms(echo)-w.ComputeP50ms, "added-beyond-separate-ms")
@@ -245,9 +257,23 @@ func benchDeep(env string) func(b *testing.B) *loadedModel {
 		if _, err := os.Stat(p); err != nil {
 			b.Skipf("%s: %v", env, err)
 		}
-		return benchLoad(b, p)
+		lm := benchLoad(b, p)
+		// As generate and serve hold the weights by default (--resident
+		// auto: copied into the process when they fit in available
+		// memory, else mapped), once per file and process.
+		if _, done := benchResident.LoadOrStore(p, true); !done {
+			r, err := lm.Model.Resident(run.ResidentAuto, quietLogger())
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Logf("%s: weights %v", filepath.Base(p), r)
+		}
+		return lm
 	}
 }
+
+// benchResident holds the files whose weights benchDeep made resident.
+var benchResident sync.Map // path -> true
 
 // benchQ30 is a 4-layer Q4_K model of Qwen3-30B-A3B's layer shapes (1.4 GB).
 func benchQ30(b *testing.B) *loadedModel { return benchPreset(b, &q30, "qwen3-30b-a3b", "1.4 GB") }
@@ -794,7 +820,7 @@ func (h *holdTimes) p50ms() float64 {
 // pause (a sleep, or an echo's round trip), in blocks alternating with
 // local steps (benchStepsAlternating); added-beyond-sleep-ms is what the
 // pause costs beyond 13 ms, after-call-ms what it costs the layers after it.
-func benchIdle(b *testing.B, lm *loadedModel, sl *sleepyComputer) {
+func benchIdle(b *testing.B, lm *loadedModel, sl *sleepyComputer) (afterCall float64, ok bool) {
 	defer lm.m.SetExperts(nil)
 	step, local := benchStepsAlternating(b, lm, sl)
 	b.ReportMetric(ms(step), "step-p50-ms")
@@ -806,6 +832,8 @@ func benchIdle(b *testing.B, lm *loadedModel, sl *sleepyComputer) {
 		b.ReportMetric(added-ms(2*benchOneWay), "added-beyond-sleep-ms")
 		// The step's time outside the pause and layer 0's experts beyond
 		// a local step's: what the pause cost the layers after it.
-		b.ReportMetric(added-sl.calls.p50ms(), "after-call-ms")
+		afterCall, ok = added-sl.calls.p50ms(), true
+		b.ReportMetric(afterCall, "after-call-ms")
 	}
+	return afterCall, ok
 }

@@ -130,8 +130,9 @@ func BenchmarkSwarmDecode13ms(b *testing.B) {
 		// sizes through the same 13 ms link process (no TLS, hub, gateway,
 		// worker or dispatcher; the CPUs spinning): what a round trip over
 		// a socket costs the layers after it on this host, the floor under
-		// the remote variants' after-call time (a socket's wake-up slowed
-		// the next layers by 2-3 ms where a sleep's did not: BENCHMARKS).
+		// the remote variants' after-call time (on the 2-vCPU guest of
+		// docs/BENCHMARKS.md, another thread woken during the pause slowed
+		// the next layers by 2-3 ms where a sleep alone did not).
 		b.Run(mc.name+"/layer0-echo-13ms-spin", func(b *testing.B) {
 			lm := mc.load(b)
 			if err := idlespin.Start(runtime.GOMAXPROCS(0), dispatch.DefaultSpinWait); err != nil {

@@ -71,14 +71,7 @@ func TestSpillOnClose(t *testing.T) {
 
 	// The next hub appends them before anything else.
 	fail.Store(false)
-	h2, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h2.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer h2.Close()
+	restartWithSpill(t, m, spill)
 	if _, err := os.Stat(spill); !os.IsNotExist(err) {
 		t.Fatalf("spill file still there after Start: %v", err)
 	}
@@ -165,13 +158,20 @@ func TestSpillKeepsEverything(t *testing.T) {
 		t.Fatalf("spill: %+v, %v; want the rows ending with the final one", rows, err)
 	}
 	fail.Store(false)
-	h2, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
+	restartWithSpill(t, m, spill)
+	checkExact(t, l, f, 2)
+}
+
+// restartWithSpill starts a hub on meter m with spill as its spill file
+// (Start appends the file's rows first), closed at the test's end.
+func restartWithSpill(t *testing.T, m Meter, spill string) {
+	t.Helper()
+	h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h2.Start(); err != nil {
+	if err := h.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer h2.Close()
-	checkExact(t, l, f, 2)
+	t.Cleanup(func() { h.Close() })
 }

@@ -253,21 +253,8 @@ func (e *errAfter) Read(p []byte) (int, error) {
 
 func TestBatchConnBufferedReadsKeepDataBeforeError(t *testing.T) {
 	bc := NewBatchConn(&errAfter{data: []byte("hello world"), err: io.EOF}, nil).BufferReads()
-	var out []byte
 	buf := make([]byte, 4)
-	for {
-		n, err := bc.Read(buf)
-		out = append(out, buf[:n]...)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(out) > 100 {
-			t.Fatal("no EOF")
-		}
-	}
+	out := readToEOF(t, bc, buf, 100)
 	if string(out) != "hello world" {
 		t.Fatalf("read %q before EOF, want %q", out, "hello world")
 	}
@@ -338,18 +325,7 @@ func TestBatchConnIdleReadHoldsNoBuffer(t *testing.T) {
 	}
 	a := &asked{data: stream}
 	bc := NewBatchConn(a, nil).BufferReads()
-	var out []byte
-	buf := make([]byte, 1000)
-	for {
-		n, err := bc.Read(buf)
-		out = append(out, buf[:n]...)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	out := readToEOF(t, bc, make([]byte, 1000), len(stream))
 	if !bytes.Equal(out, stream) {
 		t.Fatalf("read %d bytes, not the stream's %d", len(out), len(stream))
 	}
@@ -363,6 +339,26 @@ func TestBatchConnIdleReadHoldsNoBuffer(t *testing.T) {
 	for i := range want {
 		if a.lens[i] != want[i] {
 			t.Fatalf("socket reads of %v, want %v", a.lens, want)
+		}
+	}
+}
+
+// readToEOF reads r with buf until io.EOF and returns what it read; more
+// than limit bytes without EOF fails the test.
+func readToEOF(t *testing.T, r io.Reader, buf []byte, limit int) []byte {
+	t.Helper()
+	var out []byte
+	for {
+		n, err := r.Read(buf)
+		out = append(out, buf[:n]...)
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out) > limit {
+			t.Fatal("no EOF")
 		}
 	}
 }

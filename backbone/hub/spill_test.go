@@ -175,3 +175,43 @@ func restartWithSpill(t *testing.T, m Meter, spill string) {
 	}
 	t.Cleanup(func() { h.Close() })
 }
+
+// TestSpillFileDamaged: a spill file cut short mid-line, or holding a row
+// the ledger would refuse, fails Start with the file and line named,
+// appends nothing and leaves the file as it is (nothing is lost).
+func TestSpillFileDamaged(t *testing.T) {
+	key := strings.Repeat("ab", 32)
+	good := `{"WorkerID":"` + key + `","SessionID":"s1","Seq":1}`
+	for _, tc := range []struct{ name, body, want string }{
+		{"truncated", good + "\n" + good[:len(good)/2], "line 2"},
+		{"bad worker", good + "\n" + `{"WorkerID":"nothex","SessionID":"s1","Seq":2}` + "\n", "line 2"},
+		{"not json", "\x00\xff garbage\n", "line 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spill := filepath.Join(t.TempDir(), "hub.unappended")
+			if err := os.WriteFile(spill, []byte(tc.body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			l := openLedger(t, hubBackend{"sqlite", false})
+			m := &countingMeter{l: l}
+			h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = h.Start()
+			if err == nil {
+				h.Close()
+				t.Fatal("Start took a damaged spill file")
+			}
+			if !strings.Contains(err.Error(), spill) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Start: %v; want the file and %s named", err, tc.want)
+			}
+			if es, _ := l.Since(0, 10); len(es) != 0 {
+				t.Fatalf("%d rows appended from a damaged file", len(es))
+			}
+			if b, err := os.ReadFile(spill); err != nil || string(b) != tc.body {
+				t.Fatalf("spill file changed: %q, %v", b, err)
+			}
+		})
+	}
+}

@@ -29,30 +29,8 @@ func TestSpillOnClose(t *testing.T) {
 	f := startFleet(t, n, m, func(c *Config) {
 		c.CloseRetry, c.SpillFile, c.SettleDelay = 300*time.Millisecond, spill, time.Hour
 	})
-	for range rounds {
-		f.dispatchAll(t)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		var sent uint64
-		for _, s := range f.h.Sessions() {
-			sent += s.DispatchesSent
-		}
-		if sent >= uint64(f.sent.Load()) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("DISPATCHes not bridged")
-		}
-	}
+	bridgeThenHangUp(t, f, rounds)
 	fail.Store(true)
-	for _, c := range f.ws {
-		c.Close(websocket.StatusNormalClosure, "bye")
-	}
-	f.mu.Lock()
-	for _, c := range f.conns {
-		c.Close()
-	}
-	f.mu.Unlock()
 	t0 := time.Now()
 	err := f.h.Close()
 	if err == nil || !strings.Contains(err.Error(), spill) {
@@ -214,4 +192,61 @@ func TestSpillFileDamaged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bridgeThenHangUp has every worker of f answer rounds DISPATCHes, waits
+// until the hub has bridged them all, then closes the workers' and the
+// backbone's connections (the sessions' final rows become due).
+func bridgeThenHangUp(t *testing.T, f *fleet, rounds int) {
+	t.Helper()
+	for range rounds {
+		f.dispatchAll(t)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var sent uint64
+		for _, s := range f.h.Sessions() {
+			sent += s.DispatchesSent
+		}
+		if sent >= uint64(f.sent.Load()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("DISPATCHes not bridged")
+		}
+	}
+	for _, c := range f.ws {
+		c.Close(websocket.StatusNormalClosure, "bye")
+	}
+	f.mu.Lock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+}
+
+// TestCloseRetriesOnDefaults is TestSpillOnClose's twin on the default
+// CloseRetry (20 s): a ledger that refuses appends for the first 1.5 s of
+// Close (a database restarting) gets every last row once it is back,
+// Close returns nil, and no spill file is written.
+func TestCloseRetriesOnDefaults(t *testing.T) {
+	const n, rounds = 2, 3
+	var fail atomic.Bool
+	l := openLedger(t, hubBackend{"sqlite", false})
+	m := &countingMeter{l: l, failBefore: func(int64) bool { return fail.Load() }}
+	spill := filepath.Join(t.TempDir(), "ledger.unappended")
+	f := startFleet(t, n, m, func(c *Config) { c.SpillFile, c.SettleDelay = spill, time.Hour })
+	bridgeThenHangUp(t, f, rounds)
+	fail.Store(true)
+	time.AfterFunc(1500*time.Millisecond, func() { fail.Store(false) })
+	t0 := time.Now()
+	if err := f.h.Close(); err != nil {
+		t.Fatalf("Close = %v, want the rows appended once the ledger is back", err)
+	}
+	if el := time.Since(t0); el < 1500*time.Millisecond {
+		t.Fatalf("Close returned after %v, while the ledger still refused", el)
+	}
+	if _, err := os.Stat(spill); !os.IsNotExist(err) {
+		t.Fatalf("spill file written: %v", err)
+	}
+	checkExact(t, l, f, rounds)
 }

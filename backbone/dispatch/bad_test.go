@@ -362,7 +362,9 @@ func (c *nanDevice) Fault(err error) bool {
 // nobody is banned. Before, it answered ERROR to every request for good.
 func TestDeviceNaNFaults(t *testing.T) {
 	m := testModel()
-	s := newStack(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate, c.StallBackoffMax = -1, -1, 50*time.Millisecond })
+	// The default stall backoff (the first one 1 s): TestSilentHolderRoutedAround
+	// shortens it.
+	s := newStack(t, m, 0, func(c *dispatch.Config) { c.Probation, c.CheckRate = -1, -1 })
 	dev := &nanDevice{fakeExperts: newFake(m)}
 	w := s.startInProc(t, dev, holdings(m, 0, 1, 2, 3), backend("vulkan:nan-test")).Worker
 	s.waitWorkers(t, 1)
@@ -377,7 +379,7 @@ func TestDeviceNaNFaults(t *testing.T) {
 	if st := s.disp.Stats(); len(st.Workers) != 1 || st.Workers[0].Stalls != 1 {
 		t.Fatalf("the ERROR did not take the worker out of routing: %+v", st.Workers)
 	}
-	time.Sleep(100 * time.Millisecond) // its backoff
+	time.Sleep(1100 * time.Millisecond) // its first backoff on the defaults
 	before := s.disp.Stats().ExpertsRemote
 	for i := 0; i < 4; i++ {
 		s.run(t, randomCall(t, m, rng, i%m.NLayer, 2))

@@ -1666,7 +1666,11 @@ q84rowloop:
 // genericDeltaRule for n, rows >= 1, as deltaRuleAVX512 on 32 lanes in
 // Y0-Y3 (dotF32AVX2's order; the n%32 tail through the masks Y8-Y11 of
 // f32tailmask, masked loads and stores, lanes past the tail adding a
-// zero). Y12 holds decay in pass 1 and d in pass 2.
+// zero). Y12 holds decay in pass 1 and d in pass 2. Pass 1 prefetches
+// the state D2PFD bytes ahead, the entry its first D2PFD bytes
+// (deltaRuleAVX512's reasons).
+#define D2PFD 4096
+
 TEXT ·deltaRuleAVX2(SB), NOSPLIT, $0-68
 	MOVQ    st+0(FP), BX
 	MOVQ    v+24(FP), R13
@@ -1686,6 +1690,18 @@ TEXT ·deltaRuleAVX2(SB), NOSPLIT, $0-68
 	VMOVUPS 32(AX), Y9
 	VMOVUPS 64(AX), Y10
 	VMOVUPS 96(AX), Y11
+	// The first D2PFD bytes of the state (d2aloop prefetches D2PFD ahead).
+	MOVQ BX, SI
+	MOVQ $(D2PFD/256), CX
+
+d2warm:
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	ADDQ       $256, SI
+	DECQ       CX
+	JNZ        d2warm
 
 d2row:
 	VBROADCASTSS decay+60(FP), Y12
@@ -1700,6 +1716,8 @@ d2row:
 	JZ           d2atail
 
 d2aloop:
+	PREFETCHT0 D2PFD(SI)
+	PREFETCHT0 (D2PFD+64)(SI)
 	VMULPS  0(SI), Y12, Y4
 	VMULPS  32(SI), Y12, Y5
 	VMULPS  64(SI), Y12, Y6

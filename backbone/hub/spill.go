@@ -73,9 +73,23 @@ func readSpill(path string) ([]ledger.Entry, error) {
 // Close could not append) to the ledger before anything is metered, then
 // removes the file. A ledger that refuses them, or a file that does not
 // read, fails Start and leaves the file as it is.
+//
+// The file is first renamed to SpillFile + ".appending", so that a file
+// this process could not remove once appended (a folder it may not write
+// to) fails Start before anything is appended: on SQLite, which does not
+// keep a row's Seq, appending the same rows at every start would credit
+// them again each time. A ".appending" file found at Start is one a
+// previous start was appending when it stopped: whether its rows reached
+// the ledger is unknown, so Start fails and says how to settle it.
 func (h *Hub) unspill() error {
 	if h.cfg.SpillFile == "" || h.cfg.Meter == nil {
 		return nil
+	}
+	claimed := h.cfg.SpillFile + ".appending"
+	if _, err := os.Stat(claimed); err == nil {
+		return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows may be in the ledger already; compare its sessions (SessionID, Seq) with the ledger's rows, then remove it, or rename it to %s to append it again", claimed, h.cfg.SpillFile)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("hub: spill file: %w", err)
 	}
 	rows, err := readSpill(h.cfg.SpillFile)
 	if err != nil {
@@ -84,6 +98,9 @@ func (h *Hub) unspill() error {
 	if len(rows) == 0 {
 		return nil
 	}
+	if err := os.Rename(h.cfg.SpillFile, claimed); err != nil {
+		return fmt.Errorf("hub: the spill file %s cannot be moved aside, so it could not be removed once appended and would be appended again: %w; nothing was appended", h.cfg.SpillFile, err)
+	}
 	for i := range rows {
 		rows[i].ID = 0 // the ledger assigns ids
 	}
@@ -91,13 +108,21 @@ func (h *Hub) unspill() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err = bm.AppendAll(ctx, rows)
 		cancel()
+		if err != nil {
+			// All or none: none was appended.
+			if rerr := os.Rename(claimed, h.cfg.SpillFile); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
 	} else {
 		for i, e := range rows {
 			if err = h.cfg.Meter.Append(e); err != nil {
 				// Keep only the rows not appended, so none is appended twice.
-				if werr := rewriteSpill(h.cfg.SpillFile, rows[i:]); werr != nil {
-					err = errors.Join(err, werr)
+				werr := rewriteSpill(h.cfg.SpillFile, rows[i:])
+				if werr == nil {
+					werr = os.Remove(claimed)
 				}
+				err = errors.Join(err, werr)
 				break
 			}
 		}
@@ -105,8 +130,8 @@ func (h *Hub) unspill() error {
 	if err != nil {
 		return fmt.Errorf("hub: appending the %d ledger rows of the spill file %s (a previous hub could not append them): %w; nothing is lost while the file is kept", len(rows), h.cfg.SpillFile, err)
 	}
-	if err := os.Remove(h.cfg.SpillFile); err != nil {
-		return fmt.Errorf("hub: spill file appended, but not removed (it would be appended again): %w", err)
+	if err := os.Remove(claimed); err != nil {
+		return fmt.Errorf("hub: spill file appended, but %s not removed: remove it before the next start: %w", claimed, err)
 	}
 	h.log.Info("hub: appended the ledger rows a previous hub could not", "file", h.cfg.SpillFile, "rows", len(rows))
 	return nil

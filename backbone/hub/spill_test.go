@@ -1,9 +1,12 @@
 package hub
 
 import (
+	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -249,4 +252,117 @@ func TestCloseRetriesOnDefaults(t *testing.T) {
 		t.Fatalf("spill file written: %v", err)
 	}
 	checkExact(t, l, f, rounds)
+}
+
+// protectDir makes dir's entries impossible to rename or remove: mode
+// 0500, or for root (who ignores modes) the immutable attribute; it skips
+// the test where neither holds. The protection is lifted at cleanup and by
+// the returned func.
+func protectDir(t *testing.T, dir string) (lift func()) {
+	t.Helper()
+	probe := filepath.Join(dir, ".probe")
+	lift = func() {
+		if os.Geteuid() == 0 {
+			_ = exec.Command("chattr", "-i", dir).Run()
+		}
+		_ = os.Chmod(dir, 0o700)
+	}
+	t.Cleanup(lift)
+	if os.Geteuid() == 0 {
+		if out, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err != nil {
+			t.Skipf("root, and chattr +i failed (%v: %s): no way to make a folder read-only", err, out)
+		}
+	} else if err := os.Chmod(dir, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(probe, nil, 0o600); err == nil {
+		os.Remove(probe)
+		t.Skip("the protected folder still takes new files")
+	}
+	return lift
+}
+
+// TestSpillNotMovable: a spill file in a folder where it cannot be
+// renamed or removed fails Start before anything is appended, at every
+// start (before, each start appended its rows again and then failed to
+// remove the file: on SQLite, which keeps no Seq, every restart credited
+// them once more). Once the folder is writable, one start appends them
+// once.
+func TestSpillNotMovable(t *testing.T) {
+	key := strings.Repeat("cd", 32)
+	body := `{"WorkerID":"` + key + `","SessionID":"s1","Seq":1,"BytesIn":1000,"BytesOut":200}` + "\n" +
+		`{"WorkerID":"` + key + `","SessionID":"s1","Seq":2,"BytesIn":50,"Final":true}` + "\n"
+	dir := t.TempDir()
+	spill := filepath.Join(dir, "hub.unappended")
+	if err := os.WriteFile(spill, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l := openLedger(t, hubBackend{"sqlite", false})
+	m := &countingMeter{l: l}
+	lift := protectDir(t, dir)
+	for try := range 2 {
+		h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Start(); err == nil {
+			h.Close()
+			t.Fatalf("start %d: Start took a spill file it cannot remove", try)
+		} else if !strings.Contains(err.Error(), "cannot be moved aside") || !strings.Contains(err.Error(), "nothing was appended") {
+			t.Fatalf("start %d: %v", try, err)
+		}
+		if es, _ := l.Since(0, 10); len(es) != 0 {
+			t.Fatalf("start %d: %d rows appended from a file that stays", try, len(es))
+		}
+	}
+	lift()
+	restartWithSpill(t, m, spill)
+	es, err := l.Since(0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in uint64
+	for _, e := range es {
+		in += e.BytesIn
+	}
+	if len(es) != 2 || in != 1050 {
+		t.Fatalf("after the folder was made writable: %d rows, %d bytes in; want the file's 2 rows, 1050 bytes, once", len(es), in)
+	}
+	for _, p := range []string{spill, spill + ".appending"} {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("%s left after the append: %v", p, err)
+		}
+	}
+}
+
+// TestSpillLeftAppending: a ".appending" file (a start stopped between
+// moving the spill file aside and removing it) fails Start with the file
+// named and what to do, and appends nothing: its rows may be in the
+// ledger already.
+func TestSpillLeftAppending(t *testing.T) {
+	key := strings.Repeat("ef", 32)
+	body := `{"WorkerID":"` + key + `","SessionID":"s9","Seq":1,"BytesIn":7,"Final":true}` + "\n"
+	spill := filepath.Join(t.TempDir(), "hub.unappended")
+	if err := os.WriteFile(spill+".appending", []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l := openLedger(t, hubBackend{"sqlite", false})
+	h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: &countingMeter{l: l}, SpillFile: spill, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Start()
+	if err == nil {
+		h.Close()
+		t.Fatal("Start appended or ignored a half-appended spill file")
+	}
+	if !strings.Contains(err.Error(), spill+".appending") || !strings.Contains(err.Error(), "may be in the ledger already") {
+		t.Fatalf("Start: %v", err)
+	}
+	if es, _ := l.Since(0, 10); len(es) != 0 {
+		t.Fatalf("%d rows appended", len(es))
+	}
+	if b, err := os.ReadFile(spill + ".appending"); err != nil || string(b) != body {
+		t.Fatalf("the .appending file changed: %q, %v", b, err)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvasir-ai/kvasir/engine/gguf"
 	"github.com/kvasir-ai/kvasir/engine/modelgen"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 )
@@ -46,6 +47,10 @@ func genmodelMain(args []string, stdout, stderr io.Writer) int {
 	if *out == "" || fs.NArg() != 0 {
 		fmt.Fprintln(stderr, "genmodel: --out FILE is required and no positional arguments are accepted")
 		fs.Usage()
+		return 2
+	}
+	if err := gguf.CheckOutPath(*out); err != nil {
+		fmt.Fprintln(stderr, "genmodel: --out:", err)
 		return 2
 	}
 	s, err := modelgen.Preset(*preset)

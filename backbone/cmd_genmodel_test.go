@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kvasir-ai/kvasir/engine/gguf"
@@ -68,5 +71,54 @@ func TestGenmodelBackboneOnly(t *testing.T) {
 		if st, err := os.Stat(full); err != nil || len(b) >= int(st.Size()) {
 			t.Errorf("case %d: backbone-only file of %d bytes, full file %v (%v)", i, len(b), st, err)
 		}
+	}
+}
+
+// TestOutNotAFile: genmodel and slice --backbone-only refuse an --out that
+// is a FIFO, a symbolic link or a folder (exit 2, the path and what it is
+// named) before any work, and leave it as it was. They wrote a temporary
+// file and renamed it over the path: `--out /dev/null` as root replaced the
+// device with a 3.6 GB model file.
+func TestOutNotAFile(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "m.gguf")
+	var out, errb bytes.Buffer
+	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "1", "--out", model}, &out, &errb); code != 0 {
+		t.Fatalf("genmodel: exit %d: %s", code, errb.String())
+	}
+	fifo, link, folder := filepath.Join(dir, "fifo"), filepath.Join(dir, "link"), filepath.Join(dir, "folder")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(model, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(folder, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path, want string
+		mode       os.FileMode
+	}{{fifo, "not a regular file", os.ModeNamedPipe}, {link, "symbolic link", os.ModeSymlink}, {folder, "is a folder", os.ModeDir}} {
+		for _, run := range []struct {
+			name string
+			main func([]string, io.Writer, io.Writer) int
+			args []string
+		}{
+			{"genmodel", genmodelMain, []string{"--preset", "tiny", "--layers", "1"}},
+			{"slice", sliceMain, []string{"--model", model, "--backbone-only"}},
+		} {
+			errb.Reset()
+			if code := run.main(append(run.args, "--out", tc.path), &out, &errb); code != 2 || !strings.Contains(errb.String(), tc.path) || !strings.Contains(errb.String(), tc.want) {
+				t.Errorf("%s --out %s: exit %d: %s", run.name, tc.path, code, errb.String())
+			}
+			st, err := os.Lstat(tc.path)
+			if err != nil || st.Mode().Type() != tc.mode {
+				t.Fatalf("%s --out %s: now %v, %v", run.name, tc.path, st.Mode(), err)
+			}
+		}
+	}
+	if b, err := os.ReadFile(model); err != nil || len(b) == 0 {
+		t.Fatalf("the linked model: %d bytes, %v", len(b), err)
 	}
 }

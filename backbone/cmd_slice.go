@@ -115,6 +115,10 @@ func sliceBackboneOnly(modelPath, out, hotLayers, hotExperts, sourceURL, chunk, 
 		fmt.Fprintln(stderr, "slice: --chunk-size:", err)
 		return 2
 	}
+	if err := gguf.CheckOutPath(out); err != nil {
+		fmt.Fprintln(stderr, "slice: --out:", err)
+		return 2
+	}
 	f, err := gguf.Open(modelPath)
 	if err != nil {
 		fmt.Fprintln(stderr, "slice:", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -262,10 +263,41 @@ func (w *Writer) header(e *encoder, align uint64) {
 	e.pad(align)
 }
 
+// ErrOutPath is CheckOutPath's error: the path names something a written
+// file must not replace.
+var ErrOutPath = errors.New("gguf: not a file to write")
+
+// CheckOutPath returns nil when path may receive a written file: nothing
+// is there yet, or a regular file (which is replaced). A folder, a
+// symbolic link, a device, a FIFO or a socket is refused with ErrOutPath
+// (writing renames a temporary file over path, which would replace the
+// node itself: /dev/null turned into a model file), and an unreadable
+// parent folder with the file system's error.
+func CheckOutPath(path string) error {
+	st, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	case st.Mode().IsRegular():
+		return nil
+	case st.IsDir():
+		return fmt.Errorf("%w: %s is a folder: give a file name in it", ErrOutPath, path)
+	case st.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("%w: %s is a symbolic link: give the path of the file itself", ErrOutPath, path)
+	default:
+		return fmt.Errorf("%w: %s is not a regular file (%s): refusing to replace it", ErrOutPath, path, st.Mode().Type())
+	}
+}
+
 // WriteFile writes the file to path atomically: to a temporary file in the
 // same directory, synced, made mode 0644, then renamed over path. Errors:
-// those of WriteTo and the file system.
+// CheckOutPath's, those of WriteTo and the file system.
 func (w *Writer) WriteFile(path string) (err error) {
+	if err := CheckOutPath(path); err != nil {
+		return err
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err

@@ -79,6 +79,9 @@ func SyncLayerDir(dir string, l int) error {
 // writeAtomic writes the concatenation of parts to path through a
 // temporary file in the same folder, fsynced and renamed over path.
 func writeAtomic(path string, parts ...[]byte) (err error) {
+	if err := gguf.CheckOutPath(path); err != nil {
+		return err
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err

@@ -76,7 +76,8 @@ type Config struct {
 	// row per line; ""= none: Close then reports what was lost). Start
 	// appends the rows of an existing SpillFile before anything else and
 	// removes it; a ledger that refuses them fails Start, so nothing
-	// metered is lost while the file waits.
+	// metered is lost while the file waits. A SpillFile whose folder is
+	// missing or may not be written fails Start too.
 	SpillFile string
 }
 

@@ -145,6 +145,9 @@ func (h *Hub) Start() error {
 	if err := h.unspill(); err != nil {
 		return err
 	}
+	if err := h.checkSpillWritable(); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", h.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("hub: %w", err)

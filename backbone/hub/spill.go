@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
@@ -135,6 +136,22 @@ func (h *Hub) unspill() error {
 	}
 	h.log.Info("hub: appended the ledger rows a previous hub could not", "file", h.cfg.SpillFile, "rows", len(rows))
 	return nil
+}
+
+// checkSpillWritable makes sure a stop could write the spill file: a file
+// created and removed beside it. A folder that is missing or may not be
+// written fails Start, rather than the rows of a stop whose ledger refuses
+// them being lost then (the file is needed only at that moment).
+func (h *Hub) checkSpillWritable() error {
+	if h.cfg.SpillFile == "" || h.cfg.Meter == nil {
+		return nil
+	}
+	f, err := os.CreateTemp(filepath.Dir(h.cfg.SpillFile), ".kvasir-spill-check-*")
+	if err != nil {
+		return fmt.Errorf("hub: the spill file %s could not be written when a stop needs it (rows the ledger refuses then would be lost): %w", h.cfg.SpillFile, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // rewriteSpill replaces the spill file at path with rows (written to a

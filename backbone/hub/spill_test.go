@@ -366,3 +366,38 @@ func TestSpillLeftAppending(t *testing.T) {
 		t.Fatalf("the .appending file changed: %q, %v", b, err)
 	}
 }
+
+// TestSpillNotWritable: a spill file in a missing folder, or in one the
+// hub may not write to, fails Start naming it. The hub started, and a stop
+// whose ledger refused the last rows then lost them ("not appended, and
+// not kept").
+func TestSpillNotWritable(t *testing.T) {
+	l := openLedger(t, hubBackend{"sqlite", false})
+	start := func(spill string) error {
+		h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: &countingMeter{l: l}, SpillFile: spill, Logger: quietLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = h.Start()
+		if err == nil {
+			h.Close()
+		}
+		return err
+	}
+	missing := filepath.Join(t.TempDir(), "no", "such", "hub.unappended")
+	if err := start(missing); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("missing folder: %v", err)
+	}
+	dir := t.TempDir()
+	lift := protectDir(t, dir)
+	if err := start(filepath.Join(dir, "hub.unappended")); err == nil || !strings.Contains(err.Error(), "could not be written") {
+		t.Fatalf("read-only folder: %v", err)
+	}
+	lift()
+	if err := start(filepath.Join(dir, "hub.unappended")); err != nil {
+		t.Fatalf("writable again: %v", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("the check left %d files", len(ents))
+	}
+}

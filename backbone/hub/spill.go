@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/ledger"
@@ -88,7 +90,15 @@ func (h *Hub) unspill() error {
 	}
 	claimed := h.cfg.SpillFile + ".appending"
 	if _, err := os.Stat(claimed); err == nil {
-		return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows may be in the ledger already; compare its sessions (SessionID, Seq) with the ledger's rows, then remove it, or rename it to %s to append it again", claimed, h.cfg.SpillFile)
+		var sessions []string
+		if rows, rerr := readSpill(claimed); rerr == nil {
+			for _, e := range rows {
+				if !slices.Contains(sessions, e.SessionID) {
+					sessions = append(sessions, e.SessionID)
+				}
+			}
+		}
+		return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows (sessions %s) may be in the ledger already. On PostgreSQL rename it to %s (rows are not recorded twice); on SQLite look for those sessions in the ledger first, then remove it if they are there or rename it if not (docs/operating.md, Upgrading)", claimed, strings.Join(sessions, ", "), h.cfg.SpillFile)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("hub: spill file: %w", err)
 	}

@@ -356,7 +356,7 @@ func TestSpillLeftAppending(t *testing.T) {
 		h.Close()
 		t.Fatal("Start appended or ignored a half-appended spill file")
 	}
-	if !strings.Contains(err.Error(), spill+".appending") || !strings.Contains(err.Error(), "may be in the ledger already") {
+	if !strings.Contains(err.Error(), spill+".appending") || !strings.Contains(err.Error(), "may be in the ledger already") || !strings.Contains(err.Error(), "sessions s9") {
 		t.Fatalf("Start: %v", err)
 	}
 	if es, _ := l.Since(0, 10); len(es) != 0 {

@@ -234,9 +234,8 @@ var Secret = map[string]bool{"api-key": true}
 // --print-config) as the TOML table section, sorted by name, each with its
 // usage as a comment. Applied again (Apply) the output gives the same
 // settings, except for what is not printed: the flags in Secret, and the
-// password of a URL value (postgres://user:PASSWORD@host, shown as
-// "xxxxx", url.URL.Redacted) or of a key=value connection string
-// (password=..., shown as password=xxxxx).
+// passwords RedactPassword finds (a URL's user:PASSWORD@ or ?password=,
+// a key=value connection string's password=...), shown as "xxxxx".
 func Print(w io.Writer, fs *flag.FlagSet, section string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[%s]\n", section)
@@ -262,7 +261,7 @@ func Print(w io.Writer, fs *flag.FlagSet, section string) error {
 			return
 		}
 		lit := literal(f.Value)
-		if r, ok := redactPassword(f.Value.String()); ok {
+		if r, ok := RedactPassword(f.Value.String()); ok {
 			lit = strconv.Quote(r)
 		}
 		fmt.Fprintf(&b, "%s = %s\n", f.Name, lit)
@@ -271,29 +270,80 @@ func Print(w io.Writer, fs *flag.FlagSet, section string) error {
 	return err
 }
 
-// redactPassword returns v with the password of a URL (scheme://user:pw@)
-// or of a libpq key=value string (password=pw) replaced by "xxxxx", and
-// whether v held one.
-func redactPassword(v string) (string, bool) {
-	if u, err := url.Parse(v); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			return u.Redacted(), true
+// RedactPassword returns v with every password it holds replaced by
+// "xxxxx", and whether it held one: a URL's (scheme://user:PW@host) and
+// its password query parameter (?password=PW, which libpq and pgx read
+// too), or a libpq key=value connection string's (password=PW, or a quoted
+// password = 'P W' with \' and \\ escapes; PostgreSQL docs, "Connection
+// Strings"). A URL that does not parse is returned as a placeholder (it
+// may hold a password that cannot be found).
+func RedactPassword(v string) (string, bool) {
+	if strings.Contains(v, "://") {
+		u, err := url.Parse(v)
+		if err != nil {
+			return "(unparsable URL, not shown)", true
 		}
+		found := false
+		if u.User != nil {
+			if _, ok := u.User.Password(); ok {
+				u.User, found = url.UserPassword(u.User.Username(), "xxxxx"), true
+			}
+		}
+		if q := u.Query(); len(q) > 0 {
+			for k := range q {
+				if strings.EqualFold(k, "password") {
+					q[k], found = []string{"xxxxx"}, true
+				}
+			}
+			if found {
+				u.RawQuery = q.Encode()
+			}
+		}
+		if !found {
+			return v, false
+		}
+		return u.String(), true
 	}
-	if !strings.Contains(v, "password=") || strings.Contains(v, "://") {
-		return v, false
-	}
-	fields := strings.Fields(v)
+	var b strings.Builder
 	found := false
-	for i, f := range fields {
-		if strings.HasPrefix(f, "password=") {
-			fields[i], found = "password=xxxxx", true
+	for i := 0; i < len(v); {
+		// A keyword starts the string or follows white space.
+		if (i == 0 || v[i-1] == ' ' || v[i-1] == '\t' || v[i-1] == '\n') && len(v)-i >= 8 && strings.EqualFold(v[i:i+8], "password") {
+			j := i + 8
+			for j < len(v) && (v[j] == ' ' || v[j] == '\t') {
+				j++
+			}
+			if j < len(v) && v[j] == '=' {
+				j++
+				for j < len(v) && (v[j] == ' ' || v[j] == '\t') {
+					j++
+				}
+				k := j
+				if k < len(v) && v[k] == '\'' {
+					for k++; k < len(v) && v[k] != '\''; k++ {
+						if v[k] == '\\' {
+							k++
+						}
+					}
+					k = min(k+1, len(v))
+				} else {
+					for k < len(v) && v[k] != ' ' && v[k] != '\t' && v[k] != '\n' {
+						k++
+					}
+				}
+				b.WriteString(v[i:j])
+				b.WriteString("xxxxx")
+				i, found = k, true
+				continue
+			}
 		}
+		b.WriteByte(v[i])
+		i++
 	}
 	if !found {
 		return v, false
 	}
-	return strings.Join(fields, " "), true
+	return b.String(), true
 }
 
 // literal is a flag's value as a TOML literal: booleans and numbers bare,

@@ -146,6 +146,14 @@ func TestPrintRedactsSecrets(t *testing.T) {
 		{"postgres://kvasir:s3cretpw@db.lan/kvasir", `ledger = "postgres://kvasir:xxxxx@db.lan/kvasir"`},
 		{"host=db.lan user=kvasir password=s3cretpw dbname=k", `ledger = "host=db.lan user=kvasir password=xxxxx dbname=k"`},
 		{"postgres://kvasir@db.lan/kvasir", `ledger = "postgres://kvasir@db.lan/kvasir"`},
+		// The password as a query parameter, which libpq and pgx read too.
+		{"postgres://h/db?sslmode=disable&password=s3cretpw", `ledger = "postgres://h/db?password=xxxxx&sslmode=disable"`},
+		{"postgres://u:s3cretpw@h/db?PassWord=s3cretpw", `ledger = "postgres://u:xxxxx@h/db?PassWord=xxxxx"`},
+		// Quoted key=value passwords, spaces and escapes inside.
+		{`host=h password='s3cretpw 5' user=u`, `ledger = "host=h password=xxxxx user=u"`},
+		{`host=h password = 's3cretpw\' x' dbname=d`, `ledger = "host=h password = xxxxx dbname=d"`},
+		{"password=s3cretpw", `ledger = "password=xxxxx"`},
+		{"host=h mypassword=notakey", `ledger = "host=h mypassword=notakey"`},
 		{"hub-ledger.sqlite", `ledger = "hub-ledger.sqlite"`},
 	} {
 		fs := flag.NewFlagSet("hub", flag.ContinueOnError)

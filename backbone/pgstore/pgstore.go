@@ -21,13 +21,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kvasir-ai/kvasir/backbone/config"
 )
 
 // Sentinel errors; returned errors wrap one of these or a pgx error.
@@ -61,15 +62,11 @@ func RedactPath(path string) string {
 
 // Redact returns dsn with any password replaced by "xxxxx", for logs and
 // errors.
+// (config.RedactPassword: the user's password and a password query
+// parameter).
 func Redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "postgres://(unparsable URL)"
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
+	r, _ := config.RedactPassword(dsn)
+	return r
 }
 
 // Options tunes Connect.

@@ -21,6 +21,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -676,6 +677,11 @@ func CheckGatewayURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
 		return fmt.Errorf("gateway URL %q must look like wss://host:443", raw)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("gateway URL %q: port %q: want 1-65535", raw, p)
+		}
 	}
 	if u.Scheme == "ws" {
 		h := u.Hostname()

@@ -49,7 +49,7 @@ func TestCheckGatewayURL(t *testing.T) {
 			t.Errorf("%s: %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"https://x", "ws://gate.example.net:80", "ws://10.0.0.2:7001", "wss://", "gate:443"} {
+	for _, bad := range []string{"https://x", "ws://gate.example.net:80", "ws://10.0.0.2:7001", "wss://", "gate:443", "wss://127.0.0.1:99999", "wss://gate.example.net:0", "wss://gate.example.net:http"} {
 		if err := CheckGatewayURL(bad); err == nil {
 			t.Errorf("%s accepted", bad)
 		}

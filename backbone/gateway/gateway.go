@@ -118,8 +118,8 @@ func New(cfg Config) (*Gateway, error) {
 		}
 		addr = u.Host
 	}
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return nil, fmt.Errorf("gateway: hub address %q: %w", cfg.HubURL, err)
+	if err := hub.CheckDialAddr(addr); err != nil {
+		return nil, fmt.Errorf("gateway: hub address %w", err)
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {

@@ -93,6 +93,23 @@ func Authorized(r *http.Request, secret []byte) bool {
 	return err == nil
 }
 
+// CheckDialAddr returns an error unless addr is host:port that a dial can
+// use: a host (name or IP) and a port 1-65535 or a service name known to
+// the system. It checks the form only, not that anything listens there.
+func CheckDialAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q: %w (want host:port)", addr, err)
+	}
+	if host == "" {
+		return fmt.Errorf("%q: no host", addr)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil || port == "0" {
+		return fmt.Errorf("%q: port %q: want 1-65535", addr, port)
+	}
+	return nil
+}
+
 // CheckListenAddr returns an error wrapping ErrPublic unless addr's host is a
 // loopback, private (RFC 1918 / RFC 4193) or link-local IP, or a name that
 // resolves only to such addresses; an empty or unspecified host (":7001",

@@ -97,6 +97,9 @@ func New(cfg Config) (*Hub, error) {
 	if cfg.Backbone == "" {
 		return nil, errors.New("hub: Backbone address required")
 	}
+	if err := CheckDialAddr(cfg.Backbone); err != nil {
+		return nil, fmt.Errorf("hub: backbone address %w", err)
+	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v

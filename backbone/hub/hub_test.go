@@ -150,3 +150,21 @@ func TestBackboneUnreachableLogged(t *testing.T) {
 		t.Fatalf("log:\n%s", buf.String())
 	}
 }
+
+// TestCheckDialAddr: the hub refuses at New a backbone address no dial can
+// use (it started, and only /readyz said "missing port"), as the gateway
+// does for its hub address.
+func TestCheckDialAddr(t *testing.T) {
+	for addr, ok := range map[string]bool{
+		"127.0.0.1:7002": true, "localhost:7002": true, "[::1]:7002": true, "backbone.lan:http": true,
+		"nohost": false, "127.0.0.1:99999": false, "127.0.0.1:0": false, ":7002": false, "127.0.0.1:-1": false, "h:nosuchservice": false,
+	} {
+		if err := CheckDialAddr(addr); (err == nil) != ok {
+			t.Errorf("%s: %v, want ok=%v", addr, err, ok)
+		}
+		_, err := New(Config{Listen: "127.0.0.1:0", Backbone: addr, Secret: []byte("0123456789abcdef")})
+		if (err == nil) != ok || (!ok && !strings.Contains(err.Error(), "backbone address")) {
+			t.Errorf("New with backbone %s: %v", addr, err)
+		}
+	}
+}

@@ -177,7 +177,7 @@ func sliceBackboneOnly(modelPath, out, hotLayers, hotExperts, sourceURL, chunk, 
 	}
 	el := time.Since(start)
 	fmt.Fprintf(stdout, "slice: %s: backbone-only file of %s (model id %s), %d bytes (full file %d; %d routed experts, %d bytes, left out, %d hot kept)\n",
-		out, modelPath, bo.ModelID, ost.Size(), st.Size(), bo.NLayer*bo.NExpert-len(bo.Hot), bo.Bytes(), len(bo.Hot))
+		out, modelPath, bo.ModelID, ost.Size(), st.Size(), bo.NLayer*bo.NExpert-len(bo.Hot), bo.LeftOutBytes(), len(bo.Hot))
 	fmt.Fprintf(stdout, "slice: hashed %d experts and wrote it in %.2f s (%.0f MB/s)\n", bo.NLayer*bo.NExpert, el.Seconds(),
 		float64(st.Size())/1e6/max(el.Seconds(), 1e-9))
 	return 0

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -77,6 +78,49 @@ func TestSliceCommand(t *testing.T) {
 	} {
 		if code := sliceMain(args, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+}
+
+// TestSliceLeftOutBytes: slice --backbone-only reports the bytes of the
+// routed experts it leaves out: all of the full file's *_exps tensor bytes
+// without hot experts, none when every expert is kept hot, and the rest
+// less the kept ones' share otherwise (it reported every expert's bytes
+// whatever was kept).
+func TestSliceLeftOutBytes(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "m.gguf")
+	var out, errb bytes.Buffer
+	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "2", "--out", model}, &out, &errb); code != 0 {
+		t.Fatalf("genmodel: exit %d: %s", code, errb.String())
+	}
+	f, err := gguf.Open(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all int64
+	for _, ti := range f.Tensors {
+		if strings.Contains(ti.Name, "_exps.") {
+			all += int64(ti.Size)
+		}
+	}
+	f.Close()
+	experts := int64(2 * 8) // the tiny preset: 8 experts per layer
+	for _, tc := range []struct {
+		args []string
+		want int64
+	}{
+		{nil, all},
+		{[]string{"--hot-layers", "all", "--hot-experts", "all"}, 0},
+		{[]string{"--hot-layers", "0", "--hot-experts", "0-3"}, all - 4*all/experts},
+	} {
+		out.Reset()
+		args := append([]string{"--model", model, "--backbone-only", "--out", filepath.Join(dir, "b.gguf")}, tc.args...)
+		if code := sliceMain(args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", tc.args, code, errb.String())
+		}
+		if want := fmt.Sprintf(" %d bytes, left out", tc.want); !strings.Contains(out.String(), want) {
+			t.Errorf("%v: %q, want %q", tc.args, out.String(), want)
 		}
 	}
 }

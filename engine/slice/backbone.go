@@ -664,6 +664,18 @@ func (b *BackboneOnly) Bytes() int64 {
 	return n
 }
 
+// LeftOutBytes returns the size in bytes of the routed experts the file
+// does not hold: Bytes less the hot experts kept in it.
+func (b *BackboneOnly) LeftOutBytes() int64 {
+	n := b.Bytes()
+	for _, h := range b.Hot {
+		if h[0] >= 0 && h[0] < len(b.Layers) {
+			n -= b.Layers[h[0]].ExpertBytes()
+		}
+	}
+	return n
+}
+
 // CheckHot verifies the hot experts of the loaded layers (one per layer;
 // engine/model.Model.LocalExperts().Layer(l) of the backbone-only file)
 // against the stored hashes. Errors wrap ErrCorrupt or ErrBackboneOnly.

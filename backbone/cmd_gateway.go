@@ -159,6 +159,21 @@ func runGateway(args []string) int {
 			names = append(names, n)
 		}
 	}
+	// The metrics port is bound before the gateway's own, and both before
+	// a new self-signed pair is written: a gateway that cannot start (a
+	// second one on the same ports) leaves the live one's files alone.
+	var mln net.Listener
+	if *metricsListen != "" {
+		if err := hub.CheckListenAddr(*metricsListen, false); err != nil {
+			fmt.Fprintln(os.Stderr, "gateway: --metrics-listen:", err)
+			return 1
+		}
+		if mln, err = net.Listen("tcp", *metricsListen); err != nil {
+			fmt.Fprintln(os.Stderr, "gateway: --metrics-listen:", err)
+			return 1
+		}
+		defer mln.Close()
+	}
 	g, err := gateway.New(gateway.Config{Listen: *listen, HubURL: *hubAddr, Secret: secret, TLSConfig: tlsConf, Extra: crediting.Handlers, Names: names,
 		Registry: reg, Logger: log, IdleTimeout: *idle, HandshakeTimeout: *hsTimeout, MaxHandshakes: *maxHS, MaxHandshakesPerIP: *maxHSAddr})
 	if err == nil {
@@ -239,16 +254,8 @@ func runGateway(args []string) int {
 			return nil
 		}})
 	}
-	if *metricsListen != "" {
-		if err := hub.CheckListenAddr(*metricsListen, false); err != nil {
-			fmt.Fprintln(os.Stderr, "gateway: --metrics-listen:", err)
-			return 1
-		}
-		ln, err := net.Listen("tcp", *metricsListen)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "gateway: --metrics-listen:", err)
-			return 1
-		}
+	if mln != nil {
+		ln := mln
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", g.MetricsHandler())
 		health.Mount(mux, checks...)

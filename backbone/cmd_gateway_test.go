@@ -22,8 +22,8 @@ import (
 
 // `backbone gateway --self-signed-out DIR` as the docs run it: a restart
 // keeps the pair (a client pinned to the first certificate connects to the
-// restarted gateway), a second gateway on a live one's port exits without
-// touching the files, and a mismatched pair is replaced with a line saying
+// restarted gateway), a second gateway on a live one's port (or with its
+// metrics port taken) exits without touching the files, and a mismatched pair is replaced with a line saying
 // so.
 func TestGatewaySelfSignedOut(t *testing.T) {
 	dir := t.TempDir()
@@ -92,6 +92,25 @@ func TestGatewaySelfSignedOut(t *testing.T) {
 	}
 	if c, k := files(); !bytes.Equal(c, c1) || !bytes.Equal(k, k1) {
 		t.Fatalf("a gateway that could not listen changed the files:\n%s", out)
+	}
+	// The same with a free main port and a metrics port in use: the pair
+	// was written before the metrics port was bound (workers re-read --ca
+	// at each reconnect, and then no longer trusted the live gateway).
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	cmd = exec.CommandContext(ctx, backboneBin(t), args("127.0.0.1:0", "--self-signed-hosts", "127.0.0.1,gw.example", "--metrics-listen", busy.Addr().String())...)
+	cmd.Env = append(os.Environ(), asBackbone)
+	out, err = cmd.CombinedOutput()
+	cancel()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "--metrics-listen") || !strings.Contains(string(out), "address already in use") {
+		t.Fatalf("second gateway with a busy metrics port: %v\n%s", err, out)
+	}
+	if c, k := files(); !bytes.Equal(c, c1) || !bytes.Equal(k, k1) {
+		t.Fatalf("a gateway whose metrics port was taken changed the files:\n%s", out)
 	}
 	if err := handshake(addr1, pool); err != nil {
 		t.Fatal(err)

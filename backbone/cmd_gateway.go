@@ -75,6 +75,17 @@ func runGateway(args []string) int {
 		fmt.Fprintln(os.Stderr, errLine("gateway", err))
 		return 2
 	}
+	switch {
+	case *maxHS < 1:
+		fmt.Fprintf(os.Stderr, "gateway: --max-handshakes %d: want 1 or more\n", *maxHS)
+		return 2
+	case *maxHSAddr < 1:
+		fmt.Fprintf(os.Stderr, "gateway: --max-handshakes-per-address %d: want 1 or more\n", *maxHSAddr)
+		return 2
+	case *idle < 0 || *hsTimeout < 0:
+		fmt.Fprintln(os.Stderr, "gateway: --idle-timeout and --handshake-timeout: want a duration >= 0 (0: the default)")
+		return 2
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var tlsConf *tls.Config

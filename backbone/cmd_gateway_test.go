@@ -184,3 +184,28 @@ func TestGatewayACMEFailureSaysWhy(t *testing.T) {
 		t.Fatalf("/readyz %d: %s", code, body)
 	}
 }
+
+// TestGatewayBadLimits: handshake bounds below 1 and negative timeouts are
+// refused (exit 2, the flag named). --max-handshakes -1 ran with 256 while
+// --print-config showed -1.
+func TestGatewayBadLimits(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ flag, val, want string }{
+		{"--max-handshakes", "-1", "--max-handshakes -1: want 1 or more"},
+		{"--max-handshakes", "0", "--max-handshakes 0: want 1 or more"},
+		{"--max-handshakes-per-address", "0", "--max-handshakes-per-address 0: want 1 or more"},
+		{"--idle-timeout", "-5s", "--idle-timeout and --handshake-timeout"},
+		{"--handshake-timeout", "-1s", "--idle-timeout and --handshake-timeout"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a gateway that starts is killed
+		cmd := exec.CommandContext(ctx, backboneBin(t), "gateway", "--listen", "127.0.0.1:0", "--hub", "127.0.0.1:1", "--self-signed-out", filepath.Join(dir, "tls"),
+			"--secret-file", filepath.Join(dir, "hub-secret"), "--create-secret", c.flag, c.val)
+		cmd.Env = append(os.Environ(), asBackbone)
+		cmd.WaitDelay = 5 * time.Second
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), c.want) {
+			t.Errorf("%s %s: %v\n%s", c.flag, c.val, err, out)
+		}
+	}
+}

@@ -31,7 +31,7 @@ func runWorker(args []string) int {
 	layersFlag := fs.String("layers", "", "comma-separated layers to serve (default: all in the slice)")
 	caFile := fs.String("ca", "", "PEM CA certificate to trust for the gateway (default: system roots)")
 	keyFile := fs.String("key", workerrole.DefaultKeyFile(), "ed25519 identity key file (0600, created if missing)")
-	threads := fs.Int("threads", runtime.NumCPU(), "compute threads")
+	threads := fs.Int("threads", runtime.NumCPU(), "compute threads (0: all CPUs)")
 	modelID := fs.String("model-id", "", "model id announced to the backbone (default: the slice's model id, engine/slice.ModelID)")
 	modelTiny := fs.Bool("model-tiny", false, "serve the experts of the embedded tiny model (the default model of backbone generate and demo) instead of --slice")
 	quotaFlag := fs.String("quota", "", "with a --slice directory (may be empty or missing): disk quota for downloaded experts, bytes with an optional KiB/MiB/GiB/TiB or KB/MB/GB/TB suffix (e.g. 4GB); the backbone assigns experts and the worker downloads them (issue 6)")
@@ -48,6 +48,12 @@ func runWorker(args []string) int {
 	if *spinWait < 0 {
 		fmt.Fprintf(os.Stderr, "worker: --spin-wait %v: want >= 0 (0: off)\n", *spinWait)
 		return 2
+	}
+	if *threads < 0 {
+		fmt.Fprintf(os.Stderr, "worker: --threads %d: want >= 0 (0 = all CPUs)\n", *threads)
+		return 2
+	} else if *threads == 0 {
+		*threads = runtime.NumCPU()
 	}
 	if *cpuLimit < 0 || *cpuLimit > 100 {
 		fmt.Fprintf(os.Stderr, "worker: --cpu-limit %d: want a percent from 0 to 100 (0 or 100: no limit)\n", *cpuLimit)
@@ -75,7 +81,11 @@ func runWorker(args []string) int {
 			return 2
 		}
 		if *gw == "" || (*slice == "") == !*modelTiny {
-			fmt.Fprintln(os.Stderr, "worker: --gateway and one of --slice or --model-tiny are required")
+			what := "--gateway and one of --slice or --model-tiny are required"
+			if *slice != "" && *modelTiny {
+				what = "--slice and --model-tiny exclude each other: give one"
+			}
+			fmt.Fprintln(os.Stderr, "worker: "+what)
 			return 2
 		}
 		for _, f := range strings.Split(*layersFlag, ",") {

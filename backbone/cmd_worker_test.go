@@ -47,6 +47,8 @@ func TestWorkerCommandFlags(t *testing.T) {
 		{[]string{"--slice", filepath.Join(dir, "q"), "--quota", "4GX"}, 2, `--quota: bad byte count "4GX"`},
 		{[]string{"--quota", "4GB"}, 2, "--quota needs --gateway and a --slice directory"},
 		{[]string{"--slice", held, "--quota", "4GB"}, 1, "in use by another worker"},
+		{[]string{"--slice", sl, "--model-tiny"}, 2, "--slice and --model-tiny exclude each other"},
+		{[]string{"--slice", sl, "--threads", "-1"}, 2, "--threads -1: want >= 0 (0 = all CPUs)"},
 	} {
 		cmd := exec.Command(backboneBin(t), append(gw, c.args...)...)
 		cmd.Env = append(os.Environ(), asBackbone)

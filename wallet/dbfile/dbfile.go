@@ -114,6 +114,10 @@ func Check(path string, k Kind) (Info, error) {
 	if err != nil {
 		return Info{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		f.Close()
+		return Info{}, fmt.Errorf("%w: %s is a folder, not a %s file: give a file path (in that folder, for example)", ErrCorrupt, path, k.Name)
+	}
 	hdr := make([]byte, 100)
 	n, rerr := io.ReadFull(f, hdr)
 	f.Close()

@@ -49,6 +49,10 @@ func TestCheckClassifies(t *testing.T) {
 	empty := filepath.Join(dir, "empty")
 	garbage := filepath.Join(dir, "garbage")
 	truncated := filepath.Join(dir, "truncated")
+	folder := filepath.Join(dir, "folder")
+	if err := os.Mkdir(folder, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +83,7 @@ func TestCheckClassifies(t *testing.T) {
 		{wrongTables, 0, dbfile.ErrCorrupt, "tables [entries extra]"},
 		{garbage, 0, dbfile.ErrCorrupt, "no SQLite header"},
 		{truncated, 0, dbfile.ErrCorrupt, ""},
+		{folder, 0, dbfile.ErrCorrupt, "is a folder, not a kvasir contribution ledger file"},
 	}
 	before := dbfiletest.Snapshot(t, dir)
 	for _, c := range cases {

@@ -124,3 +124,18 @@ func TestSliceLeftOutBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestSliceOfBackboneOnly: slicing a backbone-only file says what it is
+// and where slices come from, instead of "gguf: no such tensor".
+func TestSliceOfBackboneOnly(t *testing.T) {
+	dir := t.TempDir()
+	bo := filepath.Join(dir, "bo.gguf")
+	var out, errb bytes.Buffer
+	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "1", "--backbone-only", "--out", bo}, &out, &errb); code != 0 {
+		t.Fatalf("genmodel: exit %d: %s", code, errb.String())
+	}
+	errb.Reset()
+	if code := sliceMain([]string{"--model", bo, "--layers", "0", "--out", filepath.Join(dir, "s")}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "a backbone-only file") || !strings.Contains(errb.String(), "full model") {
+		t.Fatalf("slice of a backbone-only file: exit %d: %s", code, errb.String())
+	}
+}

@@ -44,6 +44,17 @@ type Sums struct {
 
 // modelLayers returns f's general.architecture and its block_count (the
 // layer count, 1..MaxLayers). Errors wrap ErrModel.
+// notBackboneOnly returns an error wrapping ErrModel when f is a
+// backbone-only file, whose routed experts (the ones a slice or a catalog
+// is made of) were left out.
+func notBackboneOnly(f *gguf.File) error {
+	if _, ok := f.Value(KeyBackboneOnlyVersion); !ok {
+		return nil
+	}
+	id, _ := f.String(KeyBackboneOnlyModelID)
+	return fmt.Errorf("%w: a backbone-only file (its routed experts were left out): cut slices from the full model (model id %s)", ErrModel, id)
+}
+
 func modelLayers(f *gguf.File) (arch string, nl int, err error) {
 	sh, err := moeshape.Read(f)
 	if sh.Arch == "" {
@@ -62,6 +73,9 @@ func modelLayers(f *gguf.File) (arch string, nl int, err error) {
 // stay open while the catalog is used. Errors wrap ErrModel or those of
 // expert.FromGGUF.
 func NewCatalog(f *gguf.File) (*Catalog, error) {
+	if err := notBackboneOnly(f); err != nil {
+		return nil, err
+	}
 	arch, nl, err := modelLayers(f)
 	if err != nil {
 		return nil, err

@@ -238,6 +238,9 @@ func (s *Slice) sortLists() {
 // ErrModel, ErrSelection, gguf.ErrNoTensor, expert.ErrShape or
 // expert.ErrType.
 func FromGGUF(f *gguf.File, layers, experts []int) (*Slice, error) {
+	if err := notBackboneOnly(f); err != nil {
+		return nil, err
+	}
 	arch, nl, err := modelLayers(f)
 	if err != nil {
 		return nil, err

@@ -153,9 +153,10 @@ func Apply(fs *flag.FlagSet, path, section string) error {
 // checkKind refuses a TOML value of the wrong kind for flag f, where the
 // flag's type is known (flag.Getter): a boolean flag takes true or false
 // (not 1, not "yes"), a whole-number flag a TOML integer, a number flag an
-// integer or float, a duration flag a string ("30s"); an array only goes
-// to a flag whose value is text (a list such as layers = [0, 1]). Flags of
-// other types take what valueString writes, and refuse it themselves.
+// integer or float, a duration flag a string ("30s"), a text flag a
+// string, an integer or an array (a list such as layers = [0, 1]), not a
+// boolean or a fraction. Flags of other types take what valueString
+// writes, and refuse it themselves.
 func checkKind(f *flag.Flag, v any) error {
 	var want any
 	if g, ok := f.Value.(flag.Getter); ok {
@@ -181,11 +182,16 @@ func checkKind(f *flag.Flag, v any) error {
 		if _, ok := v.(string); !ok {
 			return errors.New(`want a duration with its unit, as a string: "30s", "5m"`)
 		}
+	case string:
+		// Text, a whole number (layers = 3) or a list (layers = [0, 1]);
+		// a boolean or a fraction is no text a flag takes.
+		switch v.(type) {
+		case bool, float64:
+			return errors.New("want text (a TOML string, quoted)")
+		}
 	default:
-		if isArray {
-			if _, text := want.(string); want != nil && !text {
-				return errors.New("not a list: want a single value")
-			}
+		if isArray && want != nil {
+			return errors.New("not a list: want a single value")
 		}
 	}
 	return nil

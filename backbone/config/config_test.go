@@ -185,6 +185,8 @@ func TestValueKinds(t *testing.T) {
 		{"settle = 30", "want a duration"},
 		{"allow-public = [true]", "want true or false"},
 		{"settle-results = [1, 2]", "want a whole number"},
+		{"listen = true", "want text"},
+		{"listen = 1.5", "want text"},
 	} {
 		var v vals
 		err := Parse(newFS(&v), "hub", []string{"--config", write(t, "[hub]\n"+tc.body+"\n")}, io.Discard)

@@ -144,6 +144,8 @@ func generateMainContext(ctx context.Context, args []string, stdout, stderr io.W
 		bad = fmt.Sprintf("--top-k %d: want >= 0 (0 = all)", *topK)
 	case *threads < 0:
 		bad = fmt.Sprintf("--threads %d: want >= 0 (0 = all CPUs)", *threads)
+	case run.CheckResident(*resident) != nil:
+		bad = run.CheckResident(*resident).Error()
 	}
 	if bad != "" {
 		fmt.Fprintln(stderr, "generate:", bad)

@@ -85,7 +85,7 @@ func TestGenerateSamplingAndStreaming(t *testing.T) {
 		t.Errorf("streamed output %q does not start with %q and report tok/s", out.String(), a.Text)
 	}
 	for _, bad := range [][]string{{"--max-tokens", "-1"}, {"--nope"}, {"extra"}, {"--temperature", "-1"},
-		{"--temperature", "NaN"}, {"--top-p", "0"}, {"--top-p", "2"}, {"--top-k", "-1"}, {"--threads", "-1"}} {
+		{"--temperature", "NaN"}, {"--top-p", "0"}, {"--top-p", "2"}, {"--top-k", "-1"}, {"--threads", "-1"}, {"--resident", "bogus"}} {
 		errb.Reset()
 		if code := generateMain(bad, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2", bad, code)
@@ -96,6 +96,11 @@ func TestGenerateSamplingAndStreaming(t *testing.T) {
 	}
 	if code := generateMain([]string{"--model", filepath.Join(t.TempDir(), "missing.gguf")}, &out, &errb); code != 1 {
 		t.Errorf("missing model: exit %d, want 1", code)
+	}
+	// serve refuses the same --resident before binding or loading anything.
+	errb.Reset()
+	if code := serveMain(context.Background(), []string{"--resident", "bogus", "--http", "127.0.0.1:0"}, &errb, nil); code != 2 || !strings.Contains(errb.String(), `--resident "bogus"`) {
+		t.Errorf("serve --resident bogus: exit %d: %s", code, errb.String())
 	}
 }
 

@@ -71,6 +71,10 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 		fmt.Fprintln(stderr, "serve:", err)
 		return 2
 	}
+	if err := run.CheckResident(*resident); err != nil {
+		fmt.Fprintln(stderr, "serve:", err)
+		return 2
+	}
 	if so.Workers > 0 && so.Listen == "" {
 		fmt.Fprintln(stderr, "serve: --wait-workers needs --dispatch-listen")
 		return 2

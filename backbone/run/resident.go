@@ -24,6 +24,19 @@ func AddResidentFlag(fs *flag.FlagSet) *string {
 	return fs.String("resident", ResidentAuto, "how the model's weights stay in memory: auto (copy them when they fit in available memory, else leave them mapped and warn), copy (into the process's own memory, on huge pages where the system grants them: never evicted, fewest page-table walks), lock (mlock the file's mapping: read once, never evicted), mmap (page cache only: evicted weights are read from disk again at each step)")
 }
 
+// CheckResident returns an error unless choice is a --resident value:
+// auto, mmap, lock or copy (for a command to refuse it with its usage
+// errors, before loading the model).
+func CheckResident(choice string) error {
+	if choice == ResidentAuto {
+		return nil
+	}
+	if _, err := gguf.ParseResidency(choice); err != nil {
+		return fmt.Errorf("--resident %q: want auto, mmap, lock or copy", choice)
+	}
+	return nil
+}
+
 // residentMargin is the memory auto leaves to everything else: the larger
 // of 1 GiB and a tenth of the machine's memory.
 func residentMargin(total uint64) uint64 { return max(1<<30, total/10) }
@@ -42,11 +55,11 @@ func residentMargin(total uint64) uint64 { return max(1<<30, total/10) }
 func (m *Model) Resident(choice string, log *slog.Logger) (gguf.ResidentReport, error) {
 	f := m.File()
 	need := f.ResidentBytes(nil)
+	if err := CheckResident(choice); err != nil {
+		return gguf.ResidentReport{}, err
+	}
 	if choice != ResidentAuto {
-		mode, err := gguf.ParseResidency(choice)
-		if err != nil {
-			return gguf.ResidentReport{}, fmt.Errorf("--resident %q: want auto, mmap, lock or copy", choice)
-		}
+		mode, _ := gguf.ParseResidency(choice)
 		r, err := f.MakeResident(mode, nil)
 		if err == nil {
 			log.Info("weights resident", "how", r.String())

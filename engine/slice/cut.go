@@ -47,7 +47,57 @@ func Cut(f *gguf.File, layers, experts []int, dir string) (*Manifest, error) {
 	if err := WriteManifest(dir, s.m); err != nil {
 		return nil, err
 	}
+	// A directory cut before for other layers or experts keeps their
+	// files; the manifest no longer lists them, so they are removed.
+	keep := map[string]bool{}
+	for _, h := range s.Holdings() {
+		keep[filepath.FromSlash(ExpertFile(int(h.Layer), int(h.Expert)))] = true
+	}
+	if err := removeUnlisted(dir, keep); err != nil {
+		return nil, fmt.Errorf("slice: written, but the previous cut's files could not all be removed: %w", err)
+	}
 	return s.m, nil
+}
+
+// removeUnlisted removes from the slice directory dir the expert files
+// (Lnnn/Ennnn.bin, ExpertFile's names) that keep does not hold, and the
+// layer folders left empty; other files are left alone.
+func removeUnlisted(dir string, keep map[string]bool) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, ent := range ents {
+		var l int
+		if !ent.IsDir() {
+			continue
+		}
+		if n, _ := fmt.Sscanf(ent.Name(), "L%03d", &l); n != 1 || ent.Name() != fmt.Sprintf("L%03d", l) {
+			continue
+		}
+		files, err := os.ReadDir(filepath.Join(dir, ent.Name()))
+		if err != nil {
+			return err
+		}
+		left := len(files)
+		for _, f := range files {
+			var e int
+			rel := filepath.Join(ent.Name(), f.Name())
+			if n, _ := fmt.Sscanf(f.Name(), "E%04d.bin", &e); n != 1 || f.Name() != fmt.Sprintf("E%04d.bin", e) || keep[rel] {
+				continue
+			}
+			if err := os.Remove(filepath.Join(dir, rel)); err != nil {
+				return err
+			}
+			left--
+		}
+		if left == 0 {
+			if err := os.Remove(filepath.Join(dir, ent.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return syncDir(dir)
 }
 
 // ExpertPath returns the path of expert e of layer l's file in the slice

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -511,6 +512,26 @@ func TestCutDirRules(t *testing.T) {
 	got, err := ReadManifest(dir)
 	if err != nil || !reflect.DeepEqual(got, man) || man.Count() != 2 || man.Layers[0].Layer != 3 {
 		t.Fatalf("re-cut manifest %v, %v", got, err)
+	}
+	// ... and removes the first cut's expert files and emptied layer
+	// folders (they were left behind, unlisted), not a file of its own
+	// or the new cut's.
+	if err := os.WriteFile(filepath.Join(dir, "L003", "notes.txt"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Cut(f, []int{3}, []int{2}, dir); err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			rel, _ := filepath.Rel(dir, p)
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return err
+	})
+	if want := []string{"L003/E0002.bin", "L003/notes.txt", ManifestName}; !reflect.DeepEqual(files, want) {
+		t.Fatalf("after re-cuts: %v, want %v", files, want)
 	}
 
 	// An expert that cannot be written: the cut fails and no manifest is left.

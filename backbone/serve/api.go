@@ -540,18 +540,28 @@ func (s *Server) handleGenerate(parse func([]byte) (Job, *genParams, *apiError),
 	}
 }
 
-// readParse reads and parses a body holding one of the ParseSlots, so that
-// at most ParseSlots bodies (each at most MaxBodyBytes, its tokens at most
-// the context) are in memory at once.
+// readParse reads a body and parses it holding one of the ParseSlots, so
+// that at most ParseSlots bodies are parsed (tokenized, each at most the
+// context) at once and at most ParseSlots bodies over freeBody (each at
+// most MaxBodyBytes) are in memory at once. A body of at most freeBody
+// bytes is read before the slot is taken.
 func (s *Server) readParse(w http.ResponseWriter, r *http.Request, parse func([]byte) (Job, *genParams, *apiError)) (Job, *genParams, *apiError) {
-	release, e := s.acquireParse(w, r)
+	body, large, e := s.readBody(w, r, nil, freeBody)
 	if e != nil {
 		return Job{}, nil, e
 	}
-	defer release()
-	body, e := s.readBody(w, r)
+	release, e := s.acquireParse(w, r, large)
 	if e != nil {
+		if large {
+			w.Header().Set("Connection", "close") // the rest of the body is not read
+		}
 		return Job{}, nil, e
+	}
+	defer release()
+	if large {
+		if body, _, e = s.readBody(w, r, body, MaxBodyBytes); e != nil {
+			return Job{}, nil, e
+		}
 	}
 	return parse(body)
 }

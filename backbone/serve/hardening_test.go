@@ -408,9 +408,16 @@ func TestHugePromptBounded(t *testing.T) {
 	}
 }
 
-// TestParseSlotsDefaults: with the default ParseSlots and ParseWait, more
-// stalled bodies than slots make the next request wait ParseWait and get
-// 429 with Retry-After, not an unbounded number of bodies in memory.
+// TestParseSlotsDefaults, on the default ParseSlots and ParseWait:
+//   - clients that stall after their headers, or trickle a small body,
+//     hold no slot: more of them than slots, and a request still gets its
+//     answer at once (before, four such connections locked every client
+//     out: each waited 10 s and got 429);
+//   - bodies over freeBody take a slot to be read, one per client address:
+//     a second from the same address is refused at once; from as many
+//     addresses as slots they fill the slots, and the next request waits
+//     ParseWait and gets 429 with Retry-After, not an unbounded number of
+//     bodies in memory.
 func TestParseSlotsDefaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the 10 s default parse wait")
@@ -422,22 +429,48 @@ func TestParseSlotsDefaults(t *testing.T) {
 		t.Fatalf("%d parse slots, want the default %d", slots, defaultParseSlots(runtime.GOMAXPROCS(0)))
 	}
 	addr := strings.TrimPrefix(srv.ts.URL, "http://")
-	for range slots {
-		c, err := net.Dial("tcp", addr)
+	stall := func(from string, length, send int) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
-		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{%s", length, strings.Repeat(" ", send))
+		return c
+	}
+	for range 2 * slots {
+		stall("127.0.0.1", 100, 4)
+	}
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	if resp, b := srv.post(t, "/v1/completions", `{"prompt":"hello","max_tokens":2}`); resp.StatusCode != 200 || time.Since(start) > 5*time.Second {
+		t.Fatalf("behind %d stalled small bodies: status %d after %v: %s", 2*slots, resp.StatusCode, time.Since(start), b)
+	}
+	if n := len(srv.s.parse); n != 0 {
+		t.Fatalf("stalled small bodies hold %d parse slots", n)
+	}
+
+	// Large bodies, each from its own loopback address.
+	for i := range slots {
+		stall(fmt.Sprintf("127.0.0.%d", 2+i), 1<<20, freeBody+1000)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for len(srv.s.parse) < slots {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d slots taken", len(srv.s.parse), slots)
+			t.Fatalf("%d of %d slots taken by large bodies", len(srv.s.parse), slots)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	start := time.Now()
+	// A second large body from an address that holds one: refused at once.
+	c := stall("127.0.0.2", 1<<20, freeBody+1000)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || !strings.Contains(line, "429") {
+		t.Fatalf("a second large body from one address: %q, %v", line, err)
+	}
+	start = time.Now()
 	resp, b := srv.post(t, "/v1/completions", `{"prompt":"hello","max_tokens":2}`)
 	waited := time.Since(start)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {

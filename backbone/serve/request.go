@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -182,61 +183,124 @@ func jsonError(err error) *apiError {
 	return badRequest("", "invalid_json", "could not parse the JSON body: %v", err)
 }
 
-// acquireParse takes one of the ParseSlots for reading and parsing a body,
-// waiting at most ParseWait; the 429 says when to retry. release is
-// non-nil exactly when the error is nil.
-func (s *Server) acquireParse(w http.ResponseWriter, r *http.Request) (release func(), e *apiError) {
+// freeBody is how much of a body is read before a parse slot is taken:
+// a body that fits (every ordinary prompt) arrives without holding one, so
+// that clients that stall or trickle after their headers hold no slot and
+// cannot lock others out; a larger body takes its slot to read the rest,
+// at most one slot per client address (largeSlot).
+const freeBody = 64 << 10
+
+// acquireParse takes one of the ParseSlots for parsing a body (and, with
+// large, reading the rest of it), waiting at most ParseWait; the 429 says
+// when to retry. A large body's client address may hold one slot at once:
+// a second large body from it is refused at once. release is non-nil
+// exactly when the error is nil.
+func (s *Server) acquireParse(w http.ResponseWriter, r *http.Request, large bool) (release func(), e *apiError) {
+	secs := max(1, int(math.Ceil(s.cfg.RetryAfter.Seconds())))
+	refuse := func(format string, a ...any) *apiError {
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		s.met.rejected.Inc()
+		return newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "too_many_requests", format, a...)
+	}
+	unhold := func() {}
+	if large {
+		addr := clientAddr(r)
+		s.largeMu.Lock()
+		if s.large[addr] {
+			s.largeMu.Unlock()
+			return nil, refuse("a body over %d bytes from this address is already being read; send one at a time (retry after %d s)", freeBody, secs)
+		}
+		s.large[addr] = true
+		s.largeMu.Unlock()
+		unhold = func() {
+			s.largeMu.Lock()
+			delete(s.large, addr)
+			s.largeMu.Unlock()
+		}
+	}
 	select {
 	case s.parse <- struct{}{}:
-		return func() { <-s.parse }, nil
+		return func() { <-s.parse; unhold() }, nil
 	default:
 	}
 	t := time.NewTimer(s.cfg.ParseWait)
 	defer t.Stop()
 	select {
 	case s.parse <- struct{}{}:
-		return func() { <-s.parse }, nil
+		return func() { <-s.parse; unhold() }, nil
 	case <-r.Context().Done():
+		unhold()
 		return nil, newAPIError(statusClientClosed, "invalid_request_error", "", "cancelled", "the client went away")
 	case <-t.C:
-		secs := max(1, int(math.Ceil(s.cfg.RetryAfter.Seconds())))
-		w.Header().Set("Retry-After", strconv.Itoa(secs))
-		s.met.rejected.Inc()
-		return nil, newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "too_many_requests",
-			"%d requests are being read and parsed; retry after %d s", cap(s.parse), secs)
+		unhold()
+		return nil, refuse("%d requests are being parsed or are reading large bodies; retry after %d s", cap(s.parse), secs)
 	}
+}
+
+// clientAddr is r's client address without the port (the proxy's, behind
+// a reverse proxy: its clients then share one large-body slot).
+func clientAddr(r *http.Request) string {
+	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return h
+	}
+	return r.RemoteAddr
 }
 
 // statusClientClosed is the status recorded (and, where anything can still
 // be written, sent) for a request whose client went away: nginx's 499.
 const statusClientClosed = 499
 
-// readBody reads a POST body of at most MaxBodyBytes within BodyTimeout
-// (405, 413, 408 otherwise).
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+// readBody appends r's body to b until it ends (more false) or b holds
+// more than upTo bytes (more true), all within BodyTimeout of the first
+// call's start (set by it when b is empty); 405 for a method other than
+// POST, 413 past MaxBodyBytes, 408 on the deadline.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, b []byte, upTo int) (_ []byte, more bool, e *apiError) {
 	if r.Method != http.MethodPost {
-		return nil, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST")
+		return nil, false, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST")
 	}
 	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	if err != nil {
-		// The rest of the body is not read: close the connection after the
-		// answer (net/http would otherwise try to read and discard it).
-		w.Header().Set("Connection", "close")
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "body_too_large",
+	if b == nil {
+		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+		b = make([]byte, 0, 4096)
+	}
+	if upTo == MaxBodyBytes && r.ContentLength > int64(cap(b)) && r.ContentLength <= MaxBodyBytes {
+		// The rest of a large body (a parse slot is held): one allocation
+		// of the announced size rather than a doubling series of copies.
+		nb := make([]byte, len(b), r.ContentLength+1)
+		copy(nb, b)
+		b = nb
+	}
+	lr := io.LimitReader(r.Body, int64(upTo-len(b)+1))
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := lr.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, io.EOF) {
+			if len(b) <= upTo {
+				_ = rc.SetReadDeadline(time.Time{})
+				return b, false, nil
+			}
+			if upTo < MaxBodyBytes {
+				return b, true, nil
+			}
+			// The rest of the body is not read: close the connection after
+			// the answer (net/http would otherwise try to read and discard it).
+			w.Header().Set("Connection", "close")
+			return nil, false, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "body_too_large",
 				"the request body exceeds %d bytes", MaxBodyBytes)
 		}
+		w.Header().Set("Connection", "close")
 		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-			return nil, newAPIError(http.StatusRequestTimeout, "invalid_request_error", "", "body_timeout",
+			return nil, false, newAPIError(http.StatusRequestTimeout, "invalid_request_error", "", "body_timeout",
 				"the request body did not arrive within %v", s.cfg.BodyTimeout)
 		}
-		return nil, badRequest("", "invalid_body", "reading the body: %v", err)
+		return nil, false, badRequest("", "invalid_body", "reading the body: %v", err)
 	}
-	_ = rc.SetReadDeadline(time.Time{})
-	return b, nil
 }
 
 func isTimeout(err error) bool {

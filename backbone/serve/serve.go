@@ -120,10 +120,11 @@ type Config struct {
 	// one event of a stream); a client that does not read is dropped and
 	// its generation cancelled. Default DefaultWriteTimeout.
 	WriteTimeout time.Duration
-	// ParseSlots bounds the requests whose bodies are read and parsed at
-	// once (each body <= MaxBodyBytes, its tokens <= the context); default
-	// max(4, 2 x GOMAXPROCS). A request waits ParseWait (default
-	// DefaultParseWait) for a slot, then gets 429.
+	// ParseSlots bounds the requests whose bodies are parsed at once (its
+	// tokens <= the context), or read when over 64 KiB (<= MaxBodyBytes,
+	// one per client address); default max(4, 2 x GOMAXPROCS). A request
+	// waits ParseWait (default DefaultParseWait) for a slot, then gets 429.
+	// A body of at most 64 KiB is read before its slot is taken.
 	ParseSlots int
 	ParseWait  time.Duration
 }
@@ -141,6 +142,9 @@ type Server struct {
 	log     *slog.Logger
 
 	parse chan struct{} // ParseSlots tokens
+
+	largeMu sync.Mutex
+	large   map[string]bool // client addresses reading a body over freeBody
 
 	mu       sync.Mutex
 	queue    []*Stream
@@ -228,7 +232,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.ParseSlots = defaultParseSlots(runtime.GOMAXPROCS(0))
 	}
 	s := &Server{cfg: cfg, created: time.Now().Unix(), p: p, tok: cfg.Tokenizer, log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{}),
-		parse: make(chan struct{}, cfg.ParseSlots)}
+		parse: make(chan struct{}, cfg.ParseSlots), large: map[string]bool{}}
 	models := append([]*model.Model{cfg.Model}, cfg.Lanes...)
 	per := (cfg.MaxSeqs + len(models) - 1) / len(models)
 	var b *baton

@@ -206,6 +206,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 	}()
 	fmt.Fprintf(stdout, "kvasir worker %s\ngateway: %s\nslice: %s\ncompute: %s\n", n.Identity().Address, cfg.GatewayURL, n.Slice().Summary(), n.Device())
+	if p := n.Problem(); p != "" {
+		// The window waits for Settings; a headless worker cannot serve
+		// until someone restarts it: say so and exit non-zero, so that a
+		// supervisor sees it.
+		fmt.Fprintln(stderr, "kvasir: cannot serve:", p)
+		return 1
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -61,7 +61,9 @@ type File struct {
 // since the check) is refused too.
 func (f File) Open(path string) (*sql.DB, error) {
 	info, err := dbfile.Check(path, f.Kind)
-	if err != nil {
+	if errors.Is(err, dbfile.ErrUnreadable) {
+		return nil, fmt.Errorf("%s: %w", f.Prefix, err) // the file may be fine
+	} else if err != nil {
 		return nil, fmt.Errorf("%w: %w", f.ErrSchema, err)
 	}
 	if f.Create {
@@ -126,7 +128,7 @@ func (f File) init(db *sql.DB, state dbfile.State) error {
 func (f File) OpenReadOnly(path string) (*sql.DB, error) {
 	db, checkErr, err := dbfile.OpenReadOnly(path, f.Kind)
 	if err != nil {
-		if checkErr && !errors.Is(err, dbfile.ErrNotExist) {
+		if checkErr && !errors.Is(err, dbfile.ErrNotExist) && !errors.Is(err, dbfile.ErrUnreadable) {
 			return nil, fmt.Errorf("%w: %w", f.ErrSchema, err)
 		}
 		return nil, fmt.Errorf("%s: %w", f.Prefix, err)

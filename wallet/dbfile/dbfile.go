@@ -49,9 +49,12 @@ const (
 var (
 	// ErrNotExist: the file does not exist (CheckExisting only).
 	ErrNotExist = errors.New("dbfile: no such file")
-	// ErrCorrupt: not an SQLite database, unreadable, or fails
-	// PRAGMA quick_check.
+	// ErrCorrupt: not an SQLite database, or fails PRAGMA quick_check.
 	ErrCorrupt = errors.New("dbfile: file is corrupt or not an SQLite database")
+	// ErrUnreadable: the file (or the -shm file SQLite needs beside a
+	// write-ahead log) cannot be read or made by this user; the file may
+	// be fine.
+	ErrUnreadable = errors.New("dbfile: file cannot be read here")
 	// ErrForeign: an SQLite database of another kind (another kvasir file,
 	// or any other program's database).
 	ErrForeign = errors.New("dbfile: file is of another kind")
@@ -104,7 +107,7 @@ type Info struct {
 
 // Check inspects the file at path for kind k without modifying it (see the
 // package comment). It returns Info with State Missing, Empty, Legacy or
-// Current, or an error wrapping ErrCorrupt, ErrForeign or ErrNewerSchema
+// Current, or an error wrapping ErrCorrupt, ErrUnreadable, ErrForeign or ErrNewerSchema
 // that names the path and, for a foreign kvasir file, what it is.
 func Check(path string, k Kind) (Info, error) {
 	f, err := os.Open(path)
@@ -112,6 +115,9 @@ func Check(path string, k Kind) (Info, error) {
 		return Info{State: Missing}, nil
 	}
 	if err != nil {
+		if errors.Is(err, fs.ErrPermission) {
+			return Info{}, fmt.Errorf("%w: %v", ErrUnreadable, err)
+		}
 		return Info{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	if st, err := f.Stat(); err == nil && st.IsDir() {
@@ -138,6 +144,12 @@ func Check(path string, k Kind) (Info, error) {
 	defer db.Close()
 	var info Info
 	if err := db.QueryRow(`PRAGMA application_id`).Scan(&info.AppID); err != nil {
+		// A write-ahead log in a folder this user may not write to: SQLite
+		// cannot make the -shm file it needs to read the log.
+		if _, werr := os.Stat(path + "-wal"); werr == nil && Writable(path) != nil {
+			return Info{}, fmt.Errorf("%w: %s has a write-ahead log (%s-wal) and SQLite must create %s-shm beside it to read it, but the folder is not writable: read it as the user that writes it, or copy the file and its -wal to a writable folder (%v)",
+				ErrUnreadable, path, path, path, err)
+		}
 		return Info{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
 	if err := db.QueryRow(`PRAGMA user_version`).Scan(&info.Version); err != nil {

@@ -3,6 +3,7 @@ package dbfile_test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -198,5 +199,61 @@ func TestWritable(t *testing.T) {
 	}
 	if err := dbfile.Writable(filepath.Join(ro, "w.db")); !errors.Is(err, dbfile.ErrNotWritable) || !strings.Contains(err.Error(), "-wal and -shm") {
 		t.Fatalf("read-only folder: %v", err)
+	}
+}
+
+// TestCheckUnreadable: a ledger with a write-ahead log in a folder this
+// user may not write to (SQLite must create the -shm file to read the
+// log) is ErrUnreadable with the reason, not "corrupt"; once the folder is
+// writable it checks as a current ledger.
+func TestCheckUnreadable(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "l.db")
+	dbfiletest.Make(t, src, dbfile.Ledger.Tables, 1, dbfile.AppIDLedger)
+	dsn, err := dbfile.DSN(src, "_journal_mode=WAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := dbfile.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`PRAGMA wal_autocheckpoint = 0; INSERT INTO entries VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of the file and its log as a writer leaves them while it runs.
+	dir := t.TempDir()
+	dst := filepath.Join(dir, "l.db")
+	for _, sfx := range []string{"", "-wal"} {
+		b, err := os.ReadFile(src + sfx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst+sfx, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if os.Geteuid() == 0 {
+		if out, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err != nil {
+			t.Skipf("root, and chattr +i failed (%v: %s)", err, out)
+		}
+		defer exec.Command("chattr", "-i", dir).Run()
+	} else {
+		if err := os.Chmod(dir, 0o500); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Chmod(dir, 0o700)
+	}
+	_, err = dbfile.Check(dst, dbfile.Ledger)
+	if !errors.Is(err, dbfile.ErrUnreadable) || errors.Is(err, dbfile.ErrCorrupt) || !strings.Contains(err.Error(), "-shm") {
+		t.Fatalf("read-only folder with a log: %v", err)
+	}
+	if os.Geteuid() == 0 {
+		exec.Command("chattr", "-i", dir).Run()
+	} else {
+		os.Chmod(dir, 0o700)
+	}
+	if info, err := dbfile.Check(dst, dbfile.Ledger); err != nil || info.State != dbfile.Current {
+		t.Fatalf("writable again: %+v, %v", info, err)
 	}
 }

@@ -97,6 +97,21 @@ func TestGenerateSamplingAndStreaming(t *testing.T) {
 	if code := generateMain([]string{"--model", filepath.Join(t.TempDir(), "missing.gguf")}, &out, &errb); code != 1 {
 		t.Errorf("missing model: exit %d, want 1", code)
 	}
+	// serve and the read commands name an unexpected argument as such.
+	for _, c := range []struct {
+		main func([]string) int
+		args []string
+		want string
+	}{
+		{func(a []string) int { return serveMain(context.Background(), a, &errb, nil) }, []string{"extra-arg"}, `serve: unexpected arguments ["extra-arg"]`},
+		{func(a []string) int { return ledgerMain(a, &out, &errb) }, []string{"--db", "l.db", "extra"}, `ledger: unexpected arguments ["extra"]`},
+		{func(a []string) int { return walletsMain(a, &out, &errb) }, []string{"--db", "w.db", "extra"}, `wallets: unexpected arguments ["extra"]`},
+	} {
+		errb.Reset()
+		if code := c.main(c.args); code != 2 || !strings.Contains(errb.String(), c.want) || strings.Contains(errb.String(), "required") {
+			t.Errorf("%v: exit %d: %s", c.args, code, errb.String())
+		}
+	}
 	// serve refuses the same --resident before binding or loading anything.
 	errb.Reset()
 	if code := serveMain(context.Background(), []string{"--resident", "bogus", "--http", "127.0.0.1:0"}, &errb, nil); code != 2 || !strings.Contains(errb.String(), `--resident "bogus"`) {

@@ -56,7 +56,11 @@ func ledgerMain(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return parseExit(err)
 	}
-	if *db == "" || fs.NArg() != 0 {
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "ledger: unexpected arguments %q (the file is given with --db)\n", fs.Args())
+		return 2
+	}
+	if *db == "" {
 		fmt.Fprintln(stderr, "ledger: --db FILE|postgres://... is required")
 		fs.Usage()
 		return 2
@@ -113,7 +117,11 @@ func walletsMain(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return parseExit(err)
 	}
-	if *db == "" || fs.NArg() != 0 {
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "wallets: unexpected arguments %q (the file is given with --db)\n", fs.Args())
+		return 2
+	}
+	if *db == "" {
 		fmt.Fprintln(stderr, "wallets: --db FILE|postgres://... is required")
 		fs.Usage()
 		return 2

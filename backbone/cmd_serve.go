@@ -63,8 +63,12 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 		fmt.Fprintln(stderr, "serve:", err)
 		return 2
 	}
-	if fs.NArg() != 0 || so.Workers < 0 {
-		fmt.Fprintf(stderr, "serve: unexpected arguments %q or a negative --wait-workers %d\n", fs.Args(), so.Workers)
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "serve: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if so.Workers < 0 {
+		fmt.Fprintf(stderr, "serve: --wait-workers %d: want >= 0\n", so.Workers)
 		return 2
 	}
 	if err := so.Flags.Check(); err != nil {

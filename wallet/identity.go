@@ -31,6 +31,9 @@ var (
 	ErrKeyNotFound = errors.New("wallet: key not found")
 	// ErrBadKey: the stored secret is not an encoded ed25519 seed.
 	ErrBadKey = errors.New("wallet: stored key is malformed")
+	// ErrKeyMode: the key file may be read or written by other users (its
+	// key may be fine); it is not used until its mode is 0600.
+	ErrKeyMode = errors.New("wallet: the key file is open to other users")
 	// ErrIdentityUnavailable: an identity exists (identity.json) but its
 	// key store cannot produce the key; a new key is NOT made, because that
 	// would silently change the wallet address.
@@ -112,7 +115,7 @@ func (f FileStore) Get(account string) (string, error) {
 		return "", fmt.Errorf("wallet: key file: %w", err)
 	}
 	if runtime.GOOS != "windows" && fi.Mode().Perm()&0o077 != 0 {
-		return "", fmt.Errorf("%w: %s has mode %v; it must be 0600", ErrBadKey, p, fi.Mode().Perm())
+		return "", fmt.Errorf("%w: %s has mode %v; run chmod 600 %s", ErrKeyMode, p, fi.Mode().Perm(), p)
 	}
 	b, err := os.ReadFile(p)
 	if err != nil {

@@ -70,7 +70,7 @@ func TestFallbackToKeyFile(t *testing.T) {
 	if err := os.Chmod(filepath.Join(dir, IdentityAccount+".key"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenIdentity(dir, ks, kind); !errors.Is(err, ErrBadKey) {
+	if _, err := OpenIdentity(dir, ks, kind); !errors.Is(err, ErrKeyMode) || errors.Is(err, ErrBadKey) || !strings.Contains(err.Error(), "chmod 600") {
 		t.Fatalf("0644 key file: %v", err)
 	}
 }

@@ -200,8 +200,13 @@ func DefaultKeyStore(dir string, warn io.Writer) (KeyStore, string) {
 		return k, "keyring"
 	}
 	if warn != nil {
-		fmt.Fprintf(warn, "kvasir: WARNING: OS keyring unavailable (%s); storing the identity key in %s (mode 0600). "+
-			"Anyone who can read that file can spend this wallet's earnings.\n", why, filepath.Join(dir, IdentityAccount+".key"))
+		path := filepath.Join(dir, IdentityAccount+".key")
+		verb := "storing"
+		if _, err := os.Stat(path); err == nil {
+			verb = "using" // the key is there already: read, not written
+		}
+		fmt.Fprintf(warn, "kvasir: WARNING: OS keyring unavailable (%s); %s the identity key in %s (mode 0600). "+
+			"Anyone who can read that file can spend this wallet's earnings.\n", why, verb, path)
 	}
 	return FileStore{Dir: dir}, "file"
 }

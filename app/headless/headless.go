@@ -181,6 +181,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		SyncEvery: *syncEvery, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}.WithDefaults()
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
+		if errors.Is(err, node.ErrConfig) {
+			return 2 // a bad flag value, as the others
+		}
 		return 1
 	}
 	// One worker per data folder, GUI or headless: a second one would
@@ -197,6 +200,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	n, err := node.Open(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvasir:", err)
+		if errors.Is(err, node.ErrConfig) {
+			return 2
+		}
 		return 1
 	}
 	closed := false
@@ -279,6 +285,10 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "kvasir wallet: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
 	groupBy, ok := map[string]wallet.GroupBy{"hour": wallet.ByHour, "day": wallet.ByDay, "session": wallet.BySession}[*by]
 	if !ok {
 		fmt.Fprintf(stderr, "kvasir: --by %q: want hour, day or session\n", *by)
@@ -294,8 +304,11 @@ func walletMain(args []string, stdout, stderr io.Writer) int {
 	// existing folder, or the default one, may start a wallet: a new
 	// contributor reads its address this way.)
 	if *data != "" {
-		if _, err := os.Stat(dataDir); errors.Is(err, os.ErrNotExist) {
+		if st, err := os.Stat(dataDir); errors.Is(err, os.ErrNotExist) {
 			fmt.Fprintf(stderr, "kvasir: no data folder %s (check --data; kvasir creates it when it first works there)\n", dataDir)
+			return 1
+		} else if err == nil && !st.IsDir() {
+			fmt.Fprintf(stderr, "kvasir: --data %s is a file, not a folder (the folder that holds the identity and wallet.db)\n", dataDir)
 			return 1
 		}
 	}

@@ -179,6 +179,25 @@ func TestUsage(t *testing.T) {
 	if code := Main([]string{"wallet", "--by", "week"}, &o, &e); code != 2 || !strings.Contains(e.String(), "want hour, day or session") {
 		t.Errorf("bad grouping: %d %q", code, e.String())
 	}
+	// Bad gateway URLs and backends are usage errors like the other flags.
+	for _, bad := range [][]string{{"--gateway", "http://example"}, {"--gateway", "wss://127.0.0.1:99999"}, {"--backend", "gpu"}} {
+		e.Reset()
+		if code := Main(append([]string{"--headless", "--data", t.TempDir()}, bad...), &o, &e); code != 2 {
+			t.Errorf("%v: exit %d %q, want 2", bad, code, e.String())
+		}
+	}
+	e.Reset()
+	if code := Main([]string{"wallet", "--no-fetch", "extra"}, &o, &e); code != 2 || !strings.Contains(e.String(), `unexpected arguments ["extra"]`) {
+		t.Errorf("wallet extra: %d %q", code, e.String())
+	}
+	file := filepath.Join(t.TempDir(), "wallet.db")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.Reset()
+	if code := Main([]string{"wallet", "--no-fetch", "--data", file}, &o, &e); code != 1 || !strings.Contains(e.String(), "is a file, not a folder") || strings.Count(e.String(), "\n") != 1 {
+		t.Errorf("wallet --data FILE: %d %q", code, e.String())
+	}
 }
 
 // TestHeadlessWithoutSlice runs the real node (SQLite wallet, file key

@@ -315,6 +315,8 @@ func TestErrorShapes(t *testing.T) {
 		{"bad json", "POST", "/v1/completions", `{"prompt": "x",`, 400, "invalid_json", ""},
 		{"trailing data", "POST", "/v1/completions", `{"prompt": "x"} {}`, 400, "invalid_json", ""},
 		{"wrong type", "POST", "/v1/completions", `{"prompt": 5}`, 400, "invalid_type", "prompt"},
+		{"null body", "POST", "/v1/completions", ` null `, 400, "invalid_type", ""},
+		{"null chat body", "POST", "/v1/chat/completions", `null`, 400, "invalid_type", ""},
 		{"no prompt", "POST", "/v1/completions", `{"model":"tiny"}`, 400, "missing_required_parameter", "prompt"},
 		{"two prompts", "POST", "/v1/completions", `{"prompt":["a","b"]}`, 400, "unsupported_value", "prompt"},
 		{"token out of vocab", "POST", "/v1/completions", `{"prompt":[1,99999]}`, 400, "invalid_value", "prompt"},

@@ -141,6 +141,11 @@ var unsupportedFields = map[string]string{
 // it), invalid_type naming the field, unsupported_parameter naming the
 // field.
 func decodeJSON(b []byte, v any) *apiError {
+	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
+		// Decoding null into a struct changes nothing: say what is wrong,
+		// not that the prompt is missing.
+		return badRequest("", "invalid_type", "the body must be a JSON object, not null")
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

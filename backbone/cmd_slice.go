@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/run"
 	"github.com/kvasir-ai/kvasir/engine/gguf"
+	"github.com/kvasir-ai/kvasir/engine/model"
 	"github.com/kvasir-ai/kvasir/engine/moeshape"
 	"github.com/kvasir-ai/kvasir/engine/slice"
 )
@@ -72,6 +74,10 @@ func sliceMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer f.Close()
+	if err := knownArch(f); err != nil {
+		fmt.Fprintf(stderr, "slice: %s: %v\n", *modelPath, err)
+		return 1
+	}
 	sh, _ := moeshape.Read(f)
 	nl, ne := sh.Layers, sh.Experts
 	if nl == 0 || ne == 0 || nl > slice.MaxLayers || ne > slice.MaxExperts {
@@ -125,6 +131,10 @@ func sliceBackboneOnly(modelPath, out, hotLayers, hotExperts, sourceURL, chunk, 
 		return 1
 	}
 	defer f.Close()
+	if err := knownArch(f); err != nil {
+		fmt.Fprintf(stderr, "slice: %s: %v\n", modelPath, err)
+		return 1
+	}
 	sh, _ := moeshape.Read(f)
 	nl, ne := sh.Layers, sh.Experts
 	if nl == 0 || ne == 0 || nl > slice.MaxLayers || ne > slice.MaxExperts {
@@ -203,4 +213,15 @@ func sliceCheck(dir string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// knownArch refuses a file whose general.architecture this engine does not
+// load (model.Architectures): its experts might not be the SwiGLU function
+// the workers compute, so a slice of them would serve wrong outputs.
+func knownArch(f *gguf.File) error {
+	a := f.Architecture()
+	if !slices.Contains(model.Architectures(), a) {
+		return fmt.Errorf("%w: %q (this engine loads %s)", model.ErrArchitecture, a, strings.Join(model.Architectures(), ", "))
+	}
+	return nil
 }

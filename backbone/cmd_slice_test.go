@@ -139,3 +139,53 @@ func TestSliceOfBackboneOnly(t *testing.T) {
 		t.Fatalf("slice of a backbone-only file: exit %d: %s", code, errb.String())
 	}
 }
+
+// TestSliceUnknownArchitecture: a file whose general.architecture this
+// engine does not load is refused by slice (its experts might not be the
+// function workers compute), as generate and serve refuse it.
+func TestSliceUnknownArchitecture(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "m.gguf")
+	var out, errb bytes.Buffer
+	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "1", "--out", src}, &out, &errb); code != 0 {
+		t.Fatalf("genmodel: exit %d: %s", code, errb.String())
+	}
+	f, err := gguf.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	arch := f.Architecture()
+	w := gguf.NewWriter()
+	for _, kv := range f.KVs {
+		k, v := kv.Key, kv.Value
+		if k == "general.architecture" {
+			v = gguf.String("llama4xx")
+		} else if rest, ok := strings.CutPrefix(k, arch+"."); ok {
+			k = "llama4xx." + rest
+		}
+		w.Set(k, v)
+	}
+	for _, ti := range f.Tensors {
+		tn, err := f.Tensor(ti.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.AddTensor(ti.Name, ti.Type, ti.Dims, tn.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	foreign := filepath.Join(dir, "foreign.gguf")
+	if err := w.WriteFile(foreign); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--model", foreign, "--layers", "0", "--out", filepath.Join(dir, "s")},
+		{"--model", foreign, "--backbone-only", "--out", filepath.Join(dir, "b.gguf")},
+	} {
+		errb.Reset()
+		if code := sliceMain(args, &out, &errb); code != 1 || !strings.Contains(errb.String(), `unsupported architecture: "llama4xx"`) {
+			t.Errorf("%v: exit %d: %s", args, code, errb.String())
+		}
+	}
+}

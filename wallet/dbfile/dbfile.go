@@ -160,13 +160,24 @@ func Check(path string, k Kind) (Info, error) {
 		return Info{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
 	if qc != "ok" {
-		return Info{}, fmt.Errorf("%w: %s: quick_check: %s", ErrCorrupt, path, qc)
+		return Info{}, fmt.Errorf("%w: %s: quick_check: %s", ErrCorrupt, path, shortCheck(path, qc))
 	}
 	tables, err := tableNames(db)
 	if err != nil {
 		return Info{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
 	return classify(path, k, info, tables)
+}
+
+// shortCheck is quick_check's report qc on path for an error line: its
+// first two lines and how many more there are (it lists every damaged
+// page: a copy restored beside a stale -wal gives dozens).
+func shortCheck(path, qc string) string {
+	lines := strings.Split(strings.TrimSpace(qc), "\n")
+	if len(lines) <= 2 {
+		return strings.Join(lines, "; ")
+	}
+	return fmt.Sprintf("%s (and %d more lines: sqlite3 %s 'PRAGMA quick_check')", strings.Join(lines[:2], "; "), len(lines)-2, path)
 }
 
 // CheckExisting is Check for a reader that must not create the file: a

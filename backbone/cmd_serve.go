@@ -95,6 +95,9 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, ready func(
 
 	// Bind the API's address first: a busy port fails now, not after the
 	// model has loaded and the workers have come.
+	if msg := run.OpenAPINote(o.HTTPAddr, o.APIKey); msg != "" {
+		log.Warn(msg, "http", o.HTTPAddr)
+	}
 	ln, err := net.Listen("tcp", o.HTTPAddr)
 	if err != nil {
 		return fail(err)

@@ -263,6 +263,7 @@ func Print(w io.Writer, fs *flag.FlagSet, section string) error {
 				fmt.Fprintf(&b, "%s = \"\"\n", f.Name)
 			} else {
 				fmt.Fprintf(&b, "# %s = (set; a secret, not printed)\n", f.Name)
+				fmt.Fprintf(&b, "# ... used as a config, this file leaves %s unset: add it back here or set it in the environment\n", f.Name)
 			}
 			return
 		}

@@ -166,7 +166,7 @@ func TestPrintRedactsSecrets(t *testing.T) {
 			t.Fatalf("err %v, key %q", err, *key)
 		}
 		if strings.Contains(out.String(), "s3cretpw") || !strings.Contains(out.String(), tc.want+"\n") ||
-			!strings.Contains(out.String(), "# api-key = (set; a secret, not printed)\n") {
+			!strings.Contains(out.String(), "# api-key = (set; a secret, not printed)\n# ... used as a config, this file leaves api-key unset") {
 			t.Fatalf("printed:\n%s", out.String())
 		}
 	}

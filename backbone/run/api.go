@@ -84,6 +84,22 @@ func AddAPIFlags(fs *flag.FlagSet, o *APIOptions) {
 	fs.IntVar(&o.ReadyHolders, "ready-holders", 0, "with a swarm: /readyz reports ready once every expert is held by at least this many workers (0: once none is missing)")
 }
 
+// OpenAPINote returns a warning for an API served on addr with no key
+// (key ""): anyone who can reach addr may use it. "" when a key is set or
+// addr's host is a loopback address or localhost (this machine only).
+func OpenAPINote(addr, key string) string {
+	if key != "" {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err == nil {
+		if ip := net.ParseIP(strings.Trim(host, "[]")); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+			return ""
+		}
+	}
+	return "serve: the API is open: no --api-key (or KVASIR_API_KEY) is set, and it listens beyond this machine; anyone who can reach it may use it"
+}
+
 // AutoLanes is --lanes 0: two lanes when the experts are computed over a
 // swarm (one lane computes attention, router and shared expert while the
 // other's experts are away: the two-batch overlap of the round trip), one

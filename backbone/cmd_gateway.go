@@ -245,7 +245,7 @@ func runGateway(args []string) int {
 			}()
 		}
 	}
-	checks := append([]health.Check{health.Dial("hub", *hubAddr)}, crediting.Checks...) // with --wallets: the wallets store and the hub's ledger answer
+	checks := append([]health.Check{health.Peer("hub", g.HubAddr())}, crediting.Checks...) // with --wallets: the wallets store and the hub's ledger answer
 	if acmeMgr != nil {
 		checks = append(checks, health.Check{Name: "certificate", Fn: func(context.Context) error {
 			if n := certsReady.Load(); n < int64(len(domains)) {

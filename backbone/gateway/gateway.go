@@ -177,6 +177,10 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
+// HubAddr returns the hub's host:port the gateway splices to (the host
+// part of Config.HubURL).
+func (g *Gateway) HubAddr() string { return g.hubAddr }
+
 // Start binds the TLS listener and serves in the background. Accepted TCP
 // connections use 15 s keepalive probes (net.ListenConfig default), which with
 // IdleTimeout bounds the life of half-open connections; their TLS handshakes

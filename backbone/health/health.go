@@ -12,9 +12,14 @@ package health
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -108,5 +113,40 @@ func Dial(name, addr string) Check {
 			return err
 		}
 		return c.Close()
+	}}
+}
+
+// Peer is a check that the role at addr (host:port, a hub or a backbone
+// listening for HTTP) reports itself ready: GET http://addr/readyz answers
+// 200. Another answer fails the check with the peer's own reasons (its
+// Report's failing checks), and a peer that does not listen with the dial
+// error. A gateway whose hub turns every worker away (its backbone down:
+// 503) is then not ready either, where a TCP dial (Dial) said ok.
+func Peer(name, addr string) Check {
+	return Check{Name: name, Fn: func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+ReadyzPath, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return nil
+		}
+		var r Report
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if json.Unmarshal(body, &r) != nil || len(r.Checks) == 0 {
+			return fmt.Errorf("%s answers %s", ReadyzPath, resp.Status)
+		}
+		var why []string
+		for _, k := range slices.Sorted(maps.Keys(r.Checks)) {
+			if v := r.Checks[k]; v != "ok" {
+				why = append(why, k+": "+v)
+			}
+		}
+		return fmt.Errorf("not ready (%s)", strings.Join(why, "; "))
 	}}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -51,5 +52,39 @@ func TestHealthzAndReadyz(t *testing.T) {
 	ln.Close()
 	if code, r := get(t, mux, ReadyzPath); code != 503 || r.Checks["peer"] == "ok" {
 		t.Fatalf("peer down: %d %+v", code, r)
+	}
+}
+
+// TestPeer: a peer's /readyz decides the check: 200 passes, a 503 fails
+// with the peer's failing checks, a peer that does not listen fails with
+// the dial error. (The gateway's "hub" check dialled the hub's port only,
+// and said ok while the hub turned every worker away.)
+func TestPeer(t *testing.T) {
+	ready := true
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != ReadyzPath {
+			http.NotFound(w, r)
+			return
+		}
+		if ready {
+			json.NewEncoder(w).Encode(Report{Ready: true, Checks: map[string]string{"backbone": "ok"}})
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		json.NewEncoder(w).Encode(Report{Checks: map[string]string{"backbone": "dial tcp 127.0.0.1:7002: connect: connection refused", "ledger": "ok"}})
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	c := Peer("hub", addr)
+	if err := c.Fn(context.Background()); err != nil {
+		t.Fatalf("ready peer: %v", err)
+	}
+	ready = false
+	if err := c.Fn(context.Background()); err == nil || !strings.Contains(err.Error(), "backbone: dial tcp 127.0.0.1:7002") || strings.Contains(err.Error(), "ledger") {
+		t.Fatalf("peer not ready: %v", err)
+	}
+	srv.Close()
+	if err := c.Fn(context.Background()); err == nil {
+		t.Fatal("a peer that does not listen passed")
 	}
 }

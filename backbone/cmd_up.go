@@ -59,6 +59,9 @@ func runUp(args []string) int {
 	// before anything starts: a typo in [hub] must not cost a model load.
 	if err := up.PrintConfig(ctx, cfg, &roles); err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		if errors.Is(err, up.ErrRoleConfig) {
+			return 2 // a usage error, as a bad [up] key
+		}
 		return 1
 	}
 	if printCfg {

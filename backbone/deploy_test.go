@@ -91,7 +91,11 @@ func TestDeployNetworkConfig(t *testing.T) {
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		start := time.Now()
 		err := cmd.Run()
-		if err == nil || !strings.Contains(stderr.String(), "lisen") || stdout.Len() != 0 || strings.Contains(stderr.String(), "[serve]") {
+		// Exit 2 (a usage error, as a bad [up] key), the role's own words
+		// first (it said "up: hub --print-config: exit status 2" and exited 1).
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.HasPrefix(stderr.String(), "up: a role's settings are refused: [hub]: ") ||
+			!strings.Contains(stderr.String(), "lisen") || stdout.Len() != 0 || strings.Contains(stderr.String(), "[serve]") {
 			t.Errorf("up %v with a typo in [hub]: err %v, stdout %q, stderr %q", extra, err, stdout.String(), stderr.String())
 		}
 		if strings.Contains(stderr.String(), "dispatch listening") || time.Since(start) > 30*time.Second {

@@ -22,6 +22,7 @@ import (
 	"io"
 	"os/exec"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/config"
@@ -185,6 +186,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 }
 
+// ErrRoleConfig: a role refused the settings the file gives it (its
+// --print-config exited 2, a usage error: an unknown key, a bad value).
+var ErrRoleConfig = errors.New("up: a role's settings are refused")
+
 // PrintConfig writes what each role would run with (each role's own
 // --print-config, with up's wiring flags) to w.
 func PrintConfig(ctx context.Context, cfg Config, w io.Writer) error {
@@ -207,6 +212,11 @@ func PrintConfig(ctx context.Context, cfg Config, w io.Writer) error {
 	for _, r := range roles {
 		args := append(Args(cfg.File, r, t, n), "--print-config")
 		out, err := exec.CommandContext(ctx, cfg.Bin, args...).CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() == 2 {
+			// The role refused its settings: its own words first.
+			return fmt.Errorf("%w: [%s]: %s", ErrRoleConfig, r, strings.TrimSpace(string(out)))
+		}
 		if err != nil {
 			return fmt.Errorf("up: %s --print-config: %v\n%s", r, err, out)
 		}

@@ -50,7 +50,11 @@ func runUp(args []string) int {
 	}
 	cfg := up.Config{File: file, Bin: bin, Log: os.Stderr, Backbone: *backbone, StartTimeout: *startTimeout, GraceTimeout: *grace,
 		Started: func(n *up.Network) {
-			fmt.Fprintf(os.Stderr, "up: network running: gateway %s (TLS), hub %s, backbone dispatch %s\n", n.Gateway, n.Hub, n.Dispatch)
+			dispatch := n.Dispatch
+			if dispatch == "" {
+				dispatch = "(not started here: --backbone=false)"
+			}
+			fmt.Fprintf(os.Stderr, "up: network running: gateway %s (TLS), hub %s, backbone dispatch %s\n", n.Gateway, n.Hub, dispatch)
 		}}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

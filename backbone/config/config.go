@@ -52,7 +52,7 @@ var ErrPrinted = errors.New("config: printed")
 // writes the result to stdout and returns ErrPrinted. Errors name the
 // file and the key.
 func Parse(fs *flag.FlagSet, section string, args []string, stdout io.Writer) error {
-	file := fs.String("config", "", "TOML file whose ["+section+"] table (or top-level keys) sets any flag not given here: one key per flag name (docs/operating.md)")
+	file := fs.String("config", "", "TOML file whose ["+section+"] table (or, in a file with no tables, its top-level keys) sets any flag not given here: one key per flag name (docs/operating.md)")
 	print := fs.Bool("print-config", false, "print the resulting settings as TOML and exit")
 	if err := fs.Parse(args); err != nil {
 		return err

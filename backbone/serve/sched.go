@@ -521,7 +521,7 @@ func (sc *scheduler) deliver(start time.Time) {
 		// is above.
 		s.met.generatedTokens.Inc()
 		if !a.decoding || a.row == 0 && len(a.drafts) == 0 {
-			sc.sample(a, sc.logits[i*vocab:(i+1)*vocab], a.seq.Len())
+			sc.sample(a, sc.logits[i*vocab:(i+1)*vocab], a.seq.Len(), -1)
 			continue
 		}
 		k := a.row
@@ -530,12 +530,13 @@ func (sc *scheduler) deliver(start time.Time) {
 		if drafted {
 			want = a.drafts[k]
 		}
-		t := sc.sample(a, sc.logits[i*vocab:(i+1)*vocab], a.base+1+k)
-		accepted := drafted && t == want
-		if accepted {
-			// Counted also when this token ends the request.
-			s.met.draftAccepted.Inc()
+		if !drafted {
+			want = -1
 		}
+		// sample counts an accepted draft before it delivers the token,
+		// also when this token ends the request.
+		t := sc.sample(a, sc.logits[i*vocab:(i+1)*vocab], a.base+1+k, want)
+		accepted := drafted && t == want
 		if a.seq == nil {
 			continue // ended: its sequence is released
 		}
@@ -560,8 +561,9 @@ func (sc *scheduler) deliver(start time.Time) {
 // sample draws a's next token from its logits row, whose token goes at
 // position pos, and delivers its text, ending the request on an
 // end-of-generation token, a stop string, its MaxTokens or a full context;
-// it returns the token.
-func (sc *scheduler) sample(a *seqState, logits []float32, pos int) int32 {
+// it returns the token. A token equal to draft (a draft token, -1: none)
+// is counted as an accepted draft before it is delivered.
+func (sc *scheduler) sample(a *seqState, logits []float32, pos int, draft int32) int32 {
 	s := sc.s
 	j := &a.st.job
 	raw := logits // the model's row, for the log-probabilities
@@ -571,6 +573,11 @@ func (sc *scheduler) sample(a *seqState, logits []float32, pos int) int32 {
 	}
 	applyBias(logits, j.LogitBias)
 	t := a.sampler.Sample(logits)
+	if draft >= 0 && t == draft {
+		// Counted before the token is delivered, as the step's metrics
+		// are: a client that has read its last token sees it counted.
+		s.met.draftAccepted.Inc()
+	}
 	var lp *TokenLogprob
 	if j.Logprobs && !s.tok.IsEOG(t) {
 		v := logprobsOf(raw, t, j.TopLogprobs)

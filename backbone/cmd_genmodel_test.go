@@ -82,10 +82,8 @@ func TestGenmodelBackboneOnly(t *testing.T) {
 func TestOutNotAFile(t *testing.T) {
 	dir := t.TempDir()
 	model := filepath.Join(dir, "m.gguf")
+	genTiny(t, model, "--layers", "1")
 	var out, errb bytes.Buffer
-	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "1", "--out", model}, &out, &errb); code != 0 {
-		t.Fatalf("genmodel: exit %d: %s", code, errb.String())
-	}
 	fifo, link, folder := filepath.Join(dir, "fifo"), filepath.Join(dir, "link"), filepath.Join(dir, "folder")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
@@ -120,5 +118,15 @@ func TestOutNotAFile(t *testing.T) {
 	}
 	if b, err := os.ReadFile(model); err != nil || len(b) == 0 {
 		t.Fatalf("the linked model: %d bytes, %v", len(b), err)
+	}
+}
+
+// genTiny writes the tiny preset's model to path with genmodel and args
+// (--layers N, --backbone-only, ...), failing the test if it cannot.
+func genTiny(t *testing.T, path string, args ...string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := genmodelMain(append([]string{"--preset", "tiny", "--out", path}, args...), &out, &errb); code != 0 {
+		t.Fatalf("genmodel %v: exit %d: %s", args, code, errb.String())
 	}
 }

@@ -90,10 +90,8 @@ func TestSliceCommand(t *testing.T) {
 func TestSliceLeftOutBytes(t *testing.T) {
 	dir := t.TempDir()
 	model := filepath.Join(dir, "m.gguf")
+	genTiny(t, model, "--layers", "2")
 	var out, errb bytes.Buffer
-	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "2", "--out", model}, &out, &errb); code != 0 {
-		t.Fatalf("genmodel: exit %d: %s", code, errb.String())
-	}
 	f, err := gguf.Open(model)
 	if err != nil {
 		t.Fatal(err)
@@ -130,11 +128,8 @@ func TestSliceLeftOutBytes(t *testing.T) {
 func TestSliceOfBackboneOnly(t *testing.T) {
 	dir := t.TempDir()
 	bo := filepath.Join(dir, "bo.gguf")
+	genTiny(t, bo, "--layers", "1", "--backbone-only")
 	var out, errb bytes.Buffer
-	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "1", "--backbone-only", "--out", bo}, &out, &errb); code != 0 {
-		t.Fatalf("genmodel: exit %d: %s", code, errb.String())
-	}
-	errb.Reset()
 	if code := sliceMain([]string{"--model", bo, "--layers", "0", "--out", filepath.Join(dir, "s")}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "a backbone-only file") || !strings.Contains(errb.String(), "full model") {
 		t.Fatalf("slice of a backbone-only file: exit %d: %s", code, errb.String())
 	}
@@ -146,10 +141,8 @@ func TestSliceOfBackboneOnly(t *testing.T) {
 func TestSliceUnknownArchitecture(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "m.gguf")
+	genTiny(t, src, "--layers", "1")
 	var out, errb bytes.Buffer
-	if code := genmodelMain([]string{"--preset", "tiny", "--layers", "1", "--out", src}, &out, &errb); code != 0 {
-		t.Fatalf("genmodel: exit %d: %s", code, errb.String())
-	}
 	f, err := gguf.Open(src)
 	if err != nil {
 		t.Fatal(err)

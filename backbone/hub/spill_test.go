@@ -147,14 +147,24 @@ func TestSpillKeepsEverything(t *testing.T) {
 // (Start appends the file's rows first), closed at the test's end.
 func restartWithSpill(t *testing.T, m Meter, spill string) {
 	t.Helper()
+	if err := startWithSpill(t, m, spill); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startWithSpill is restartWithSpill returning Start's error (a hub that
+// started is closed at the test's end).
+func startWithSpill(t *testing.T, m Meter, spill string) error {
+	t.Helper()
 	h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := h.Start(); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	t.Cleanup(func() { h.Close() })
+	return nil
 }
 
 // TestSpillFileDamaged: a spill file cut short mid-line, or holding a row
@@ -175,13 +185,8 @@ func TestSpillFileDamaged(t *testing.T) {
 			}
 			l := openLedger(t, hubBackend{"sqlite", false})
 			m := &countingMeter{l: l}
-			h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = h.Start()
+			err := startWithSpill(t, m, spill)
 			if err == nil {
-				h.Close()
 				t.Fatal("Start took a damaged spill file")
 			}
 			if !strings.Contains(err.Error(), spill) || !strings.Contains(err.Error(), tc.want) {
@@ -301,12 +306,7 @@ func TestSpillNotMovable(t *testing.T) {
 	m := &countingMeter{l: l}
 	lift := protectDir(t, dir)
 	for try := range 2 {
-		h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: m, SpillFile: spill, Logger: quietLog})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.Start(); err == nil {
-			h.Close()
+		if err := startWithSpill(t, m, spill); err == nil {
 			t.Fatalf("start %d: Start took a spill file it cannot remove", try)
 		} else if !strings.Contains(err.Error(), "cannot be moved aside") || !strings.Contains(err.Error(), "nothing was appended") {
 			t.Fatalf("start %d: %v", try, err)
@@ -347,13 +347,8 @@ func TestSpillLeftAppending(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := openLedger(t, hubBackend{"sqlite", false})
-	h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: &countingMeter{l: l}, SpillFile: spill, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Start()
+	err := startWithSpill(t, &countingMeter{l: l}, spill)
 	if err == nil {
-		h.Close()
 		t.Fatal("Start appended or ignored a half-appended spill file")
 	}
 	if !strings.Contains(err.Error(), spill+".appending") || !strings.Contains(err.Error(), "may be in the ledger already") || !strings.Contains(err.Error(), "sessions s9") {
@@ -373,17 +368,7 @@ func TestSpillLeftAppending(t *testing.T) {
 // not kept").
 func TestSpillNotWritable(t *testing.T) {
 	l := openLedger(t, hubBackend{"sqlite", false})
-	start := func(spill string) error {
-		h, err := New(Config{Listen: "127.0.0.1:0", Backbone: "127.0.0.1:1", Secret: []byte("0123456789abcdef"), Meter: &countingMeter{l: l}, SpillFile: spill, Logger: quietLog})
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = h.Start()
-		if err == nil {
-			h.Close()
-		}
-		return err
-	}
+	start := func(spill string) error { return startWithSpill(t, &countingMeter{l: l}, spill) }
 	missing := filepath.Join(t.TempDir(), "no", "such", "hub.unappended")
 	if err := start(missing); err == nil || !strings.Contains(err.Error(), missing) {
 		t.Fatalf("missing folder: %v", err)

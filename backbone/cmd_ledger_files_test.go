@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,6 +47,7 @@ func TestLedgerFilesLeftAlone(t *testing.T) {
 	fresh := dbfiletest.Make(t, filepath.Join(dir, "fresh.sqlite"), nil, 0, 0)
 	newerL := filepath.Join(dir, "newer-ledger.sqlite")
 	newerW := filepath.Join(dir, "newer-wallets.sqlite")
+	newer := map[string]int{newerL: ledger.SchemaVersion + 1, newerW: credit.SchemaVersion + 1}
 	for src, dst := range map[string]string{lp: newerL, wp: newerW} {
 		b, err := os.ReadFile(src)
 		if err != nil {
@@ -54,7 +56,7 @@ func TestLedgerFilesLeftAlone(t *testing.T) {
 		if err := os.WriteFile(dst, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		dbfiletest.ToRollback(t, dst, 2, -1)
+		dbfiletest.ToRollback(t, dst, newer[dst], -1)
 	}
 	before := dbfiletest.Snapshot(t, dir)
 	if len(before) != 7 {
@@ -74,7 +76,7 @@ func TestLedgerFilesLeftAlone(t *testing.T) {
 	run("ledger", ledgerCmd, []string{"--db", other, "--json"}, "not a kvasir contribution ledger")
 	run("ledger", ledgerCmd, []string{"--db", fresh, "--json"}, "not a kvasir contribution ledger")
 	run("ledger", ledgerCmd, []string{"--db", wp, "--json"}, "is a kvasir gateway wallets file, not a kvasir contribution ledger")
-	run("ledger", ledgerCmd, []string{"--db", newerL, "--json"}, "schema version 2")
+	run("ledger", ledgerCmd, []string{"--db", newerL, "--json"}, fmt.Sprintf("schema version %d", ledger.SchemaVersion+1))
 	run("ledger", ledgerCmd, []string{"--db", filepath.Join(dir, "missing.sqlite")}, "no such file")
 	run("wallets", walletsCmd, []string{"--db", lp}, "is a kvasir contribution ledger, not a kvasir gateway wallets file")
 	run("wallets", walletsCmd, []string{"--db", other}, "not a kvasir gateway wallets file")

@@ -79,11 +79,12 @@ func readSpill(path string) ([]ledger.Entry, error) {
 //
 // The file is first renamed to SpillFile + ".appending", so that a file
 // this process could not remove once appended (a folder it may not write
-// to) fails Start before anything is appended: on SQLite, which does not
-// keep a row's Seq, appending the same rows at every start would credit
-// them again each time. A ".appending" file found at Start is one a
-// previous start was appending when it stopped: whether its rows reached
-// the ledger is unknown, so Start fails and says how to settle it.
+// to) fails Start before anything is appended, instead of being appended
+// at every start, where only the ledger's check of each row's (SessionID,
+// Seq) would keep it from being credited again. A ".appending" file found
+// at Start is one a previous start was appending when it stopped: Start
+// fails, names it and its sessions, and says to rename it back (both
+// ledgers keep Seq, so rows already recorded are not recorded twice).
 func (h *Hub) unspill() error {
 	if h.cfg.SpillFile == "" || h.cfg.Meter == nil {
 		return nil
@@ -98,7 +99,7 @@ func (h *Hub) unspill() error {
 				}
 			}
 		}
-		return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows (sessions %s) may be in the ledger already. On PostgreSQL rename it to %s (rows are not recorded twice); on SQLite look for those sessions in the ledger first, then remove it if they are there or rename it if not (docs/operating.md, Upgrading)", claimed, strings.Join(sessions, ", "), h.cfg.SpillFile)
+		return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows (sessions %s) may be in the ledger already. Rename it to %s and start again: a row already in the ledger is not recorded twice (docs/operating.md, Upgrading)", claimed, strings.Join(sessions, ", "), h.cfg.SpillFile)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("hub: spill file: %w", err)
 	}

@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"errors"
 	"io"
 	"io/fs"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/kvasir-ai/kvasir/backbone/ledger"
 )
 
 // TestSpillOnClose: the ledger refuses every append while the hub stops
@@ -290,9 +293,9 @@ func protectDir(t *testing.T, dir string) (lift func()) {
 // TestSpillNotMovable: a spill file in a folder where it cannot be
 // renamed or removed fails Start before anything is appended, at every
 // start (before, each start appended its rows again and then failed to
-// remove the file: on SQLite, which keeps no Seq, every restart credited
-// them once more). Once the folder is writable, one start appends them
-// once.
+// remove the file: on an SQLite ledger of schema 1, which kept no Seq,
+// every restart credited them once more). Once the folder is writable, one
+// start appends them once.
 func TestSpillNotMovable(t *testing.T) {
 	key := strings.Repeat("cd", 32)
 	body := `{"WorkerID":"` + key + `","SessionID":"s1","Seq":1,"BytesIn":1000,"BytesOut":200}` + "\n" +
@@ -359,6 +362,61 @@ func TestSpillLeftAppending(t *testing.T) {
 	}
 	if b, err := os.ReadFile(spill + ".appending"); err != nil || string(b) != body {
 		t.Fatalf("the .appending file changed: %q, %v", b, err)
+	}
+	// The stopped start had appended the row; the advice (rename it back)
+	// records it once.
+	if err := l.AppendAll(context.Background(), []ledger.Entry{{WorkerID: key, SessionID: "s9", Seq: 1, BytesIn: 7, Final: true, Time: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(spill+".appending", spill); err != nil {
+		t.Fatal(err)
+	}
+	restartWithSpill(t, &countingMeter{l: l}, spill)
+	if es, _ := l.Since(0, 10); len(es) != 1 || es[0].BytesIn != 7 || es[0].Seq != 1 {
+		t.Fatalf("after renaming it back: %+v, want the one row once", es)
+	}
+}
+
+// TestSpillAppendedTwice: a spill file put back after a start appended it
+// (an operator restoring it from a backup) records nothing twice, on both
+// ledgers: rows carry (SessionID, Seq), which SQLite keeps from schema 2
+// as PostgreSQL does. Before, on SQLite, its rows were credited again.
+func TestSpillAppendedTwice(t *testing.T) {
+	for _, b := range hubBackends {
+		t.Run(b.name, func(t *testing.T) {
+			key := strings.Repeat("ab", 32)
+			body := `{"WorkerID":"` + key + `","SessionID":"t1","Seq":1,"BytesIn":1000,"BytesOut":200,"Time":"2026-12-03T10:00:00Z"}` + "\n" +
+				`{"WorkerID":"` + key + `","SessionID":"t1","Seq":2,"BytesIn":50,"Final":true,"Time":"2026-12-03T10:00:01Z"}` + "\n"
+			spill := filepath.Join(t.TempDir(), "hub.unappended")
+			l := openLedger(t, b)
+			for round := range 2 {
+				if err := os.WriteFile(spill, []byte(body), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				restartWithSpill(t, &countingMeter{l: l}, spill)
+				tot, err := l.Totals()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(tot) != 1 || tot[0].Bytes != 1250 || tot[0].Entries != 2 {
+					t.Fatalf("after append %d: totals %+v, want 1250 bytes in 2 rows", round+1, tot)
+				}
+			}
+			// Other contents under a recorded (session, seq) are refused, and
+			// the file is kept for the operator.
+			if err := os.WriteFile(spill, []byte(strings.Replace(body, `"BytesIn":50`, `"BytesIn":51`, 1)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := startWithSpill(t, &countingMeter{l: l}, spill); !errors.Is(err, ledger.ErrConflict) {
+				t.Fatalf("a row recorded with other contents: %v, want ErrConflict", err)
+			}
+			if _, err := os.Stat(spill); err != nil {
+				t.Fatalf("the refused spill file is gone: %v", err)
+			}
+			if tot, _ := l.Totals(); len(tot) != 1 || tot[0].Bytes != 1250 {
+				t.Fatalf("after the refused append: %+v", tot)
+			}
+		})
 	}
 }
 

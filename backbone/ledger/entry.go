@@ -32,7 +32,7 @@ type Entry struct {
 	// whether its rows are in: the hub sends the same rows again, and a row
 	// whose (SessionID, Seq) is already recorded with the same contents is
 	// not added twice (different contents: ErrConflict). The SQLite file
-	// does not store it (a local commit either returns or did not happen)
-	// and reads it back as 0.
+	// keeps it too (schema 2), so that a hub's spill file appended a second
+	// time records nothing twice; rows of a schema-1 file read back as 0.
 	Seq uint64
 }

@@ -26,9 +26,11 @@ var (
 	ErrConflict = errors.New("ledger: row already recorded with other contents")
 )
 
-// SchemaVersion is the ledger schema version stored in PRAGMA user_version
-// (SQLite) and kvasir_schema_migrations (PostgreSQL, component "ledger").
-const SchemaVersion = 1
+// SchemaVersion is the SQLite ledger's schema version, stored in PRAGMA
+// user_version (dbfile.Ledger.Version): 1, the entries table; 2, with each
+// row's Seq (column seq, unique per session). PostgreSQL keeps its own in
+// kvasir_schema_migrations (component "ledger", Migrations).
+const SchemaVersion = 2
 
 // MaxSessionLen bounds a session id, in bytes.
 const MaxSessionLen = 128

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -310,7 +311,7 @@ func TestBadFilesUntouched(t *testing.T) {
 		err  error
 		say  string
 	}{
-		{mk("newer", dbfile.Ledger.Tables, 2, dbfile.AppIDLedger), dbfile.ErrNewerSchema, "schema version 2"},
+		{mk("newer", dbfile.Ledger.Tables, SchemaVersion+1, dbfile.AppIDLedger), dbfile.ErrNewerSchema, fmt.Sprintf("schema version %d", SchemaVersion+1)},
 		{mk("wallets", dbfile.GatewayWallets.Tables, 1, dbfile.AppIDGatewayWallets), dbfile.ErrForeign, "gateway wallets file"},
 		{mk("legacy-wallets", dbfile.GatewayWallets.Tables, 1, 0), dbfile.ErrForeign, "gateway wallets file"},
 		{mk("worker", dbfile.WorkerWallet.Tables, 1, dbfile.AppIDWorkerWallet), dbfile.ErrForeign, "worker wallet"},
@@ -414,5 +415,107 @@ func TestAppIDAndLegacyAdoption(t *testing.T) {
 	l.Close()
 	if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.State != dbfile.Current {
 		t.Fatalf("adopted ledger: %+v, %v", info, err)
+	}
+}
+
+// TestIdempotentAppend: on SQLite as on PostgreSQL, a batch sent again
+// (same sessions and seqs) is recorded once, and a recorded (session, seq)
+// with other contents fails the whole batch with ErrConflict.
+func TestIdempotentAppend(t *testing.T) {
+	l, _ := openTemp(t)
+	checkIdempotentAppend(t, l)
+	// Two copies of one row in a batch are one row.
+	e := Entry{SessionID: "z", Seq: 1, WorkerID: hexKey(5), BytesIn: 9}
+	ids, err := l.AppendAllIDs(context.Background(), []Entry{e, e})
+	if err != nil || ids[0] != ids[1] {
+		t.Fatalf("a row twice in a batch: ids %v, %v", ids, err)
+	}
+	es, _ := l.Since(ids[0]-1, 10)
+	if len(es) != 1 || es[0].Seq != 1 || es[0].SessionID != "z" {
+		t.Fatalf("read back %+v", es)
+	}
+}
+
+// schema1 is the SQLite ledger's schema 1, as kvasir wrote it before rows
+// kept their Seq (git history of backbone/ledger/sqlite.go).
+const schema1 = `
+CREATE TABLE entries (
+	id        INTEGER PRIMARY KEY AUTOINCREMENT,
+	session   TEXT    NOT NULL CHECK (length(session) BETWEEN 1 AND 128),
+	worker    TEXT    NOT NULL CHECK (length(worker) = 64),
+	bytes_in  INTEGER NOT NULL CHECK (bytes_in >= 0),
+	bytes_out INTEGER NOT NULL CHECK (bytes_out >= 0),
+	rejected  INTEGER NOT NULL CHECK (rejected >= 0),
+	final     INTEGER NOT NULL CHECK (final IN (0, 1)),
+	time      INTEGER NOT NULL
+);
+CREATE INDEX entries_worker ON entries(worker);
+CREATE TRIGGER entries_no_update BEFORE UPDATE ON entries
+	BEGIN SELECT RAISE(ABORT, 'ledger: rows are append-only'); END;
+CREATE TRIGGER entries_no_delete BEFORE DELETE ON entries
+	BEGIN SELECT RAISE(ABORT, 'ledger: rows are append-only'); END;
+INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time) VALUES
+	('old', '` + "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" + `', 100, 20, 0, 0, 1),
+	('old', '` + "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" + `', 5, 0, 3, 1, 2);
+PRAGMA user_version = 1;
+`
+
+// TestUpgradeSchema1: a ledger of schema 1 (with the ledger's application
+// id, and from before ids) is read as it is by OpenReadOnly (rows
+// unnumbered, the file unchanged), and upgraded by Open to schema 2 with
+// its rows and ids kept; numbered rows then append once, and the old
+// unnumbered rows stay as they were.
+func TestUpgradeSchema1(t *testing.T) {
+	for _, appID := range []int32{dbfile.AppIDLedger, 0} {
+		p := filepath.Join(t.TempDir(), "ledger.db")
+		dsn, err := dbfile.DSN(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db, err := dbfile.Open(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(schema1 + fmt.Sprintf("PRAGMA application_id = %d;", appID)); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.Version != 1 || (appID != 0) != (info.State == dbfile.Older) {
+			t.Fatalf("id %x: schema-1 ledger: %+v, %v", appID, info, err)
+		}
+		before, _ := os.ReadFile(p)
+		ro, err := OpenReadOnly(p)
+		if err != nil {
+			t.Fatalf("id %x: read-only: %v", appID, err)
+		}
+		es, err := ro.Since(0, 10)
+		ro.Close()
+		if err != nil || len(es) != 2 || es[0].BytesIn != 100 || es[1].RejectedBytes != 3 || es[1].Seq != 0 {
+			t.Fatalf("id %x: read-only rows %+v, %v", appID, es, err)
+		}
+		if after, _ := os.ReadFile(p); !bytes.Equal(before, after) {
+			t.Fatalf("id %x: OpenReadOnly changed the file", appID)
+		}
+		l, err := Open(p)
+		if err != nil {
+			t.Fatalf("id %x: upgrade: %v", appID, err)
+		}
+		e := Entry{SessionID: "new", Seq: 1, WorkerID: hexKey(7), BytesIn: 40}
+		for range 2 {
+			if err := l.AppendAll(context.Background(), []Entry{e}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		es, err = l.Since(0, 10)
+		if err != nil || len(es) != 3 || es[0].ID != 1 || es[1].ID != 2 || es[0].Seq != 0 || es[2].Seq != 1 || es[2].BytesIn != 40 {
+			t.Fatalf("id %x: upgraded rows %+v, %v", appID, es, err)
+		}
+		if err := l.Append(Entry{SessionID: "old", WorkerID: hexKey(10), BytesIn: 1}); err != nil {
+			t.Fatalf("id %x: an unnumbered row after the upgrade: %v", appID, err)
+		}
+		l.Close()
+		if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.State != dbfile.Current || info.Version != SchemaVersion || info.AppID != dbfile.AppIDLedger {
+			t.Fatalf("id %x: upgraded ledger: %+v, %v", appID, info, err)
+		}
 	}
 }

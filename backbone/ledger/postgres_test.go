@@ -150,6 +150,13 @@ func TestPGForgedRowRefused(t *testing.T) {
 // reuses a recorded (session, seq) with other contents fails the batch.
 func TestPGIdempotentAppend(t *testing.T) {
 	l, _ := openPG(t)
+	checkIdempotentAppend(t, l)
+}
+
+// checkIdempotentAppend is TestPGIdempotentAppend and TestIdempotentAppend
+// on l, an empty ledger.
+func checkIdempotentAppend(t *testing.T, l *Ledger) {
+	t.Helper()
 	ctx := context.Background()
 	batch := []Entry{
 		{SessionID: "a", Seq: 1, WorkerID: hexKey(1), BytesOut: 10},

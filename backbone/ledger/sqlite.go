@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -20,14 +21,23 @@ CREATE TABLE IF NOT EXISTS entries (
 	bytes_out INTEGER NOT NULL CHECK (bytes_out >= 0),
 	rejected  INTEGER NOT NULL CHECK (rejected >= 0),
 	final     INTEGER NOT NULL CHECK (final IN (0, 1)),
-	time      INTEGER NOT NULL -- unix nanoseconds UTC
+	time      INTEGER NOT NULL, -- unix nanoseconds UTC
+	seq       INTEGER CHECK (seq >= 1) -- Entry.Seq; NULL: not numbered (and every row of schema 1)
 );
 CREATE INDEX IF NOT EXISTS entries_worker ON entries(worker);
+CREATE UNIQUE INDEX IF NOT EXISTS entries_session_seq ON entries(session, seq);
 CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
 	BEGIN SELECT RAISE(ABORT, 'ledger: rows are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
 	BEGIN SELECT RAISE(ABORT, 'ledger: rows are append-only'); END;
 `
+
+// upgrades bring an SQLite ledger of schema 1 (no seq column: rows were
+// not numbered) to schema 2. The column's rows are NULL, which a UNIQUE
+// index lets repeat, so the upgrade succeeds on any schema-1 file.
+var upgrades = []string{`
+ALTER TABLE entries ADD COLUMN seq INTEGER CHECK (seq >= 1);
+`}
 
 // sqliteStore is the ledger in one SQLite file (WAL journal,
 // synchronous=FULL). Several processes may open the same file (writers
@@ -38,15 +48,20 @@ CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
 // out the lost ids again, and a gateway whose cursor already passed them
 // would never credit the new rows. Appends are a few per second per
 // session, so the fsync costs nothing that matters.
+//
+// Since schema 2 the file keeps each row's Seq, unique per session (the
+// index entries_session_seq), so that appending rows already recorded (a
+// hub's spill file appended again) records them once, as on PostgreSQL.
 type sqliteStore struct {
-	db *sql.DB
+	db     *sql.DB
+	hasSeq bool // false only for a schema-1 file opened read-only
 }
 
 // sqliteFile is the ledger's SQLite file (created 0600, as the wallets:
 // it names every worker key and its bytes): the schema on a new or empty
 // file, then a check that the entries table has the ledger's columns.
-var sqliteFile = sqlitestore.File{Kind: dbfile.Ledger, Prefix: "ledger", ErrSchema: ErrSchema, Schema: schema, Create: true,
-	Verify: `SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time FROM entries LIMIT 0`}
+var sqliteFile = sqlitestore.File{Kind: dbfile.Ledger, Prefix: "ledger", ErrSchema: ErrSchema, Schema: schema, Upgrades: upgrades, Create: true,
+	Verify: `SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time, seq FROM entries LIMIT 0`}
 
 // OpenSQLite opens (creating if needed) the ledger in the SQLite file at
 // path for appending (sqlitestore.File.Open). The file is first checked
@@ -56,15 +71,16 @@ var sqliteFile = sqlitestore.File{Kind: dbfile.Ledger, Prefix: "ledger", ErrSche
 // ErrForeign, ErrNewerSchema), and is left byte for byte as it was. A new
 // or empty file gets the schema, user_version = SchemaVersion and
 // application_id = dbfile.AppIDLedger; a ledger written before application
-// ids (id 0, version 1, exactly the entries table) is adopted by setting
-// the id. A pre-existing entries table of another shape is refused
+// ids (id 0, exactly the entries table) is adopted by setting the id. A
+// ledger of schema 1 is upgraded to SchemaVersion (a seq column; its rows
+// keep Seq 0). A pre-existing entries table of another shape is refused
 // (ErrSchema).
 func OpenSQLite(path string) (*Ledger, error) {
 	db, err := sqliteFile.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	return &Ledger{st: &sqliteStore{db: db}, db: db}, nil
+	return &Ledger{st: &sqliteStore{db: db, hasSeq: true}, db: db}, nil
 }
 
 // OpenSQLiteReadOnly opens an existing SQLite ledger for reading only; it
@@ -72,12 +88,19 @@ func OpenSQLite(path string) (*Ledger, error) {
 // dbfile.ReadOnlyDSN). A missing file gives an error wrapping
 // dbfile.ErrNotExist; an empty file, a corrupt one, one of another kind or
 // of a newer schema an error wrapping ErrSchema and the dbfile error.
+//
+// A schema-1 file is read as it is (every row's Seq 0), not upgraded.
 func OpenSQLiteReadOnly(path string) (*Ledger, error) {
 	db, err := sqliteFile.OpenReadOnly(path)
 	if err != nil {
 		return nil, err
 	}
-	return &Ledger{st: &sqliteStore{db: db}, db: db}, nil
+	var v int
+	if err := db.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
+	}
+	return &Ledger{st: &sqliteStore{db: db, hasSeq: v >= 2}, db: db}, nil
 }
 
 // Kind implements Store.
@@ -87,29 +110,25 @@ func (s *sqliteStore) Kind() string { return "sqlite" }
 func (s *sqliteStore) Close() error { return s.db.Close() }
 
 // insertEntry appends one row; its arguments are insertArgs.
-const insertEntry = `INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time) VALUES (?, ?, ?, ?, ?, ?, ?)`
+const insertEntry = `INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`
 
 // insertArgs are the insertEntry arguments of a validated e (counts fit
-// int64; time as Unix nanoseconds UTC).
+// int64; time as Unix nanoseconds UTC; Seq 0 as NULL).
 func insertArgs(e Entry) []any {
-	return []any{e.SessionID, e.WorkerID, int64(e.BytesIn), int64(e.BytesOut), int64(e.RejectedBytes), e.Final, e.Time.UTC().UnixNano()}
+	var seq any
+	if e.Seq > 0 {
+		seq = int64(e.Seq)
+	}
+	return []any{e.SessionID, e.WorkerID, int64(e.BytesIn), int64(e.BytesOut), int64(e.RejectedBytes), e.Final, e.Time.UTC().UnixNano(), seq}
 }
 
-// Insert implements Store: one row in autocommit, several in one
-// transaction (BEGIN IMMEDIATE). SQLite assigns ids in commit order: one
-// writer at a time, and a row is visible only once committed.
+// Insert implements Store in one transaction (BEGIN IMMEDIATE: the write
+// lock is held from the start, so that no other writer records a row
+// between a lookup of (session, seq) and the insert). A row with Seq > 0
+// already recorded is compared with what is recorded, as on PostgreSQL.
+// SQLite assigns ids in commit order: one writer at a time, and a row is
+// visible only once committed.
 func (s *sqliteStore) Insert(ctx context.Context, es []Entry) ([]int64, error) {
-	if len(es) == 1 {
-		res, err := s.db.ExecContext(ctx, insertEntry, insertArgs(es[0])...)
-		if err != nil {
-			return nil, fmt.Errorf("ledger: append: %w", err)
-		}
-		id, err := res.LastInsertId()
-		if err != nil {
-			return nil, fmt.Errorf("ledger: append: %w", err)
-		}
-		return []int64{id}, nil
-	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: append: %w", err)
@@ -117,6 +136,16 @@ func (s *sqliteStore) Insert(ctx context.Context, es []Entry) ([]int64, error) {
 	defer tx.Rollback()
 	ids := make([]int64, len(es))
 	for i, e := range es {
+		if e.Seq > 0 {
+			id, found, err := recorded(ctx, tx, e)
+			if err != nil {
+				return nil, err
+			}
+			if found {
+				ids[i] = id
+				continue
+			}
+		}
 		res, err := tx.ExecContext(ctx, insertEntry, insertArgs(e)...)
 		if err != nil {
 			return nil, fmt.Errorf("ledger: append: %w", err)
@@ -131,10 +160,35 @@ func (s *sqliteStore) Insert(ctx context.Context, es []Entry) ([]int64, error) {
 	return ids, nil
 }
 
+// recorded looks e's (SessionID, Seq) up: the row's id and true when it
+// is recorded with e's contents, an error wrapping ErrConflict when it is
+// recorded with others, false when it is not recorded.
+func recorded(ctx context.Context, tx *sql.Tx, e Entry) (int64, bool, error) {
+	var r Entry
+	var in, out, rej int64
+	err := tx.QueryRowContext(ctx, `SELECT id, worker, bytes_in, bytes_out, rejected, final FROM entries WHERE session = ? AND seq = ?`,
+		e.SessionID, int64(e.Seq)).Scan(&r.ID, &r.WorkerID, &in, &out, &rej, &r.Final)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("ledger: append: %w", err)
+	}
+	if r.WorkerID != e.WorkerID || uint64(in) != e.BytesIn || uint64(out) != e.BytesOut || uint64(rej) != e.RejectedBytes || r.Final != e.Final {
+		return 0, false, fmt.Errorf("%w: session %s seq %d is row %d (worker %.8s in %d out %d rejected %d final %v)",
+			ErrConflict, e.SessionID, e.Seq, r.ID, r.WorkerID, in, out, rej, r.Final)
+	}
+	return r.ID, true, nil
+}
+
 // Read implements Store.
 func (s *sqliteStore) Read(ctx context.Context, afterID int64, limit int) ([]Entry, error) {
+	seq := "seq"
+	if !s.hasSeq {
+		seq = "NULL"
+	}
 	rows, err := s.db.QueryContext(ctx,
-		`SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time FROM entries WHERE id > ? ORDER BY id LIMIT ?`,
+		`SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time, `+seq+` FROM entries WHERE id > ? ORDER BY id LIMIT ?`,
 		afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: read: %w", err)
@@ -144,9 +198,11 @@ func (s *sqliteStore) Read(ctx context.Context, afterID int64, limit int) ([]Ent
 	for rows.Next() {
 		var e Entry
 		var in, outB, rej, ns int64
-		if err := rows.Scan(&e.ID, &e.SessionID, &e.WorkerID, &in, &outB, &rej, &e.Final, &ns); err != nil {
+		var sq sql.NullInt64
+		if err := rows.Scan(&e.ID, &e.SessionID, &e.WorkerID, &in, &outB, &rej, &e.Final, &ns, &sq); err != nil {
 			return nil, fmt.Errorf("ledger: read: %w", err)
 		}
+		e.Seq = uint64(sq.Int64)
 		e.BytesIn, e.BytesOut, e.RejectedBytes = uint64(in), uint64(outB), uint64(rej)
 		e.Time = time.Unix(0, ns).UTC()
 		out = append(out, e)

@@ -39,6 +39,10 @@ type File struct {
 	// Schema creates the tables of Kind.Version (CREATE ... IF NOT EXISTS:
 	// it may run on a file that has them).
 	Schema string
+	// Upgrades[i] brings a file of user_version Kind.Oldest+i to the next
+	// version; an Older or Legacy file opened read-write gets the ones it
+	// lacks, then Schema, in the transaction that sets its version.
+	Upgrades []string
 	// Create creates the file (mode 0600, dbfile.CreateEmpty) before it
 	// is opened, instead of leaving that to the driver.
 	Create bool
@@ -58,7 +62,8 @@ type File struct {
 // file written before application ids (id 0, version 1, exactly the kind's
 // tables) is adopted by setting the id. A user_version above Kind.Version
 // found once the write lock is held (another process upgraded the file
-// since the check) is refused too.
+// since the check) is refused too. A file of an older version it knows
+// (Kind.Oldest and up) is upgraded (f.Upgrades) in that transaction.
 func (f File) Open(path string) (*sql.DB, error) {
 	info, err := dbfile.Check(path, f.Kind)
 	if errors.Is(err, dbfile.ErrUnreadable) {
@@ -101,7 +106,18 @@ func (f File) init(db *sql.DB, state dbfile.State) error {
 	if v > f.Kind.Version {
 		return fmt.Errorf("%w: file has schema version %d, this program knows %d", f.ErrSchema, v, f.Kind.Version)
 	}
-	if f.Reapply || state != dbfile.Current || v == 0 {
+	if v > 0 && v < f.Kind.Version {
+		for from := v; from < f.Kind.Version; from++ {
+			i := from - max(f.Kind.Oldest, 1)
+			if i < 0 || i >= len(f.Upgrades) {
+				return fmt.Errorf("%w: no upgrade of schema version %d to %d", f.ErrSchema, from, from+1)
+			}
+			if _, err := tx.Exec(f.Upgrades[i]); err != nil {
+				return fmt.Errorf("%w: upgrade of schema version %d to %d: %v", f.ErrSchema, from, from+1, err)
+			}
+		}
+	}
+	if f.Reapply || state != dbfile.Current || v < f.Kind.Version {
 		if _, err := tx.Exec(f.Schema); err != nil {
 			return fmt.Errorf("%w: %v", f.ErrSchema, err)
 		}

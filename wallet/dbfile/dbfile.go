@@ -69,12 +69,24 @@ type Kind struct {
 	AppID   int32    // PRAGMA application_id written on creation
 	Version int      // newest PRAGMA user_version this program knows (>= 1)
 	Tables  []string // exact set of tables (sqlite_* excluded) of schema Version, sorted
+	// Oldest is the oldest user_version this program still opens, with
+	// the same Tables, and upgrades when it opens the file for writing
+	// (0: Version only). Files of versions Oldest..Version-1 are Older.
+	Oldest int
+}
+
+// oldest is the oldest user_version of k this program opens.
+func (k Kind) oldest() int {
+	if k.Oldest <= 0 || k.Oldest > k.Version {
+		return k.Version
+	}
+	return k.Oldest
 }
 
 // The three kinds of kvasir file. Tables is the schema-1 table set, used to
 // recognise files written before application ids existed (id 0).
 var (
-	Ledger         = Kind{Name: "kvasir contribution ledger", AppID: AppIDLedger, Version: 1, Tables: []string{"entries"}}
+	Ledger         = Kind{Name: "kvasir contribution ledger", AppID: AppIDLedger, Version: 2, Oldest: 1, Tables: []string{"entries"}}
 	GatewayWallets = Kind{Name: "kvasir gateway wallets file", AppID: AppIDGatewayWallets, Version: 1, Tables: []string{"cursor", "meta", "statements", "wallets"}}
 	WorkerWallet   = Kind{Name: "kvasir worker wallet", AppID: AppIDWorkerWallet, Version: 1, Tables: []string{"meta", "payouts", "sessions", "statements"}}
 )
@@ -90,12 +102,17 @@ const (
 	// Empty: a 0-byte file or an SQLite database with no tables, user_version
 	// 0 and application_id 0; the caller may initialise it.
 	Empty
-	// Legacy: application_id 0 but user_version == Kind.Version and exactly
-	// Kind.Tables, i.e. written by kvasir before application ids; the
-	// caller may adopt it by setting the id (read-write) or read it as is.
+	// Legacy: application_id 0 but a user_version from Kind.Oldest to
+	// Kind.Version and exactly Kind.Tables, i.e. written by kvasir before
+	// application ids; the caller may adopt it by setting the id (and
+	// upgrading it, read-write) or read it as is.
 	Legacy
 	// Current: application_id == Kind.AppID and user_version == Kind.Version.
 	Current
+	// Older: application_id == Kind.AppID, exactly Kind.Tables and a
+	// user_version from Kind.Oldest to Kind.Version-1: written by an older
+	// kvasir; the caller upgrades it (read-write) or reads it as is.
+	Older
 )
 
 // Info is the result of Check.
@@ -204,6 +221,9 @@ func classify(path string, k Kind, info Info, tables []string) (Info, error) {
 		case info.Version == k.Version && slices.Equal(tables, k.Tables):
 			info.State = Current
 			return info, nil
+		case info.Version >= k.oldest() && info.Version < k.Version && slices.Equal(tables, k.Tables):
+			info.State = Older
+			return info, nil
 		}
 		return info, fmt.Errorf("%w: %s has the %s id but schema version %d and tables [%s]",
 			ErrCorrupt, path, k.Name, info.Version, strings.Join(tables, " "))
@@ -221,7 +241,7 @@ func classify(path string, k Kind, info Info, tables []string) (Info, error) {
 	case info.Version == 0 && len(tables) == 0:
 		info.State = Empty
 		return info, nil
-	case slices.Equal(tables, k.Tables) && info.Version == k.Version:
+	case slices.Equal(tables, k.Tables) && info.Version >= k.oldest() && info.Version <= k.Version:
 		info.State = Legacy
 		return info, nil
 	case slices.Equal(tables, k.Tables) && info.Version > k.Version:
@@ -229,7 +249,7 @@ func classify(path string, k Kind, info Info, tables []string) (Info, error) {
 			ErrNewerSchema, path, k.Name, info.Version, k.Version)
 	}
 	for _, o := range kinds {
-		if o.AppID != k.AppID && slices.Equal(tables, o.Tables) && info.Version == o.Version {
+		if o.AppID != k.AppID && slices.Equal(tables, o.Tables) && info.Version >= o.oldest() && info.Version <= o.Version {
 			return info, fmt.Errorf("%w: %s is a %s (written before application ids), not a %s", ErrForeign, path, o.Name, k.Name)
 		}
 	}

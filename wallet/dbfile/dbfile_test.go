@@ -37,11 +37,12 @@ func TestCheckClassifies(t *testing.T) {
 	mk := func(name string, tables []string, v int, id int32) string {
 		return dbfiletest.Make(t, filepath.Join(dir, name), tables, v, id)
 	}
-	ledger := mk("ledger", dbfile.Ledger.Tables, 1, dbfile.AppIDLedger)
+	ledger := mk("ledger", dbfile.Ledger.Tables, dbfile.Ledger.Version, dbfile.AppIDLedger)
 	legacyLedger := mk("legacy-ledger", dbfile.Ledger.Tables, 1, 0)
 	wallets := mk("wallets", dbfile.GatewayWallets.Tables, 1, dbfile.AppIDGatewayWallets)
 	legacyWallets := mk("legacy-wallets", dbfile.GatewayWallets.Tables, 1, 0)
-	newer := mk("newer", dbfile.Ledger.Tables, 2, dbfile.AppIDLedger)
+	newer := mk("newer", dbfile.Ledger.Tables, 3, dbfile.AppIDLedger)
+	olderLedger := mk("older-ledger", dbfile.Ledger.Tables, 1, dbfile.AppIDLedger)
 	newerLegacy := mk("newer-legacy", dbfile.Ledger.Tables, 3, 0)
 	other := mk("other", []string{"entries"}, 0, 0)
 	otherApp := mk("other-app", []string{"t"}, 1, 0x12345678)
@@ -77,7 +78,8 @@ func TestCheckClassifies(t *testing.T) {
 		{legacyLedger, dbfile.Legacy, nil, ""},
 		{wallets, 0, dbfile.ErrForeign, "is a kvasir gateway wallets file, not a kvasir contribution ledger"},
 		{legacyWallets, 0, dbfile.ErrForeign, "is a kvasir gateway wallets file (written before application ids)"},
-		{newer, 0, dbfile.ErrNewerSchema, "schema version 2"},
+		{newer, 0, dbfile.ErrNewerSchema, "schema version 3"},
+		{olderLedger, dbfile.Older, nil, ""},
 		{newerLegacy, 0, dbfile.ErrNewerSchema, "schema version 3"},
 		{other, 0, dbfile.ErrForeign, "tables [entries] and user_version 0"},
 		{otherApp, 0, dbfile.ErrForeign, "application_id 0x12345678"},
@@ -208,7 +210,7 @@ func TestWritable(t *testing.T) {
 // writable it checks as a current ledger.
 func TestCheckUnreadable(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "l.db")
-	dbfiletest.Make(t, src, dbfile.Ledger.Tables, 1, dbfile.AppIDLedger)
+	dbfiletest.Make(t, src, dbfile.Ledger.Tables, dbfile.Ledger.Version, dbfile.AppIDLedger)
 	dsn, err := dbfile.DSN(src, "_journal_mode=WAL")
 	if err != nil {
 		t.Fatal(err)

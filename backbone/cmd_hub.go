@@ -77,6 +77,9 @@ func runHub(args []string) int {
 		}
 		defer l.Close()
 		fmt.Fprintf(os.Stderr, "hub: ledger on %s (%s)\n", l.Store().Kind(), pgstore.RedactPath(*ledgerFile))
+		if v := l.UpgradedFrom(); v > 0 {
+			fmt.Fprintf(os.Stderr, "hub: ledger upgraded from schema %d to %d (rows now keep their number in their session; an older kvasir no longer opens it)\n", v, ledger.SchemaVersion)
+		}
 		cfg.Meter = l
 		cfg.SpillFile = *spillFile
 		if cfg.SpillFile == "" {

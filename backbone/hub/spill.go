@@ -145,7 +145,7 @@ func (h *Hub) unspill() error {
 	if err := os.Remove(claimed); err != nil {
 		return fmt.Errorf("hub: spill file appended, but %s not removed: remove it before the next start: %w", claimed, err)
 	}
-	h.log.Info("hub: appended the ledger rows a previous hub could not", "file", h.cfg.SpillFile, "rows", len(rows))
+	h.log.Info("hub: appended the spill file's rows, those not already in the ledger (a row is recorded once)", "file", h.cfg.SpillFile, "rows", len(rows))
 	return nil
 }
 

@@ -72,9 +72,15 @@ type Store interface {
 // that several hubs append to at once. It validates entries before they
 // reach the store. It is safe for concurrent use.
 type Ledger struct {
-	st Store
-	db *sql.DB // the SQLite handle (nil on PostgreSQL); tests reach the file through it
+	st           Store
+	db           *sql.DB // the SQLite handle (nil on PostgreSQL); tests reach the file through it
+	upgradedFrom int     // the SQLite file's schema version before this open upgraded it (0: none)
 }
+
+// UpgradedFrom returns the schema version an SQLite ledger had before
+// Open upgraded it to SchemaVersion, or 0 when Open upgraded nothing (a
+// current, new or PostgreSQL ledger; PostgreSQL logs its migrations).
+func (l *Ledger) UpgradedFrom() int { return l.upgradedFrom }
 
 var _ Reader = (*Ledger)(nil)
 

@@ -500,6 +500,9 @@ func TestUpgradeSchema1(t *testing.T) {
 		if err != nil {
 			t.Fatalf("id %x: upgrade: %v", appID, err)
 		}
+		if v := l.UpgradedFrom(); v != 1 {
+			t.Fatalf("id %x: UpgradedFrom %d, want 1", appID, v)
+		}
 		e := Entry{SessionID: "new", Seq: 1, WorkerID: hexKey(7), BytesIn: 40}
 		for range 2 {
 			if err := l.AppendAll(context.Background(), []Entry{e}); err != nil {
@@ -517,5 +520,55 @@ func TestUpgradeSchema1(t *testing.T) {
 		if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.State != dbfile.Current || info.Version != SchemaVersion || info.AppID != dbfile.AppIDLedger {
 			t.Fatalf("id %x: upgraded ledger: %+v, %v", appID, info, err)
 		}
+		if l, err = Open(p); err != nil || l.UpgradedFrom() != 0 {
+			t.Fatalf("id %x: reopened: UpgradedFrom %d, %v", appID, l.UpgradedFrom(), err)
+		}
+		l.Close()
+	}
+}
+
+// TestUpgradeSchema1SpillRows: rows a hub appended to a schema-1 file
+// (unnumbered) are found when a spill file written before the upgrade
+// holds them again (a ".appending" file renamed back, as the hub's
+// message says): a session's unnumbered rows are its Seq 1, 2, ... in id
+// order. Rows past them append; other contents are ErrConflict.
+func TestUpgradeSchema1SpillRows(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "ledger.db")
+	dsn, err := dbfile.DSN(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := dbfile.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(schema1 + fmt.Sprintf("PRAGMA application_id = %d;", dbfile.AppIDLedger)); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	l, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	w := strings.Repeat("a", 64)
+	again := []Entry{
+		{SessionID: "old", Seq: 1, WorkerID: w, BytesIn: 100, BytesOut: 20},
+		{SessionID: "old", Seq: 2, WorkerID: w, BytesIn: 5, RejectedBytes: 3, Final: true},
+	}
+	if err := l.AppendAll(context.Background(), again); err != nil {
+		t.Fatal(err)
+	}
+	if es, _ := l.Since(0, 10); len(es) != 2 {
+		t.Fatalf("schema-1 rows appended again: %+v", es)
+	}
+	if err := l.AppendAll(context.Background(), []Entry{{SessionID: "old", Seq: 1, WorkerID: w, BytesIn: 101, BytesOut: 20}}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("other contents: %v, want ErrConflict", err)
+	}
+	if err := l.AppendAll(context.Background(), []Entry{{SessionID: "old", Seq: 3, WorkerID: w, BytesIn: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if es, _ := l.Since(0, 10); len(es) != 3 || es[2].Seq != 3 {
+		t.Fatalf("a row past the unnumbered ones: %+v", es)
 	}
 }

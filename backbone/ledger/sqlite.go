@@ -76,11 +76,15 @@ var sqliteFile = sqlitestore.File{Kind: dbfile.Ledger, Prefix: "ledger", ErrSche
 // keep Seq 0). A pre-existing entries table of another shape is refused
 // (ErrSchema).
 func OpenSQLite(path string) (*Ledger, error) {
-	db, err := sqliteFile.Open(path)
+	db, from, err := sqliteFile.OpenFrom(path)
 	if err != nil {
 		return nil, err
 	}
-	return &Ledger{st: &sqliteStore{db: db, hasSeq: true}, db: db}, nil
+	l := &Ledger{st: &sqliteStore{db: db, hasSeq: true}, db: db}
+	if from > 0 && from < SchemaVersion {
+		l.upgradedFrom = from
+	}
+	return l, nil
 }
 
 // OpenSQLiteReadOnly opens an existing SQLite ledger for reading only; it
@@ -169,7 +173,17 @@ func recorded(ctx context.Context, tx *sql.Tx, e Entry) (int64, bool, error) {
 	err := tx.QueryRowContext(ctx, `SELECT id, worker, bytes_in, bytes_out, rejected, final FROM entries WHERE session = ? AND seq = ?`,
 		e.SessionID, int64(e.Seq)).Scan(&r.ID, &r.WorkerID, &in, &out, &rej, &r.Final)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, nil
+		// Rows a schema-1 file holds (written by a hub before the upgrade)
+		// are unnumbered, but a session's rows were appended in Seq order
+		// (1, 2, ...: a row is sent again unchanged until it is in), so its
+		// unnumbered rows in id order are its Seq 1..n: a row of a spill
+		// file written before the upgrade and appended then is found there.
+		err = tx.QueryRowContext(ctx, `SELECT id, worker, bytes_in, bytes_out, rejected, final FROM entries
+			WHERE session = ? AND seq IS NULL ORDER BY id LIMIT 1 OFFSET ?`,
+			e.SessionID, int64(e.Seq-1)).Scan(&r.ID, &r.WorkerID, &in, &out, &rej, &r.Final)
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0, false, nil
+		}
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("ledger: append: %w", err)

@@ -65,30 +65,38 @@ type File struct {
 // since the check) is refused too. A file of an older version it knows
 // (Kind.Oldest and up) is upgraded (f.Upgrades) in that transaction.
 func (f File) Open(path string) (*sql.DB, error) {
+	db, _, err := f.OpenFrom(path)
+	return db, err
+}
+
+// OpenFrom is Open, also returning the schema version the file had before
+// it was opened: 0 for a new or empty file, below Kind.Version for a file
+// it upgraded.
+func (f File) OpenFrom(path string) (*sql.DB, int, error) {
 	info, err := dbfile.Check(path, f.Kind)
 	if errors.Is(err, dbfile.ErrUnreadable) {
-		return nil, fmt.Errorf("%s: %w", f.Prefix, err) // the file may be fine
+		return nil, 0, fmt.Errorf("%s: %w", f.Prefix, err) // the file may be fine
 	} else if err != nil {
-		return nil, fmt.Errorf("%w: %w", f.ErrSchema, err)
+		return nil, 0, fmt.Errorf("%w: %w", f.ErrSchema, err)
 	}
 	if f.Create {
 		if err := dbfile.CreateEmpty(path); err != nil {
-			return nil, fmt.Errorf("%s: create %s: %w", f.Prefix, path, err)
+			return nil, 0, fmt.Errorf("%s: create %s: %w", f.Prefix, path, err)
 		}
 	}
 	dsn, err := dbfile.DSN(path, "_journal_mode=WAL", "_synchronous=FULL", "_busy_timeout=10000", "_txlock=immediate")
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", f.Prefix, err)
+		return nil, 0, fmt.Errorf("%s: %w", f.Prefix, err)
 	}
 	db, err := dbfile.Open(dsn) // this build's SQLite driver (cgo or pure Go)
 	if err != nil {
-		return nil, fmt.Errorf("%s: open %s: %w", f.Prefix, path, writableOr(path, err))
+		return nil, 0, fmt.Errorf("%s: open %s: %w", f.Prefix, path, writableOr(path, err))
 	}
 	if err := f.init(db, info.State); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("%s: open %s: %w", f.Prefix, path, writableOr(path, err))
+		return nil, 0, fmt.Errorf("%s: open %s: %w", f.Prefix, path, writableOr(path, err))
 	}
-	return db, nil
+	return db, info.Version, nil
 }
 
 // init applies the schema in one BEGIN IMMEDIATE transaction.

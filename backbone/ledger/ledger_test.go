@@ -572,3 +572,23 @@ func TestUpgradeSchema1SpillRows(t *testing.T) {
 		t.Fatalf("a row past the unnumbered ones: %+v", es)
 	}
 }
+
+// TestOpenReadOnlyOtherShape: an entries table without the ledger's
+// columns is refused by OpenReadOnly with ErrSchema naming the file, as
+// Open refuses it; before, it opened, and the first read failed with "no
+// such column".
+func TestOpenReadOnlyOtherShape(t *testing.T) {
+	dir := t.TempDir()
+	for _, v := range []int{1, SchemaVersion} {
+		p := dbfiletest.Make(t, filepath.Join(dir, fmt.Sprintf("v%d.db", v)), dbfile.Ledger.Tables, v, dbfile.AppIDLedger)
+		before := dbfiletest.Snapshot(t, dir)
+		l, err := OpenReadOnly(p)
+		if err == nil {
+			l.Close()
+		}
+		if !errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), p) {
+			t.Fatalf("schema %d, entries of another shape: %v, want ErrSchema naming the file", v, err)
+		}
+		dbfiletest.Unchanged(t, dir, before)
+	}
+}

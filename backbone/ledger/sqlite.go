@@ -104,7 +104,14 @@ func OpenSQLiteReadOnly(path string) (*Ledger, error) {
 		db.Close()
 		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
 	}
-	return &Ledger{st: &sqliteStore{db: db, hasSeq: v >= 2}, db: db}, nil
+	st := &sqliteStore{db: db, hasSeq: v >= 2}
+	// The columns every read takes: a table of another shape is refused
+	// here, as a read-write open refuses it, not at the first query.
+	if _, err := db.Exec(st.readColumns() + ` LIMIT 0`); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%w: %s: %v", ErrSchema, path, err)
+	}
+	return &Ledger{st: st, db: db}, nil
 }
 
 // Kind implements Store.
@@ -195,15 +202,19 @@ func recorded(ctx context.Context, tx *sql.Tx, e Entry) (int64, bool, error) {
 	return r.ID, true, nil
 }
 
-// Read implements Store.
-func (s *sqliteStore) Read(ctx context.Context, afterID int64, limit int) ([]Entry, error) {
+// readColumns is the SELECT of Read's columns from entries (seq as NULL
+// in a schema-1 file).
+func (s *sqliteStore) readColumns() string {
 	seq := "seq"
 	if !s.hasSeq {
 		seq = "NULL"
 	}
-	rows, err := s.db.QueryContext(ctx,
-		`SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time, `+seq+` FROM entries WHERE id > ? ORDER BY id LIMIT ?`,
-		afterID, limit)
+	return `SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time, ` + seq + ` FROM entries`
+}
+
+// Read implements Store.
+func (s *sqliteStore) Read(ctx context.Context, afterID int64, limit int) ([]Entry, error) {
+	rows, err := s.db.QueryContext(ctx, s.readColumns()+` WHERE id > ? ORDER BY id LIMIT ?`, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: read: %w", err)
 	}

@@ -92,12 +92,19 @@ func (h *Hub) unspill() error {
 	claimed := h.cfg.SpillFile + ".appending"
 	if _, err := os.Stat(claimed); err == nil {
 		var sessions []string
+		unnumbered := false
 		if rows, rerr := readSpill(claimed); rerr == nil {
 			for _, e := range rows {
 				if !slices.Contains(sessions, e.SessionID) {
 					sessions = append(sessions, e.SessionID)
 				}
+				unnumbered = unnumbered || e.Seq == 0
 			}
+		}
+		if unnumbered {
+			// Written by a hub from before rows were numbered: the ledger
+			// cannot tell its rows from new ones.
+			return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows (sessions %s) may be in the ledger already, and some carry no number, so the ledger would record them again. Look for those sessions in the ledger first: remove the file if they are there, rename it to %s if not (docs/operating.md, Upgrading)", claimed, strings.Join(sessions, ", "), h.cfg.SpillFile)
 		}
 		return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows (sessions %s) may be in the ledger already. Rename it to %s and start again: a row already in the ledger is not recorded twice (docs/operating.md, Upgrading)", claimed, strings.Join(sessions, ", "), h.cfg.SpillFile)
 	} else if !errors.Is(err, fs.ErrNotExist) {

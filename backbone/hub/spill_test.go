@@ -375,6 +375,16 @@ func TestSpillLeftAppending(t *testing.T) {
 	if es, _ := l.Since(0, 10); len(es) != 1 || es[0].BytesIn != 7 || es[0].Seq != 1 {
 		t.Fatalf("after renaming it back: %+v, want the one row once", es)
 	}
+	// A file of unnumbered rows (a hub from before rows were numbered): the
+	// ledger cannot tell them from new ones, and the message says to look.
+	old := `{"WorkerID":"` + key + `","SessionID":"s8","BytesIn":3,"Final":true}` + "\n"
+	if err := os.WriteFile(spill+".appending", []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = startWithSpill(t, &countingMeter{l: l}, spill)
+	if err == nil || !strings.Contains(err.Error(), "carry no number") || !strings.Contains(err.Error(), "Look for those sessions") || !strings.Contains(err.Error(), "sessions s8") {
+		t.Fatalf("Start with an unnumbered .appending file: %v", err)
+	}
 }
 
 // TestSpillAppendedTwice: a spill file put back after a start appended it

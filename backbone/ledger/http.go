@@ -34,7 +34,7 @@ type wireEntry struct {
 	RejectedBytes uint64 `json:"rejected_bytes"`
 	Final         bool   `json:"final"`
 	TimeUnixNano  int64  `json:"time_ns"`
-	Seq           uint64 `json:"seq,omitempty"` // the row's number in its session (PostgreSQL ledgers), 0: absent
+	Seq           uint64 `json:"seq,omitempty"` // the row's number in its session (Entry.Seq), 0: absent (unnumbered, or a schema-1 SQLite row)
 }
 
 // Page is the JSON body of GET /v1/ledger?after=ID&limit=N:

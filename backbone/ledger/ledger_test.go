@@ -424,6 +424,7 @@ func TestAppIDAndLegacyAdoption(t *testing.T) {
 func TestIdempotentAppend(t *testing.T) {
 	l, _ := openTemp(t)
 	checkIdempotentAppend(t, l)
+	checkUnnumberedThenNumbered(t, l, 4)
 	// Two copies of one row in a batch are one row.
 	e := Entry{SessionID: "z", Seq: 1, WorkerID: hexKey(5), BytesIn: 9}
 	ids, err := l.AppendAllIDs(context.Background(), []Entry{e, e})
@@ -520,8 +521,10 @@ func TestUpgradeSchema1(t *testing.T) {
 		if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.State != dbfile.Current || info.Version != SchemaVersion || info.AppID != dbfile.AppIDLedger {
 			t.Fatalf("id %x: upgraded ledger: %+v, %v", appID, info, err)
 		}
-		if l, err = Open(p); err != nil || l.UpgradedFrom() != 0 {
-			t.Fatalf("id %x: reopened: UpgradedFrom %d, %v", appID, l.UpgradedFrom(), err)
+		if l, err = Open(p); err != nil {
+			t.Fatalf("id %x: reopened: %v", appID, err)
+		} else if v := l.UpgradedFrom(); v != 0 {
+			t.Fatalf("id %x: reopened: UpgradedFrom %d", appID, v)
 		}
 		l.Close()
 	}
@@ -571,6 +574,26 @@ func TestUpgradeSchema1SpillRows(t *testing.T) {
 	if es, _ := l.Since(0, 10); len(es) != 3 || es[2].Seq != 3 {
 		t.Fatalf("a row past the unnumbered ones: %+v", es)
 	}
+	// Unnumbered rows appended after the upgrade are not schema-1 rows: a
+	// numbered row of their session is recorded, not matched to them.
+	checkUnnumberedThenNumbered(t, l, 3)
+}
+
+// checkUnnumberedThenNumbered appends an unnumbered row of a new session,
+// then its row Seq 1 with the same contents: both are recorded (the ledger
+// held n rows before). Before schema-1 rows were told apart, the second
+// was taken for the first and 10 bytes were lost.
+func checkUnnumberedThenNumbered(t *testing.T, l *Ledger, n int) {
+	t.Helper()
+	w := hexKey(11)
+	for _, e := range []Entry{{SessionID: "later", WorkerID: w, BytesOut: 10}, {SessionID: "later", Seq: 1, WorkerID: w, BytesOut: 10}} {
+		if err := l.AppendAll(context.Background(), []Entry{e}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if es, _ := l.Since(0, 100); len(es) != n+2 || es[n].Seq != 0 || es[n+1].Seq != 1 || es[n+1].SessionID != "later" {
+		t.Fatalf("an unnumbered row, then Seq 1 of its session: %d rows, want %d (%+v)", len(es), n+2, es)
+	}
 }
 
 // TestOpenReadOnlyOtherShape: an entries table without the ledger's
@@ -590,5 +613,45 @@ func TestOpenReadOnlyOtherShape(t *testing.T) {
 			t.Fatalf("schema %d, entries of another shape: %v, want ErrSchema naming the file", v, err)
 		}
 		dbfiletest.Unchanged(t, dir, before)
+	}
+}
+
+// TestReaderSeesUpgrade: a reader that opened a schema-1 file while a
+// writer had it open reads the Seq of rows appended after a hub upgraded
+// the file, as a reader opened later does (credit.RowPrint covers Seq: two
+// readers giving one row two prints stop the gateway's crediting).
+func TestReaderSeesUpgrade(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "ledger.db")
+	dsn, err := dbfile.DSN(p, "_journal_mode=WAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := dbfile.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Exec(schema1 + fmt.Sprintf("PRAGMA application_id = %d;", dbfile.AppIDLedger)); err != nil {
+		t.Fatal(err)
+	}
+	r, err := OpenReadOnly(p) // the -wal is there: a live reader, not immutable
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if es, err := r.Since(0, 10); err != nil || len(es) != 2 {
+		t.Fatalf("schema-1 rows: %+v, %v", es, err)
+	}
+	l, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.AppendAll(context.Background(), []Entry{{SessionID: "new", Seq: 1, WorkerID: hexKey(3), BytesIn: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	es, err := r.Since(2, 10)
+	if err != nil || len(es) != 1 || es[0].Seq != 1 {
+		t.Fatalf("the early reader after the upgrade: %+v, %v; want the new row with Seq 1", es, err)
 	}
 }

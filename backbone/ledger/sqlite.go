@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvasir-ai/kvasir/backbone/sqlitestore"
@@ -33,11 +34,26 @@ CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
 `
 
 // upgrades bring an SQLite ledger of schema 1 (no seq column: rows were
-// not numbered) to schema 2. The column's rows are NULL, which a UNIQUE
-// index lets repeat, so the upgrade succeeds on any schema-1 file.
-var upgrades = []string{`
-ALTER TABLE entries ADD COLUMN seq INTEGER CHECK (seq >= 1);
-`}
+// not numbered) to schema 2: the column, NULL in every row so far (a
+// UNIQUE index lets NULLs repeat, so the upgrade succeeds on any schema-1
+// file), and, when there were rows, the view schema1View holding the
+// largest id among them: the only rows the positional match of
+// recordedSchema1 looks at.
+var upgrades = []func(tx *sql.Tx) error{func(tx *sql.Tx) error {
+	if _, err := tx.Exec(`ALTER TABLE entries ADD COLUMN seq INTEGER CHECK (seq >= 1)`); err != nil {
+		return err
+	}
+	var last sql.NullInt64
+	if err := tx.QueryRow(`SELECT MAX(id) FROM entries`).Scan(&last); err != nil || last.Int64 == 0 {
+		return err
+	}
+	_, err := tx.Exec(fmt.Sprintf(`CREATE VIEW %s (last_id) AS SELECT %d`, schema1View, last.Int64))
+	return err
+}}
+
+// schema1View is the view an upgrade from schema 1 leaves: one row, the
+// largest id the file held then (its rows up to that id are unnumbered).
+const schema1View = "entries_schema1"
 
 // sqliteStore is the ledger in one SQLite file (WAL journal,
 // synchronous=FULL). Several processes may open the same file (writers
@@ -53,8 +69,14 @@ ALTER TABLE entries ADD COLUMN seq INTEGER CHECK (seq >= 1);
 // index entries_session_seq), so that appending rows already recorded (a
 // hub's spill file appended again) records them once, as on PostgreSQL.
 type sqliteStore struct {
-	db     *sql.DB
-	hasSeq bool // false only for a schema-1 file opened read-only
+	db *sql.DB
+	// hasSeq is false for a schema-1 file opened read-only until a read
+	// finds that a hub has upgraded it (a reader's rows then carry their
+	// Seq, as every other reader's do: credit.RowPrint covers it).
+	hasSeq atomic.Bool
+	// schema1Last is the largest id of the rows a schema-1 file held when
+	// it was upgraded (0: none, or created at schema 2).
+	schema1Last int64
 }
 
 // sqliteFile is the ledger's SQLite file (created 0600, as the wallets:
@@ -80,7 +102,18 @@ func OpenSQLite(path string) (*Ledger, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Ledger{st: &sqliteStore{db: db, hasSeq: true}, db: db}
+	st := &sqliteStore{db: db}
+	st.hasSeq.Store(true)
+	var views int
+	err = db.QueryRow(`SELECT COUNT(*) FROM sqlite_schema WHERE type = 'view' AND name = ?`, schema1View).Scan(&views)
+	if err == nil && views > 0 {
+		err = db.QueryRow(`SELECT last_id FROM ` + schema1View).Scan(&st.schema1Last)
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
+	}
+	l := &Ledger{st: st, db: db}
 	if from > 0 && from < SchemaVersion {
 		l.upgradedFrom = from
 	}
@@ -104,7 +137,8 @@ func OpenSQLiteReadOnly(path string) (*Ledger, error) {
 		db.Close()
 		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
 	}
-	st := &sqliteStore{db: db, hasSeq: v >= 2}
+	st := &sqliteStore{db: db}
+	st.hasSeq.Store(v >= SchemaVersion)
 	// The columns every read takes: a table of another shape is refused
 	// here, as a read-write open refuses it, not at the first query.
 	if _, err := db.Exec(st.readColumns() + ` LIMIT 0`); err != nil {
@@ -120,8 +154,10 @@ func (s *sqliteStore) Kind() string { return "sqlite" }
 // Close implements Store.
 func (s *sqliteStore) Close() error { return s.db.Close() }
 
-// insertEntry appends one row; its arguments are insertArgs.
-const insertEntry = `INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`
+// insertEntry appends one row unless its (session, seq) is recorded; its
+// arguments are insertArgs.
+const insertEntry = `INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+	ON CONFLICT (session, seq) DO NOTHING`
 
 // insertArgs are the insertEntry arguments of a validated e (counts fit
 // int64; time as Unix nanoseconds UTC; Seq 0 as NULL).
@@ -134,21 +170,27 @@ func insertArgs(e Entry) []any {
 }
 
 // Insert implements Store in one transaction (BEGIN IMMEDIATE: the write
-// lock is held from the start, so that no other writer records a row
-// between a lookup of (session, seq) and the insert). A row with Seq > 0
-// already recorded is compared with what is recorded, as on PostgreSQL.
-// SQLite assigns ids in commit order: one writer at a time, and a row is
-// visible only once committed.
+// lock is held from the start). A row with Seq > 0 whose (session, seq)
+// is recorded is not inserted (ON CONFLICT DO NOTHING) but compared with
+// the recorded row, as on PostgreSQL; in a file upgraded from schema 1 it
+// is first looked for among the session's unnumbered rows
+// (recordedSchema1). SQLite assigns ids in commit order: one writer at a
+// time, and a row is visible only once committed.
 func (s *sqliteStore) Insert(ctx context.Context, es []Entry) ([]int64, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: append: %w", err)
 	}
 	defer tx.Rollback()
+	ins, err := tx.PrepareContext(ctx, insertEntry)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: append: %w", err)
+	}
+	defer ins.Close()
 	ids := make([]int64, len(es))
 	for i, e := range es {
-		if e.Seq > 0 {
-			id, found, err := recorded(ctx, tx, e)
+		if e.Seq > 0 && s.schema1Last > 0 {
+			id, found, err := s.recordedSchema1(ctx, tx, e)
 			if err != nil {
 				return nil, err
 			}
@@ -157,11 +199,19 @@ func (s *sqliteStore) Insert(ctx context.Context, es []Entry) ([]int64, error) {
 				continue
 			}
 		}
-		res, err := tx.ExecContext(ctx, insertEntry, insertArgs(e)...)
+		res, err := ins.ExecContext(ctx, insertArgs(e)...)
 		if err != nil {
 			return nil, fmt.Errorf("ledger: append: %w", err)
 		}
-		if ids[i], err = res.LastInsertId(); err != nil {
+		n, err := res.RowsAffected()
+		if err == nil && n == 1 {
+			ids[i], err = res.LastInsertId()
+		} else if err == nil { // (session, seq) is recorded
+			ids[i], err = recorded(ctx, tx, e, `seq = ?`, int64(e.Seq))
+		}
+		if errors.Is(err, ErrConflict) {
+			return nil, err
+		} else if err != nil {
 			return nil, fmt.Errorf("ledger: append: %w", err)
 		}
 	}
@@ -171,42 +221,51 @@ func (s *sqliteStore) Insert(ctx context.Context, es []Entry) ([]int64, error) {
 	return ids, nil
 }
 
-// recorded looks e's (SessionID, Seq) up: the row's id and true when it
-// is recorded with e's contents, an error wrapping ErrConflict when it is
-// recorded with others, false when it is not recorded.
-func recorded(ctx context.Context, tx *sql.Tx, e Entry) (int64, bool, error) {
-	var r Entry
-	var in, out, rej int64
-	err := tx.QueryRowContext(ctx, `SELECT id, worker, bytes_in, bytes_out, rejected, final FROM entries WHERE session = ? AND seq = ?`,
-		e.SessionID, int64(e.Seq)).Scan(&r.ID, &r.WorkerID, &in, &out, &rej, &r.Final)
+// recordedSchema1 looks for e among the rows of its session that a
+// schema-1 file held when it was upgraded (ids up to schema1Last,
+// unnumbered): a hub numbers a session's rows 1, 2, ... and sends a row
+// whose append failed again unchanged until it is in, so the k-th of them
+// in id order is Seq k. A spill file an older hub wrote, appended before
+// the upgrade and appended again after it, is found there. It returns the
+// row's id and true when it is there with e's contents, false when the
+// session has fewer such rows, and an error wrapping ErrConflict when it
+// holds other contents.
+func (s *sqliteStore) recordedSchema1(ctx context.Context, tx *sql.Tx, e Entry) (int64, bool, error) {
+	id, err := recorded(ctx, tx, e, `seq IS NULL AND id <= ? ORDER BY id LIMIT 1 OFFSET ?`, s.schema1Last, int64(e.Seq-1))
 	if errors.Is(err, sql.ErrNoRows) {
-		// Rows a schema-1 file holds (written by a hub before the upgrade)
-		// are unnumbered, but a session's rows were appended in Seq order
-		// (1, 2, ...: a row is sent again unchanged until it is in), so its
-		// unnumbered rows in id order are its Seq 1..n: a row of a spill
-		// file written before the upgrade and appended then is found there.
-		err = tx.QueryRowContext(ctx, `SELECT id, worker, bytes_in, bytes_out, rejected, final FROM entries
-			WHERE session = ? AND seq IS NULL ORDER BY id LIMIT 1 OFFSET ?`,
-			e.SessionID, int64(e.Seq-1)).Scan(&r.ID, &r.WorkerID, &in, &out, &rej, &r.Final)
-		if errors.Is(err, sql.ErrNoRows) {
-			return 0, false, nil
-		}
-	}
-	if err != nil {
+		return 0, false, nil
+	} else if errors.Is(err, ErrConflict) {
+		return 0, false, err
+	} else if err != nil {
 		return 0, false, fmt.Errorf("ledger: append: %w", err)
 	}
+	return id, true, nil
+}
+
+// recorded returns the id of the row of e's session that where (an SQL
+// condition after "session = ? AND", with args) selects when it holds e's
+// contents, an error wrapping ErrConflict when it holds others, and
+// sql.ErrNoRows when there is none.
+func recorded(ctx context.Context, tx *sql.Tx, e Entry, where string, args ...any) (int64, error) {
+	var r Entry
+	var in, out, rej int64
+	err := tx.QueryRowContext(ctx, `SELECT id, worker, bytes_in, bytes_out, rejected, final FROM entries WHERE session = ? AND `+where,
+		append([]any{e.SessionID}, args...)...).Scan(&r.ID, &r.WorkerID, &in, &out, &rej, &r.Final)
+	if err != nil {
+		return 0, err
+	}
 	if r.WorkerID != e.WorkerID || uint64(in) != e.BytesIn || uint64(out) != e.BytesOut || uint64(rej) != e.RejectedBytes || r.Final != e.Final {
-		return 0, false, fmt.Errorf("%w: session %s seq %d is row %d (worker %.8s in %d out %d rejected %d final %v)",
+		return 0, fmt.Errorf("%w: session %s seq %d is row %d (worker %.8s in %d out %d rejected %d final %v)",
 			ErrConflict, e.SessionID, e.Seq, r.ID, r.WorkerID, in, out, rej, r.Final)
 	}
-	return r.ID, true, nil
+	return r.ID, nil
 }
 
 // readColumns is the SELECT of Read's columns from entries (seq as NULL
 // in a schema-1 file).
 func (s *sqliteStore) readColumns() string {
 	seq := "seq"
-	if !s.hasSeq {
+	if !s.hasSeq.Load() {
 		seq = "NULL"
 	}
 	return `SELECT id, session, worker, bytes_in, bytes_out, rejected, final, time, ` + seq + ` FROM entries`
@@ -214,6 +273,13 @@ func (s *sqliteStore) readColumns() string {
 
 // Read implements Store.
 func (s *sqliteStore) Read(ctx context.Context, afterID int64, limit int) ([]Entry, error) {
+	if !s.hasSeq.Load() { // a hub may have upgraded the file since
+		var v int
+		if err := s.db.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+			return nil, fmt.Errorf("ledger: read: %w", err)
+		}
+		s.hasSeq.Store(v >= SchemaVersion)
+	}
 	rows, err := s.db.QueryContext(ctx, s.readColumns()+` WHERE id > ? ORDER BY id LIMIT ?`, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: read: %w", err)

@@ -39,10 +39,11 @@ type File struct {
 	// Schema creates the tables of Kind.Version (CREATE ... IF NOT EXISTS:
 	// it may run on a file that has them).
 	Schema string
-	// Upgrades[i] brings a file of user_version Kind.Oldest+i to the next
-	// version; an Older or Legacy file opened read-write gets the ones it
-	// lacks, then Schema, in the transaction that sets its version.
-	Upgrades []string
+	// Upgrades[i] brings a file of user_version max(Kind.Oldest, 1)+i to
+	// the next version, in the transaction of the open: an Older or Legacy
+	// file opened read-write gets the ones it lacks, then Schema, then its
+	// new version. An upgrade that fails leaves the file as it was.
+	Upgrades []func(tx *sql.Tx) error
 	// Create creates the file (mode 0600, dbfile.CreateEmpty) before it
 	// is opened, instead of leaving that to the driver.
 	Create bool
@@ -59,8 +60,8 @@ type File struct {
 // first checked through a read-only connection (dbfile.Check); a refusal
 // wraps f.ErrSchema and the dbfile error. A new or empty file gets
 // f.Schema, user_version = Kind.Version and the kind's application id; a
-// file written before application ids (id 0, version 1, exactly the kind's
-// tables) is adopted by setting the id. A user_version above Kind.Version
+// file written before application ids (id 0, a version from Kind.Oldest
+// to Kind.Version, exactly the kind's tables) is adopted by setting the id. A user_version above Kind.Version
 // found once the write lock is held (another process upgraded the file
 // since the check) is refused too. A file of an older version it knows
 // (Kind.Oldest and up) is upgraded (f.Upgrades) in that transaction.
@@ -69,9 +70,10 @@ func (f File) Open(path string) (*sql.DB, error) {
 	return db, err
 }
 
-// OpenFrom is Open, also returning the schema version the file had before
-// it was opened: 0 for a new or empty file, below Kind.Version for a file
-// it upgraded.
+// OpenFrom is Open, also returning the schema version the file had when
+// this open took the write lock: 0 for a new or empty file, below
+// Kind.Version for a file this open upgraded (another process that opened
+// it at the same time and upgraded it first makes it Kind.Version).
 func (f File) OpenFrom(path string) (*sql.DB, int, error) {
 	info, err := dbfile.Check(path, f.Kind)
 	if errors.Is(err, dbfile.ErrUnreadable) {
@@ -92,56 +94,58 @@ func (f File) OpenFrom(path string) (*sql.DB, int, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: open %s: %w", f.Prefix, path, writableOr(path, err))
 	}
-	if err := f.init(db, info.State); err != nil {
+	from, err := f.init(db, info.State)
+	if err != nil {
 		db.Close()
 		return nil, 0, fmt.Errorf("%s: open %s: %w", f.Prefix, path, writableOr(path, err))
 	}
-	return db, info.Version, nil
+	return db, from, nil
 }
 
-// init applies the schema in one BEGIN IMMEDIATE transaction.
-func (f File) init(db *sql.DB, state dbfile.State) error {
+// init applies the schema in one BEGIN IMMEDIATE transaction and returns
+// the user_version it found.
+func (f File) init(db *sql.DB, state dbfile.State) (int, error) {
 	tx, err := db.Begin()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer tx.Rollback()
 	var v int
 	if err := tx.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
-		return err
+		return 0, err
 	}
 	// Another process may have created or upgraded the file since the check.
 	if v > f.Kind.Version {
-		return fmt.Errorf("%w: file has schema version %d, this program knows %d", f.ErrSchema, v, f.Kind.Version)
+		return 0, fmt.Errorf("%w: file has schema version %d, this program knows %d", f.ErrSchema, v, f.Kind.Version)
 	}
 	if v > 0 && v < f.Kind.Version {
 		for from := v; from < f.Kind.Version; from++ {
 			i := from - max(f.Kind.Oldest, 1)
 			if i < 0 || i >= len(f.Upgrades) {
-				return fmt.Errorf("%w: no upgrade of schema version %d to %d", f.ErrSchema, from, from+1)
+				return 0, fmt.Errorf("%w: no upgrade of schema version %d to %d", f.ErrSchema, from, from+1)
 			}
-			if _, err := tx.Exec(f.Upgrades[i]); err != nil {
-				return fmt.Errorf("%w: upgrade of schema version %d to %d: %v", f.ErrSchema, from, from+1, err)
+			if err := f.Upgrades[i](tx); err != nil {
+				return 0, fmt.Errorf("%w: upgrade of schema version %d to %d: %v", f.ErrSchema, from, from+1, err)
 			}
 		}
 	}
 	if f.Reapply || state != dbfile.Current || v < f.Kind.Version {
 		if _, err := tx.Exec(f.Schema); err != nil {
-			return fmt.Errorf("%w: %v", f.ErrSchema, err)
+			return 0, fmt.Errorf("%w: %v", f.ErrSchema, err)
 		}
 		if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, f.Kind.Version)); err != nil {
-			return err
+			return 0, err
 		}
 		if _, err := tx.Exec(f.Kind.SetAppID()); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if f.Verify != "" {
 		if _, err := tx.Exec(f.Verify); err != nil {
-			return fmt.Errorf("%w: %v", f.ErrSchema, err)
+			return 0, fmt.Errorf("%w: %v", f.ErrSchema, err)
 		}
 	}
-	return tx.Commit()
+	return v, tx.Commit()
 }
 
 // OpenReadOnly opens an existing file for reading only; it never writes to

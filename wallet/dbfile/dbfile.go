@@ -123,7 +123,7 @@ type Info struct {
 }
 
 // Check inspects the file at path for kind k without modifying it (see the
-// package comment). It returns Info with State Missing, Empty, Legacy or
+// package comment). It returns Info with State Missing, Empty, Legacy, Older or
 // Current, or an error wrapping ErrCorrupt, ErrUnreadable, ErrForeign or ErrNewerSchema
 // that names the path and, for a foreign kvasir file, what it is.
 func Check(path string, k Kind) (Info, error) {

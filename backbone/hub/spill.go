@@ -101,12 +101,13 @@ func (h *Hub) unspill() error {
 				unnumbered = unnumbered || e.Seq == 0
 			}
 		}
+		advice := fmt.Sprintf("Rename it to %s and start again: a row already in the ledger is not recorded twice", h.cfg.SpillFile)
 		if unnumbered {
 			// Written by a hub from before rows were numbered: the ledger
 			// cannot tell its rows from new ones.
-			return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows (sessions %s) may be in the ledger already, and some carry no number, so the ledger would record them again. Look for those sessions in the ledger first: remove the file if they are there, rename it to %s if not (docs/operating.md, Upgrading)", claimed, strings.Join(sessions, ", "), h.cfg.SpillFile)
+			advice = fmt.Sprintf("Some carry no number, so the ledger would record them again. Look for those sessions in the ledger first: remove the file if they are there, rename it to %s if not", h.cfg.SpillFile)
 		}
-		return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows (sessions %s) may be in the ledger already. Rename it to %s and start again: a row already in the ledger is not recorded twice (docs/operating.md, Upgrading)", claimed, strings.Join(sessions, ", "), h.cfg.SpillFile)
+		return fmt.Errorf("hub: %s is left from a start that stopped while appending it to the ledger: its rows (sessions %s) may be in the ledger already. %s (docs/operating.md, Upgrading)", claimed, strings.Join(sessions, ", "), advice)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("hub: spill file: %w", err)
 	}

@@ -461,6 +461,26 @@ INSERT INTO entries (session, worker, bytes_in, bytes_out, rejected, final, time
 PRAGMA user_version = 1;
 `
 
+// writeSchema1 writes the ledger of schema1 with application id appID at
+// p through a connection with the DSN options opts, and returns that
+// connection (the caller closes it).
+func writeSchema1(t *testing.T, p string, appID int32, opts ...string) *sql.DB {
+	t.Helper()
+	dsn, err := dbfile.DSN(p, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := dbfile.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(schema1 + fmt.Sprintf("PRAGMA application_id = %d;", appID)); err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	return db
+}
+
 // TestUpgradeSchema1: a ledger of schema 1 (with the ledger's application
 // id, and from before ids) is read as it is by OpenReadOnly (rows
 // unnumbered, the file unchanged), and upgraded by Open to schema 2 with
@@ -469,18 +489,7 @@ PRAGMA user_version = 1;
 func TestUpgradeSchema1(t *testing.T) {
 	for _, appID := range []int32{dbfile.AppIDLedger, 0} {
 		p := filepath.Join(t.TempDir(), "ledger.db")
-		dsn, err := dbfile.DSN(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db, err := dbfile.Open(dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.Exec(schema1 + fmt.Sprintf("PRAGMA application_id = %d;", appID)); err != nil {
-			t.Fatal(err)
-		}
-		db.Close()
+		writeSchema1(t, p, appID).Close()
 		if info, err := dbfile.Check(p, dbfile.Ledger); err != nil || info.Version != 1 || (appID != 0) != (info.State == dbfile.Older) {
 			t.Fatalf("id %x: schema-1 ledger: %+v, %v", appID, info, err)
 		}
@@ -537,18 +546,7 @@ func TestUpgradeSchema1(t *testing.T) {
 // order. Rows past them append; other contents are ErrConflict.
 func TestUpgradeSchema1SpillRows(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "ledger.db")
-	dsn, err := dbfile.DSN(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := dbfile.Open(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(schema1 + fmt.Sprintf("PRAGMA application_id = %d;", dbfile.AppIDLedger)); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	writeSchema1(t, p, dbfile.AppIDLedger).Close()
 	l, err := Open(p)
 	if err != nil {
 		t.Fatal(err)
@@ -622,18 +620,8 @@ func TestOpenReadOnlyOtherShape(t *testing.T) {
 // readers giving one row two prints stop the gateway's crediting).
 func TestReaderSeesUpgrade(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "ledger.db")
-	dsn, err := dbfile.DSN(p, "_journal_mode=WAL")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := dbfile.Open(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := writeSchema1(t, p, dbfile.AppIDLedger, "_journal_mode=WAL")
 	defer raw.Close()
-	if _, err := raw.Exec(schema1 + fmt.Sprintf("PRAGMA application_id = %d;", dbfile.AppIDLedger)); err != nil {
-		t.Fatal(err)
-	}
 	r, err := OpenReadOnly(p) // the -wal is there: a live reader, not immutable
 	if err != nil {
 		t.Fatal(err)

@@ -584,7 +584,7 @@ func (m *Model) planProjection(x []float32, n int, jobs []proj) (units int, unit
 		}
 		return 0, nil, nil
 	}
-	ws.planChunks(jobs, total, max(1, total*minChunkCost/cost), threads)
+	ws.planChunks(jobs, n, threads)
 	tmp := 0
 	if n > 1 {
 		tmp = n * total
@@ -635,25 +635,43 @@ func (ws *workspace) projectChunk(jobs []proj, n, u int) {
 	}
 }
 
-// planChunks sets ws.chunks to guided chunks over the jobs' rows taken as
-// one range [0, total), cut at job boundaries: each a 1/(2*threads) share
-// of the rows left, at least minRows.
-func (ws *workspace) planChunks(jobs []proj, total, minRows, threads int) {
+// planChunks sets ws.chunks to guided chunks over the jobs' rows taken in
+// order as one range, sized by cost (rowCost: weight bytes times (1 +
+// n/4), planProjection's measure): each chunk a 1/(2*threads) share of the
+// cost left, at least minChunkCost, cut where a job ends (the rest of its
+// share goes on into the next job as a chunk of its own). Sized in rows
+// instead, a region over weights of different types was unbalanced: in
+// the router region of a qwen35moe layer (the F32 router, 256 rows of 8
+// KiB, then the shared expert's Q4_K gate and up, 1,024 rows of 1,152
+// bytes) the first chunk took the whole 2 MiB router on one thread while
+// the other ran out of work after 1.2 MB.
+func (ws *workspace) planChunks(jobs []proj, n, threads int) {
 	ws.chunks = ws.chunks[:0]
-	j, base := 0, 0 // job of row r, and its first row in [0, total)
-	for r := 0; r < total; {
-		size := max(minRows, (total-r)/(2*threads))
-		end := min(total, r+size)
-		for r < end {
-			for r >= base+jobs[j].w.Rows {
-				base += jobs[j].w.Rows
-				j++
+	left := 0
+	for _, jb := range jobs {
+		left += rowCost(jb.w, n) * jb.w.Rows
+	}
+	budget := 0 // cost left of the current share
+	for j, jb := range jobs {
+		rc := rowCost(jb.w, n)
+		for lo := 0; lo < jb.w.Rows; {
+			if budget <= 0 {
+				budget = max(minChunkCost, left/(2*threads))
 			}
-			hi := min(end, base+jobs[j].w.Rows)
-			ws.chunks = append(ws.chunks, chunk{int32(j), int32(r - base), int32(hi - base)})
-			r = hi
+			rows := min(jb.w.Rows-lo, max(1, (budget+rc-1)/rc))
+			ws.chunks = append(ws.chunks, chunk{int32(j), int32(lo), int32(lo + rows)})
+			lo += rows
+			budget -= rows * rc
+			left -= rows * rc
 		}
 	}
+}
+
+// rowCost is one output row's share of a region's cost over n activation
+// rows: the weight row's bytes times (1 + n/4) (see minParallelCost).
+func rowCost(w *Weight, n int) int {
+	rb := w.Bytes() / max(1, w.Rows)
+	return max(1, rb+rb/4*n)
 }
 
 // fail records the first error of a parallel region in ws.err.

@@ -3,6 +3,8 @@ package model
 import (
 	"math"
 	"testing"
+
+	"github.com/kvasir-ai/kvasir/engine/quant"
 )
 
 func TestRMSNorm(t *testing.T) {
@@ -153,5 +155,79 @@ func TestSampler(t *testing.T) {
 		if x, y := a.Sample(logits), b.Sample(logits); x != y {
 			t.Fatalf("draw %d: same seed gave %d and %d", i, x, y)
 		}
+	}
+}
+
+// TestPlanChunks checks projectAll's plan on regions of mixed weight types:
+// every row of every job in exactly one chunk, in order, no chunk across
+// two jobs, and a balanced region. The balance is checked by list
+// scheduling the chunks in order on threads workers (each takes the next
+// chunk when free, as team.run hands them out) with each chunk taking its
+// cost: the last worker must finish within minChunkCost and one row of
+// the ideal total/threads. The first case is a qwen35moe router region
+// (the F32 router and the shared expert's Q4_K gate and up of the 35B-A3B
+// shape), where chunks sized in rows gave one worker the whole router:
+// 2.62 of 4.10 MB-equivalents against the ideal 2.05.
+func TestPlanChunks(t *testing.T) {
+	mat := func(typ quant.Type, rows, cols int) *Weight {
+		rb, err := typ.RowBytes(cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &Weight{Type: typ, Rows: rows, Cols: cols, Data: make([]byte, rows*rb)}
+	}
+	for _, tc := range []struct {
+		name       string
+		ws         []*Weight
+		n, threads int
+	}{
+		{"router region 35B", []*Weight{mat(quant.F32, 256, 2048), mat(quant.Q4_K, 512, 2048), mat(quant.Q4_K, 512, 2048)}, 1, 2},
+		{"router region 35B, 3 threads", []*Weight{mat(quant.F32, 256, 2048), mat(quant.Q4_K, 512, 2048), mat(quant.Q4_K, 512, 2048)}, 1, 3},
+		{"deltanet in_proj", []*Weight{mat(quant.Q4_K, 8192, 2048), mat(quant.Q4_K, 4096, 2048), mat(quant.F32, 32, 2048), mat(quant.F32, 32, 2048)}, 1, 2},
+		{"prompt rows, mixed", []*Weight{mat(quant.Q8_0, 100, 512), mat(quant.Q6_K, 3000, 1024), mat(quant.F16, 7, 4096)}, 64, 4},
+		{"one small job", []*Weight{mat(quant.Q4_K, 3, 256)}, 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			jobs := make([]proj, len(tc.ws))
+			total, maxRow := 0, 0
+			for i, w := range tc.ws {
+				jobs[i] = proj{w: w}
+				total += rowCost(w, tc.n) * w.Rows
+				maxRow = max(maxRow, rowCost(w, tc.n))
+			}
+			var ws workspace
+			ws.planChunks(jobs, tc.n, tc.threads)
+			j, next := 0, 0
+			free := make([]int, tc.threads) // when each worker is free
+			for _, c := range ws.chunks {
+				if int(c.j) != j || int(c.lo) != next {
+					if int(c.j) != j+1 || c.lo != 0 || next != tc.ws[j].Rows {
+						t.Fatalf("chunk %+v: want job %d from row %d (or the next job from 0)", c, j, next)
+					}
+					j, next = j+1, 0
+				}
+				if c.hi <= c.lo || int(c.hi) > tc.ws[j].Rows {
+					t.Fatalf("chunk %+v: rows outside job %d's %d", c, j, tc.ws[j].Rows)
+				}
+				next = int(c.hi)
+				w := 0
+				for i := range free {
+					if free[i] < free[w] {
+						w = i
+					}
+				}
+				free[w] += rowCost(tc.ws[j], tc.n) * int(c.hi-c.lo)
+			}
+			if j != len(jobs)-1 || next != tc.ws[j].Rows {
+				t.Fatalf("chunks end at job %d row %d: not every row planned", j, next)
+			}
+			end := 0
+			for _, f := range free {
+				end = max(end, f)
+			}
+			if limit := total/tc.threads + minChunkCost + maxRow; end > limit {
+				t.Errorf("last worker done at %d, want <= %d (ideal %d): %d chunks %v", end, limit, total/tc.threads, len(ws.chunks), ws.chunks)
+			}
+		})
 	}
 }

@@ -137,7 +137,7 @@ func (s *Sequence) restore(rows int) {
 			for h := range H {
 				kh := h % K
 				q, k, v := cp.cv[kh*S:(kh+1)*S], cp.cv[(K+kh)*S:(K+kh+1)*S], cp.cv[2*K*S+h*S:2*K*S+(h+1)*S]
-				deltaStep(lm.ssm[h*S*S:(h+1)*S*S], q, k, v, cp.o, row[conv+h], row[conv+H+h], scale)
+				deltaStep(headState(p, lm.ssm, h), q, k, v, cp.o, row[conv+h], row[conv+H+h], scale)
 			}
 		}
 		copy(lm.conv, win[rows*conv:])

@@ -98,7 +98,7 @@ func (m *Model) deltaNetHeads(il int, g *GatedDeltaNet, gr *seqGroup, kh int, sc
 	}
 	for h := kh; h < H; h += K {
 		convHead(p, g, mem.conv, ws.mixed, ws.cv, gr.rows, 2*K*S+h*S, S) // v
-		st := mem.ssm[h*S*S : (h+1)*S*S]                                 // st[j*S+i] = S_h[i][j]
+		st := headState(p, mem.ssm, h)                                   // st[j*S+i] = S_h[i][j]
 		for _, r := range gr.rows {
 			row := ws.cv[int(r)*conv : (int(r)+1)*conv]
 			q, k, v := row[kh*S:(kh+1)*S], row[(K+kh)*S:(K+kh+1)*S], row[2*K*S+h*S:2*K*S+(h+1)*S]
@@ -167,6 +167,20 @@ func convRow(p Params, g *GatedDeltaNet, w0, out []float32) {
 	for h := range 2 * K { // q heads then k heads
 		l2Norm(out[h*S:(h+1)*S], p.NormEps)
 	}
+}
+
+// headState returns value head h's state (S x S floats) in ssm, a layer's
+// recurrent state. The heads that share a key head lie side by side (head
+// h at slot (h mod K) * H/K + h/K): deltaNetHeads' unit for key head kh
+// runs heads kh, kh+K, ... one after another, and the delta rule's
+// prefetch past a head's end (quant.DeltaRule) then lands in the next
+// head the same unit reads instead of in another unit's, perhaps taken by
+// the other thread. Nothing outside a Sequence sees the order (a
+// checkpoint copies the whole slice).
+func headState(p Params, ssm []float32, h int) []float32 {
+	K, S := p.SSMGroups, p.SSMState
+	slot := h%K*(p.SSMHeads/K) + h/K
+	return ssm[slot*S*S : (slot+1)*S*S]
 }
 
 // deltaStep advances one value head's state st (S x S, st[j*S+i] =

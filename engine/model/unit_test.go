@@ -231,3 +231,34 @@ func TestPlanChunks(t *testing.T) {
 		})
 	}
 }
+
+// TestHeadState checks the recurrent state's head order: every value head
+// gets its own S x S slot of the layer's state (a permutation), and the
+// heads of one key head (kh, kh+K, ...: one deltaNetHeads unit) lie side
+// by side in the order the unit runs them.
+func TestHeadState(t *testing.T) {
+	for _, sh := range [][2]int{{16, 32}, {16, 64}, {2, 2}, {1, 4}, {4, 12}} {
+		p := Params{SSMGroups: sh[0], SSMHeads: sh[1], SSMState: 4}
+		H, K, S := p.SSMHeads, p.SSMGroups, p.SSMState
+		ssm := make([]float32, H*S*S)
+		seen := make([]bool, H)
+		for kh := range K {
+			prev := -1
+			for h := kh; h < H; h += K {
+				st := headState(p, ssm, h)
+				if len(st) != S*S {
+					t.Fatalf("K %d H %d: head %d has %d floats, want %d", K, H, h, len(st), S*S)
+				}
+				slot := (cap(ssm) - cap(st)) / (S * S)
+				if seen[slot] {
+					t.Fatalf("K %d H %d: head %d shares slot %d", K, H, h, slot)
+				}
+				seen[slot] = true
+				if prev >= 0 && slot != prev+1 {
+					t.Errorf("K %d H %d: head %d at slot %d, want %d (after head %d)", K, H, h, slot, prev+1, h-K)
+				}
+				prev = slot
+			}
+		}
+	}
+}

@@ -242,3 +242,91 @@ func q4KStream(b *testing.B, rows, cols int, seed uint64) (ws, one, xc []byte) {
 	}
 	return ws, one, xc
 }
+
+// BenchmarkStream is the ceiling a decode's matrix x vector can
+// reach: each of 1 or 2 goroutines streams its own 256 MiB of copies of
+// one matrix (m = 1, MatMulConverted per copy, back to back, no barrier
+// between calls), in the shapes of the Qwen3.5-35B-A3B decode (a 2048 x
+// 2048 Q4_K projection, a routed expert's 512 x 2048 gate or up and 2048 x
+// 512 down, the 256 x 2048 F32 router), beside "read", DotF32 of each
+// goroutine's 256 MiB of F32 with itself (as BenchmarkMemBandwidth's read).
+// GB/s is the bytes of all goroutines per second of wall time. A decode
+// step reads the same bytes in ~100 regions per token with serial steps
+// between them; its GB/s over this one's is what the step's structure
+// costs (docs/BENCHMARKS-by-hand.md).
+func BenchmarkStream(b *testing.B) {
+	const region = 256 << 20
+	for _, sh := range []struct {
+		name       string
+		typ        Type
+		rows, cols int
+	}{{"read", F32, 0, 0}, {"Q4_K/2048x2048", Q4_K, 2048, 2048}, {"Q4_K/512x2048", Q4_K, 512, 2048},
+		{"Q4_K/2048x512", Q4_K, 2048, 512}, {"F32/256x2048", F32, 256, 2048}} {
+		for _, th := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%s/threads=%d", sh.name, th), func(b *testing.B) {
+				type stream struct {
+					w    []byte    // copies of the matrix
+					f    []float32 // "read": the buffer
+					one  int       // bytes of one matrix
+					xc   []byte
+					y    []float32
+					done int
+					err  error
+				}
+				ss := make([]stream, th)
+				for t := range ss {
+					s := &ss[t]
+					if sh.rows == 0 {
+						s.f = make([]float32, region/4)
+						for i := range s.f {
+							s.f[i] = float32(i & 255)
+						}
+						continue
+					}
+					rb, _ := sh.typ.RowBytes(sh.cols)
+					ab, _ := ActivationBytes(sh.typ, sh.cols)
+					one := make([]byte, sh.rows*rb)
+					if err := Quantize(sh.typ, randomRows(uint64(51+t), sh.rows*sh.cols), one); err != nil {
+						b.Fatal(err)
+					}
+					s.w = make([]byte, region/len(one)*len(one))
+					for i := 0; i < len(s.w); i += len(one) {
+						copy(s.w[i:], one)
+					}
+					s.one, s.xc, s.y = len(one), make([]byte, ab), make([]float32, sh.rows)
+					if err := ConvertActivation(sh.typ, randomRows(uint64(61+t), sh.cols), s.xc); err != nil {
+						b.Fatal(err)
+					}
+				}
+				var bytes float64
+				for b.Loop() {
+					ParallelFor(th, th, func(lo, hi int) {
+						for t := lo; t < hi; t++ {
+							s := &ss[t]
+							if s.f != nil {
+								for c := 0; c < len(s.f); c += 1 << 20 {
+									_ = DotF32(s.f[c:c+1<<20], s.f[c:c+1<<20])
+								}
+								s.done += 4 * len(s.f)
+								continue
+							}
+							for i := 0; i+s.one <= len(s.w); i += s.one {
+								if s.err = MatMulConverted(sh.typ, s.w[i:i+s.one], sh.rows, sh.cols, s.xc, 1, s.y, 1); s.err != nil {
+									return
+								}
+								s.done += s.one
+							}
+						}
+					})
+				}
+				for _, s := range ss {
+					if s.err != nil {
+						b.Fatal(s.err)
+					}
+					bytes += float64(s.done)
+				}
+				b.ReportMetric(bytes/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
+	}
+}

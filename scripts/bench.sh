@@ -622,9 +622,10 @@ END {
   table("kernel")
   print "The shapes of the 35B-A3B decode streamed with no barrier (`BenchmarkStream`): each of 1 or 2 goroutines"
   print "runs its own 256 MiB of copies of one matrix back to back (m = 1), beside `read` (DotF32 of each goroutine'\''s"
-  print "256 MiB with itself). This is the most the decode'\''s kernels can stream on this machine; a decode step reads"
-  print "the same bytes in ~100 parallel regions per token with serial steps between them, so its GB/s over this"
-  print "one'\''s is what the step'\''s structure costs."
+  print "256 MiB with itself): what the decode'\''s kernels stream when nothing else runs between the calls. A decode"
+  print "step reads the same bytes in ~100 parallel regions per token with serial steps between them. This host'\''s"
+  print "bandwidth moves by up to 2x from one minute to the next (the side-by-side groups pair each generation with"
+  print "a read measured right before it for that reason), so compare these rows with each other, not across groups."
   print ""
   table("stream")
 

@@ -570,10 +570,9 @@ func (m *Model) planProjection(x []float32, n int, jobs []proj) (units int, unit
 			return 0, nil, err
 		}
 		jobs[i].conv = c
-		cost += jobs[i].w.Bytes()
+		cost += rowCost(jobs[i].w, n) * jobs[i].w.Rows
 		total += jobs[i].w.Rows
 	}
-	cost += cost / 4 * n
 	threads := m.threads
 	if threads <= 1 || cost < minParallelCost || total < 2 {
 		for _, jb := range jobs {
@@ -584,7 +583,7 @@ func (m *Model) planProjection(x []float32, n int, jobs []proj) (units int, unit
 		}
 		return 0, nil, nil
 	}
-	ws.planChunks(jobs, n, threads)
+	ws.planChunks(jobs, n, cost, threads)
 	tmp := 0
 	if n > 1 {
 		tmp = n * total
@@ -637,7 +636,7 @@ func (ws *workspace) projectChunk(jobs []proj, n, u int) {
 
 // planChunks sets ws.chunks to guided chunks over the jobs' rows taken in
 // order as one range, sized by cost (rowCost: weight bytes times (1 +
-// n/4), planProjection's measure): each chunk a 1/(2*threads) share of the
+// n/4); cost is the jobs' total, as planProjection sums it): each chunk a 1/(2*threads) share of the
 // cost left, at least minChunkCost, cut where a job ends (the rest of its
 // share goes on into the next job as a chunk of its own). Sized in rows
 // instead, a region over weights of different types was unbalanced: in
@@ -645,12 +644,9 @@ func (ws *workspace) projectChunk(jobs []proj, n, u int) {
 // KiB, then the shared expert's Q4_K gate and up, 1,024 rows of 1,152
 // bytes) the first chunk took the whole 2 MiB router on one thread while
 // the other ran out of work after 1.2 MB.
-func (ws *workspace) planChunks(jobs []proj, n, threads int) {
+func (ws *workspace) planChunks(jobs []proj, n, cost, threads int) {
 	ws.chunks = ws.chunks[:0]
-	left := 0
-	for _, jb := range jobs {
-		left += rowCost(jb.w, n) * jb.w.Rows
-	}
+	left := cost
 	budget := 0 // cost left of the current share
 	for j, jb := range jobs {
 		rc := rowCost(jb.w, n)

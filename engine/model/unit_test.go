@@ -196,7 +196,7 @@ func TestPlanChunks(t *testing.T) {
 				maxRow = max(maxRow, rowCost(w, tc.n))
 			}
 			var ws workspace
-			ws.planChunks(jobs, tc.n, tc.threads)
+			ws.planChunks(jobs, tc.n, total, tc.threads)
 			j, next := 0, 0
 			free := make([]int, tc.threads) // when each worker is free
 			for _, c := range ws.chunks {

@@ -226,18 +226,29 @@ func BenchmarkKernelSplit(b *testing.B) {
 // weights from memory, and a converted random activation row for it;
 // seed and seed+1 draw them.
 func q4KStream(b *testing.B, rows, cols int, seed uint64) (ws, one, xc []byte) {
-	rb, _ := Q4_K.RowBytes(cols)
-	ab, _ := ActivationBytes(Q4_K, cols)
-	one = make([]byte, rows*rb)
-	if err := Quantize(Q4_K, randomRows(seed, rows*cols), one); err != nil {
+	return streamCopies(b, Q4_K, rows, cols, benchWorkingSet, seed)
+}
+
+// streamCopies is q4KStream for any weight type and size bytes of copies.
+func streamCopies(b *testing.B, typ Type, rows, cols, size int, seed uint64) (ws, one, xc []byte) {
+	rb, err := typ.RowBytes(cols)
+	if err != nil {
 		b.Fatal(err)
 	}
-	ws = make([]byte, benchWorkingSet/len(one)*len(one))
+	ab, err := ActivationBytes(typ, cols)
+	if err != nil {
+		b.Fatal(err)
+	}
+	one = make([]byte, rows*rb)
+	if err := Quantize(typ, randomRows(seed, rows*cols), one); err != nil {
+		b.Fatal(err)
+	}
+	ws = make([]byte, size/len(one)*len(one))
 	for i := 0; i < len(ws); i += len(one) {
 		copy(ws[i:], one)
 	}
 	xc = make([]byte, ab)
-	if err := ConvertActivation(Q4_K, randomRows(seed+1, cols), xc); err != nil {
+	if err := ConvertActivation(typ, randomRows(seed+1, cols), xc); err != nil {
 		b.Fatal(err)
 	}
 	return ws, one, xc
@@ -252,8 +263,9 @@ func q4KStream(b *testing.B, rows, cols int, seed uint64) (ws, one, xc []byte) {
 // goroutine's 256 MiB of F32 with itself (as BenchmarkMemBandwidth's read).
 // GB/s is the bytes of all goroutines per second of wall time. A decode
 // step reads the same bytes in ~100 regions per token with serial steps
-// between them; its GB/s over this one's is what the step's structure
-// costs (docs/BENCHMARKS-by-hand.md).
+// between them; measured in the same minute (the host's bandwidth moves),
+// its GB/s over this one's is what the step's structure costs
+// (docs/BENCHMARKS-by-hand.md, decode round 5).
 func BenchmarkStream(b *testing.B) {
 	const region = 256 << 20
 	for _, sh := range []struct {
@@ -283,20 +295,8 @@ func BenchmarkStream(b *testing.B) {
 						}
 						continue
 					}
-					rb, _ := sh.typ.RowBytes(sh.cols)
-					ab, _ := ActivationBytes(sh.typ, sh.cols)
-					one := make([]byte, sh.rows*rb)
-					if err := Quantize(sh.typ, randomRows(uint64(51+t), sh.rows*sh.cols), one); err != nil {
-						b.Fatal(err)
-					}
-					s.w = make([]byte, region/len(one)*len(one))
-					for i := 0; i < len(s.w); i += len(one) {
-						copy(s.w[i:], one)
-					}
-					s.one, s.xc, s.y = len(one), make([]byte, ab), make([]float32, sh.rows)
-					if err := ConvertActivation(sh.typ, randomRows(uint64(61+t), sh.cols), s.xc); err != nil {
-						b.Fatal(err)
-					}
+					w, one, xc := streamCopies(b, sh.typ, sh.rows, sh.cols, region, uint64(51+2*t))
+					s.w, s.one, s.xc, s.y = w, len(one), xc, make([]float32, sh.rows)
 				}
 				var bytes float64
 				for b.Loop() {
